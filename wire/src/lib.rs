@@ -1,0 +1,21 @@
+//! `weir-wire`: the protocol every Weir node speaks.
+//!
+//! - [`ids`]: newtype identifiers (`NodeId`, `TaskId`, `CheckpointId`, …).
+//! - [`batch`]: the columnar batch, read in place on the receiving side.
+//! - [`msg`]: one rkyv type per protocol message and the frame [`Kind`](msg::Kind) that carries it.
+//! - [`frame`]: the fixed header, the encoder and the streaming, validating decoder.
+//! - [`transport`]: the mio event loop that carries frames between nodes, with the authenticated
+//!   handshake, heartbeats, reconnects and bounded send queues.
+//!
+//! This crate depends on nothing else of Weir; `weir-engine` builds on it.
+
+pub mod batch;
+pub mod frame;
+pub mod ids;
+pub mod msg;
+pub mod transport;
+
+pub use batch::{Batch, Row};
+pub use frame::{BufferPool, EncodedFrame, Frame, FrameDecoder, FrameEncoder, FrameError, PROTOCOL_VERSION};
+pub use ids::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
+pub use msg::{AnyMessage, Kind, Message};

@@ -1,0 +1,166 @@
+//! A blocking, single-connection client for tools and tests (`weir load`, `weir status`): dials a
+//! node, runs the same authenticated handshake as the transport, then sends and receives frames on
+//! a plain `std` socket. Nodes talk to each other through [`Transport`](super::Transport) instead.
+
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use super::handshake::{self, Side, Transcript};
+use crate::frame::{EncodedFrame, Frame, FrameDecoder, FrameEncoder, FrameError, PROTOCOL_VERSION};
+use crate::ids::NodeId;
+use crate::msg::{Auth, Challenge, Close, CloseCode, Hello, Kind, Message};
+
+/// Errors of the blocking client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The socket failed (retryable: the node may be restarting).
+    #[error("i/o with {addr}: {source}")]
+    Io {
+        /// The node.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The node sent bytes that are not a valid frame (fatal for this connection).
+    #[error("bad frame from {addr}: {source}")]
+    Frame {
+        /// The node.
+        addr: SocketAddr,
+        /// What was wrong.
+        #[source]
+        source: FrameError,
+    },
+    /// The node refused or closed the connection, saying why.
+    #[error("{addr} closed the connection: {code:?}: {message}")]
+    Closed {
+        /// The node.
+        addr: SocketAddr,
+        /// Reason code.
+        code: CloseCode,
+        /// Detail.
+        message: String,
+    },
+    /// The handshake went wrong on our side (wrong secret, cluster, unexpected frame).
+    #[error("handshake with {addr} failed: {reason}")]
+    Handshake {
+        /// The node.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl ClientError {
+    /// Whether trying again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Io { .. } => true,
+            ClientError::Closed { code, .. } => matches!(code, CloseCode::Shutdown | CloseCode::Timeout),
+            ClientError::Frame { .. } | ClientError::Handshake { .. } => false,
+        }
+    }
+}
+
+/// An authenticated connection to one node.
+#[derive(Debug)]
+pub struct BlockingClient {
+    stream: TcpStream,
+    addr: SocketAddr,
+    peer: NodeId,
+    decoder: FrameDecoder,
+    encoder: FrameEncoder,
+}
+
+impl BlockingClient {
+    /// Dials `addr` and proves `secret` as node `me` of `cluster`. `timeout` bounds the connect and
+    /// every later read.
+    pub fn connect(
+        addr: SocketAddr,
+        cluster: &str,
+        me: NodeId,
+        secret: &[u8],
+        timeout: Duration,
+    ) -> Result<BlockingClient, ClientError> {
+        let io = |source| ClientError::Io { addr, source };
+        let stream = TcpStream::connect_timeout(&addr, timeout).map_err(io)?;
+        stream.set_nodelay(true).map_err(io)?;
+        stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        let mut c = BlockingClient {
+            stream,
+            addr,
+            peer: NodeId(0),
+            decoder: FrameDecoder::new(crate::frame::DEFAULT_MAX_FRAME),
+            encoder: FrameEncoder::new(),
+        };
+        let dialer_nonce = handshake::nonce().map_err(io)?;
+        c.send(&Hello {
+            cluster: cluster.to_string(),
+            node: me,
+            protocol_version: PROTOCOL_VERSION,
+            nonce: dialer_nonce,
+        })?;
+        let frame = c.recv()?;
+        let ch = frame
+            .to_owned::<Challenge>()
+            .map_err(|e| ClientError::Handshake { addr, reason: format!("expected Challenge: {e}") })?;
+        let t = Transcript {
+            cluster,
+            dialer: me,
+            acceptor: ch.node,
+            dialer_nonce: &dialer_nonce,
+            acceptor_nonce: &ch.nonce,
+        };
+        if ch.cluster != cluster || !handshake::verify(secret, Side::Acceptor, &t, &ch.proof) {
+            let reason = format!("node {} could not prove the secret of cluster {cluster:?}", ch.node);
+            let _ = c.send(&Close { code: CloseCode::AuthFailed, message: reason.clone() });
+            return Err(ClientError::Handshake { addr, reason });
+        }
+        c.send(&Auth { proof: handshake::prove(secret, Side::Dialer, &t) })?;
+        c.peer = ch.node;
+        Ok(c)
+    }
+
+    /// The node at the other end.
+    pub fn peer(&self) -> NodeId {
+        self.peer
+    }
+
+    /// Encodes and sends one message.
+    pub fn send<M: Message>(&mut self, msg: &M) -> Result<(), ClientError> {
+        let frame = self.encoder.encode(msg).map_err(|source| ClientError::Frame { addr: self.addr, source })?;
+        self.send_frame(&frame)
+    }
+
+    /// Sends an encoded frame.
+    pub fn send_frame(&mut self, frame: &EncodedFrame) -> Result<(), ClientError> {
+        self.stream.write_all(frame.as_bytes()).map_err(|source| ClientError::Io { addr: self.addr, source })
+    }
+
+    /// Writes raw bytes (for tests that play a misbehaving peer).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
+        self.stream.write_all(bytes).map_err(|source| ClientError::Io { addr: self.addr, source })
+    }
+
+    /// The next frame other than a heartbeat. A `Close` from the node becomes `ClientError::Closed`.
+    pub fn recv(&mut self) -> Result<Frame, ClientError> {
+        let addr = self.addr;
+        loop {
+            match self.decoder.next_frame().map_err(|source| ClientError::Frame { addr, source })? {
+                Some(f) if f.kind() == Kind::Heartbeat => continue,
+                Some(f) if f.kind() == Kind::Close => {
+                    let close = f.to_owned::<Close>().map_err(|source| ClientError::Frame { addr, source })?;
+                    return Err(ClientError::Closed { addr, code: close.code, message: close.message });
+                }
+                Some(f) => return Ok(f),
+                None => {}
+            }
+            let n = self.decoder.read_from(&mut self.stream).map_err(|source| ClientError::Io { addr, source })?;
+            if n == 0 {
+                let source = io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed");
+                return Err(ClientError::Io { addr, source });
+            }
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! Frame codec: roundtrips of every message type, zero-copy batches, and every corruption class.
+
+mod util;
+
+use proptest::prelude::*;
+use weir_wire::frame::{FrameDecoder, FrameEncoder, FrameError, HEADER_LEN, MAGIC, decode_one};
+use weir_wire::msg::*;
+use weir_wire::*;
+
+const MAX: usize = weir_wire::frame::DEFAULT_MAX_FRAME;
+
+fn encode<M: Message>(m: &M) -> Vec<u8> {
+    FrameEncoder::new().encode(m).unwrap().as_bytes().to_vec()
+}
+
+/// Encodes, decodes whole and one byte at a time, and compares with the original.
+macro_rules! roundtrip {
+    ($($name:ident: $ty:ident = $value:expr;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                let value: $ty = $value;
+                let bytes = encode(&value);
+                let frame = decode_one(&bytes, MAX).unwrap();
+                assert_eq!(frame.kind(), Kind::$ty);
+                assert_eq!(frame.to_owned::<$ty>().unwrap(), value);
+                assert!(matches!(frame.message().unwrap(), AnyMessage::$ty(_)));
+                let mut d = FrameDecoder::new(MAX);
+                let mut got = Vec::new();
+                for b in &bytes {
+                    d.feed(std::slice::from_ref(b));
+                    while let Some(f) = d.next_frame().unwrap() {
+                        got.push(f);
+                    }
+                }
+                assert_eq!(got.len(), 1);
+                assert_eq!(got[0].to_owned::<$ty>().unwrap(), value);
+            }
+        )*
+
+        #[test]
+        fn every_kind_has_a_roundtrip_test() {
+            let tested = [$(Kind::$ty),*];
+            for k in Kind::ALL {
+                assert!(tested.contains(k), "no roundtrip test for {k:?}");
+            }
+        }
+    };
+}
+
+roundtrip! {
+    roundtrip_hello: Hello = Hello { cluster: "c1".into(), node: NodeId(4), protocol_version: 1, nonce: [7; 32] };
+    roundtrip_challenge: Challenge = Challenge {
+        cluster: "c1".into(), node: NodeId(5), protocol_version: 1, nonce: [1; 32], proof: [2; 32],
+    };
+    roundtrip_auth: Auth = Auth { proof: [9; 32] };
+    roundtrip_heartbeat: Heartbeat = Heartbeat {
+        node: NodeId(1),
+        sent_at_ms: 123,
+        tasks: vec![TaskHeartbeat {
+            stream: StreamId(1), task: TaskId(2), latest: CheckpointId(3), latest_version: Version(4),
+            latest_ts_ms: 5, active: Some(CheckpointId(4)), failed: None,
+        }],
+    };
+    roundtrip_close: Close = Close { code: CloseCode::AuthFailed, message: "wrong secret".into() };
+    roundtrip_ingest: Ingest = Ingest { stream: StreamId(1), partition: 3, request: 99, batch: util::batch(100) };
+    roundtrip_ingest_ack: IngestAck = IngestAck {
+        stream: StreamId(1), partition: 3, request: 99,
+        outcome: IngestOutcome::Durable { first: Version(10), last: Version(109) },
+    };
+    roundtrip_data: Data = util::data(17, 4096);
+    roundtrip_watermark: Watermark = Watermark {
+        stream: StreamId(1), from: TaskId(1), to: TaskId(2), seq: Seq(5), watermark_ms: -3,
+    };
+    roundtrip_checkpoint_source_req: CheckpointSourceReq = CheckpointSourceReq {
+        stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), task: TaskId(1), node: NodeId(2),
+        kind: TriggerKind::Manual, expire_at_ms: 1000,
+    };
+    roundtrip_checkpoint_source_rsp: CheckpointSourceRsp = CheckpointSourceRsp {
+        stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), task: TaskId(1), node: NodeId(2),
+        outcome: SourceOutcome::AlreadyCompleted { latest: CheckpointId(9) },
+    };
+    roundtrip_checkpoint_trigger: CheckpointTrigger = util::trigger();
+    roundtrip_checkpoint_ready: CheckpointReady = CheckpointReady {
+        stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), downstream: TaskId(5),
+        downstream_node: NodeId(2), upstream: TaskId(1), upstream_node: NodeId(1),
+    };
+    roundtrip_checkpoint_ready_rsp: CheckpointReadyRsp = CheckpointReadyRsp {
+        stream: StreamId(1), checkpoint: CheckpointId(8), upstream: TaskId(1), downstream: TaskId(5),
+    };
+    roundtrip_retrieve_trigger_req: RetrieveTriggerReq = RetrieveTriggerReq {
+        stream: StreamId(1), checkpoint: CheckpointId(8), upstream: TaskId(1), upstream_node: NodeId(1),
+        downstream: TaskId(5), downstream_node: NodeId(2),
+    };
+    roundtrip_trigger_rsp: TriggerRsp = TriggerRsp {
+        stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), upstream: TaskId(1),
+        downstream: TaskId(5), code: TriggerRspCode::InProgress, trigger_seq: Seq(77),
+    };
+    roundtrip_checkpoint_report: CheckpointReport = CheckpointReport {
+        stream: StreamId(1), task: TaskId(5), node: NodeId(2), checkpoint: CheckpointId(8), trans: TransId(9),
+        outcome: ReportOutcome::Failed { reason: "upload failed".into() }, version: Version(1234),
+        checkpoint_ts_ms: 99, manifest_crc: 0xdead_beef, stats: util::stats(),
+    };
+    roundtrip_update_checkpoint_info: UpdateCheckpointInfo = UpdateCheckpointInfo {
+        stream: StreamId(1), task: TaskId(5), checkpoint: CheckpointId(8), trans: TransId(9), version: Version(1),
+        checkpoint_ts_ms: 2,
+    };
+    roundtrip_task_reset: TaskReset = TaskReset {
+        stream: StreamId(1), task: TaskId(5), failed: CheckpointId(8), trans: TransId(9), reason: "timeout".into(),
+    };
+    roundtrip_consensus_req: ConsensusReq = ConsensusReq {
+        stream: StreamId(1), task: TaskId(5), node: NodeId(2), latest: CheckpointId(7), latest_version: Version(70),
+    };
+    roundtrip_restore: Restore = Restore {
+        stream: StreamId(1), task: TaskId(5), checkpoint: Some(CheckpointId(7)), basis: RestoreBasis::Consensus,
+        version: Version(70),
+    };
+    roundtrip_status_req: StatusReq = StatusReq { request: 5 };
+    roundtrip_status_rsp: StatusRsp = StatusRsp {
+        request: 5, node: NodeId(1), uptime_ms: 1000,
+        tasks: vec![TaskStatus {
+            stream: StreamId(1), task: TaskId(1), state: TaskState::Checkpointing, latest: CheckpointId(3),
+            active: Some(CheckpointId(4)), failed: Some(CheckpointId(2)), rows_in: 10, rows_out: 9,
+        }],
+        checkpoints: vec![CheckpointStats {
+            stream: StreamId(1), checkpoint: CheckpointId(3), started_at_ms: 1, duration_us: 12_000,
+            outcome: CheckpointOutcome::Committed, upload_bytes: 4096, max_align_us: 100, max_snapshot_us: 900,
+        }],
+    };
+}
+
+#[test]
+fn received_batch_is_read_in_place_without_copying_columns() {
+    let bytes = encode(&util::data(1, 4096));
+    let frame = decode_one(&bytes, MAX).unwrap();
+    let data = frame.access::<Data>().unwrap();
+    let payload = {
+        let AnyMessage::Data(d) = frame.message().unwrap() else { panic!("data") };
+        d as *const _ as usize
+    };
+    // The columns live inside the frame's own payload buffer: nothing was copied out.
+    let start = payload - frame.payload_len();
+    let end = payload + 64;
+    for col in [
+        data.batch.ts_column().as_ptr() as usize,
+        data.batch.key_column().as_ptr() as usize,
+        data.batch.value_column().as_ptr() as usize,
+    ] {
+        assert!(col >= start && col < end, "column outside the payload buffer");
+    }
+    assert_eq!(data.batch.len(), 4096);
+    assert_eq!(data.batch.row(10), util::batch(4096).rows().nth(10).unwrap());
+}
+
+#[test]
+fn wrong_kind_is_refused() {
+    let frame = decode_one(&encode(&util::trigger()), MAX).unwrap();
+    assert!(matches!(
+        frame.access::<Data>(),
+        Err(FrameError::WrongKind { expected: Kind::Data, found: Kind::CheckpointTrigger })
+    ));
+}
+
+#[test]
+fn every_single_bit_flip_is_rejected() {
+    let bytes = encode(&util::trigger());
+    for bit in 0..bytes.len() * 8 {
+        let mut b = bytes.clone();
+        b[bit / 8] ^= 1 << (bit % 8);
+        assert!(decode_one(&b, MAX).is_err(), "flip of bit {bit} went unnoticed");
+    }
+}
+
+#[test]
+fn every_truncation_is_incomplete_not_a_frame() {
+    let bytes = encode(&util::data(1, 100));
+    for len in 0..bytes.len() {
+        let mut d = FrameDecoder::new(MAX);
+        d.feed(&bytes[..len]);
+        assert!(d.next_frame().unwrap().is_none(), "prefix of {len} bytes produced a frame");
+        assert!(matches!(decode_one(&bytes[..len], MAX), Err(FrameError::Truncated { .. })));
+    }
+}
+
+#[test]
+fn oversized_length_is_refused_from_the_header_alone() {
+    let mut bytes = encode(&util::trigger());
+    bytes[8..12].copy_from_slice(&(2u32 << 30).to_le_bytes());
+    let mut d = FrameDecoder::new(MAX);
+    d.feed(&bytes[..HEADER_LEN]);
+    assert!(matches!(d.next_frame(), Err(FrameError::TooLarge { len, max: MAX }) if len == 2 << 30));
+    // A smaller configured maximum applies too.
+    let big = encode(&util::data(1, 4096));
+    assert!(matches!(decode_one(&big, 1024), Err(FrameError::TooLarge { .. })));
+    assert!(matches!(
+        FrameEncoder::new().max_frame(1024).encode(&util::data(1, 4096)),
+        Err(FrameError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn wrong_magic_is_refused() {
+    let mut bytes = encode(&util::trigger());
+    bytes[0..4].copy_from_slice(b"HTTP");
+    assert!(matches!(decode_one(&bytes, MAX), Err(FrameError::BadMagic { found }) if &found == b"HTTP"));
+}
+
+#[test]
+fn wrong_version_is_refused() {
+    let mut bytes = encode(&util::trigger());
+    bytes[4] = PROTOCOL_VERSION + 1;
+    assert!(matches!(
+        decode_one(&bytes, MAX),
+        Err(FrameError::UnsupportedVersion { found, supported: PROTOCOL_VERSION }) if found == PROTOCOL_VERSION + 1
+    ));
+}
+
+#[test]
+fn unknown_kind_and_flags_are_refused() {
+    let mut bytes = encode(&util::trigger());
+    bytes[5] = 0xEE;
+    assert!(matches!(decode_one(&bytes, MAX), Err(FrameError::UnknownKind { kind: 0xEE })));
+    let mut bytes = encode(&util::trigger());
+    bytes[6] = 1;
+    assert!(matches!(decode_one(&bytes, MAX), Err(FrameError::UnknownFlags { flags: 1 })));
+}
+
+/// A frame with a correct checksum over a payload that is not a valid archive of its kind.
+fn forge(kind: Kind, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(HEADER_LEN + payload.len());
+    f.extend_from_slice(&MAGIC);
+    f.push(PROTOCOL_VERSION);
+    f.push(kind as u8);
+    f.extend_from_slice(&0u16.to_le_bytes());
+    f.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&f[..12]), payload);
+    f.extend_from_slice(&crc.to_le_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+#[test]
+fn valid_checksum_over_invalid_payload_fails_validation() {
+    // Out-of-range relative pointers: a Data archive whose vectors point outside the buffer.
+    let mut payload = FrameEncoder::new().encode(&util::data(1, 8)).unwrap().as_bytes()[HEADER_LEN..].to_vec();
+    let n = payload.len();
+    for b in &mut payload[n - 40..n - 8] {
+        *b = 0xFF;
+    }
+    let frame = decode_one(&forge(Kind::Data, &payload), MAX).expect("header and checksum are fine");
+    assert!(matches!(frame.access::<Data>(), Err(FrameError::Invalid { kind: Kind::Data, .. })));
+    assert!(frame.message().is_err());
+    // An invalid enum discriminant.
+    let mut close =
+        FrameEncoder::new().encode(&Close { code: CloseCode::Shutdown, message: String::new() }).unwrap().as_bytes()
+            [HEADER_LEN..]
+            .to_vec();
+    // The root object sits at the end; its first field is the discriminant of `code`.
+    let root = close.len() - std::mem::size_of::<ArchivedClose>();
+    close[root] = 0xEE;
+    let frame = decode_one(&forge(Kind::Close, &close), MAX).unwrap();
+    assert!(frame.message().is_err());
+    // Too short for the root object.
+    let frame = decode_one(&forge(Kind::CheckpointTrigger, &[0u8; 3]), MAX).unwrap();
+    assert!(frame.access::<CheckpointTrigger>().is_err());
+}
+
+#[test]
+fn batch_with_columns_of_different_length_fails_validation() {
+    let mut d = util::data(1, 10);
+    d.batch.value.pop();
+    let frame = decode_one(&encode(&d), MAX).unwrap();
+    match frame.access::<Data>() {
+        Err(FrameError::Invalid { reason, .. }) => assert!(reason.contains("differ in length"), "{reason}"),
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+}
+
+#[test]
+fn many_frames_decode_identically_byte_at_a_time_and_whole() {
+    let mut enc = FrameEncoder::new();
+    let mut stream = Vec::new();
+    for i in 0..50 {
+        stream.extend_from_slice(enc.encode(&util::data(i, (i as usize * 37) % 300)).unwrap().as_bytes());
+        stream.extend_from_slice(enc.encode(&util::trigger()).unwrap().as_bytes());
+    }
+    let whole = {
+        let mut d = FrameDecoder::new(MAX);
+        d.feed(&stream);
+        std::iter::from_fn(|| d.next_frame().unwrap()).map(|f| f.to_owned_any()).collect::<Vec<_>>()
+    };
+    let mut d = FrameDecoder::new(MAX);
+    let mut single = Vec::new();
+    for b in &stream {
+        d.feed(std::slice::from_ref(b));
+        while let Some(f) = d.next_frame().unwrap() {
+            single.push(f.to_owned_any());
+        }
+    }
+    assert_eq!(whole.len(), 100);
+    assert_eq!(whole, single);
+}
+
+/// Owned comparison form of a decoded frame, for equality checks in tests.
+trait ToOwnedAny {
+    fn to_owned_any(&self) -> (Kind, Option<Data>, Option<CheckpointTrigger>);
+}
+
+impl ToOwnedAny for Frame {
+    fn to_owned_any(&self) -> (Kind, Option<Data>, Option<CheckpointTrigger>) {
+        (self.kind(), self.to_owned::<Data>().ok(), self.to_owned::<CheckpointTrigger>().ok())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    #[test]
+    fn random_batches_roundtrip(rows in prop::collection::vec((any::<i64>(), any::<u64>(), any::<f64>()), 0..3000)) {
+        let mut b = Batch::with_capacity(rows.len());
+        for (t, k, v) in &rows {
+            b.push(*t, *k, *v);
+        }
+        let d = Data { stream: StreamId(9), from: TaskId(1), to: TaskId(2), seq: Seq(3), batch: b.clone() };
+        let frame = decode_one(&encode(&d), MAX).unwrap();
+        let a = frame.access::<Data>().unwrap();
+        prop_assert_eq!(a.batch.len(), rows.len());
+        for (i, r) in a.batch.rows().enumerate() {
+            prop_assert_eq!(r.ts, rows[i].0);
+            prop_assert_eq!(r.key, rows[i].1);
+            prop_assert_eq!(r.value.to_bits(), rows[i].2.to_bits());
+        }
+        let back = frame.to_owned::<Data>().unwrap();
+        prop_assert_eq!(back.batch.ts, b.ts);
+    }
+
+    #[test]
+    fn random_splits_give_the_same_frames(cuts in prop::collection::vec(1usize..500, 1..40)) {
+        let mut enc = FrameEncoder::new();
+        let mut stream = Vec::new();
+        for i in 0..8 {
+            stream.extend_from_slice(enc.encode(&util::data(i, 50 * i as usize)).unwrap().as_bytes());
+        }
+        let mut d = FrameDecoder::new(MAX);
+        let mut seqs = Vec::new();
+        let mut pos = 0;
+        let mut ci = 0;
+        while pos < stream.len() {
+            let n = cuts[ci % cuts.len()].min(stream.len() - pos);
+            d.feed(&stream[pos..pos + n]);
+            pos += n;
+            ci += 1;
+            while let Some(f) = d.next_frame().unwrap() {
+                seqs.push(f.access::<Data>().unwrap().seq.get().0);
+            }
+        }
+        prop_assert_eq!(seqs, (0..8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn random_bytes_never_panic_the_decoder(bytes in prop::collection::vec(any::<u8>(), 0..4096)) {
+        let mut d = FrameDecoder::new(1 << 16);
+        d.feed(&bytes);
+        while let Ok(Some(f)) = d.next_frame() {
+            let _ = f.message();
+        }
+    }
+
+    #[test]
+    fn random_payloads_with_valid_checksums_never_panic(kind_idx in 0usize..64, payload in prop::collection::vec(any::<u8>(), 0..512)) {
+        let kind = Kind::ALL[kind_idx % Kind::ALL.len()];
+        let frame = decode_one(&forge(kind, &payload), MAX).unwrap();
+        if let Ok(m) = frame.message() {
+            prop_assert_eq!(m.kind(), kind);
+        }
+    }
+
+    #[test]
+    fn random_corruption_of_a_valid_stream_never_panics(pos in 0usize..2000, val in any::<u8>()) {
+        let bytes = encode(&util::data(3, 60));
+        let mut b = bytes.clone();
+        let p = pos % b.len();
+        b[p] = val;
+        match decode_one(&b, MAX) {
+            Ok(f) => {
+                // Only an unchanged byte can yield a frame, and it must equal the original.
+                prop_assert_eq!(b, bytes);
+                prop_assert!(f.access::<Data>().is_ok());
+            }
+            Err(_) => prop_assert_ne!(b, bytes),
+        }
+    }
+}
