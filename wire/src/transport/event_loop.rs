@@ -71,6 +71,9 @@ struct Conn {
 
 #[derive(Debug)]
 struct Peer {
+    /// Listed in the configuration (kept for good); otherwise a node that dialed us, forgotten
+    /// with its queue when its connection ends.
+    configured: bool,
     addr: Option<SocketAddr>,
     rx: Receiver<EncodedFrame>,
     /// The established connection.
@@ -136,8 +139,15 @@ impl EventLoop {
             .iter()
             .map(|p| {
                 let rx = receivers.get(&p.node).expect("queue per configured peer").clone();
-                let peer =
-                    Peer { addr: p.addr, rx, conn: None, dialing: None, next_dial: now, backoff: cfg.reconnect_min };
+                let peer = Peer {
+                    configured: true,
+                    addr: p.addr,
+                    rx,
+                    conn: None,
+                    dialing: None,
+                    next_dial: now,
+                    backoff: cfg.reconnect_min,
+                };
                 (p.node, peer)
             })
             .collect();
@@ -597,7 +607,15 @@ impl EventLoop {
                 q.insert(peer, tx);
             }
             let now = Instant::now();
-            let p = Peer { addr: None, rx, conn: None, dialing: None, next_dial: now, backoff: self.cfg.reconnect_min };
+            let p = Peer {
+                configured: false,
+                addr: None,
+                rx,
+                conn: None,
+                dialing: None,
+                next_dial: now,
+                backoff: self.cfg.reconnect_min,
+            };
             self.peers.insert(peer, p);
         }
         let p = self.peers.get_mut(&peer).expect("peer inserted above");
@@ -849,8 +867,13 @@ impl EventLoop {
         if ending.notify {
             // Drop unsent data (its queue keeps the rest), say why, and linger briefly so the peer
             // can read it before the socket goes.
-            conn.out.retain(|f| matches!(f.kind(), Kind::Close));
-            conn.written = 0;
+            // A partly written frame must be finished first, or the peer could not parse the Close.
+            let head = if conn.written > 0 { conn.out.pop_front() } else { None };
+            conn.out.clear();
+            match head {
+                Some(h) => conn.out.push_back(h),
+                None => conn.written = 0,
+            }
             conn.control.clear();
             conn.phase = Phase::Closing { until: Instant::now() + LINGER };
             let close = Close { code: ending.code.clone(), message: ending.reason.clone() };
@@ -874,12 +897,21 @@ impl EventLoop {
         } else if p.conn == Some(token) {
             p.conn = None;
             let redial = p.addr.is_some();
+            let forget = !redial && !p.configured;
             if was_established {
                 tracing::info!(%node, %peer, reason = %ending.reason, "peer down");
                 self.emit(Event::PeerDown { node: peer, reason: ending.reason });
             }
             if redial {
                 self.schedule_redial(peer);
+            } else if forget {
+                // A client (or an unlisted node) went away: drop its queue so that many short-lived
+                // clients do not accumulate. Senders holding the old queue see it closed and look
+                // the node up again.
+                self.peers.remove(&peer);
+                if let Ok(mut q) = self.shared.queues.write() {
+                    q.remove(&peer);
+                }
             }
         }
     }

@@ -426,24 +426,37 @@ impl TransportSender {
         self.cache.get(&to)
     }
 
-    /// Queues `frame` for `to` without blocking.
+    /// Queues `frame` for `to` without blocking. `UnknownPeer` if `to` is neither configured nor
+    /// connected (a client that disconnected is forgotten).
     pub fn try_send(&mut self, to: NodeId, frame: EncodedFrame) -> Result<(), SendError> {
         if self.shared.shutdown.load(Ordering::Acquire) {
             return Err(SendError::Closed(frame));
         }
-        let Some(tx) = self.queue(to) else { return Err(SendError::UnknownPeer(frame)) };
-        match tx.try_send(frame) {
-            Ok(()) => {
-                self.shared.wake();
-                Ok(())
+        let mut frame = frame;
+        for attempt in 0..2 {
+            let Some(tx) = self.queue(to) else { return Err(SendError::UnknownPeer(frame)) };
+            match tx.try_send(frame) {
+                Ok(()) => {
+                    self.shared.wake();
+                    return Ok(());
+                }
+                Err(crossbeam_channel::TrySendError::Full(f)) => {
+                    // Make sure the loop is draining: it sleeps only after emptying every queue.
+                    self.shared.wake();
+                    return Err(SendError::Full(f));
+                }
+                Err(crossbeam_channel::TrySendError::Disconnected(f)) => {
+                    // The peer's queue was dropped (an unlisted node disconnected); it may have a
+                    // new one if it came back.
+                    self.cache.remove(&to);
+                    if attempt == 1 || self.shared.shutdown.load(Ordering::Acquire) {
+                        return Err(SendError::Closed(f));
+                    }
+                    frame = f;
+                }
             }
-            Err(crossbeam_channel::TrySendError::Full(f)) => {
-                // The loop may be asleep with a full queue only if it missed a wake; make sure.
-                self.shared.wake();
-                Err(SendError::Full(f))
-            }
-            Err(crossbeam_channel::TrySendError::Disconnected(f)) => Err(SendError::Closed(f)),
         }
+        unreachable!("the loop returns on its second attempt")
     }
 
     /// Queues `frame` for `to`, waiting up to `timeout` for room. `Full` after the timeout.
