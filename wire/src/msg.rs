@@ -216,6 +216,74 @@ archived! {
     }
 }
 
+archived! {
+    /// Window results from an agg task to a sink task (columnar).
+    pub struct WindowResults {
+        /// Stream.
+        pub stream: StreamId,
+        /// Sending agg.
+        pub from: TaskId,
+        /// Receiving sink.
+        pub to: TaskId,
+        /// Per-channel sequence number.
+        pub seq: Seq,
+        /// Series keys.
+        pub key: Vec<u64>,
+        /// Window starts (ms).
+        pub start: Vec<i64>,
+        /// Row counts.
+        pub count: Vec<u64>,
+        /// Sums.
+        pub sum: Vec<f64>,
+        /// Minimums.
+        pub min: Vec<f64>,
+        /// Maximums.
+        pub max: Vec<f64>,
+    }
+}
+
+impl ArchivedWindowResults {
+    /// All columns must have the same length.
+    pub fn check_columns(&self) -> Result<(), String> {
+        let n = self.key.len();
+        let lens = [self.start.len(), self.count.len(), self.sum.len(), self.min.len(), self.max.len()];
+        if lens.iter().all(|l| *l == n) {
+            Ok(())
+        } else {
+            Err(format!("window result columns differ in length: key {n}, others {lens:?}"))
+        }
+    }
+}
+
+archived! {
+    /// The upstream task has sent everything: its channel ends here.
+    pub struct EndOfStream {
+        /// Stream.
+        pub stream: StreamId,
+        /// Sending task.
+        pub from: TaskId,
+        /// Receiving task.
+        pub to: TaskId,
+        /// Per-channel sequence number.
+        pub seq: Seq,
+    }
+}
+
+archived! {
+    /// Receiver → sender of a remote channel: room for `credits` more frames (credit-based flow
+    /// control, so one slow channel never blocks a connection that others share).
+    pub struct Credit {
+        /// Stream.
+        pub stream: StreamId,
+        /// Sending task of the channel (who gets the credit).
+        pub from: TaskId,
+        /// Receiving task of the channel.
+        pub to: TaskId,
+        /// Frames granted.
+        pub credits: u32,
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Checkpoint protocol.
 
@@ -736,6 +804,9 @@ kinds! {
     11 => IngestAck,
     12 => Data { |m: &ArchivedData| m.batch.check() },
     13 => Watermark,
+    14 => WindowResults { |m: &ArchivedWindowResults| m.check_columns() },
+    15 => EndOfStream,
+    16 => Credit,
     20 => CheckpointSourceReq,
     21 => CheckpointSourceRsp,
     22 => CheckpointTrigger,

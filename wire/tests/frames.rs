@@ -72,6 +72,12 @@ roundtrip! {
     roundtrip_watermark: Watermark = Watermark {
         stream: StreamId(1), from: TaskId(1), to: TaskId(2), seq: Seq(5), watermark_ms: -3,
     };
+    roundtrip_window_results: WindowResults = WindowResults {
+        stream: StreamId(1), from: TaskId(3), to: TaskId(5), seq: Seq(9), key: vec![1, 2], start: vec![0, 1000],
+        count: vec![3, 4], sum: vec![1.5, -2.0], min: vec![0.0, -1.0], max: vec![1.0, 0.5],
+    };
+    roundtrip_end_of_stream: EndOfStream = EndOfStream { stream: StreamId(1), from: TaskId(3), to: TaskId(5), seq: Seq(10) };
+    roundtrip_credit: Credit = Credit { stream: StreamId(1), from: TaskId(3), to: TaskId(5), credits: 16 };
     roundtrip_checkpoint_source_req: CheckpointSourceReq = CheckpointSourceReq {
         stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), task: TaskId(1), node: NodeId(2),
         kind: TriggerKind::Manual, expire_at_ms: 1000,

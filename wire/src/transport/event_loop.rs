@@ -917,6 +917,19 @@ impl EventLoop {
     }
 
     fn close_all(&mut self) {
+        // First deliver what is queued for connected peers (bounded in time), then say goodbye.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut events = Events::with_capacity(64);
+        loop {
+            self.flush_established();
+            let queued = self.peers.values().filter(|p| p.conn.is_some()).any(|p| {
+                !p.rx.is_empty() || p.conn.and_then(|t| self.conns.get(&t)).is_some_and(|c| !c.out.is_empty())
+            });
+            if !queued || Instant::now() >= deadline {
+                break;
+            }
+            let _ = self.poll.poll(&mut events, Some(Duration::from_millis(5)));
+        }
         let tokens: Vec<Token> = self.conns.keys().copied().collect();
         for t in tokens {
             let handshaking = self.conns.get(&t).is_some_and(|c| !matches!(c.phase, Phase::Closing { .. }));

@@ -293,8 +293,8 @@ impl Shared {
     }
 }
 
-/// A running transport. Dropping it closes every connection (with a `Shutdown` reason) and joins
-/// the network thread.
+/// A running transport. Dropping it delivers what is queued for connected peers (for up to a
+/// second), closes every connection (with a `Shutdown` reason) and joins the network thread.
 pub struct Transport {
     shared: Arc<Shared>,
     events: Receiver<Event>,

@@ -1,0 +1,403 @@
+//! One partition's ingest log: append, sync, read from any version, truncate below a version.
+//!
+//! Segment files rather than RocksDB: the log is append-only and read sequentially, so a file per
+//! segment gives one `write` per batch and one `fdatasync` per group commit with no compaction,
+//! no write amplification and a format we can check byte for byte. Retention deletes whole files.
+//!
+//! Invariants:
+//! - Versions are dense: the log holds every version in `[first, next)`.
+//! - `durable` never exceeds what was synced under the policy; readers ([`LogReader`]) never read at
+//!   or past it, so nothing the engine processes can vanish in a crash.
+//! - On open, a torn tail (an incomplete or checksum-failing *last* entry of the *last* segment) is
+//!   cut and logged; damage anywhere else is refused as corruption, never silently dropped.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use weir_wire::{Batch, Version};
+
+use super::segment::{self, Parsed};
+
+/// Errors of the ingest log.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// The disk refused (retryable once space or permissions are fixed).
+    #[error("ingest log {path}: {source}")]
+    Io {
+        /// File or directory.
+        path: PathBuf,
+        /// OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Bytes on disk are damaged somewhere other than the tail (fatal: needs an operator).
+    #[error("ingest log segment {path} is corrupt at byte {offset}: {reason}")]
+    Corrupt {
+        /// Segment.
+        path: PathBuf,
+        /// Where.
+        offset: u64,
+        /// What.
+        reason: String,
+    },
+    /// A version outside what the log holds was asked for (fatal for that request).
+    #[error("version {asked} is outside the log's range {first}..{next}")]
+    OutOfRange {
+        /// Requested version.
+        asked: Version,
+        /// Oldest version kept.
+        first: Version,
+        /// Next version to be written.
+        next: Version,
+    },
+}
+
+impl LogError {
+    /// Whether retrying may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, LogError::Io { .. })
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
+    move |source| LogError::Io { path: path.to_path_buf(), source }
+}
+
+/// Ingest log settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogConfig {
+    /// Start a new segment past this size.
+    pub segment_bytes: u64,
+    /// Largest entry accepted (and believed when reading).
+    pub max_entry_bytes: usize,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { segment_bytes: 64 << 20, max_entry_bytes: 64 << 20 }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Segment {
+    first: Version,
+    path: PathBuf,
+}
+
+/// The writing side of one partition's log. Owned by one thread.
+#[derive(Debug)]
+pub struct IngestLog {
+    dir: PathBuf,
+    cfg: LogConfig,
+    segments: Vec<Segment>,
+    active: File,
+    active_len: u64,
+    next: Version,
+    written_unsynced: bool,
+    durable: Arc<AtomicU64>,
+    buf: Vec<u8>,
+}
+
+impl IngestLog {
+    /// Opens (or creates) the log in `dir`, cutting a torn tail.
+    pub fn open(dir: &Path, cfg: LogConfig) -> Result<IngestLog, LogError> {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let mut segments = Vec::new();
+        for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+            let path = entry.map_err(io_err(dir))?.path();
+            if let Some(first) = segment::parse_segment_name(&path) {
+                segments.push(Segment { first, path });
+            }
+        }
+        segments.sort_by_key(|s| s.first);
+        let mut next = segments.first().map_or(Version(0), |s| s.first);
+        let count = segments.len();
+        for (i, seg) in segments.iter().enumerate() {
+            if seg.first != next {
+                return Err(LogError::Corrupt {
+                    path: seg.path.clone(),
+                    offset: 0,
+                    reason: format!("segment starts at {} but the previous one ends at {next}", seg.first),
+                });
+            }
+            next = scan_segment(&seg.path, seg.first, cfg.max_entry_bytes, i + 1 == count)?;
+        }
+        if segments.is_empty() {
+            segments.push(Segment { first: next, path: segment::segment_path(dir, next) });
+        }
+        let last = segments.last().expect("one segment").path.clone();
+        let active = OpenOptions::new().create(true).append(true).open(&last).map_err(io_err(&last))?;
+        let active_len = active.metadata().map_err(io_err(&last))?.len();
+        sync_dir(dir)?;
+        Ok(IngestLog {
+            dir: dir.to_path_buf(),
+            cfg,
+            segments,
+            active,
+            active_len,
+            next,
+            written_unsynced: false,
+            // What survived the restart is on disk: it is durable.
+            durable: Arc::new(AtomicU64::new(next.0)),
+            buf: Vec::new(),
+        })
+    }
+
+    /// Version the next appended row gets.
+    pub fn next_version(&self) -> Version {
+        self.next
+    }
+
+    /// Oldest version still kept.
+    pub fn first_version(&self) -> Version {
+        self.segments.first().map_or(self.next, |s| s.first)
+    }
+
+    /// Every version below this is durable.
+    pub fn durable_version(&self) -> Version {
+        Version(self.durable.load(Ordering::Acquire))
+    }
+
+    /// Appends `batch` (written to the OS, not yet synced). Returns the versions of its first and
+    /// last rows. An empty batch gets no versions (`None`).
+    pub fn append(&mut self, batch: &Batch) -> Result<Option<(Version, Version)>, LogError> {
+        if batch.is_empty() {
+            return Ok(None);
+        }
+        if batch.column_bytes() > self.cfg.max_entry_bytes {
+            let path = self.segments.last().expect("segment").path.clone();
+            let reason = format!("entry of {} bytes exceeds {}", batch.column_bytes(), self.cfg.max_entry_bytes);
+            return Err(LogError::Io { path, source: io::Error::new(io::ErrorKind::InvalidInput, reason) });
+        }
+        if self.active_len >= self.cfg.segment_bytes {
+            self.roll()?;
+        }
+        let first = self.next;
+        self.buf.clear();
+        segment::encode_entry(first, batch, &mut self.buf);
+        let path = &self.segments.last().expect("segment").path;
+        if let Err(e) = self.active.write_all(&self.buf) {
+            // A partial write leaves a torn entry; cut it so the next append starts clean.
+            let _ = self.active.set_len(self.active_len);
+            return Err(io_err(path)(e));
+        }
+        self.active_len += self.buf.len() as u64;
+        self.next = Version(first.0 + batch.len() as u64);
+        self.written_unsynced = true;
+        Ok(Some((first, Version(self.next.0 - 1))))
+    }
+
+    /// Makes everything appended so far durable (`fdatasync`) and publishes it to readers.
+    pub fn sync(&mut self) -> Result<Version, LogError> {
+        if self.written_unsynced {
+            let path = &self.segments.last().expect("segment").path;
+            self.active.sync_data().map_err(io_err(path))?;
+            self.written_unsynced = false;
+        }
+        self.durable.store(self.next.0, Ordering::Release);
+        Ok(self.next)
+    }
+
+    /// Publishes what was written without syncing (the `None` policy: survives a process crash,
+    /// not a power loss).
+    pub fn publish_unsynced(&mut self) -> Version {
+        self.durable.store(self.next.0, Ordering::Release);
+        self.next
+    }
+
+    fn roll(&mut self) -> Result<(), LogError> {
+        self.sync()?;
+        let path = segment::segment_path(&self.dir, self.next);
+        self.active = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err(&path))?;
+        self.active_len = 0;
+        self.segments.push(Segment { first: self.next, path });
+        sync_dir(&self.dir)
+    }
+
+    /// Deletes whole segments whose rows are all below `version` (retention). Returns the new
+    /// oldest version kept.
+    pub fn truncate_below(&mut self, version: Version) -> Result<Version, LogError> {
+        while self.segments.len() > 1 && self.segments[1].first <= version {
+            let seg = self.segments.remove(0);
+            fs::remove_file(&seg.path).map_err(io_err(&seg.path))?;
+        }
+        sync_dir(&self.dir)?;
+        Ok(self.first_version())
+    }
+
+    /// A reader starting at `from` that sees rows as they become durable.
+    pub fn reader(&self, from: Version) -> Result<LogReader, LogError> {
+        let (first, next) = (self.first_version(), self.next);
+        if from < first || from > next {
+            return Err(LogError::OutOfRange { asked: from, first, next });
+        }
+        Ok(self.handle().reader(from))
+    }
+
+    /// A handle that other threads use to read this log.
+    pub fn handle(&self) -> LogHandle {
+        LogHandle { dir: self.dir.clone(), cfg: self.cfg, durable: self.durable.clone() }
+    }
+}
+
+/// Read access to a log that another thread writes.
+#[derive(Clone, Debug)]
+pub struct LogHandle {
+    dir: PathBuf,
+    cfg: LogConfig,
+    durable: Arc<AtomicU64>,
+}
+
+impl LogHandle {
+    /// Every version below this is durable.
+    pub fn durable_version(&self) -> Version {
+        Version(self.durable.load(Ordering::Acquire))
+    }
+
+    /// A reader from `from` (a version the log no longer or not yet holds fails on first read).
+    pub fn reader(&self, from: Version) -> LogReader {
+        LogReader {
+            dir: self.dir.clone(),
+            cfg: self.cfg,
+            durable: self.durable.clone(),
+            pos: from,
+            file: None,
+            buf: Vec::new(),
+        }
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), LogError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
+}
+
+/// Checks a segment entry by entry; returns the version after its last entry. In the last
+/// segment a torn tail is cut; anywhere else damage is corruption.
+fn scan_segment(path: &Path, first: Version, max_entry: usize, last: bool) -> Result<Version, LogError> {
+    let bytes = fs::read(path).map_err(io_err(path))?;
+    let mut off = 0usize;
+    let mut next = first;
+    while off < bytes.len() {
+        let why = match segment::parse_entry(&bytes[off..], max_entry) {
+            Parsed::Entry { first: f, rows, len } if f == next => {
+                off += len;
+                next = Version(next.0 + rows as u64);
+                continue;
+            }
+            Parsed::Entry { first: f, .. } => format!("entry starts at {f}, expected {next}"),
+            Parsed::Incomplete => "incomplete entry".to_string(),
+            Parsed::Corrupt(reason) => reason,
+        };
+        // A torn tail is the last write: nothing valid may follow it.
+        let valid_after = (off + 1..bytes.len()).any(
+            |o| matches!(segment::parse_entry(&bytes[o..], max_entry), Parsed::Entry { first: f, .. } if f >= next),
+        );
+        if !last || valid_after {
+            return Err(LogError::Corrupt { path: path.to_path_buf(), offset: off as u64, reason: why });
+        }
+        tracing::warn!(
+            segment = %path.display(), offset = off, cut_bytes = bytes.len() - off, reason = %why,
+            "cutting torn tail of the ingest log"
+        );
+        let f = OpenOptions::new().write(true).open(path).map_err(io_err(path))?;
+        f.set_len(off as u64).map_err(io_err(path))?;
+        f.sync_all().map_err(io_err(path))?;
+        break;
+    }
+    Ok(next)
+}
+
+/// Reads one partition's log from a version on, up to what is durable.
+#[derive(Debug)]
+pub struct LogReader {
+    dir: PathBuf,
+    cfg: LogConfig,
+    durable: Arc<AtomicU64>,
+    pos: Version,
+    /// Open segment, its first version and the byte offset of the entry holding `pos`.
+    file: Option<(File, Version, u64)>,
+    buf: Vec<u8>,
+}
+
+impl LogReader {
+    /// Version of the next row to be read.
+    pub fn position(&self) -> Version {
+        self.pos
+    }
+
+    /// Appends up to about `max_rows` durable rows (whole entries, the first possibly partial) to
+    /// `out`. Returns the number of rows read; 0 when nothing new is durable.
+    pub fn read(&mut self, max_rows: usize, out: &mut Batch) -> Result<usize, LogError> {
+        let durable = Version(self.durable.load(Ordering::Acquire));
+        let mut read = 0;
+        while self.pos < durable && read < max_rows {
+            if self.file.is_none() {
+                self.open_at(self.pos)?;
+            }
+            let (file, seg_first, offset) = self.file.as_mut().expect("opened");
+            let seg_path = segment::segment_path(&self.dir, *seg_first);
+            let mut head = [0u8; segment::ENTRY_HEADER];
+            match file.read_exact(&mut head) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    // End of this segment: the next one starts at pos.
+                    self.file = None;
+                    let next = segment::segment_path(&self.dir, self.pos);
+                    if !next.exists() {
+                        let reason = format!("segment for {} missing", self.pos);
+                        return Err(LogError::Corrupt { path: next, offset: 0, reason });
+                    }
+                    continue;
+                }
+                Err(e) => return Err(io_err(&seg_path)(e)),
+            }
+            let payload = u32::from_le_bytes(head[0..4].try_into().expect("4")) as usize;
+            self.buf.clear();
+            self.buf.extend_from_slice(&head);
+            self.buf.resize(segment::ENTRY_HEADER + payload.min(self.cfg.max_entry_bytes), 0);
+            file.read_exact(&mut self.buf[segment::ENTRY_HEADER..]).map_err(io_err(&seg_path))?;
+            let (first, rows, len) = match segment::parse_entry(&self.buf, self.cfg.max_entry_bytes) {
+                Parsed::Entry { first, rows, len } => (first, rows as usize, len),
+                Parsed::Incomplete => unreachable!("read the whole entry"),
+                Parsed::Corrupt(reason) => {
+                    return Err(LogError::Corrupt { path: seg_path, offset: *offset, reason });
+                }
+            };
+            *offset += len as u64;
+            let end = Version(first.0 + rows as u64);
+            if end <= self.pos {
+                continue; // before our start (first entry after a seek)
+            }
+            let skip = (self.pos.0 - first.0) as usize;
+            segment::decode_rows(&self.buf, rows, skip, out);
+            read += rows - skip;
+            self.pos = end;
+        }
+        Ok(read)
+    }
+
+    fn open_at(&mut self, pos: Version) -> Result<(), LogError> {
+        let mut best = None;
+        for entry in fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {
+            let path = entry.map_err(io_err(&self.dir))?.path();
+            if let Some(first) = segment::parse_segment_name(&path)
+                && first <= pos
+                && best.is_none_or(|b| first > b)
+            {
+                best = Some(first);
+            }
+        }
+        let Some(first) = best else {
+            let reason = format!("no segment holds version {pos}");
+            return Err(LogError::Corrupt { path: self.dir.clone(), offset: 0, reason });
+        };
+        let path = segment::segment_path(&self.dir, first);
+        let mut file = File::open(&path).map_err(io_err(&path))?;
+        file.seek(SeekFrom::Start(0)).map_err(io_err(&path))?;
+        self.file = Some((file, first, 0));
+        Ok(())
+    }
+}

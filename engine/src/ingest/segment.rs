@@ -1,0 +1,121 @@
+//! On-disk format of the ingest log: segment files of checksummed entries.
+//!
+//! A segment is named by the version of its first row (`00000000000000001234.seg`, 20 digits so
+//! that names sort by version). It is a sequence of entries:
+//!
+//! ```text
+//! offset  size  field
+//!      0     4  payload length in bytes (= rows × 24)
+//!      4     4  CRC32C of bytes 8..24 and the payload
+//!      8     8  version of the entry's first row
+//!     16     4  rows
+//!     20     4  zero (reserved)
+//!     24     …  ts[rows] (i64), key[rows] (u64), value[rows] (f64), little-endian
+//! ```
+//!
+//! Versions count rows: entry `n + 1` starts where entry `n` ends, with no gaps.
+
+use std::path::{Path, PathBuf};
+
+use weir_wire::{Batch, Version};
+
+/// Bytes before an entry's payload.
+pub const ENTRY_HEADER: usize = 24;
+/// Bytes per row in an entry.
+pub const ROW_BYTES: usize = 24;
+
+/// The file name of the segment starting at `first`.
+pub fn segment_name(first: Version) -> String {
+    format!("{:020}.seg", first.0)
+}
+
+/// The first version of a segment file, from its name.
+pub fn parse_segment_name(path: &Path) -> Option<Version> {
+    let name = path.file_name()?.to_str()?;
+    let digits = name.strip_suffix(".seg")?;
+    if digits.len() != 20 {
+        return None;
+    }
+    digits.parse().ok().map(Version)
+}
+
+/// Path of segment `first` in `dir`.
+pub fn segment_path(dir: &Path, first: Version) -> PathBuf {
+    dir.join(segment_name(first))
+}
+
+/// Appends the encoded entry for `batch` (first row at `first`) to `out`.
+pub fn encode_entry(first: Version, batch: &Batch, out: &mut Vec<u8>) {
+    let rows = batch.len();
+    let start = out.len();
+    out.reserve(ENTRY_HEADER + rows * ROW_BYTES);
+    out.extend_from_slice(&((rows * ROW_BYTES) as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&first.0.to_le_bytes());
+    out.extend_from_slice(&(rows as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    for t in &batch.ts {
+        out.extend_from_slice(&t.to_le_bytes());
+    }
+    for k in &batch.key {
+        out.extend_from_slice(&k.to_le_bytes());
+    }
+    for v in &batch.value {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&out[start + 8..]);
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// What is at the start of `bytes`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// A whole, valid entry of `len` bytes.
+    Entry {
+        /// First version.
+        first: Version,
+        /// Rows.
+        rows: u32,
+        /// Total bytes, header included.
+        len: usize,
+    },
+    /// The bytes end inside an entry.
+    Incomplete,
+    /// The bytes are not a valid entry.
+    Corrupt(String),
+}
+
+/// Parses the entry at the start of `bytes` (checksum included).
+pub fn parse_entry(bytes: &[u8], max_entry: usize) -> Parsed {
+    if bytes.len() < ENTRY_HEADER {
+        return Parsed::Incomplete;
+    }
+    let word = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+    let payload = word(0) as usize;
+    let crc = word(4);
+    let first = Version(u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")));
+    let rows = word(16);
+    if payload != rows as usize * ROW_BYTES || word(20) != 0 || payload > max_entry {
+        return Parsed::Corrupt(format!("entry header is inconsistent (payload {payload}, rows {rows})"));
+    }
+    let len = ENTRY_HEADER + payload;
+    if bytes.len() < len {
+        return Parsed::Incomplete;
+    }
+    let computed = crc32c::crc32c(&bytes[8..len]);
+    if computed != crc {
+        return Parsed::Corrupt(format!("checksum {computed:#010x} does not match {crc:#010x}"));
+    }
+    Parsed::Entry { first, rows, len }
+}
+
+/// Appends rows `skip..` of the valid entry at the start of `bytes` to `out`.
+pub fn decode_rows(bytes: &[u8], rows: usize, skip: usize, out: &mut Batch) {
+    let col = |c: usize, i: usize| {
+        let at = ENTRY_HEADER + c * rows * 8 + i * 8;
+        <[u8; 8]>::try_from(&bytes[at..at + 8]).expect("8 bytes")
+    };
+    for i in skip..rows {
+        out.push(i64::from_le_bytes(col(0, i)), u64::from_le_bytes(col(1, i)), f64::from_le_bytes(col(2, i)));
+    }
+}

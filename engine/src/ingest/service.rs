@@ -1,0 +1,216 @@
+//! The node's ingest writer: one thread that appends to every partition log of the node and
+//! acknowledges each append only once it is durable under the [`SyncPolicy`].
+//!
+//! Requests arrive on a bounded channel (a full channel pushes back on the network thread), and
+//! acknowledgements leave on the caller's channel in append order per partition.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use weir_wire::{Batch, Version};
+
+use super::log::{IngestLog, LogConfig, LogError, LogHandle};
+
+/// Requests appended between two syncs at most (on top of the first one waited for).
+const MAX_GROUP: usize = 512;
+
+/// When appended rows become durable (and are acknowledged).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// `fdatasync` before acknowledging; appends that arrive together share one sync.
+    EveryAppend,
+    /// `fdatasync` at most once per interval; acknowledgements wait for it.
+    GroupCommit(Duration),
+    /// Acknowledge once written to the OS: survives a killed process, not a power loss.
+    None,
+}
+
+/// A request to append `batch` to `partition`; `token` comes back with the acknowledgement.
+#[derive(Debug)]
+pub struct AppendRequest<T> {
+    /// Partition.
+    pub partition: u32,
+    /// Rows.
+    pub batch: Batch,
+    /// Caller's identification of the request.
+    pub token: T,
+}
+
+/// The outcome of an append, sent once durable (or failed).
+#[derive(Debug)]
+pub struct Appended<T> {
+    /// The request's token.
+    pub token: T,
+    /// Partition.
+    pub partition: u32,
+    /// First and last version of the rows (`None` for an empty batch), or why it failed.
+    pub result: Result<Option<(Version, Version)>, String>,
+    /// Whether a failed append may succeed if sent again.
+    pub retryable: bool,
+}
+
+/// The running writer.
+#[derive(Debug)]
+pub struct IngestService<T> {
+    requests: Sender<AppendRequest<T>>,
+    handles: Vec<LogHandle>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl<T: Send + 'static> IngestService<T> {
+    /// Opens the logs of `partitions` partitions under `dir` (one directory each) and starts the
+    /// writer. Acknowledgements go to `acks`.
+    pub fn start(
+        dir: &Path,
+        partitions: u32,
+        cfg: LogConfig,
+        policy: SyncPolicy,
+        acks: Sender<Appended<T>>,
+    ) -> Result<Self, LogError> {
+        let mut logs = Vec::new();
+        for p in 0..partitions {
+            logs.push(IngestLog::open(&partition_dir(dir, p), cfg)?);
+        }
+        let handles = logs.iter().map(IngestLog::handle).collect();
+        let (requests, rx) = crossbeam_channel::bounded(1024);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("weir-ingest".into())
+            .spawn(move || writer(logs, policy, rx, acks, &stop2))
+            .map_err(|source| LogError::Io { path: dir.to_path_buf(), source })?;
+        Ok(Self { requests, handles, stop, thread: Some(thread) })
+    }
+
+    /// Where requests go (bounded: a full queue means the disk is behind).
+    pub fn requests(&self) -> &Sender<AppendRequest<T>> {
+        &self.requests
+    }
+
+    /// Read access to partition `p`'s log.
+    pub fn log(&self, p: u32) -> Option<&LogHandle> {
+        self.handles.get(p as usize)
+    }
+}
+
+impl<T> Drop for IngestService<T> {
+    fn drop(&mut self) {
+        // The writer appends what is queued, syncs, acknowledges, and exits.
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Directory of partition `p`'s log under `dir`.
+pub fn partition_dir(dir: &Path, p: u32) -> PathBuf {
+    dir.join(format!("p{p:05}"))
+}
+
+fn writer<T>(
+    mut logs: Vec<IngestLog>,
+    policy: SyncPolicy,
+    rx: Receiver<AppendRequest<T>>,
+    acks: Sender<Appended<T>>,
+    stop: &AtomicBool,
+) {
+    let mut pending: Vec<Appended<T>> = Vec::new();
+    let mut dirty = vec![false; logs.len()];
+    let mut last_sync = Instant::now();
+    let mut open = true;
+    while open || !pending.is_empty() {
+        if stop.load(Ordering::Acquire) {
+            open = false;
+        }
+        let wait = match policy {
+            SyncPolicy::GroupCommit(d) if !pending.is_empty() => d.saturating_sub(last_sync.elapsed()),
+            _ if !pending.is_empty() => Duration::ZERO,
+            _ => Duration::from_millis(100),
+        };
+        // Take what is there (waiting at most until the next sync is due).
+        let first = if open {
+            match rx.recv_timeout(wait) {
+                Ok(r) => Some(r),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => {
+                    open = false;
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        // Bounded, so a producer faster than the disk cannot postpone the sync forever.
+        let drained = std::iter::from_fn(|| rx.try_recv().ok()).take(MAX_GROUP);
+        for req in first.into_iter().chain(drained) {
+            let p = req.partition as usize;
+            let Some(log) = logs.get_mut(p) else {
+                let result = Err(format!("no partition {} on this node ({} partitions)", req.partition, dirty.len()));
+                let _ = acks.send(Appended { token: req.token, partition: req.partition, result, retryable: false });
+                continue;
+            };
+            match log.append(&req.batch) {
+                Ok(v) => {
+                    dirty[p] = true;
+                    pending.push(Appended {
+                        token: req.token,
+                        partition: req.partition,
+                        result: Ok(v),
+                        retryable: false,
+                    });
+                }
+                Err(e) => {
+                    tracing::error!(partition = req.partition, error = %e, "ingest append failed");
+                    let retryable = e.is_retryable();
+                    let _ = acks.send(Appended {
+                        token: req.token,
+                        partition: req.partition,
+                        result: Err(e.to_string()),
+                        retryable,
+                    });
+                }
+            }
+        }
+        let due = match policy {
+            SyncPolicy::GroupCommit(d) => last_sync.elapsed() >= d || !open,
+            _ => true,
+        };
+        if pending.is_empty() || !due {
+            continue;
+        }
+        // Make it durable, then acknowledge. A failed sync fails every pending append of that
+        // partition: the client must resend, and nothing unsynced is ever reported durable.
+        let mut failed: Vec<Option<String>> = vec![None; logs.len()];
+        for (p, log) in logs.iter_mut().enumerate() {
+            if !dirty[p] {
+                continue;
+            }
+            let r = match policy {
+                SyncPolicy::None => Ok(log.publish_unsynced()),
+                _ => log.sync(),
+            };
+            if let Err(e) = r {
+                tracing::error!(partition = p, error = %e, "ingest sync failed");
+                failed[p] = Some(e.to_string());
+            }
+            dirty[p] = false;
+        }
+        last_sync = Instant::now();
+        for mut a in pending.drain(..) {
+            if let Some(e) = &failed[a.partition as usize] {
+                a.result = Err(format!("not durable: {e}"));
+                a.retryable = true;
+            }
+            let _ = acks.send(a);
+        }
+    }
+    for log in &mut logs {
+        let _ = log.sync();
+    }
+}

@@ -1,0 +1,367 @@
+//! Channels between tasks. The task code sees only [`Inputs`] and [`Outputs`]; whether a channel
+//! is a local crossbeam queue or frames over the transport is decided here.
+//!
+//! Invariants:
+//! - Every queue is bounded. A sender never blocks its worker thread: a message that does not fit
+//!   stays in the output's pending slot and the task stops producing until it drains.
+//! - Remote channels use credits: the sender holds at most `queue_capacity` frames the receiver has
+//!   not consumed, so the receiving router always has room and never blocks on one channel while
+//!   others share the connection.
+//! - A consumer that frees a slot in a full local queue wakes the producer's worker; a credit grant
+//!   wakes it through the router. Idle workers park; nobody spins.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_utils::sync::Unparker;
+use weir_wire::msg::{Credit, Data, EndOfStream, Watermark, WindowResults};
+use weir_wire::transport::{SendError, TransportSender};
+use weir_wire::{Batch, EncodedFrame, Frame, FrameEncoder, NodeId, Seq, StreamId, TaskId};
+
+use crate::operator::window::WindowResult;
+
+/// Rows on a channel: an owned batch from a local task, or a received frame read in place.
+#[derive(Debug)]
+pub enum Rows {
+    /// From a task on this node.
+    Local(Batch),
+    /// From another node: a validated `Data` frame, read without copying the columns.
+    Remote(Frame),
+}
+
+impl Rows {
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        match self {
+            Rows::Local(b) => b.len(),
+            Rows::Remote(f) => f.access::<Data>().map_or(0, |d| d.batch.len()),
+        }
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Calls `f` for every row, in order.
+    #[inline]
+    pub fn for_each(&self, mut f: impl FnMut(i64, u64, f64)) {
+        match self {
+            Rows::Local(b) => {
+                for ((t, k), v) in b.ts.iter().zip(&b.key).zip(&b.value) {
+                    f(*t, *k, *v);
+                }
+            }
+            Rows::Remote(frame) => match frame.access::<Data>() {
+                Ok(d) => {
+                    let b = &d.batch;
+                    for ((t, k), v) in b.ts_column().iter().zip(b.key_column()).zip(b.value_column()) {
+                        f(t.to_native(), k.to_native(), v.to_native());
+                    }
+                }
+                // The transport validated it already; validation is deterministic.
+                Err(e) => tracing::error!(error = %e, "received data frame failed validation twice"),
+            },
+        }
+    }
+}
+
+/// What travels on a channel.
+#[derive(Debug)]
+pub enum Msg {
+    /// Rows (source → agg).
+    Rows(Rows),
+    /// Window results (agg → sink).
+    Results(Vec<WindowResult>),
+    /// The sender has sent every row with event time up to this (ms).
+    Progress(i64),
+    /// The sender is done; nothing follows.
+    End,
+}
+
+/// The sending end of one channel.
+pub(crate) enum Link {
+    Local { tx: Sender<Msg>, wake: Unparker },
+    Remote { node: NodeId, credits: Arc<AtomicU32>, seq: Seq, encoded: Option<EncodedFrame> },
+}
+
+pub(crate) struct Output {
+    pub(crate) to: TaskId,
+    pub(crate) link: Link,
+    pending: VecDeque<Msg>,
+}
+
+impl Output {
+    pub(crate) fn new(to: TaskId, link: Link) -> Self {
+        Self { to, link, pending: VecDeque::new() }
+    }
+}
+
+/// Network side of a task: its own encoder and handle to the transport.
+pub(crate) struct Net {
+    pub(crate) sender: TransportSender,
+    pub(crate) encoder: FrameEncoder,
+}
+
+/// A task's outgoing channels, in downstream order.
+pub struct Outputs {
+    stream: StreamId,
+    from: TaskId,
+    outs: Vec<Output>,
+    net: Option<Net>,
+}
+
+impl std::fmt::Debug for Outputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outputs").field("from", &self.from).field("channels", &self.outs.len()).finish()
+    }
+}
+
+/// Why an output failed for good.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    /// The receiving task is gone (its engine stopped).
+    #[error("channel {from} -> {to} is closed")]
+    Closed {
+        /// Sender.
+        from: TaskId,
+        /// Receiver.
+        to: TaskId,
+    },
+    /// A message could not be encoded for the network.
+    #[error("channel {from} -> {to}: {reason}")]
+    Encode {
+        /// Sender.
+        from: TaskId,
+        /// Receiver.
+        to: TaskId,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Outputs {
+    pub(crate) fn new(stream: StreamId, from: TaskId, outs: Vec<Output>, net: Option<Net>) -> Self {
+        Self { stream, from, outs, net }
+    }
+
+    /// Number of downstream channels.
+    pub fn len(&self) -> usize {
+        self.outs.len()
+    }
+
+    /// Whether the task has no downstream (a sink).
+    pub fn is_empty(&self) -> bool {
+        self.outs.is_empty()
+    }
+
+    /// Queues `msg` on output `i` (delivered by [`Outputs::flush`]).
+    pub fn push(&mut self, i: usize, msg: Msg) {
+        self.outs[i].pending.push_back(msg);
+    }
+
+    /// Queues a copy of a control message on every output.
+    pub fn broadcast(&mut self, msg: impl Fn() -> Msg) {
+        for o in &mut self.outs {
+            o.pending.push_back(msg());
+        }
+    }
+
+    /// Whether everything queued has been delivered.
+    pub fn is_drained(&self) -> bool {
+        self.outs.iter().all(|o| o.pending.is_empty() && !matches!(o.link, Link::Remote { encoded: Some(_), .. }))
+    }
+
+    /// Delivers what it can. Ok(true) when nothing is left pending.
+    pub fn flush(&mut self) -> Result<bool, ChannelError> {
+        let (stream, from) = (self.stream, self.from);
+        for o in &mut self.outs {
+            loop {
+                match &mut o.link {
+                    Link::Local { tx, wake } => {
+                        let Some(m) = o.pending.pop_front() else { break };
+                        match tx.try_send(m) {
+                            Ok(()) => wake.unpark(),
+                            Err(TrySendError::Full(m)) => {
+                                o.pending.push_front(m);
+                                wake.unpark(); // make sure the consumer is draining
+                                break;
+                            }
+                            Err(TrySendError::Disconnected(_)) => return Err(ChannelError::Closed { from, to: o.to }),
+                        }
+                    }
+                    Link::Remote { node, credits, seq, encoded } => {
+                        let net = self.net.as_mut().expect("remote outputs have a network");
+                        if encoded.is_none() {
+                            let Some(m) = o.pending.pop_front() else { break };
+                            let frame = encode(&mut net.encoder, stream, from, o.to, *seq, m)
+                                .map_err(|reason| ChannelError::Encode { from, to: o.to, reason })?;
+                            *encoded = Some(frame);
+                        }
+                        if credits.load(Ordering::Acquire) == 0 {
+                            break;
+                        }
+                        let frame = encoded.take().expect("encoded above");
+                        match net.sender.try_send(*node, frame) {
+                            Ok(()) => {
+                                credits.fetch_sub(1, Ordering::AcqRel);
+                                *seq = seq.next();
+                            }
+                            Err(SendError::Full(f)) => {
+                                *encoded = Some(f);
+                                break;
+                            }
+                            Err(_) => return Err(ChannelError::Closed { from, to: o.to }),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(self.is_drained())
+    }
+}
+
+fn encode(
+    enc: &mut FrameEncoder,
+    stream: StreamId,
+    from: TaskId,
+    to: TaskId,
+    seq: Seq,
+    m: Msg,
+) -> Result<EncodedFrame, String> {
+    let r = match m {
+        Msg::Rows(Rows::Local(batch)) => enc.encode(&Data { stream, from, to, seq, batch }),
+        Msg::Rows(Rows::Remote(_)) => return Err("a received frame cannot be forwarded as is".into()),
+        Msg::Progress(watermark_ms) => enc.encode(&Watermark { stream, from, to, seq, watermark_ms }),
+        Msg::Results(rs) => {
+            let mut w = WindowResults {
+                stream,
+                from,
+                to,
+                seq,
+                key: Vec::with_capacity(rs.len()),
+                start: Vec::with_capacity(rs.len()),
+                count: Vec::with_capacity(rs.len()),
+                sum: Vec::with_capacity(rs.len()),
+                min: Vec::with_capacity(rs.len()),
+                max: Vec::with_capacity(rs.len()),
+            };
+            for r in rs {
+                w.key.push(r.key);
+                w.start.push(r.start);
+                w.count.push(r.count);
+                w.sum.push(r.sum);
+                w.min.push(r.min);
+                w.max.push(r.max);
+            }
+            enc.encode(&w)
+        }
+        Msg::End => enc.encode(&EndOfStream { stream, from, to, seq }),
+    };
+    r.map_err(|e| e.to_string())
+}
+
+/// The receiving end of one channel.
+pub(crate) struct Input {
+    pub(crate) from: TaskId,
+    pub(crate) rx: Receiver<Msg>,
+    /// Local channel: the producer's worker, woken when a full queue gets room.
+    pub(crate) wake_upstream: Option<Unparker>,
+    /// Remote channel: the producer's node, and consumed frames not yet granted back.
+    pub(crate) remote: Option<(NodeId, u32)>,
+    pub(crate) ended: bool,
+}
+
+/// A task's incoming channels, in upstream order.
+pub struct Inputs {
+    stream: StreamId,
+    to: TaskId,
+    ins: Vec<Input>,
+    next: usize,
+    grant_every: u32,
+    net: Option<Net>,
+}
+
+impl std::fmt::Debug for Inputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inputs").field("to", &self.to).field("channels", &self.ins.len()).finish()
+    }
+}
+
+impl Inputs {
+    pub(crate) fn new(stream: StreamId, to: TaskId, ins: Vec<Input>, capacity: usize, net: Option<Net>) -> Self {
+        let grant_every = (capacity as u32 / 2).max(1);
+        Self { stream, to, ins, next: 0, grant_every, net }
+    }
+
+    /// Number of upstream channels.
+    pub fn len(&self) -> usize {
+        self.ins.len()
+    }
+
+    /// Whether the task has no upstream (a source).
+    pub fn is_empty(&self) -> bool {
+        self.ins.is_empty()
+    }
+
+    /// Whether every upstream has ended.
+    pub fn all_ended(&self) -> bool {
+        self.ins.iter().all(|i| i.ended)
+    }
+
+    /// Sends the credits input `i` has accumulated. If the transport queue is full they stay
+    /// accumulated and [`Inputs::retry_grants`] sends them later.
+    fn grant(&mut self, i: usize) {
+        let input = &mut self.ins[i];
+        let Some((node, consumed)) = &mut input.remote else { return };
+        let credit = Credit { stream: self.stream, from: input.from, to: self.to, credits: *consumed };
+        if let Some(net) = self.net.as_mut()
+            && let Ok(f) = net.encoder.encode(&credit)
+            && net.sender.try_send(*node, f).is_ok()
+        {
+            *consumed = 0;
+        }
+    }
+
+    /// Sends grants that could not go out before. A sender waiting for credit has at least
+    /// `grant_every` frames consumed here, so this is what unblocks it.
+    pub fn retry_grants(&mut self) {
+        for i in 0..self.ins.len() {
+            if self.ins[i].remote.is_some_and(|(_, c)| c >= self.grant_every) {
+                self.grant(i);
+            }
+        }
+    }
+
+    /// The next message from any upstream, round robin: `(input index, message)`.
+    pub fn next_msg(&mut self) -> Option<(usize, Msg)> {
+        let n = self.ins.len();
+        for k in 0..n {
+            let i = (self.next + k) % n;
+            let input = &mut self.ins[i];
+            if input.ended {
+                continue;
+            }
+            let Ok(m) = input.rx.try_recv() else { continue };
+            self.next = (i + 1) % n;
+            if matches!(m, Msg::End) {
+                input.ended = true;
+            }
+            if let Some(w) = &input.wake_upstream
+                && input.rx.capacity().is_some_and(|c| input.rx.len() + 1 == c)
+            {
+                w.unpark();
+            }
+            if let Some((_, consumed)) = &mut input.remote {
+                *consumed += 1;
+                if *consumed >= self.grant_every {
+                    self.grant(i);
+                }
+            }
+            return Some((i, m));
+        }
+        None
+    }
+}

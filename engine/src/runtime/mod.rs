@@ -1,0 +1,455 @@
+//! The runtime: pinned worker threads that poll the node's tasks, the queues between tasks, and
+//! the router that connects them to tasks on other nodes.
+//!
+//! - Each local task belongs to exactly one worker (round robin); its state needs no lock.
+//! - Each task has one bounded input queue per upstream, so one upstream's input can be held back
+//!   (checkpoint alignment) while the others flow.
+//! - Workers park when none of their tasks can make progress and are woken by whoever gives them
+//!   work (a producer pushing into an empty queue, a consumer freeing a full one, the router).
+//! - The router thread owns the receiving end of the transport: it checks each remote channel's
+//!   sequence numbers, hands frames to the destination task's queue (credits guarantee room), and
+//!   returns credits to local senders.
+
+mod channel;
+mod router;
+mod task;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_utils::sync::{Parker, Unparker};
+use weir_wire::transport::{Transport, TransportConfig};
+use weir_wire::{Batch, FrameEncoder, NodeId, TaskId};
+
+pub use channel::{ChannelError, Inputs, Msg, Outputs, Rows};
+use channel::{Input, Link, Net, Output};
+pub use router::IngestToken;
+use task::{AggTask, Feed, SinkTask, SourceTask, Task};
+pub use task::{Poll, TaskError};
+
+use crate::ingest::{IngestService, LogConfig, SyncPolicy};
+use crate::operator::generator::Generator;
+use crate::operator::window::WindowAgg;
+use crate::spec::{Placement, SourceKind, StreamSpec, TaskKind};
+use crate::state::ResultStore;
+
+/// Settings of one engine (one node's share of a stream).
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// This node.
+    pub node: NodeId,
+    /// Worker threads.
+    pub workers: usize,
+    /// Pin worker `i` to core `i` (modulo the cores there are).
+    pub pin_workers: bool,
+    /// Where the result store, task state and ingest logs live.
+    pub data_dir: PathBuf,
+    /// Messages per input queue (and credits per remote channel).
+    pub queue_capacity: usize,
+    /// Transport to the other nodes; required when the placement puts tasks elsewhere.
+    pub transport: Option<TransportConfig>,
+    /// Ingest log settings (ingest-log sources).
+    pub log: LogConfig,
+    /// When ingested rows are acknowledged.
+    pub sync: SyncPolicy,
+    /// Test and demo knob: each sink sleeps this long per result message.
+    pub sink_throttle: Option<Duration>,
+}
+
+impl EngineConfig {
+    /// Defaults for `node` with data under `data_dir`: 2 pinned workers, 64-message queues.
+    pub fn new(node: NodeId, data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            node,
+            workers: 2,
+            pin_workers: true,
+            data_dir: data_dir.into(),
+            queue_capacity: 64,
+            transport: None,
+            log: LogConfig::default(),
+            sync: SyncPolicy::GroupCommit(Duration::from_millis(10)),
+            sink_throttle: None,
+        }
+    }
+}
+
+/// Counters of an engine (relaxed atomics).
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Rows read by local sources.
+    pub rows_in: AtomicU64,
+    /// Rows processed by local aggs.
+    pub rows_aggregated: AtomicU64,
+    /// Window results emitted by local aggs.
+    pub results_emitted: AtomicU64,
+    /// Window results written by local sinks.
+    pub results_written: AtomicU64,
+    /// Late rows dropped by local aggs (added when an agg ends).
+    pub late_rows: AtomicU64,
+}
+
+/// Errors of the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The spec or config is wrong (fatal).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A store could not be opened (retryable once the cause is fixed).
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+    /// The ingest log could not be opened.
+    #[error(transparent)]
+    Log(#[from] crate::ingest::LogError),
+    /// The transport could not start.
+    #[error(transparent)]
+    Transport(#[from] weir_wire::transport::TransportError),
+    /// A task failed.
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    /// The engine stopped because of a fault (lost data on a channel, a protocol violation).
+    #[error("engine failed: {0}")]
+    Failed(String),
+    /// A thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
+}
+
+impl EngineError {
+    /// Whether restarting may help (it does for I/O; not for configuration).
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, EngineError::Config(_))
+    }
+}
+
+pub(crate) struct Shared {
+    stop: AtomicBool,
+    failure: OnceLock<String>,
+    unparkers: Vec<Unparker>,
+}
+
+impl Shared {
+    pub(crate) fn fail(&self, why: String) {
+        tracing::error!(reason = %why, "engine failed");
+        let _ = self.failure.set(why);
+        self.stop.store(true, Ordering::Release);
+        for u in &self.unparkers {
+            u.unpark();
+        }
+    }
+}
+
+/// A running engine.
+pub struct Engine {
+    shared: Arc<Shared>,
+    stats: Arc<EngineStats>,
+    results: Arc<ResultStore>,
+    workers: Vec<JoinHandle<Result<(), TaskError>>>,
+    router: Option<router::Router>,
+    ingest: Option<Arc<IngestService<IngestToken>>>,
+    ingest_acks: Option<crossbeam_channel::Receiver<crate::ingest::Appended<router::IngestToken>>>,
+    transport_addr: Option<std::net::SocketAddr>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("workers", &self.workers.len()).finish()
+    }
+}
+
+impl Engine {
+    /// Starts this node's share of `spec`.
+    pub fn start(spec: &StreamSpec, placement: &Placement, cfg: EngineConfig) -> Result<Engine, EngineError> {
+        spec.validate().map_err(EngineError::Config)?;
+        if cfg.workers == 0 || cfg.queue_capacity < 2 {
+            return Err(EngineError::Config("workers must be >= 1 and queue_capacity >= 2".into()));
+        }
+        let topo = spec.topology();
+        let me = cfg.node;
+        let local: Vec<_> = topo.tasks.iter().filter(|t| placement.node_of(t.id) == me).collect();
+        if local.is_empty() {
+            return Err(EngineError::Config(format!("no task of stream {} is placed on node {me}", spec.id)));
+        }
+        let needs_net = topo
+            .tasks
+            .iter()
+            .any(|t| t.downstreams.iter().any(|d| (placement.node_of(t.id) == me) != (placement.node_of(*d) == me)));
+        let transport = match (&cfg.transport, needs_net) {
+            (Some(tc), true) => Some(Transport::start(tc.clone())?),
+            (None, true) => return Err(EngineError::Config("tasks on other nodes need a transport config".into())),
+            _ => None,
+        };
+        let transport_addr = transport.as_ref().and_then(Transport::local_addr);
+
+        // Workers and their wake-up handles.
+        let parkers: Vec<Parker> = (0..cfg.workers).map(|_| Parker::new()).collect();
+        let unparkers: Vec<Unparker> = parkers.iter().map(|p| p.unparker().clone()).collect();
+        let worker_of: HashMap<TaskId, usize> =
+            local.iter().enumerate().map(|(i, t)| (t.id, i % cfg.workers)).collect();
+        let shared =
+            Arc::new(Shared { stop: AtomicBool::new(false), failure: OnceLock::new(), unparkers: unparkers.clone() });
+        let stats = Arc::new(EngineStats::default());
+        let results = Arc::new(ResultStore::open(&cfg.data_dir.join("results"))?);
+
+        // Channels: one queue per edge into a local task; credits per edge out to a remote task.
+        let mut rx_of = HashMap::new();
+        let mut tx_of = HashMap::new();
+        let mut router_in = HashMap::new();
+        let mut router_credits = HashMap::new();
+        for t in &topo.tasks {
+            for d in &t.downstreams {
+                let (from_local, to_local) = (placement.node_of(t.id) == me, placement.node_of(*d) == me);
+                if to_local {
+                    let (tx, rx) = crossbeam_channel::bounded(cfg.queue_capacity);
+                    rx_of.insert((t.id, *d), rx);
+                    if from_local {
+                        tx_of.insert((t.id, *d), Edge::Local(tx));
+                    } else {
+                        router_in.insert((t.id, *d), (tx, unparkers[worker_of[d]].clone()));
+                    }
+                } else if from_local {
+                    let credits = Arc::new(AtomicU32::new(cfg.queue_capacity as u32));
+                    router_credits.insert((t.id, *d), (credits.clone(), unparkers[worker_of[&t.id]].clone()));
+                    tx_of.insert((t.id, *d), Edge::Remote(credits));
+                }
+            }
+        }
+        let (ack_tx, ack_rx) = crossbeam_channel::unbounded();
+        let ingest = match spec.source {
+            SourceKind::IngestLog => Some(Arc::new(IngestService::start(
+                &cfg.data_dir.join("ingest"),
+                spec.partitions,
+                cfg.log,
+                cfg.sync,
+                ack_tx,
+            )?)),
+            SourceKind::Generator { .. } => None,
+        };
+
+        let net = |t: &Transport| Net { sender: t.sender(), encoder: FrameEncoder::new() };
+        let mut per_worker: Vec<Vec<Task>> = (0..cfg.workers).map(|_| Vec::new()).collect();
+        for t in &local {
+            let outs: Vec<Output> = t
+                .downstreams
+                .iter()
+                .map(|d| {
+                    let link = match tx_of.remove(&(t.id, *d)).expect("edge") {
+                        Edge::Local(tx) => Link::Local { tx, wake: unparkers[worker_of[d]].clone() },
+                        Edge::Remote(credits) => Link::Remote {
+                            node: placement.node_of(*d),
+                            credits,
+                            seq: Default::default(),
+                            encoded: None,
+                        },
+                    };
+                    Output::new(*d, link)
+                })
+                .collect();
+            let remote_out = outs.iter().any(|o| matches!(o.link, Link::Remote { .. }));
+            let out = Outputs::new(spec.id, t.id, outs, transport.as_ref().filter(|_| remote_out).map(net));
+            let ins: Vec<Input> = t
+                .upstreams
+                .iter()
+                .map(|u| {
+                    let local_up = placement.node_of(*u) == me;
+                    Input {
+                        from: *u,
+                        rx: rx_of.remove(&(*u, t.id)).expect("edge"),
+                        wake_upstream: local_up.then(|| unparkers[worker_of[u]].clone()),
+                        remote: (!local_up).then(|| (placement.node_of(*u), 0)),
+                        ended: false,
+                    }
+                })
+                .collect();
+            let remote_in = ins.iter().any(|i| i.remote.is_some());
+            let inp =
+                Inputs::new(spec.id, t.id, ins, cfg.queue_capacity, transport.as_ref().filter(|_| remote_in).map(net));
+            let task = match t.kind {
+                TaskKind::Source { partition } => {
+                    let feed = match &spec.source {
+                        SourceKind::Generator { spec: g, limit, rate } => Feed::Generator {
+                            generator: Generator::new(*g, partition),
+                            limit: *limit,
+                            rate: *rate,
+                            started: None,
+                        },
+                        SourceKind::IngestLog => {
+                            let svc = ingest.as_ref().expect("ingest service");
+                            let log = svc.log(partition).expect("partition log");
+                            Feed::Log(log.reader(weir_wire::Version(0)))
+                        }
+                    };
+                    let n = t.downstreams.len();
+                    Task::Source(Box::new(SourceTask {
+                        id: t.id,
+                        feed,
+                        offset: 0,
+                        batch_rows: spec.batch_rows,
+                        out,
+                        builders: (0..n).map(|_| Batch::with_capacity(spec.batch_rows / n + 16)).collect(),
+                        max_ts: i64::MIN,
+                        scratch: Batch::default(),
+                        ended: false,
+                        stats: stats.clone(),
+                    }))
+                }
+                TaskKind::Agg { .. } => Task::Agg(Box::new(AggTask {
+                    agg: WindowAgg::new(spec.window, spec.watermark_delay_ms, t.upstreams.len()),
+                    inp,
+                    builders: vec![Vec::new(); t.downstreams.len()],
+                    out,
+                    ended: false,
+                    stats: stats.clone(),
+                })),
+                TaskKind::Sink { .. } => Task::Sink(Box::new(SinkTask {
+                    id: t.id,
+                    stream: spec.id,
+                    store: results.clone(),
+                    inp,
+                    throttle: cfg.sink_throttle,
+                    stats: stats.clone(),
+                })),
+            };
+            per_worker[worker_of[&t.id]].push(task);
+        }
+
+        // With a transport, the router acknowledges ingest requests to their clients; without
+        // one, whoever appends locally reads the acknowledgements from `Engine::ingest_acks`.
+        let (router, ingest_acks) = match transport {
+            Some(t) => {
+                let ing = ingest.clone().map(|s| (s, ack_rx));
+                (Some(router::Router::start(t, router_in, router_credits, shared.clone(), ing)?), None)
+            }
+            None => (None, ingest.as_ref().map(|_| ack_rx)),
+        };
+        let cores = if cfg.pin_workers { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+        let mut workers = Vec::new();
+        for (i, (tasks, parker)) in per_worker.into_iter().zip(parkers).enumerate() {
+            let shared = shared.clone();
+            let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
+            let h = std::thread::Builder::new()
+                .name(format!("weir-worker-{i}"))
+                .spawn(move || {
+                    if let Some(c) = core
+                        && !core_affinity::set_for_current(c)
+                    {
+                        tracing::warn!(worker = i, core = c.id, "could not pin worker");
+                    }
+                    worker(tasks, parker, &shared)
+                })
+                .map_err(EngineError::Thread)?;
+            workers.push(h);
+        }
+        tracing::info!(node = %me, stream = %spec.id, tasks = local.len(), workers = cfg.workers, "engine started");
+        Ok(Engine { shared, stats, results, workers, router, ingest, ingest_acks, transport_addr })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// The node's result store.
+    pub fn results(&self) -> &ResultStore {
+        &self.results
+    }
+
+    /// The transport's listen address, when the engine has one.
+    pub fn transport_addr(&self) -> Option<std::net::SocketAddr> {
+        self.transport_addr
+    }
+
+    /// The node's ingest writer (ingest-log streams).
+    pub fn ingest(&self) -> Option<&IngestService<IngestToken>> {
+        self.ingest.as_deref()
+    }
+
+    /// Acknowledgements of local appends (engines without a transport).
+    pub fn ingest_acks(&self) -> Option<&crossbeam_channel::Receiver<crate::ingest::Appended<IngestToken>>> {
+        self.ingest_acks.as_ref()
+    }
+
+    /// Asks every task to stop.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for u in &self.shared.unparkers {
+            u.unpark();
+        }
+    }
+
+    /// Waits until every local task has finished (or the engine was stopped), then shuts the
+    /// router and transport down.
+    pub fn wait(mut self) -> Result<(), EngineError> {
+        let mut first_err = None;
+        for w in self.workers.drain(..) {
+            match w.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    self.shared.fail(e.to_string());
+                    first_err.get_or_insert(EngineError::Task(e));
+                }
+                Err(_) => {
+                    first_err.get_or_insert(EngineError::Failed("a worker thread panicked".into()));
+                }
+            }
+        }
+        if let Some(r) = self.router.take() {
+            r.stop();
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        match self.shared.failure.get() {
+            Some(why) => Err(EngineError::Failed(why.clone())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+        if let Some(r) = self.router.take() {
+            r.stop();
+        }
+    }
+}
+
+enum Edge {
+    Local(crossbeam_channel::Sender<Msg>),
+    Remote(Arc<AtomicU32>),
+}
+
+fn worker(mut tasks: Vec<Task>, parker: Parker, shared: &Shared) -> Result<(), TaskError> {
+    let mut finished = vec![false; tasks.len()];
+    loop {
+        if shared.stop.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut busy = false;
+        for (i, t) in tasks.iter_mut().enumerate() {
+            if finished[i] {
+                continue;
+            }
+            match t.poll()? {
+                Poll::Busy => busy = true,
+                Poll::Finished => finished[i] = true,
+                Poll::Idle | Poll::Blocked => {}
+            }
+        }
+        if finished.iter().all(|f| *f) {
+            return Ok(());
+        }
+        if !busy {
+            // Woken by new input, freed room or credit; the timeout covers rate limits and grants
+            // that had to wait for the transport.
+            parker.park_timeout(Duration::from_millis(2));
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The router: the receiving side of the transport for one engine. It runs on its own thread,
+//! turns frames into channel messages for local tasks, returns credits to local senders, and
+//! feeds `Ingest` frames to the ingest writer (acknowledging them once durable).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_utils::sync::Unparker;
+use weir_wire::msg::{Credit, Data, EndOfStream, Ingest, IngestAck, IngestOutcome, Watermark, WindowResults};
+use weir_wire::transport::{Event, Transport};
+use weir_wire::{Frame, FrameEncoder, Kind, NodeId, Seq, StreamId, TaskId};
+
+use super::Shared;
+use super::channel::{Msg, Rows};
+use crate::ingest::{AppendRequest, Appended, IngestService};
+use crate::operator::window::WindowResult;
+
+/// Who to acknowledge an ingest request to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IngestToken {
+    /// Client node.
+    pub node: NodeId,
+    /// Stream.
+    pub stream: StreamId,
+    /// Client's request id.
+    pub request: u64,
+}
+
+/// The ingest writer and the acknowledgements it produces.
+pub(crate) type IngestSide = (Arc<IngestService<IngestToken>>, Receiver<Appended<IngestToken>>);
+
+struct InChannel {
+    tx: Sender<Msg>,
+    wake: Unparker,
+    next: Seq,
+}
+
+pub(crate) struct Router {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Transport>>,
+}
+
+impl Router {
+    pub(crate) fn start(
+        transport: Transport,
+        inputs: HashMap<(TaskId, TaskId), (Sender<Msg>, Unparker)>,
+        credits: HashMap<(TaskId, TaskId), (Arc<AtomicU32>, Unparker)>,
+        shared: Arc<Shared>,
+        ingest: Option<IngestSide>,
+    ) -> Result<Router, super::EngineError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let inputs = inputs.into_iter().map(|(k, (tx, wake))| (k, InChannel { tx, wake, next: Seq(0) })).collect();
+        let thread = std::thread::Builder::new()
+            .name("weir-router".into())
+            .spawn(move || {
+                let mut r = Run { transport, inputs, credits, shared, ingest, encoder: FrameEncoder::new() };
+                r.run(&stop2);
+                r.transport
+            })
+            .map_err(super::EngineError::Thread)?;
+        Ok(Router { stop, thread: Some(thread) })
+    }
+
+    /// Stops the router; dropping the transport it returns delivers what is queued and closes.
+    pub(crate) fn stop(mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take()
+            && let Ok(transport) = t.join()
+        {
+            transport.shutdown();
+        }
+    }
+}
+
+struct Run {
+    transport: Transport,
+    inputs: HashMap<(TaskId, TaskId), InChannel>,
+    credits: HashMap<(TaskId, TaskId), (Arc<AtomicU32>, Unparker)>,
+    shared: Arc<Shared>,
+    ingest: Option<IngestSide>,
+    encoder: FrameEncoder,
+}
+
+impl Run {
+    fn run(&mut self, stop: &AtomicBool) {
+        let never = crossbeam_channel::never();
+        while !stop.load(Ordering::Acquire) {
+            let acks = self.ingest.as_ref().map_or(&never, |(_, a)| a).clone();
+            crossbeam_channel::select! {
+                recv(self.transport.events()) -> ev => match ev {
+                    Ok(Event::Frame { from, frame }) => self.on_frame(from, frame),
+                    Ok(Event::PeerDown { node, reason }) => tracing::warn!(peer = %node, %reason, "peer down"),
+                    Ok(Event::PeerUp { node, .. }) => tracing::debug!(peer = %node, "peer up"),
+                    Ok(Event::Refused { reason, .. }) => tracing::warn!(%reason, "connection refused"),
+                    Err(_) => return,
+                },
+                recv(acks) -> a => if let Ok(a) = a { self.ack(a) },
+                default(Duration::from_millis(50)) => {}
+            }
+        }
+    }
+
+    fn fail(&self, why: String) {
+        self.shared.fail(why);
+    }
+
+    /// Checks the channel's sequence number and hands `msg` to its task.
+    fn deliver(&mut self, from: TaskId, to: TaskId, seq: Seq, msg: Msg) {
+        let Some(ch) = self.inputs.get_mut(&(from, to)) else {
+            return self.fail(format!("frame for unknown channel {from} -> {to}"));
+        };
+        if seq != ch.next {
+            // A gap means frames were lost (a broken connection): results would be wrong.
+            let why = format!("channel {from} -> {to}: expected {}, got {seq}: data lost", ch.next);
+            return self.fail(why);
+        }
+        ch.next = seq.next();
+        match ch.tx.try_send(msg) {
+            Ok(()) => ch.wake.unpark(),
+            Err(TrySendError::Full(_)) => self.fail(format!("channel {from} -> {to} overran its credits")),
+            Err(TrySendError::Disconnected(_)) => {} // the task finished or the engine stops
+        }
+    }
+
+    fn on_frame(&mut self, node: NodeId, frame: Frame) {
+        match frame.kind() {
+            Kind::Data => {
+                let Ok(d) = frame.access::<Data>() else { return };
+                let (from, to, seq) = (d.from.get(), d.to.get(), d.seq.get());
+                self.deliver(from, to, seq, Msg::Rows(Rows::Remote(frame)));
+            }
+            Kind::Watermark => {
+                let Ok(w) = frame.access::<Watermark>() else { return };
+                let m = Msg::Progress(w.watermark_ms.to_native());
+                self.deliver(w.from.get(), w.to.get(), w.seq.get(), m);
+            }
+            Kind::WindowResults => {
+                let Ok(w) = frame.access::<WindowResults>() else { return };
+                let rs: Vec<WindowResult> = (0..w.key.len())
+                    .map(|i| WindowResult {
+                        key: w.key[i].to_native(),
+                        start: w.start[i].to_native(),
+                        count: w.count[i].to_native(),
+                        sum: w.sum[i].to_native(),
+                        min: w.min[i].to_native(),
+                        max: w.max[i].to_native(),
+                    })
+                    .collect();
+                self.deliver(w.from.get(), w.to.get(), w.seq.get(), Msg::Results(rs));
+            }
+            Kind::EndOfStream => {
+                let Ok(e) = frame.access::<EndOfStream>() else { return };
+                self.deliver(e.from.get(), e.to.get(), e.seq.get(), Msg::End);
+            }
+            Kind::Credit => {
+                let Ok(c) = frame.access::<Credit>() else { return };
+                match self.credits.get(&(c.from.get(), c.to.get())) {
+                    Some((credits, wake)) => {
+                        credits.fetch_add(c.credits.to_native(), Ordering::AcqRel);
+                        wake.unpark();
+                    }
+                    None => tracing::warn!(from = %c.from.get(), to = %c.to.get(), "credit for unknown channel"),
+                }
+            }
+            Kind::Ingest => self.on_ingest(node, &frame),
+            other => tracing::debug!(kind = ?other, %node, "frame not handled by the data plane"),
+        }
+    }
+
+    fn on_ingest(&mut self, node: NodeId, frame: &Frame) {
+        let Ok(req) = frame.to_owned::<Ingest>() else { return };
+        let token = IngestToken { node, stream: req.stream, request: req.request };
+        let Some((svc, _)) = &self.ingest else {
+            let reason = "this node has no ingest-log stream".to_string();
+            let outcome = IngestOutcome::Rejected { reason, retryable: false };
+            return self.send_ack(token, req.partition, outcome);
+        };
+        let r = AppendRequest { partition: req.partition, batch: req.batch, token };
+        if svc.requests().try_send(r).is_err() {
+            let outcome = IngestOutcome::Rejected { reason: "ingest queue full".into(), retryable: true };
+            self.send_ack(token, req.partition, outcome);
+        }
+    }
+
+    fn ack(&mut self, a: Appended<IngestToken>) {
+        let outcome = match a.result {
+            Ok(Some((first, last))) => IngestOutcome::Durable { first, last },
+            Ok(None) => IngestOutcome::Rejected { reason: "empty batch".into(), retryable: false },
+            Err(reason) => IngestOutcome::Rejected { reason, retryable: a.retryable },
+        };
+        self.send_ack(a.token, a.partition, outcome);
+    }
+
+    fn send_ack(&mut self, t: IngestToken, partition: u32, outcome: IngestOutcome) {
+        let ack = IngestAck { stream: t.stream, partition, request: t.request, outcome };
+        match self.encoder.encode(&ack) {
+            Ok(f) => {
+                if let Err(e) = self.transport.sender().send_timeout(t.node, f, Duration::from_secs(1)) {
+                    tracing::warn!(client = %t.node, error = %e, "cannot deliver ingest ack");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot encode ingest ack"),
+        }
+    }
+}

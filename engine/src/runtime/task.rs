@@ -1,0 +1,249 @@
+//! The three task kinds. A task is polled by its worker: it does a bounded amount of work and
+//! says whether it made progress, so one worker can interleave many tasks without blocking.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use weir_wire::{Batch, StreamId, TaskId};
+
+use super::EngineStats;
+use super::channel::{ChannelError, Inputs, Msg, Outputs, Rows};
+use crate::ingest::LogReader;
+use crate::operator::generator::Generator;
+use crate::operator::window::{WindowAgg, WindowResult};
+use crate::spec::shuffle;
+use crate::state::ResultStore;
+
+/// What a poll achieved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Poll {
+    /// Did work; poll again soon.
+    Busy,
+    /// Nothing to do until input arrives (or a rate limit allows more).
+    Idle,
+    /// Waiting for downstream room.
+    Blocked,
+    /// Done for good.
+    Finished,
+}
+
+/// Errors that stop a task.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    /// A channel failed.
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    /// The state or result store failed.
+    #[error("task {task}: {source}")]
+    State {
+        /// Task.
+        task: TaskId,
+        /// Store error.
+        #[source]
+        source: crate::state::StateError,
+    },
+    /// The ingest log failed.
+    #[error("task {task}: {source}")]
+    Log {
+        /// Task.
+        task: TaskId,
+        /// Log error.
+        #[source]
+        source: crate::ingest::LogError,
+    },
+}
+
+/// Messages handled per poll before the worker moves to its next task.
+const BUDGET: usize = 32;
+
+/// Where a source's rows come from.
+pub(crate) enum Feed {
+    Generator { generator: Generator, limit: Option<u64>, rate: Option<u64>, started: Option<Instant> },
+    Log(LogReader),
+}
+
+pub(crate) struct SourceTask {
+    pub(crate) id: TaskId,
+    pub(crate) feed: Feed,
+    /// Rows emitted so far: the source's offset (checkpointVer for a log source).
+    pub(crate) offset: u64,
+    pub(crate) batch_rows: usize,
+    pub(crate) out: Outputs,
+    pub(crate) builders: Vec<Batch>,
+    pub(crate) max_ts: i64,
+    pub(crate) scratch: Batch,
+    pub(crate) ended: bool,
+    pub(crate) stats: Arc<EngineStats>,
+}
+
+impl SourceTask {
+    fn poll(&mut self) -> Result<Poll, TaskError> {
+        if !self.out.flush()? {
+            return Ok(Poll::Blocked);
+        }
+        if self.ended {
+            return Ok(Poll::Finished);
+        }
+        let n_out = self.out.len();
+        let rows = match &mut self.feed {
+            Feed::Generator { generator, limit, rate, started } => {
+                let mut n = self.batch_rows as u64;
+                if let Some(l) = limit {
+                    n = n.min(l.saturating_sub(self.offset));
+                }
+                if let Some(r) = rate {
+                    let t0 = *started.get_or_insert_with(Instant::now);
+                    let allowed = (t0.elapsed().as_secs_f64() * *r as f64) as u64;
+                    n = n.min(allowed.saturating_sub(self.offset));
+                    if n == 0 && limit.is_none_or(|l| self.offset < l) {
+                        return Ok(Poll::Idle);
+                    }
+                }
+                if n == 0 {
+                    self.ended = true;
+                    self.out.broadcast(|| Msg::End);
+                    self.out.flush()?;
+                    return Ok(Poll::Busy);
+                }
+                for o in self.offset..self.offset + n {
+                    let (ts, key, value) = generator.row(o);
+                    self.max_ts = self.max_ts.max(ts);
+                    self.builders[shuffle(key, n_out)].push(ts, key, value);
+                }
+                n
+            }
+            Feed::Log(reader) => {
+                self.scratch.clear();
+                let n = reader
+                    .read(self.batch_rows, &mut self.scratch)
+                    .map_err(|source| TaskError::Log { task: self.id, source })?;
+                if n == 0 {
+                    return Ok(Poll::Idle);
+                }
+                for r in self.scratch.rows() {
+                    self.max_ts = self.max_ts.max(r.ts);
+                    self.builders[shuffle(r.key, n_out)].push(r.ts, r.key, r.value);
+                }
+                n as u64
+            }
+        };
+        self.offset += rows;
+        self.stats.rows_in.fetch_add(rows, Ordering::Relaxed);
+        let cap = self.batch_rows / n_out.max(1) + 16;
+        for i in 0..n_out {
+            if !self.builders[i].is_empty() {
+                let b = std::mem::replace(&mut self.builders[i], Batch::with_capacity(cap));
+                self.out.push(i, Msg::Rows(Rows::Local(b)));
+            }
+        }
+        let max_ts = self.max_ts;
+        self.out.broadcast(|| Msg::Progress(max_ts));
+        self.out.flush()?;
+        Ok(Poll::Busy)
+    }
+}
+
+pub(crate) struct AggTask {
+    pub(crate) agg: WindowAgg,
+    pub(crate) inp: Inputs,
+    pub(crate) out: Outputs,
+    pub(crate) builders: Vec<Vec<WindowResult>>,
+    pub(crate) ended: bool,
+    pub(crate) stats: Arc<EngineStats>,
+}
+
+impl AggTask {
+    fn poll(&mut self) -> Result<Poll, TaskError> {
+        if !self.out.flush()? {
+            return Ok(Poll::Blocked);
+        }
+        if self.ended {
+            return Ok(Poll::Finished);
+        }
+        self.inp.retry_grants();
+        let n_out = self.out.len();
+        let mut worked = false;
+        for _ in 0..BUDGET {
+            let Some((i, m)) = self.inp.next_msg() else { break };
+            worked = true;
+            let builders = &mut self.builders;
+            match m {
+                Msg::Rows(rows) => {
+                    let agg = &mut self.agg;
+                    rows.for_each(|t, k, v| agg.add(t, k, v));
+                    self.stats.rows_aggregated.fetch_add(rows.len() as u64, Ordering::Relaxed);
+                }
+                Msg::Progress(ts) => self.agg.advance(i, ts, |r| builders[shuffle(r.key, n_out)].push(r)),
+                Msg::End => self.agg.advance(i, i64::MAX, |r| builders[shuffle(r.key, n_out)].push(r)),
+                Msg::Results(_) => tracing::error!("agg received window results; ignored"),
+            }
+            // Emitting fired windows may fill the outputs: stop taking input until they drain.
+            if self.builders.iter().any(|b| !b.is_empty()) {
+                break;
+            }
+        }
+        for i in 0..n_out {
+            if !self.builders[i].is_empty() {
+                let rs = std::mem::take(&mut self.builders[i]);
+                self.stats.results_emitted.fetch_add(rs.len() as u64, Ordering::Relaxed);
+                self.out.push(i, Msg::Results(rs));
+            }
+        }
+        if self.inp.all_ended() {
+            self.ended = true;
+            self.stats.late_rows.fetch_add(self.agg.late_rows(), Ordering::Relaxed);
+            self.out.broadcast(|| Msg::End);
+        }
+        self.out.flush()?;
+        Ok(if worked { Poll::Busy } else { Poll::Idle })
+    }
+}
+
+pub(crate) struct SinkTask {
+    pub(crate) id: TaskId,
+    pub(crate) stream: StreamId,
+    pub(crate) store: Arc<ResultStore>,
+    pub(crate) inp: Inputs,
+    pub(crate) throttle: Option<std::time::Duration>,
+    pub(crate) stats: Arc<EngineStats>,
+}
+
+impl SinkTask {
+    fn poll(&mut self) -> Result<Poll, TaskError> {
+        if self.inp.all_ended() {
+            return Ok(Poll::Finished);
+        }
+        self.inp.retry_grants();
+        let mut worked = false;
+        for _ in 0..BUDGET {
+            let Some((_, m)) = self.inp.next_msg() else { break };
+            worked = true;
+            if let Msg::Results(rs) = m {
+                if let Some(d) = self.throttle {
+                    std::thread::sleep(d);
+                }
+                self.store.upsert(self.stream, &rs).map_err(|source| TaskError::State { task: self.id, source })?;
+                self.stats.results_written.fetch_add(rs.len() as u64, Ordering::Relaxed);
+            }
+        }
+        Ok(if worked { Poll::Busy } else { Poll::Idle })
+    }
+}
+
+/// Any task.
+pub(crate) enum Task {
+    Source(Box<SourceTask>),
+    Agg(Box<AggTask>),
+    Sink(Box<SinkTask>),
+}
+
+impl Task {
+    pub(crate) fn poll(&mut self) -> Result<Poll, TaskError> {
+        match self {
+            Task::Source(t) => t.poll(),
+            Task::Agg(t) => t.poll(),
+            Task::Sink(t) => t.poll(),
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! What a stream is: its typed specification, the task graph derived from it, and the placement
+//! of tasks on nodes.
+//!
+//! Task ids are dense and fixed by the spec: sources `0..P`, aggs `P..P+A`, sinks `P+A..P+A+S`.
+//! Every source feeds every agg and every agg feeds every sink, by key hash (shuffle); with one
+//! downstream the dispatch is fixed.
+
+use std::collections::BTreeMap;
+
+use weir_wire::{NodeId, StreamId, TaskId};
+
+use crate::operator::generator::GeneratorSpec;
+use crate::operator::window::WindowSpec;
+
+/// Where a stream's rows come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SourceKind {
+    /// The deterministic generator (benchmarks, `weir run`).
+    Generator {
+        /// Generator settings.
+        spec: GeneratorSpec,
+        /// Rows per partition, then the source ends; `None` runs until stopped.
+        limit: Option<u64>,
+        /// Rows per second per partition (wall clock); `None` is as fast as possible.
+        rate: Option<u64>,
+    },
+    /// The node's durable ingest log (fed by `weir load`).
+    IngestLog,
+}
+
+/// Aggregates a stream computes (all are kept; this selects what is shown).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Aggregate {
+    /// Rows.
+    Count,
+    /// Sum.
+    Sum,
+    /// Minimum.
+    Min,
+    /// Maximum.
+    Max,
+    /// Average.
+    Avg,
+}
+
+/// A stream's specification.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamSpec {
+    /// Stream id.
+    pub id: StreamId,
+    /// Human-readable name.
+    pub name: String,
+    /// Source kind.
+    pub source: SourceKind,
+    /// Source partitions (one source task each).
+    pub partitions: u32,
+    /// Rows per batch a source emits.
+    pub batch_rows: usize,
+    /// Agg tasks.
+    pub agg_parallelism: u32,
+    /// Window shape.
+    pub window: WindowSpec,
+    /// Watermark delay (ms): how much disorder is tolerated before rows count as late.
+    pub watermark_delay_ms: i64,
+    /// Aggregates shown.
+    pub aggregates: Vec<Aggregate>,
+    /// Sink tasks.
+    pub sink_parallelism: u32,
+}
+
+impl StreamSpec {
+    /// A generator stream with the benchmark shape: 10,000 keys, 1 s tumbling windows.
+    pub fn generator(id: StreamId, partitions: u32, aggs: u32, sinks: u32) -> Self {
+        Self {
+            id,
+            name: format!("stream-{}", id.0),
+            source: SourceKind::Generator { spec: GeneratorSpec::default(), limit: None, rate: None },
+            partitions,
+            batch_rows: 4096,
+            agg_parallelism: aggs,
+            window: WindowSpec::tumbling(1000),
+            watermark_delay_ms: 0,
+            aggregates: vec![Aggregate::Count, Aggregate::Sum, Aggregate::Min, Aggregate::Max, Aggregate::Avg],
+            sink_parallelism: sinks,
+        }
+    }
+
+    /// Checks the spec; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.partitions == 0 || self.agg_parallelism == 0 || self.sink_parallelism == 0 {
+            return Err("partitions, agg_parallelism and sink_parallelism must be at least 1".into());
+        }
+        if self.batch_rows == 0 || self.batch_rows > 1 << 20 {
+            return Err("batch_rows must be between 1 and 1048576".into());
+        }
+        if self.watermark_delay_ms < 0 {
+            return Err("watermark_delay_ms must not be negative".into());
+        }
+        self.window.validate().map_err(|e| format!("window: {e}"))?;
+        if let SourceKind::Generator { spec, rate, .. } = &self.source {
+            spec.validate().map_err(|e| format!("generator: {e}"))?;
+            if *rate == Some(0) {
+                return Err("generator rate must be positive (omit it for full speed)".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The task graph.
+    pub fn topology(&self) -> Topology {
+        let (p, a, s) = (self.partitions, self.agg_parallelism, self.sink_parallelism);
+        let ids = |from: u32, n: u32| (from..from + n).map(TaskId).collect::<Vec<_>>();
+        let (sources, aggs, sinks) = (ids(0, p), ids(p, a), ids(p + a, s));
+        let mut tasks = Vec::new();
+        for (i, t) in sources.iter().enumerate() {
+            let kind = TaskKind::Source { partition: i as u32 };
+            tasks.push(TaskDesc { id: *t, kind, upstreams: vec![], downstreams: aggs.clone() });
+        }
+        for (i, t) in aggs.iter().enumerate() {
+            let kind = TaskKind::Agg { index: i as u32 };
+            tasks.push(TaskDesc { id: *t, kind, upstreams: sources.clone(), downstreams: sinks.clone() });
+        }
+        for (i, t) in sinks.iter().enumerate() {
+            let kind = TaskKind::Sink { index: i as u32 };
+            tasks.push(TaskDesc { id: *t, kind, upstreams: aggs.clone(), downstreams: vec![] });
+        }
+        Topology { stream: self.id, tasks }
+    }
+}
+
+/// The role of a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskKind {
+    /// Reads partition `partition`.
+    Source {
+        /// Partition.
+        partition: u32,
+    },
+    /// Window aggregation.
+    Agg {
+        /// Index among the aggs.
+        index: u32,
+    },
+    /// Writes results.
+    Sink {
+        /// Index among the sinks.
+        index: u32,
+    },
+}
+
+/// One task of the graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskDesc {
+    /// Id.
+    pub id: TaskId,
+    /// Role.
+    pub kind: TaskKind,
+    /// Tasks it reads from, in input-index order.
+    pub upstreams: Vec<TaskId>,
+    /// Tasks it writes to, in output-index order (key hash picks the index).
+    pub downstreams: Vec<TaskId>,
+}
+
+/// A stream's task graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topology {
+    /// Stream.
+    pub stream: StreamId,
+    /// Tasks in id order.
+    pub tasks: Vec<TaskDesc>,
+}
+
+impl Topology {
+    /// The task with id `t`.
+    pub fn task(&self, t: TaskId) -> Option<&TaskDesc> {
+        self.tasks.get(t.0 as usize).filter(|d| d.id == t)
+    }
+}
+
+/// Which node runs each task.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    nodes: BTreeMap<TaskId, NodeId>,
+    default: NodeId,
+}
+
+impl Placement {
+    /// Every task on `node`.
+    pub fn single(node: NodeId) -> Self {
+        Self { nodes: BTreeMap::new(), default: node }
+    }
+
+    /// Tasks spread over `nodes` by task id, round robin within each level so every node gets
+    /// sources, aggs and sinks.
+    pub fn spread(topology: &Topology, nodes: &[NodeId]) -> Self {
+        let mut p = Self::single(nodes[0]);
+        let mut counters = [0usize; 3];
+        for t in &topology.tasks {
+            let level = match t.kind {
+                TaskKind::Source { .. } => 0,
+                TaskKind::Agg { .. } => 1,
+                TaskKind::Sink { .. } => 2,
+            };
+            p.nodes.insert(t.id, nodes[counters[level] % nodes.len()]);
+            counters[level] += 1;
+        }
+        p
+    }
+
+    /// Puts task `t` on `node`.
+    pub fn assign(&mut self, t: TaskId, node: NodeId) {
+        self.nodes.insert(t, node);
+    }
+
+    /// The node of task `t`.
+    pub fn node_of(&self, t: TaskId) -> NodeId {
+        self.nodes.get(&t).copied().unwrap_or(self.default)
+    }
+}
+
+/// Index of the downstream that a row with `key` goes to, among `n`.
+#[inline]
+pub fn shuffle(key: u64, n: usize) -> usize {
+    // Multiplicative hash, then the high bits: fast and well spread for sequential keys.
+    (((key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) * n as u64) >> 32) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topology_connects_every_level_to_the_next() {
+        let t = StreamSpec::generator(StreamId(1), 3, 2, 1).topology();
+        assert_eq!(t.tasks.len(), 6);
+        assert_eq!(t.task(TaskId(0)).unwrap().downstreams, vec![TaskId(3), TaskId(4)]);
+        assert_eq!(t.task(TaskId(4)).unwrap().upstreams, vec![TaskId(0), TaskId(1), TaskId(2)]);
+        assert_eq!(t.task(TaskId(5)).unwrap().kind, TaskKind::Sink { index: 0 });
+        let p = Placement::spread(&t, &[NodeId(1), NodeId(2)]);
+        assert_eq!(p.node_of(TaskId(0)), NodeId(1));
+        assert_eq!(p.node_of(TaskId(1)), NodeId(2));
+        assert_eq!(p.node_of(TaskId(3)), NodeId(1));
+        assert_eq!(p.node_of(TaskId(4)), NodeId(2));
+    }
+
+    #[test]
+    fn shuffle_spreads_keys_evenly() {
+        let mut counts = [0u32; 4];
+        for k in 0..10_000 {
+            counts[shuffle(k, 4)] += 1;
+        }
+        assert!(counts.iter().all(|c| (2300..2700).contains(c)), "{counts:?}");
+    }
+
+    #[test]
+    fn bad_specs_are_refused() {
+        let mut s = StreamSpec::generator(StreamId(1), 1, 1, 1);
+        assert!(s.validate().is_ok());
+        s.agg_parallelism = 0;
+        assert!(s.validate().is_err());
+        let mut s = StreamSpec::generator(StreamId(1), 1, 1, 1);
+        s.window = WindowSpec::hopping(1000, 300);
+        assert!(s.validate().unwrap_err().contains("window"));
+    }
+}

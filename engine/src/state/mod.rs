@@ -1,0 +1,187 @@
+//! State on disk: one RocksDB instance per task ([`TaskStore`]) with local snapshots through
+//! RocksDB's checkpoint API (hard links, milliseconds), and the node's result store
+//! ([`ResultStore`]) that sinks upsert into.
+//!
+//! Invariants:
+//! - A task's store is written only by the task's worker thread, and only when the task flushes
+//!   operator state (at a checkpoint): between checkpoints, operator state lives in memory.
+//! - A snapshot directory, once created, is never modified; opening from it copies (hard-links
+//!   where possible) into a fresh directory, so the snapshot stays valid for the next restore.
+
+mod results;
+mod window_state;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+pub use results::ResultStore;
+pub use window_state::{load_window_state, save_window_state};
+
+/// Errors of the state stores.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// RocksDB refused (I/O, disk full, a lock held by another process): retryable.
+    #[error("rocksdb at {path}: {source}")]
+    Db {
+        /// Database directory.
+        path: PathBuf,
+        /// RocksDB's error.
+        #[source]
+        source: rocksdb::Error,
+    },
+    /// File system error around the database (snapshot copy, directory creation): retryable.
+    #[error("{path}: {source}")]
+    Io {
+        /// Path.
+        path: PathBuf,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Stored bytes do not decode: the store is damaged or from another version (fatal).
+    #[error("corrupt state in {path}: {reason}")]
+    Corrupt {
+        /// Database directory.
+        path: PathBuf,
+        /// What did not decode.
+        reason: String,
+    },
+}
+
+impl StateError {
+    /// Whether retrying may succeed.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, StateError::Corrupt { .. })
+    }
+}
+
+pub(crate) fn db_err(path: &Path) -> impl FnOnce(rocksdb::Error) -> StateError + '_ {
+    move |source| StateError::Db { path: path.to_path_buf(), source }
+}
+
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
+    move |source| StateError::Io { path: path.to_path_buf(), source }
+}
+
+fn options() -> rocksdb::Options {
+    let mut o = rocksdb::Options::default();
+    o.create_if_missing(true);
+    o.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    // Operator state is rewritten whole at each checkpoint; a small memtable keeps flushes short.
+    o.set_write_buffer_size(16 << 20);
+    o.set_max_background_jobs(2);
+    o
+}
+
+/// Size of a snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Files in the snapshot directory.
+    pub files: u32,
+    /// Their total size in bytes.
+    pub bytes: u64,
+}
+
+/// One task's RocksDB instance.
+pub struct TaskStore {
+    db: rocksdb::DB,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for TaskStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskStore").field("path", &self.path).finish()
+    }
+}
+
+impl TaskStore {
+    /// Opens (or creates) the store at `path`.
+    pub fn open(path: &Path) -> Result<TaskStore, StateError> {
+        fs::create_dir_all(path).map_err(io_err(path))?;
+        let db = rocksdb::DB::open(&options(), path).map_err(db_err(path))?;
+        Ok(TaskStore { db, path: path.to_path_buf() })
+    }
+
+    /// Replaces whatever is at `path` with a copy of `snapshot` and opens it.
+    pub fn open_from_snapshot(snapshot: &Path, path: &Path) -> Result<TaskStore, StateError> {
+        if !snapshot.join("CURRENT").is_file() {
+            let reason = format!("{} is not a snapshot (no CURRENT file)", snapshot.display());
+            return Err(StateError::Corrupt { path: snapshot.to_path_buf(), reason });
+        }
+        if path.exists() {
+            fs::remove_dir_all(path).map_err(io_err(path))?;
+        }
+        fs::create_dir_all(path).map_err(io_err(path))?;
+        for entry in fs::read_dir(snapshot).map_err(io_err(snapshot))? {
+            let from = entry.map_err(io_err(snapshot))?.path();
+            let to = path.join(from.file_name().expect("file name"));
+            // SST files are immutable: share them. Everything else RocksDB may rewrite: copy.
+            let is_sst = from.extension().is_some_and(|e| e == "sst");
+            if !(is_sst && fs::hard_link(&from, &to).is_ok()) {
+                fs::copy(&from, &to).map_err(io_err(&from))?;
+            }
+        }
+        Self::open(path)
+    }
+
+    /// The database directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Applies `batch` atomically. State writes skip the WAL: they only matter once a snapshot
+    /// (which flushes the memtable) captured them.
+    pub fn write(&self, batch: rocksdb::WriteBatch) -> Result<(), StateError> {
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.disable_wal(true);
+        self.db.write_opt(batch, &wo).map_err(db_err(&self.path))
+    }
+
+    /// Reads one key.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        self.db.get(key).map_err(db_err(&self.path))
+    }
+
+    /// Calls `f` for every key with `prefix`, in key order.
+    pub fn scan_prefix(
+        &self,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
+        let mut ro = rocksdb::ReadOptions::default();
+        let mut upper = prefix.to_vec();
+        // The smallest key greater than every key with this prefix (prefixes here never end in 0xFF).
+        if let Some(last) = upper.last_mut() {
+            *last += 1;
+        }
+        ro.set_iterate_upper_bound(upper);
+        let it = self.db.iterator_opt(rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward), ro);
+        for item in it {
+            let (k, v) = item.map_err(db_err(&self.path))?;
+            f(&k, &v)?;
+        }
+        Ok(())
+    }
+
+    /// Flushes the memtable to SST files.
+    pub fn flush(&self) -> Result<(), StateError> {
+        self.db.flush().map_err(db_err(&self.path))
+    }
+
+    /// Takes a local snapshot into `dir` (which must not exist): hard links to the SST files plus
+    /// copies of the small metadata files. Consistent with every write made before the call.
+    pub fn snapshot(&self, dir: &Path) -> Result<SnapshotInfo, StateError> {
+        if let Some(parent) = dir.parent() {
+            fs::create_dir_all(parent).map_err(io_err(parent))?;
+        }
+        let cp = rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(db_err(&self.path))?;
+        cp.create_checkpoint(dir).map_err(db_err(dir))?;
+        let mut info = SnapshotInfo::default();
+        for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+            let meta = entry.map_err(io_err(dir))?.metadata().map_err(io_err(dir))?;
+            info.files += 1;
+            info.bytes += meta.len();
+        }
+        Ok(info)
+    }
+}

@@ -1,0 +1,70 @@
+//! Helpers shared by the engine's integration tests.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use weir_engine::operator::generator::{Generator, GeneratorSpec};
+use weir_engine::operator::window::{WindowResult, WindowSpec, from_fixed, to_fixed};
+use weir_engine::spec::{SourceKind, StreamSpec};
+use weir_engine::wire::StreamId;
+
+/// A bounded generator stream whose disorder stays below the watermark delay (no late rows), so
+/// its results do not depend on how upstreams interleave.
+pub fn bounded_spec(partitions: u32, aggs: u32, sinks: u32, rows: u64, window: WindowSpec) -> StreamSpec {
+    let mut s = StreamSpec::generator(StreamId(7), partitions, aggs, sinks);
+    s.source = SourceKind::Generator {
+        spec: GeneratorSpec {
+            seed: 7,
+            keys: 300,
+            rows_per_ms: 20,
+            out_of_order: 0.1,
+            max_disorder_ms: 30,
+            ..GeneratorSpec::default()
+        },
+        limit: Some(rows),
+        rate: None,
+    };
+    s.batch_rows = 1000;
+    s.window = window;
+    s.watermark_delay_ms = 50;
+    s
+}
+
+/// What the stream must produce, computed row by row without the engine.
+pub fn reference(spec: &StreamSpec) -> Vec<WindowResult> {
+    let SourceKind::Generator { spec: g, limit: Some(limit), .. } = &spec.source else { panic!("bounded generator") };
+    let mut acc: BTreeMap<(u64, i64), (u64, i128, f64, f64)> = BTreeMap::new();
+    for p in 0..spec.partitions {
+        let generator = Generator::new(*g, p);
+        for o in 0..*limit {
+            let (ts, key, v) = generator.row(o);
+            let w = spec.window;
+            let mut s = w.last_start(ts);
+            while s > ts - w.size_ms {
+                let e = acc.entry((key, s)).or_insert((0, 0, f64::INFINITY, f64::NEG_INFINITY));
+                e.0 += 1;
+                e.1 += to_fixed(v);
+                e.2 = e.2.min(v);
+                e.3 = e.3.max(v);
+                s -= w.slide_ms;
+            }
+        }
+    }
+    acc.into_iter()
+        .map(|((key, start), (count, sum, min, max))| WindowResult {
+            key,
+            start,
+            count,
+            sum: from_fixed(sum),
+            min,
+            max,
+        })
+        .collect()
+}
+
+/// Resident set size of this process in bytes.
+pub fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    pages * 4096
+}
