@@ -69,7 +69,15 @@ fn options() -> rocksdb::Options {
     o.set_compression_type(rocksdb::DBCompressionType::Lz4);
     // Operator state is rewritten whole at each checkpoint; a small memtable keeps flushes short.
     o.set_write_buffer_size(16 << 20);
+    o.set_max_write_buffer_number(2);
     o.set_max_background_jobs(2);
+    // Memory stays bounded as data grows: index and filter blocks live in a fixed-size cache
+    // instead of one resident copy per SST file.
+    let mut t = rocksdb::BlockBasedOptions::default();
+    t.set_block_cache(&rocksdb::Cache::new_lru_cache(32 << 20));
+    t.set_cache_index_and_filter_blocks(true);
+    t.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    o.set_block_based_table_factory(&t);
     o
 }
 
