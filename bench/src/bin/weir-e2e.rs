@@ -9,7 +9,7 @@
 //! node, as fast as possible. Prints events per second each second, peak and final RSS.
 //! `ingest`: appends 4,096-row batches to one partition's ingest log with group commit every
 //! 10 ms, counting only acknowledged (durable) rows.
-#![allow(clippy::print_stdout)]
+#![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
