@@ -114,15 +114,23 @@ impl StreamSpec {
         let mut tasks = Vec::new();
         for (i, t) in sources.iter().enumerate() {
             let kind = TaskKind::Source { partition: i as u32 };
-            tasks.push(TaskDesc { id: *t, kind, upstreams: vec![], downstreams: aggs.clone() });
+            let dispatch = Dispatch::for_downstreams(aggs.len());
+            tasks.push(TaskDesc { id: *t, kind, upstreams: vec![], downstreams: aggs.clone(), dispatch });
         }
         for (i, t) in aggs.iter().enumerate() {
             let kind = TaskKind::Agg { index: i as u32 };
-            tasks.push(TaskDesc { id: *t, kind, upstreams: sources.clone(), downstreams: sinks.clone() });
+            let dispatch = Dispatch::for_downstreams(sinks.len());
+            tasks.push(TaskDesc { id: *t, kind, upstreams: sources.clone(), downstreams: sinks.clone(), dispatch });
         }
         for (i, t) in sinks.iter().enumerate() {
             let kind = TaskKind::Sink { index: i as u32 };
-            tasks.push(TaskDesc { id: *t, kind, upstreams: aggs.clone(), downstreams: vec![] });
+            tasks.push(TaskDesc {
+                id: *t,
+                kind,
+                upstreams: aggs.clone(),
+                downstreams: vec![],
+                dispatch: Dispatch::Fixed,
+            });
         }
         Topology { stream: self.id, tasks }
     }
@@ -157,8 +165,35 @@ pub struct TaskDesc {
     pub kind: TaskKind,
     /// Tasks it reads from, in input-index order.
     pub upstreams: Vec<TaskId>,
-    /// Tasks it writes to, in output-index order (key hash picks the index).
+    /// Tasks it writes to, in output-index order.
     pub downstreams: Vec<TaskId>,
+    /// How a row picks its downstream.
+    pub dispatch: Dispatch,
+}
+
+/// How rows are routed to downstream tasks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dispatch {
+    /// Everything to the single downstream (or none, for a sink).
+    Fixed,
+    /// By key hash over the downstreams, so each key always reaches the same task.
+    Shuffle,
+}
+
+impl Dispatch {
+    /// For a task with `n` downstreams.
+    pub fn for_downstreams(n: usize) -> Self {
+        if n > 1 { Dispatch::Shuffle } else { Dispatch::Fixed }
+    }
+
+    /// The output index of a row with `key`, among `n`.
+    #[inline]
+    pub fn pick(self, key: u64, n: usize) -> usize {
+        match self {
+            Dispatch::Fixed => 0,
+            Dispatch::Shuffle => shuffle(key, n),
+        }
+    }
 }
 
 /// A stream's task graph.
@@ -236,6 +271,9 @@ mod tests {
         assert_eq!(t.task(TaskId(0)).unwrap().downstreams, vec![TaskId(3), TaskId(4)]);
         assert_eq!(t.task(TaskId(4)).unwrap().upstreams, vec![TaskId(0), TaskId(1), TaskId(2)]);
         assert_eq!(t.task(TaskId(5)).unwrap().kind, TaskKind::Sink { index: 0 });
+        assert_eq!(t.task(TaskId(0)).unwrap().dispatch, Dispatch::Shuffle);
+        assert_eq!(t.task(TaskId(3)).unwrap().dispatch, Dispatch::Fixed);
+        assert_eq!(Dispatch::Fixed.pick(12345, 1), 0);
         let p = Placement::spread(&t, &[NodeId(1), NodeId(2)]);
         assert_eq!(p.node_of(TaskId(0)), NodeId(1));
         assert_eq!(p.node_of(TaskId(1)), NodeId(2));

@@ -6,7 +6,7 @@ mod util;
 use std::time::Duration;
 
 use weir_engine::operator::window::WindowSpec;
-use weir_engine::runtime::{Engine, EngineConfig};
+use weir_engine::runtime::{Control, Engine, EngineConfig};
 use weir_engine::spec::{Placement, SourceKind};
 use weir_engine::wire::transport::{PeerConfig, TransportConfig};
 use weir_engine::wire::{NodeId, StreamId};
@@ -99,5 +99,90 @@ fn slow_sink_pushes_back_and_memory_stays_bounded() {
     assert!(rows_b < 2_000_000, "sources ran ahead of a slow sink: {rows_b} rows");
     assert!(rows_b > rows_a, "the pipeline stalled: {rows_a} -> {rows_b}");
     assert!(rss_b < rss_a + (64 << 20), "memory grew from {rss_a} to {rss_b} bytes");
+    engine.wait().unwrap();
+}
+
+#[test]
+fn paused_source_stops_and_resumes() {
+    let mut spec = util::bounded_spec(1, 1, 1, u64::MAX, WindowSpec::tumbling(100));
+    if let SourceKind::Generator { limit, .. } = &mut spec.source {
+        *limit = None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = EngineConfig::new(NodeId(1), dir.path());
+    cfg.pin_workers = false;
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
+    let rows = || engine.stats().rows_in.load(std::sync::atomic::Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(100));
+    engine.control(weir_engine::wire::TaskId(0), Control::Pause).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let paused_at = rows();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(rows(), paused_at, "a paused source produced rows");
+    engine.control(weir_engine::wire::TaskId(0), Control::Resume).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(rows() > paused_at, "the source did not resume");
+    assert!(engine.control(weir_engine::wire::TaskId(99), Control::Pause).is_err());
+    engine.stop();
+    engine.wait().unwrap();
+}
+
+#[test]
+fn ingested_rows_are_acknowledged_over_the_network_and_aggregated() {
+    use weir_engine::wire::msg::{Ingest, IngestAck, IngestOutcome};
+    use weir_engine::wire::transport::client::BlockingClient;
+    use weir_engine::wire::{Batch, Version};
+
+    let mut spec = util::bounded_spec(2, 1, 1, 0, WindowSpec::tumbling(10));
+    spec.source = SourceKind::IngestLog;
+    spec.watermark_delay_ms = 0;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = EngineConfig::new(NodeId(1), dir.path());
+    cfg.pin_workers = false;
+    cfg.transport = Some(transport(1, vec![]));
+    // Ingest-only engines have no remote channel; the transport still serves clients.
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
+    let addr = engine.transport_addr().expect("listening");
+    let mut client =
+        BlockingClient::connect(addr, "engine-test", NodeId(900), b"engine-test-secret-0123", Duration::from_secs(10))
+            .unwrap();
+    // Partition p gets rows with ts 0..100 for key p, value 1..; then one row at ts 1000 moves the
+    // watermark past every window of the first rows.
+    let mut next = [0u64; 2];
+    for (req, p) in [(1u64, 0u32), (2, 1), (3, 0), (4, 1)] {
+        let mut b = Batch::default();
+        let base = if req <= 2 { 0 } else { 50 };
+        for t in base..base + 50 {
+            b.push(t, p as u64, 1.0);
+        }
+        client.send(&Ingest { stream: spec.id, partition: p, request: req, batch: b }).unwrap();
+        let ack = client.recv().unwrap().to_owned::<IngestAck>().unwrap();
+        assert_eq!(ack.request, req);
+        let n = next[p as usize];
+        assert_eq!(ack.outcome, IngestOutcome::Durable { first: Version(n), last: Version(n + 49) });
+        next[p as usize] += 50;
+    }
+    for p in 0..2u32 {
+        let mut b = Batch::default();
+        b.push(1000, 7, 0.0);
+        client.send(&Ingest { stream: spec.id, partition: p, request: 10 + p as u64, batch: b }).unwrap();
+        assert!(matches!(
+            client.recv().unwrap().to_owned::<IngestAck>().unwrap().outcome,
+            IngestOutcome::Durable { .. }
+        ));
+    }
+    let bad = Ingest { stream: spec.id, partition: 9, request: 99, batch: Batch::default() };
+    client.send(&bad).unwrap();
+    assert!(matches!(client.recv().unwrap().to_owned::<IngestAck>().unwrap().outcome, IngestOutcome::Rejected { .. }));
+    // 2 keys × 10 windows of 10 rows each.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while engine.stats().results_written.load(std::sync::atomic::Ordering::Relaxed) < 20 {
+        assert!(std::time::Instant::now() < deadline, "results did not arrive");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let results = engine.results().scan(spec.id).unwrap();
+    assert_eq!(results.len(), 20);
+    assert!(results.iter().all(|r| r.count == 10 && r.sum == 10.0 && r.key < 2));
+    engine.stop();
     engine.wait().unwrap();
 }

@@ -409,6 +409,8 @@ fn slow_consumer_pushes_back_on_the_sender_without_losing_frames() {
     }
     // Bounded: the queue, the socket buffers and one staging read, not everything sent.
     assert!(accepted < 2000, "{accepted} frames of 48 KiB accepted with nobody reading");
+    // Longer than dead_after (1 s) without reading: the held-back link must not be declared dead.
+    thread::sleep(Duration::from_millis(1500));
     // Now read: every accepted frame arrives, in order.
     for seq in 0..accepted {
         let (_, f) = recv_data(&a);

@@ -28,8 +28,8 @@ use weir_wire::{Batch, FrameEncoder, NodeId, TaskId};
 pub use channel::{ChannelError, Inputs, Msg, Outputs, Rows};
 use channel::{Input, Link, Net, Output};
 pub use router::IngestToken;
-use task::{AggTask, Feed, SinkTask, SourceTask, Task};
-pub use task::{Poll, TaskError};
+use task::{AggTask, Cell, Feed, SinkTask, SourceTask, Task};
+pub use task::{Control, Poll, TaskError};
 
 use crate::ingest::{IngestService, LogConfig, SyncPolicy};
 use crate::operator::generator::Generator;
@@ -152,6 +152,7 @@ pub struct Engine {
     ingest: Option<Arc<IngestService<IngestToken>>>,
     ingest_acks: Option<crossbeam_channel::Receiver<crate::ingest::Appended<router::IngestToken>>>,
     transport_addr: Option<std::net::SocketAddr>,
+    controls: HashMap<TaskId, (crossbeam_channel::Sender<Control>, Unparker)>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -177,10 +178,12 @@ impl Engine {
             .tasks
             .iter()
             .any(|t| t.downstreams.iter().any(|d| (placement.node_of(t.id) == me) != (placement.node_of(*d) == me)));
+        // A configured transport always starts: besides remote channels it serves clients
+        // (`weir load` ingest, status).
         let transport = match (&cfg.transport, needs_net) {
-            (Some(tc), true) => Some(Transport::start(tc.clone())?),
+            (Some(tc), _) => Some(Transport::start(tc.clone())?),
             (None, true) => return Err(EngineError::Config("tasks on other nodes need a transport config".into())),
-            _ => None,
+            (None, false) => None,
         };
         let transport_addr = transport.as_ref().and_then(Transport::local_addr);
 
@@ -230,7 +233,8 @@ impl Engine {
         };
 
         let net = |t: &Transport| Net { sender: t.sender(), encoder: FrameEncoder::new() };
-        let mut per_worker: Vec<Vec<Task>> = (0..cfg.workers).map(|_| Vec::new()).collect();
+        let mut per_worker: Vec<Vec<Cell>> = (0..cfg.workers).map(|_| Vec::new()).collect();
+        let mut controls = HashMap::new();
         for t in &local {
             let outs: Vec<Output> = t
                 .downstreams
@@ -288,6 +292,7 @@ impl Engine {
                         feed,
                         offset: 0,
                         batch_rows: spec.batch_rows,
+                        dispatch: t.dispatch,
                         out,
                         builders: (0..n).map(|_| Batch::with_capacity(spec.batch_rows / n + 16)).collect(),
                         max_ts: i64::MIN,
@@ -300,6 +305,7 @@ impl Engine {
                     agg: WindowAgg::new(spec.window, spec.watermark_delay_ms, t.upstreams.len()),
                     inp,
                     builders: vec![Vec::new(); t.downstreams.len()],
+                    dispatch: t.dispatch,
                     out,
                     ended: false,
                     stats: stats.clone(),
@@ -313,7 +319,9 @@ impl Engine {
                     stats: stats.clone(),
                 })),
             };
-            per_worker[worker_of[&t.id]].push(task);
+            let (ctl_tx, control) = crossbeam_channel::bounded(16);
+            controls.insert(t.id, (ctl_tx, unparkers[worker_of[&t.id]].clone()));
+            per_worker[worker_of[&t.id]].push(Cell { task, control, paused: false });
         }
 
         // With a transport, the router acknowledges ingest requests to their clients; without
@@ -344,7 +352,7 @@ impl Engine {
             workers.push(h);
         }
         tracing::info!(node = %me, stream = %spec.id, tasks = local.len(), workers = cfg.workers, "engine started");
-        Ok(Engine { shared, stats, results, workers, router, ingest, ingest_acks, transport_addr })
+        Ok(Engine { shared, stats, results, workers, router, ingest, ingest_acks, transport_addr, controls })
     }
 
     /// Counters.
@@ -370,6 +378,17 @@ impl Engine {
     /// Acknowledgements of local appends (engines without a transport).
     pub fn ingest_acks(&self) -> Option<&crossbeam_channel::Receiver<crate::ingest::Appended<IngestToken>>> {
         self.ingest_acks.as_ref()
+    }
+
+    /// Sends `c` to local task `task` (handled before its next input).
+    pub fn control(&self, task: TaskId, c: Control) -> Result<(), EngineError> {
+        let Some((tx, wake)) = self.controls.get(&task) else {
+            return Err(EngineError::Config(format!("task {task} does not run on this engine")));
+        };
+        tx.send_timeout(c, Duration::from_secs(1))
+            .map_err(|_| EngineError::Failed(format!("task {task} does not take control messages")))?;
+        wake.unpark();
+        Ok(())
     }
 
     /// Asks every task to stop.
@@ -426,7 +445,7 @@ enum Edge {
     Remote(Arc<AtomicU32>),
 }
 
-fn worker(mut tasks: Vec<Task>, parker: Parker, shared: &Shared) -> Result<(), TaskError> {
+fn worker(mut tasks: Vec<Cell>, parker: Parker, shared: &Shared) -> Result<(), TaskError> {
     let mut finished = vec![false; tasks.len()];
     loop {
         if shared.stop.load(Ordering::Acquire) {

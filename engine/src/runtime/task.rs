@@ -12,7 +12,7 @@ use super::channel::{ChannelError, Inputs, Msg, Outputs, Rows};
 use crate::ingest::LogReader;
 use crate::operator::generator::Generator;
 use crate::operator::window::{WindowAgg, WindowResult};
-use crate::spec::shuffle;
+use crate::spec::Dispatch;
 use crate::state::ResultStore;
 
 /// What a poll achieved.
@@ -69,6 +69,7 @@ pub(crate) struct SourceTask {
     /// Rows emitted so far: the source's offset (checkpointVer for a log source).
     pub(crate) offset: u64,
     pub(crate) batch_rows: usize,
+    pub(crate) dispatch: Dispatch,
     pub(crate) out: Outputs,
     pub(crate) builders: Vec<Batch>,
     pub(crate) max_ts: i64,
@@ -109,7 +110,7 @@ impl SourceTask {
                 for o in self.offset..self.offset + n {
                     let (ts, key, value) = generator.row(o);
                     self.max_ts = self.max_ts.max(ts);
-                    self.builders[shuffle(key, n_out)].push(ts, key, value);
+                    self.builders[self.dispatch.pick(key, n_out)].push(ts, key, value);
                 }
                 n
             }
@@ -123,7 +124,7 @@ impl SourceTask {
                 }
                 for r in self.scratch.rows() {
                     self.max_ts = self.max_ts.max(r.ts);
-                    self.builders[shuffle(r.key, n_out)].push(r.ts, r.key, r.value);
+                    self.builders[self.dispatch.pick(r.key, n_out)].push(r.ts, r.key, r.value);
                 }
                 n as u64
             }
@@ -149,6 +150,7 @@ pub(crate) struct AggTask {
     pub(crate) inp: Inputs,
     pub(crate) out: Outputs,
     pub(crate) builders: Vec<Vec<WindowResult>>,
+    pub(crate) dispatch: Dispatch,
     pub(crate) ended: bool,
     pub(crate) stats: Arc<EngineStats>,
 }
@@ -168,14 +170,15 @@ impl AggTask {
             let Some((i, m)) = self.inp.next_msg() else { break };
             worked = true;
             let builders = &mut self.builders;
+            let dispatch = self.dispatch;
             match m {
                 Msg::Rows(rows) => {
                     let agg = &mut self.agg;
                     rows.for_each(|t, k, v| agg.add(t, k, v));
                     self.stats.rows_aggregated.fetch_add(rows.len() as u64, Ordering::Relaxed);
                 }
-                Msg::Progress(ts) => self.agg.advance(i, ts, |r| builders[shuffle(r.key, n_out)].push(r)),
-                Msg::End => self.agg.advance(i, i64::MAX, |r| builders[shuffle(r.key, n_out)].push(r)),
+                Msg::Progress(ts) => self.agg.advance(i, ts, |r| builders[dispatch.pick(r.key, n_out)].push(r)),
+                Msg::End => self.agg.advance(i, i64::MAX, |r| builders[dispatch.pick(r.key, n_out)].push(r)),
                 Msg::Results(_) => tracing::error!("agg received window results; ignored"),
             }
             // Emitting fired windows may fill the outputs: stop taking input until they drain.
@@ -228,6 +231,40 @@ impl SinkTask {
             }
         }
         Ok(if worked { Poll::Busy } else { Poll::Idle })
+    }
+}
+
+/// Commands to one task through its control queue, handled before its data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Stop taking input (queues fill and push back upstream) until resumed.
+    Pause,
+    /// Take input again.
+    Resume,
+    /// Finish now.
+    Stop,
+}
+
+/// A task with its control queue, as a worker holds it.
+pub(crate) struct Cell {
+    pub(crate) task: Task,
+    pub(crate) control: crossbeam_channel::Receiver<Control>,
+    pub(crate) paused: bool,
+}
+
+impl Cell {
+    pub(crate) fn poll(&mut self) -> Result<Poll, TaskError> {
+        while let Ok(c) = self.control.try_recv() {
+            match c {
+                Control::Pause => self.paused = true,
+                Control::Resume => self.paused = false,
+                Control::Stop => return Ok(Poll::Finished),
+            }
+        }
+        if self.paused {
+            return Ok(Poll::Idle);
+        }
+        self.task.poll()
     }
 }
 

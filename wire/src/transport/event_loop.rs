@@ -768,6 +768,7 @@ impl EventLoop {
             }
             if let Some(c) = self.conns.get_mut(&t) {
                 c.read_paused = false;
+                c.last_recv = Instant::now();
             }
             if self.drain_frames(t) {
                 self.on_readable(t);
@@ -793,7 +794,9 @@ impl EventLoop {
         for (t, c) in &self.conns {
             match c.phase {
                 Phase::Established { .. } => {
-                    if now.duration_since(c.last_recv) > self.cfg.dead_after {
+                    // While we hold reading back, the peer's heartbeats sit unread in the socket:
+                    // silence then is ours, not the peer's.
+                    if !c.read_paused && now.duration_since(c.last_recv) > self.cfg.dead_after {
                         let silent = now.duration_since(c.last_recv);
                         let reason = format!("no frame from {} for {} ms", c.addr, silent.as_millis());
                         ends.push((*t, Ending::tell(CloseCode::Timeout, reason)));
