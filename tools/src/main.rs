@@ -1,6 +1,7 @@
 //! The `weir` command. Libraries never print or install a logger; this binary does both.
 
 mod demo;
+mod run;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -14,6 +15,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// The embedded default: a whole stream in this process, with a live status line.
+    Run(run::RunArgs),
     /// Two transports on 127.0.0.1 in this process: handshake, batch throughput and round trips.
     Demo(demo::DemoArgs),
 }
@@ -25,6 +28,7 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     match Cli::parse().command {
+        Command::Run(args) => run::run(&args),
         Command::Demo(args) => demo::run(&args),
     }
 }

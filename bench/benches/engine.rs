@@ -1,0 +1,75 @@
+//! Engine parts: the generator, window aggregation, and the ingest log append path.
+//! Results and the command are in docs/benchmarks.md.
+
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use weir_engine::ingest::{IngestLog, LogConfig};
+use weir_engine::operator::generator::{Generator, GeneratorSpec};
+use weir_engine::operator::window::{WindowAgg, WindowSpec};
+use weir_engine::spec::shuffle;
+use weir_engine::wire::Batch;
+
+const ROWS: usize = 4096;
+
+fn parts(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine");
+    g.throughput(Throughput::Elements(ROWS as u64));
+    let spec = GeneratorSpec { rows_per_ms: 10_000, ..GeneratorSpec::default() };
+    let generator = Generator::new(spec, 0);
+    let mut offset = 0u64;
+    let mut batch = Batch::with_capacity(ROWS);
+    g.bench_function("generate_4096_rows", |b| {
+        b.iter(|| {
+            batch.clear();
+            generator.fill(offset, ROWS, &mut batch);
+            offset += ROWS as u64;
+        })
+    });
+
+    let mut outs: Vec<Batch> = (0..2).map(|_| Batch::with_capacity(ROWS)).collect();
+    g.bench_function("shuffle_4096_rows_to_2", |b| {
+        b.iter(|| {
+            outs.iter_mut().for_each(Batch::clear);
+            for r in batch.rows() {
+                outs[shuffle(r.key, 2)].push(r.ts, r.key, r.value);
+            }
+        })
+    });
+
+    // 10,000 keys, 1 s tumbling windows, the watermark following the data: the steady state of
+    // the end-to-end benchmark, firing included.
+    let mut agg = WindowAgg::new(WindowSpec::tumbling(1000), 0, 1);
+    let mut offset = 0u64;
+    let mut fired = 0u64;
+    g.bench_function("window_agg_4096_rows_10k_keys", |b| {
+        b.iter(|| {
+            for o in offset..offset + ROWS as u64 {
+                let (t, k, v) = generator.row(o);
+                agg.add(t, k, v);
+            }
+            offset += ROWS as u64;
+            agg.advance(0, generator.max_ts_before(offset), |_| fired += 1);
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("ingest_log");
+    g.throughput(Throughput::Elements(ROWS as u64));
+    g.measurement_time(Duration::from_secs(5));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut log = IngestLog::open(dir.path(), LogConfig::default()).expect("log");
+    let mut rows = Batch::with_capacity(ROWS);
+    generator.fill(0, ROWS, &mut rows);
+    g.bench_function("append_4096_rows_no_sync", |b| b.iter(|| log.append(&rows).expect("append")));
+    g.bench_function("append_4096_rows_and_fdatasync", |b| {
+        b.iter(|| {
+            log.append(&rows).expect("append");
+            log.sync().expect("sync")
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, parts);
+criterion_main!(benches);
