@@ -186,3 +186,49 @@ fn ingested_rows_are_acknowledged_over_the_network_and_aggregated() {
     engine.stop();
     engine.wait().unwrap();
 }
+
+/// CPU time (user + system) this process has used so far.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
+
+#[test]
+fn idle_workers_park_instead_of_spinning() {
+    let mut spec = util::bounded_spec(2, 2, 1, 0, WindowSpec::tumbling(10));
+    spec.source = SourceKind::IngestLog; // nothing is ingested: every task idles
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = EngineConfig::new(NodeId(1), dir.path());
+    cfg.pin_workers = false;
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let before = cpu_time();
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_time() - before;
+    // Two spinning workers would burn about 2 s of CPU in this second.
+    assert!(used < Duration::from_millis(250), "idle engine used {used:?} of CPU in 1 s");
+    // And work still gets through promptly.
+    let svc = engine.ingest().unwrap();
+    let mut b = weir_engine::wire::Batch::default();
+    b.push(5, 1, 1.0);
+    b.push(100, 1, 1.0);
+    for p in 0..2 {
+        svc.requests()
+            .send(weir_engine::ingest::AppendRequest {
+                partition: p,
+                batch: b.clone(),
+                token: weir_engine::runtime::IngestToken { node: NodeId(0), stream: spec.id, request: p as u64 },
+            })
+            .unwrap();
+    }
+    let t0 = std::time::Instant::now();
+    while engine.stats().results_written.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "no result after ingest");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(t0.elapsed() < Duration::from_millis(500), "woke up slowly: {:?}", t0.elapsed());
+    engine.stop();
+    engine.wait().unwrap();
+}

@@ -272,6 +272,8 @@ pub(crate) struct Input {
     /// Remote channel: the producer's node, and consumed frames not yet granted back.
     pub(crate) remote: Option<(NodeId, u32)>,
     pub(crate) ended: bool,
+    /// Held back (checkpoint alignment): its messages wait in its queue.
+    pub(crate) closed: bool,
 }
 
 /// A task's incoming channels, in upstream order.
@@ -304,6 +306,27 @@ impl Inputs {
     /// Whether the task has no upstream (a source).
     pub fn is_empty(&self) -> bool {
         self.ins.is_empty()
+    }
+
+    /// Holds input `i` back: its messages stay queued (and push back on its upstream) until
+    /// [`Inputs::reopen`]. Alignment closes the input of each upstream whose barrier arrived.
+    pub fn close(&mut self, i: usize) {
+        self.ins[i].closed = true;
+    }
+
+    /// Takes input `i` again.
+    pub fn reopen(&mut self, i: usize) {
+        self.ins[i].closed = false;
+    }
+
+    /// Takes every input again.
+    pub fn reopen_all(&mut self) {
+        self.ins.iter_mut().for_each(|i| i.closed = false);
+    }
+
+    /// Whether input `i` is held back.
+    pub fn is_closed(&self, i: usize) -> bool {
+        self.ins[i].closed
     }
 
     /// Whether every upstream has ended.
@@ -341,7 +364,7 @@ impl Inputs {
         for k in 0..n {
             let i = (self.next + k) % n;
             let input = &mut self.ins[i];
-            if input.ended {
+            if input.ended || input.closed {
                 continue;
             }
             let Ok(m) = input.rx.try_recv() else { continue };
@@ -363,5 +386,55 @@ impl Inputs {
             return Some((i, m));
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local_inputs(n: usize, cap: usize) -> (Inputs, Vec<Sender<Msg>>) {
+        let mut ins = Vec::new();
+        let mut txs = Vec::new();
+        for i in 0..n {
+            let (tx, rx) = crossbeam_channel::bounded(cap);
+            txs.push(tx);
+            ins.push(Input {
+                from: TaskId(i as u32),
+                rx,
+                wake_upstream: None,
+                remote: None,
+                ended: false,
+                closed: false,
+            });
+        }
+        (Inputs::new(StreamId(1), TaskId(99), ins, cap, None), txs)
+    }
+
+    #[test]
+    fn a_closed_input_is_held_back_until_reopened() {
+        let (mut inp, txs) = local_inputs(2, 4);
+        txs[0].send(Msg::Progress(1)).unwrap();
+        txs[1].send(Msg::Progress(2)).unwrap();
+        txs[1].send(Msg::Progress(3)).unwrap();
+        inp.close(0);
+        assert!(inp.is_closed(0));
+        let got: Vec<usize> = std::iter::from_fn(|| inp.next_msg().map(|(i, _)| i)).collect();
+        assert_eq!(got, vec![1, 1], "only the open input is read");
+        inp.reopen(0);
+        assert!(matches!(inp.next_msg(), Some((0, Msg::Progress(1)))));
+        assert!(inp.next_msg().is_none());
+    }
+
+    #[test]
+    fn inputs_are_read_round_robin_and_end_individually() {
+        let (mut inp, txs) = local_inputs(3, 8);
+        for (i, tx) in txs.iter().enumerate() {
+            tx.send(Msg::Progress(i as i64)).unwrap();
+            tx.send(Msg::End).unwrap();
+        }
+        let order: Vec<usize> = std::iter::from_fn(|| inp.next_msg().map(|(i, _)| i)).collect();
+        assert_eq!(order, vec![0, 1, 2, 0, 1, 2]);
+        assert!(inp.all_ended());
     }
 }

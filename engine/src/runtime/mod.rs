@@ -265,6 +265,7 @@ impl Engine {
                         wake_upstream: local_up.then(|| unparkers[worker_of[u]].clone()),
                         remote: (!local_up).then(|| (placement.node_of(*u), 0)),
                         ended: false,
+                        closed: false,
                     }
                 })
                 .collect();
