@@ -1,0 +1,778 @@
+//! The task side of the checkpoint protocol as a pure state machine: [`TaskMachine::handle`] takes
+//! one [`TaskInput`] (a message, an event from the task's own I/O, or a tick) and returns the
+//! [`TaskAction`]s the runtime must carry out, in order. No clock, no I/O, no locks: the runtime
+//! drives it on the task's worker thread, and the deterministic simulator drives it in tests.
+//!
+//! Invariants:
+//! - A trigger that is discarded (expired, failed, invalid, duplicate) changes nothing but the
+//!   discard counter: discarded means not processed.
+//! - Peers are matched by task id, never by node.
+//! - The task stalls only for alignment plus its local snapshot: inputs reopen as soon as the
+//!   snapshot is taken, not at the global commit.
+//! - After a failure or a reset the task is back in `Ready` with every input open and the failed id
+//!   remembered; nothing at or below a failed id is acted on again.
+
+use weir_wire::msg::TriggerRspCode;
+use weir_wire::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
+
+/// A task's role in the graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Reads a partition; answers the coordinator's source request.
+    Source,
+    /// Aligns triggers from its upstreams and forwards them.
+    Agg,
+    /// Aligns triggers; has no downstream.
+    Sink,
+}
+
+/// Static description of a task for the protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskSetup {
+    /// Stream.
+    pub stream: StreamId,
+    /// This task.
+    pub task: TaskId,
+    /// Its node.
+    pub node: NodeId,
+    /// Its role.
+    pub role: Role,
+    /// Upstream tasks in input order, with their nodes.
+    pub upstreams: Vec<(TaskId, NodeId)>,
+    /// Downstream tasks in output order, with their nodes.
+    pub downstreams: Vec<(TaskId, NodeId)>,
+    /// Time without an upstream's trigger before retrieving it (ms).
+    pub trigger_timeout_ms: u64,
+    /// Interval for resending unconfirmed ready messages (ms).
+    pub ready_resend_ms: u64,
+}
+
+/// Lifecycle state of a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskState {
+    /// Not restored yet.
+    Uninit,
+    /// Processing; no checkpoint in progress.
+    Ready,
+    /// Taking part in checkpoint `id`.
+    Checkpointing(CheckpointId),
+    /// Stopped for good.
+    Stopped,
+}
+
+/// Why a trigger or request was not acted on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Discard {
+    /// Older than the last completed checkpoint.
+    Expired,
+    /// At or below the last failed checkpoint.
+    Failed,
+    /// The task is checkpointing another id.
+    Invalid,
+    /// This upstream's trigger (or every trigger) is already in.
+    Duplicate,
+    /// A source request past its expiry time.
+    Stale,
+    /// The message does not fit the task (a trigger at a source, an unknown peer).
+    Misdirected,
+}
+
+/// What a source did with a source request (mirrors `msg::SourceOutcome`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum SourceAnswer {
+    /// Built: the offset recorded at the trigger.
+    Done(Version),
+    /// The task is not a source.
+    NotSource,
+    /// At or below the last completed id.
+    AlreadyCompleted(CheckpointId),
+    /// At or below the last failed id.
+    AlreadyFailed(CheckpointId),
+    /// Checkpointing another id.
+    Busy(CheckpointId),
+    /// Failed.
+    Failed(String),
+}
+
+/// What the task reports to the coordinator.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// Checkpoint.
+    pub id: CheckpointId,
+    /// Transaction.
+    pub trans: TransId,
+    /// `Ok(version)` (the source offset; zero for other roles) or why it failed.
+    pub outcome: Result<Version, String>,
+    /// CRC32C of the uploaded manifest (zero on failure).
+    pub manifest_crc: u32,
+    /// Bytes uploaded.
+    pub upload_bytes: u64,
+    /// When the first trigger (or the source request) arrived (ms).
+    pub started_at: u64,
+    /// First to last trigger (ms): alignment.
+    pub align_ms: u64,
+}
+
+/// Inputs of the task machine.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TaskInput {
+    /// The coordinator asks this source to start checkpoint `id`.
+    SourceReq {
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Transaction.
+        trans: TransId,
+        /// Past this time the request is stale.
+        expire_at: u64,
+    },
+    /// A source reached the trigger it queued behind its data: `offset` rows were emitted before it.
+    SourceReachedTrigger {
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Rows emitted before the trigger (checkpointVer).
+        offset: Version,
+    },
+    /// A trigger arrived in-band from upstream `from`, as frame `seq` on that channel.
+    Trigger {
+        /// Upstream.
+        from: TaskId,
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Transaction.
+        trans: TransId,
+    },
+    /// The snapshot asked for by `Snapshot` was taken (flushed and hard-linked), or failed.
+    SnapshotTaken {
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Error, if any.
+        result: Result<(), String>,
+    },
+    /// The trigger went out on the channel to `to` (it is in the queue or on the wire).
+    TriggerDispatched {
+        /// Downstream.
+        to: TaskId,
+        /// Its sequence number on that channel.
+        seq: Seq,
+    },
+    /// The upload of snapshot `id` is durable in the store, or failed.
+    Uploaded {
+        /// Checkpoint.
+        id: CheckpointId,
+        /// `Ok((manifest crc, bytes))` or why not.
+        result: Result<(u32, u64), String>,
+    },
+    /// Downstream `from` is ready for `id`.
+    Ready {
+        /// Downstream.
+        from: TaskId,
+        /// Checkpoint.
+        id: CheckpointId,
+    },
+    /// Upstream `from` confirmed our ready message for `id`.
+    ReadyRsp {
+        /// Upstream.
+        from: TaskId,
+        /// Checkpoint.
+        id: CheckpointId,
+    },
+    /// Downstream `from` has not received our trigger for `id`.
+    RetrieveTrigger {
+        /// Downstream.
+        from: TaskId,
+        /// Checkpoint.
+        id: CheckpointId,
+    },
+    /// Upstream `from` answered our retrieve request. `next_seq` is the next sequence number this
+    /// task expects on that channel (from the runtime).
+    TriggerRsp {
+        /// Upstream.
+        from: TaskId,
+        /// The upstream's checkpoint id.
+        id: CheckpointId,
+        /// Its transaction.
+        trans: TransId,
+        /// Outcome.
+        code: TriggerRspCode,
+        /// The trigger's sequence number on the channel.
+        trigger_seq: Seq,
+        /// The next sequence number expected on the channel here.
+        next_seq: Seq,
+    },
+    /// Checkpoint `id` is committed.
+    Update {
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Source offset in it (sources).
+        version: Version,
+        /// Commit time.
+        ts: u64,
+    },
+    /// The coordinator abandoned checkpoint `failed`.
+    Reset {
+        /// The failed checkpoint.
+        failed: CheckpointId,
+    },
+    /// The task starts from checkpoint `id` (or from nothing).
+    Restored {
+        /// Restored checkpoint.
+        id: Option<CheckpointId>,
+        /// Its source offset.
+        version: Version,
+    },
+    /// Time passes (ms).
+    Tick {
+        /// Now.
+        now: u64,
+    },
+}
+
+/// Actions for the runtime, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TaskAction {
+    /// Nothing was done with the input, and why.
+    Discarded(Discard),
+    /// A source: put a trigger behind the data it holds; feed `SourceReachedTrigger` on reaching it.
+    QueueSourceTrigger {
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Transaction.
+        trans: TransId,
+    },
+    /// Hold back the input of upstream `i`.
+    CloseInput(usize),
+    /// Take input `i` again.
+    ReopenInput(usize),
+    /// Take every input again.
+    ReopenAllInputs,
+    /// Flush operator state and take the local snapshot for `id` (synchronously; feed
+    /// `SnapshotTaken`), then forward the trigger on every output.
+    Snapshot {
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Transaction, for the forwarded trigger.
+        trans: TransId,
+        /// Source offset (sources).
+        offset: Version,
+    },
+    /// Treat upstream `from`'s trigger as arrived (retrieved): the runtime skips it if it comes.
+    InjectTrigger {
+        /// Upstream.
+        from: TaskId,
+    },
+    /// Upload snapshot `id` in the background; feed `Uploaded`.
+    Upload {
+        /// Checkpoint.
+        id: CheckpointId,
+    },
+    /// Send checkpoint-ready to upstream `to`.
+    SendReady {
+        /// Upstream.
+        to: TaskId,
+        /// Its node.
+        node: NodeId,
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Transaction.
+        trans: TransId,
+    },
+    /// Confirm downstream `to`'s ready message.
+    SendReadyRsp {
+        /// Downstream.
+        to: TaskId,
+        /// Checkpoint.
+        id: CheckpointId,
+    },
+    /// Ask upstream `to` for its trigger.
+    SendRetrieveTrigger {
+        /// Upstream.
+        to: TaskId,
+        /// Its node.
+        node: NodeId,
+        /// Checkpoint.
+        id: CheckpointId,
+    },
+    /// Answer downstream `to`'s retrieve request.
+    SendTriggerRsp {
+        /// Downstream.
+        to: TaskId,
+        /// Our active (or asked) id.
+        id: CheckpointId,
+        /// Our transaction.
+        trans: TransId,
+        /// Outcome.
+        code: TriggerRspCode,
+        /// The trigger's sequence number on that channel.
+        trigger_seq: Seq,
+    },
+    /// Answer the coordinator's source request.
+    SendSourceRsp {
+        /// Checkpoint asked for.
+        id: CheckpointId,
+        /// Transaction.
+        trans: TransId,
+        /// Answer.
+        answer: SourceAnswer,
+    },
+    /// Report to the coordinator.
+    SendReport(Report),
+    /// Persist the committed id, version and time in the node's meta store.
+    PersistCommitted {
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Version.
+        version: Version,
+        /// Time.
+        ts: u64,
+    },
+    /// Delete local snapshots older than `id` (the new retained one).
+    DeleteSnapshotsBefore(CheckpointId),
+    /// Drop the (failed) snapshot `id`.
+    DropSnapshot(CheckpointId),
+}
+
+#[derive(Clone, Debug)]
+struct Active {
+    id: CheckpointId,
+    trans: TransId,
+    started_at: u64,
+    last_trigger_at: u64,
+    /// Per upstream: its trigger is in.
+    triggers: Vec<bool>,
+    /// The source request to answer (sources).
+    source_req: bool,
+    offset: Version,
+    snapshot_taken: bool,
+    /// Per downstream: the sequence number our trigger had on that channel, once dispatched.
+    dispatched: Vec<Option<Seq>>,
+    upload: Option<Result<(u32, u64), String>>,
+    /// Per downstream: it is ready.
+    downstream_ready: Vec<bool>,
+    /// Ready sent upstream (or source rsp and report sent).
+    done: bool,
+    /// Per upstream: our ready was confirmed.
+    ready_confirmed: Vec<bool>,
+    last_ready_sent: u64,
+    last_retrieve_at: u64,
+    /// The report sent, resent with unconfirmed ready messages until the checkpoint ends (the
+    /// coordinator ignores duplicates), so a lost report cannot stall the checkpoint.
+    report: Option<Report>,
+}
+
+/// The task side of the protocol for one task.
+#[derive(Clone, Debug)]
+pub struct TaskMachine {
+    setup: TaskSetup,
+    state: TaskState,
+    latest: CheckpointId,
+    latest_version: Version,
+    failed: Option<CheckpointId>,
+    active: Option<Active>,
+    now: u64,
+    /// Checkpoints this task started.
+    pub started: u64,
+    /// Inputs discarded.
+    pub discarded: u64,
+}
+
+impl TaskMachine {
+    /// A task in `Uninit`; feed `Restored` to make it ready.
+    pub fn new(setup: TaskSetup) -> Self {
+        Self {
+            setup,
+            state: TaskState::Uninit,
+            latest: CheckpointId(0),
+            latest_version: Version(0),
+            failed: None,
+            active: None,
+            now: 0,
+            started: 0,
+            discarded: 0,
+        }
+    }
+
+    /// The task's setup.
+    pub fn setup(&self) -> &TaskSetup {
+        &self.setup
+    }
+
+    /// Lifecycle state.
+    pub fn state(&self) -> TaskState {
+        self.state
+    }
+
+    /// Last committed checkpoint (zero: none).
+    pub fn latest(&self) -> CheckpointId {
+        self.latest
+    }
+
+    /// Source offset of the last committed checkpoint.
+    pub fn latest_version(&self) -> Version {
+        self.latest_version
+    }
+
+    /// Last failed checkpoint.
+    pub fn failed(&self) -> Option<CheckpointId> {
+        self.failed
+    }
+
+    fn upstream_index(&self, t: TaskId) -> Option<usize> {
+        self.setup.upstreams.iter().position(|(u, _)| *u == t)
+    }
+
+    fn downstream_index(&self, t: TaskId) -> Option<usize> {
+        self.setup.downstreams.iter().position(|(d, _)| *d == t)
+    }
+
+    fn begin(&mut self, id: CheckpointId, trans: TransId, source_req: bool) {
+        let now = self.now;
+        self.state = TaskState::Checkpointing(id);
+        self.started += 1;
+        self.active = Some(Active {
+            id,
+            trans,
+            started_at: now,
+            last_trigger_at: now,
+            triggers: vec![false; self.setup.upstreams.len()],
+            source_req,
+            offset: Version(0),
+            snapshot_taken: false,
+            dispatched: vec![None; self.setup.downstreams.len()],
+            upload: None,
+            downstream_ready: vec![false; self.setup.downstreams.len()],
+            done: false,
+            ready_confirmed: vec![false; self.setup.upstreams.len()],
+            last_ready_sent: 0,
+            last_retrieve_at: now,
+            report: None,
+        });
+    }
+
+    fn discard(&mut self, why: Discard) -> Vec<TaskAction> {
+        self.discarded += 1;
+        vec![TaskAction::Discarded(why)]
+    }
+
+    /// Handles one input.
+    pub fn handle(&mut self, input: TaskInput) -> Vec<TaskAction> {
+        if self.state == TaskState::Stopped {
+            return Vec::new();
+        }
+        match input {
+            TaskInput::Tick { now } => self.tick(now),
+            TaskInput::Restored { id, version } => {
+                self.latest = id.unwrap_or(CheckpointId(0));
+                self.latest_version = version;
+                self.active = None;
+                self.state = TaskState::Ready;
+                vec![TaskAction::ReopenAllInputs]
+            }
+            _ if self.state == TaskState::Uninit => Vec::new(),
+            TaskInput::SourceReq { id, trans, expire_at } => self.source_req(id, trans, expire_at),
+            TaskInput::SourceReachedTrigger { id, offset } => match &mut self.active {
+                Some(a) if a.id == id && a.source_req && !a.snapshot_taken => {
+                    a.offset = offset;
+                    vec![TaskAction::Snapshot { id, trans: a.trans, offset }]
+                }
+                _ => self.discard(Discard::Invalid),
+            },
+            TaskInput::Trigger { from, id, trans } => self.trigger(from, id, trans),
+            TaskInput::SnapshotTaken { id, result } => self.snapshot_taken(id, result),
+            TaskInput::TriggerDispatched { to, seq } => {
+                let i = self.downstream_index(to);
+                if let (Some(a), Some(i)) = (self.active.as_mut(), i)
+                    && a.snapshot_taken
+                {
+                    a.dispatched[i] = Some(seq);
+                }
+                Vec::new()
+            }
+            TaskInput::Uploaded { id, result } => match &mut self.active {
+                Some(a) if a.id == id && a.upload.is_none() => {
+                    if let Err(e) = &result {
+                        let why = format!("upload failed: {e}");
+                        return self.fail(why);
+                    }
+                    a.upload = Some(result);
+                    self.try_ready()
+                }
+                _ => Vec::new(),
+            },
+            TaskInput::Ready { from, id } => self.ready(from, id),
+            TaskInput::ReadyRsp { from, id } => {
+                let i = self.upstream_index(from);
+                if let (Some(a), Some(i)) = (self.active.as_mut(), i)
+                    && a.id == id
+                {
+                    a.ready_confirmed[i] = true;
+                }
+                Vec::new()
+            }
+            TaskInput::RetrieveTrigger { from, id } => self.retrieve(from, id),
+            TaskInput::TriggerRsp { from, id, trans, code, trigger_seq, next_seq } => {
+                self.trigger_rsp(from, id, trans, code, trigger_seq, next_seq)
+            }
+            TaskInput::Update { id, version, ts } => self.update(id, version, ts),
+            TaskInput::Reset { failed } => self.reset(failed),
+        }
+    }
+
+    fn source_req(&mut self, id: CheckpointId, trans: TransId, expire_at: u64) -> Vec<TaskAction> {
+        let answer = |answer| vec![TaskAction::SendSourceRsp { id, trans, answer }];
+        if self.setup.role != Role::Source {
+            return answer(SourceAnswer::NotSource);
+        }
+        if id <= self.latest {
+            return answer(SourceAnswer::AlreadyCompleted(self.latest));
+        }
+        if let Some(f) = self.failed
+            && id <= f
+        {
+            return answer(SourceAnswer::AlreadyFailed(f));
+        }
+        if let TaskState::Checkpointing(active) = self.state {
+            if active == id {
+                return self.discard(Discard::Duplicate); // a resent request: already working on it
+            }
+            return answer(SourceAnswer::Busy(active));
+        }
+        if self.now > expire_at {
+            return self.discard(Discard::Stale);
+        }
+        self.begin(id, trans, true);
+        vec![TaskAction::QueueSourceTrigger { id, trans }]
+    }
+
+    fn trigger(&mut self, from: TaskId, id: CheckpointId, trans: TransId) -> Vec<TaskAction> {
+        let Some(i) = self.upstream_index(from) else { return self.discard(Discard::Misdirected) };
+        if id < self.latest {
+            return self.discard(Discard::Expired);
+        }
+        if let Some(f) = self.failed
+            && id <= f
+        {
+            return self.discard(Discard::Failed);
+        }
+        if id == self.latest {
+            // The checkpoint completed here; the upstream missed our ready: resend it.
+            let (to, node) = self.setup.upstreams[i];
+            return vec![TaskAction::SendReady { to, node, id, trans }, TaskAction::ReopenInput(i)];
+        }
+        if let TaskState::Checkpointing(active) = self.state {
+            if active != id {
+                return self.discard(Discard::Invalid);
+            }
+            let a = self.active.as_ref().expect("active");
+            if a.triggers.iter().all(|t| *t) || a.triggers[i] {
+                return self.discard(Discard::Duplicate);
+            }
+        } else {
+            self.begin(id, trans, false);
+        }
+        let now = self.now;
+        let a = self.active.as_mut().expect("active");
+        a.triggers[i] = true;
+        a.last_trigger_at = now;
+        let mut out = vec![TaskAction::CloseInput(i)];
+        if a.triggers.iter().all(|t| *t) {
+            out.push(TaskAction::Snapshot { id, trans: a.trans, offset: Version(0) });
+        }
+        out
+    }
+
+    fn snapshot_taken(&mut self, id: CheckpointId, result: Result<(), String>) -> Vec<TaskAction> {
+        match &mut self.active {
+            Some(a) if a.id == id && !a.snapshot_taken => {
+                if let Err(e) = result {
+                    return self.fail(format!("snapshot failed: {e}"));
+                }
+                a.snapshot_taken = true;
+                // Resume at once: the snapshot holds the cut; the upload runs in the background.
+                vec![TaskAction::ReopenAllInputs, TaskAction::Upload { id }]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn ready(&mut self, from: TaskId, id: CheckpointId) -> Vec<TaskAction> {
+        let Some(i) = self.downstream_index(from) else { return self.discard(Discard::Misdirected) };
+        let mut out = Vec::new();
+        match &mut self.active {
+            Some(a) if a.id == id => {
+                a.downstream_ready[i] = true; // a duplicate sets it again: no effect
+                out.push(TaskAction::SendReadyRsp { to: from, id });
+                out.extend(self.try_ready());
+            }
+            // Confirm late or repeated ready messages of finished checkpoints so they stop.
+            _ if id <= self.latest || self.failed.is_some_and(|f| id <= f) => {
+                out.push(TaskAction::SendReadyRsp { to: from, id })
+            }
+            _ => out.push(TaskAction::Discarded(Discard::Invalid)),
+        }
+        out
+    }
+
+    /// Sends ready upstream (or answers the coordinator) once the snapshot is durable and every
+    /// downstream is ready.
+    fn try_ready(&mut self) -> Vec<TaskAction> {
+        let now = self.now;
+        let role = self.setup.role;
+        let Some(a) = self.active.as_mut() else { return Vec::new() };
+        let durable = matches!(a.upload, Some(Ok(_)));
+        if a.done || !durable || !a.downstream_ready.iter().all(|r| *r) {
+            return Vec::new();
+        }
+        a.done = true;
+        a.last_ready_sent = now;
+        let (crc, bytes) = a.upload.clone().and_then(Result::ok).unwrap_or_default();
+        let report = Report {
+            id: a.id,
+            trans: a.trans,
+            outcome: Ok(a.offset),
+            manifest_crc: crc,
+            upload_bytes: bytes,
+            started_at: a.started_at,
+            align_ms: a.last_trigger_at - a.started_at,
+        };
+        let mut out = Vec::new();
+        if role == Role::Source {
+            out.push(TaskAction::SendSourceRsp { id: a.id, trans: a.trans, answer: SourceAnswer::Done(a.offset) });
+        }
+        for (to, node) in &self.setup.upstreams {
+            out.push(TaskAction::SendReady { to: *to, node: *node, id: a.id, trans: a.trans });
+        }
+        a.report = Some(report.clone());
+        out.push(TaskAction::SendReport(report));
+        out
+    }
+
+    fn retrieve(&mut self, from: TaskId, id: CheckpointId) -> Vec<TaskAction> {
+        let Some(i) = self.downstream_index(from) else { return self.discard(Discard::Misdirected) };
+        let (code, trans, seq) = match &self.active {
+            Some(a) if a.id == id => match a.dispatched[i] {
+                Some(seq) => (TriggerRspCode::Success, a.trans, seq),
+                None => (TriggerRspCode::InProgress, a.trans, Seq(0)),
+            },
+            _ => (TriggerRspCode::Invalid, TransId(0), Seq(0)),
+        };
+        let id = self.active.as_ref().map_or(id, |a| a.id);
+        vec![TaskAction::SendTriggerRsp { to: from, id, trans, code, trigger_seq: seq }]
+    }
+
+    fn trigger_rsp(
+        &mut self,
+        from: TaskId,
+        id: CheckpointId,
+        trans: TransId,
+        code: TriggerRspCode,
+        trigger_seq: Seq,
+        next_seq: Seq,
+    ) -> Vec<TaskAction> {
+        let Some(i) = self.upstream_index(from) else { return self.discard(Discard::Misdirected) };
+        let Some(a) = self.active.as_ref() else { return self.discard(Discard::Invalid) };
+        if a.id != id || a.triggers[i] {
+            return self.discard(Discard::Invalid);
+        }
+        match code {
+            TriggerRspCode::InProgress => Vec::new(),
+            TriggerRspCode::Invalid => self.fail(format!("upstream {from} is not in checkpoint {id}")),
+            // Injecting is safe only if everything before the trigger on that channel is here.
+            TriggerRspCode::Success if next_seq == trigger_seq => {
+                let mut out = vec![TaskAction::InjectTrigger { from }];
+                out.extend(self.trigger(from, id, trans));
+                out
+            }
+            TriggerRspCode::Success => self.fail(format!(
+                "trigger from {from} was frame {trigger_seq} but frame {next_seq} is next here: data before it is missing"
+            )),
+        }
+    }
+
+    fn update(&mut self, id: CheckpointId, version: Version, ts: u64) -> Vec<TaskAction> {
+        if id <= self.latest {
+            return Vec::new();
+        }
+        self.latest = id;
+        self.latest_version = version;
+        self.active = None;
+        self.state = TaskState::Ready;
+        vec![
+            TaskAction::PersistCommitted { id, version, ts },
+            TaskAction::ReopenAllInputs,
+            TaskAction::DeleteSnapshotsBefore(id),
+        ]
+    }
+
+    fn reset(&mut self, failed: CheckpointId) -> Vec<TaskAction> {
+        if failed <= self.latest {
+            return Vec::new();
+        }
+        self.failed = Some(self.failed.map_or(failed, |f| f.max(failed)));
+        let mut out = Vec::new();
+        if self.active.as_ref().is_some_and(|a| a.id <= failed) {
+            self.active = None;
+            self.state = TaskState::Ready;
+            out.push(TaskAction::DropSnapshot(failed));
+        }
+        out.push(TaskAction::ReopenAllInputs);
+        out
+    }
+
+    /// Fails the active checkpoint locally: report, remember the id, back to Ready.
+    fn fail(&mut self, why: String) -> Vec<TaskAction> {
+        let Some(a) = self.active.take() else { return Vec::new() };
+        self.failed = Some(self.failed.map_or(a.id, |f| f.max(a.id)));
+        self.state = TaskState::Ready;
+        let mut out = Vec::new();
+        if a.source_req {
+            out.push(TaskAction::SendSourceRsp { id: a.id, trans: a.trans, answer: SourceAnswer::Failed(why.clone()) });
+        }
+        out.push(TaskAction::SendReport(Report {
+            id: a.id,
+            trans: a.trans,
+            outcome: Err(why),
+            manifest_crc: 0,
+            upload_bytes: 0,
+            started_at: a.started_at,
+            align_ms: a.last_trigger_at - a.started_at,
+        }));
+        out.push(TaskAction::DropSnapshot(a.id));
+        out.push(TaskAction::ReopenAllInputs);
+        out
+    }
+
+    fn tick(&mut self, now: u64) -> Vec<TaskAction> {
+        self.now = now;
+        let Some(a) = self.active.as_mut() else { return Vec::new() };
+        let mut out = Vec::new();
+        // Missing triggers: reopen that input and ask the upstream.
+        let timeout = self.setup.trigger_timeout_ms;
+        if !a.snapshot_taken && now.saturating_sub(a.last_retrieve_at) >= timeout {
+            a.last_retrieve_at = now;
+            for (i, got) in a.triggers.iter().enumerate() {
+                if !got {
+                    let (to, node) = self.setup.upstreams[i];
+                    out.push(TaskAction::ReopenInput(i));
+                    out.push(TaskAction::SendRetrieveTrigger { to, node, id: a.id });
+                }
+            }
+        }
+        // Unconfirmed ready messages (and the report, and a source's answer): resend.
+        if a.done && now.saturating_sub(a.last_ready_sent) >= self.setup.ready_resend_ms {
+            a.last_ready_sent = now;
+            for (i, (to, node)) in self.setup.upstreams.iter().enumerate() {
+                if !a.ready_confirmed[i] {
+                    out.push(TaskAction::SendReady { to: *to, node: *node, id: a.id, trans: a.trans });
+                }
+            }
+            if a.source_req {
+                let answer = SourceAnswer::Done(a.offset);
+                out.push(TaskAction::SendSourceRsp { id: a.id, trans: a.trans, answer });
+            }
+            if let Some(r) = &a.report {
+                out.push(TaskAction::SendReport(r.clone()));
+            }
+        }
+        out
+    }
+}
