@@ -5,7 +5,8 @@
 //!
 //! Invariants:
 //! - A trigger that is discarded (expired, failed, invalid, duplicate) changes nothing but the
-//!   discard counter: discarded means not processed.
+//!   discard counter: discarded means not processed. "Invalid" is an id below the active one; an
+//!   id above it ends the active checkpoint (see `abandon`).
 //! - Peers are matched by task id, never by node.
 //! - The task stalls only for alignment plus its local snapshot: inputs reopen as soon as the
 //!   snapshot is taken, not at the global commit.
@@ -530,17 +531,23 @@ impl TaskMachine {
         {
             return answer(SourceAnswer::AlreadyFailed(f));
         }
+        let mut out = Vec::new();
         if let TaskState::Checkpointing(active) = self.state {
             if active == id {
                 return self.discard(Discard::Duplicate); // a resent request: already working on it
             }
-            return answer(SourceAnswer::Busy(active));
+            if id < active {
+                return answer(SourceAnswer::Busy(active));
+            }
+            out = self.abandon();
         }
         if self.now > expire_at {
-            return self.discard(Discard::Stale);
+            out.extend(self.discard(Discard::Stale));
+            return out;
         }
         self.begin(id, trans, true);
-        vec![TaskAction::QueueSourceTrigger { id, trans }]
+        out.push(TaskAction::QueueSourceTrigger { id, trans });
+        out
     }
 
     fn trigger(&mut self, from: TaskId, id: CheckpointId, trans: TransId) -> Vec<TaskAction> {
@@ -554,17 +561,28 @@ impl TaskMachine {
             return self.discard(Discard::Failed);
         }
         if id == self.latest {
-            // The checkpoint completed here; the upstream missed our ready: resend it.
+            // The checkpoint completed here; the upstream missed our ready: resend it. The input
+            // stays closed if it is held for a newer checkpoint's alignment.
             let (to, node) = self.setup.upstreams[i];
-            return vec![TaskAction::SendReady { to, node, id, trans }, TaskAction::ReopenInput(i)];
+            let mut out = vec![TaskAction::SendReady { to, node, id, trans }];
+            if !self.active.as_ref().is_some_and(|a| a.triggers[i]) {
+                out.push(TaskAction::ReopenInput(i));
+            }
+            return out;
         }
+        let mut out = Vec::new();
         if let TaskState::Checkpointing(active) = self.state {
-            if active != id {
+            if id < active {
                 return self.discard(Discard::Invalid);
             }
-            let a = self.active.as_ref().expect("active");
-            if a.triggers.iter().all(|t| *t) || a.triggers[i] {
-                return self.discard(Discard::Duplicate);
+            if id > active {
+                out = self.abandon();
+                self.begin(id, trans, false);
+            } else {
+                let a = self.active.as_ref().expect("active");
+                if a.triggers.iter().all(|t| *t) || a.triggers[i] {
+                    return self.discard(Discard::Duplicate);
+                }
             }
         } else {
             self.begin(id, trans, false);
@@ -573,7 +591,7 @@ impl TaskMachine {
         let a = self.active.as_mut().expect("active");
         a.triggers[i] = true;
         a.last_trigger_at = now;
-        let mut out = vec![TaskAction::CloseInput(i)];
+        out.push(TaskAction::CloseInput(i));
         if a.triggers.iter().all(|t| *t) {
             out.push(TaskAction::Snapshot { id, trans: a.trans, offset: Version(0) });
         }
@@ -694,13 +712,16 @@ impl TaskMachine {
         }
         self.latest = id;
         self.latest_version = version;
-        self.active = None;
-        self.state = TaskState::Ready;
-        vec![
-            TaskAction::PersistCommitted { id, version, ts },
-            TaskAction::ReopenAllInputs,
-            TaskAction::DeleteSnapshotsBefore(id),
-        ]
+        let mut out = vec![TaskAction::PersistCommitted { id, version, ts }];
+        // A late update for an older checkpoint must not disturb a newer one in progress (its
+        // alignment holds inputs closed).
+        if self.active.as_ref().is_none_or(|a| a.id <= id) {
+            self.active = None;
+            self.state = TaskState::Ready;
+            out.push(TaskAction::ReopenAllInputs);
+        }
+        out.push(TaskAction::DeleteSnapshotsBefore(id));
+        out
     }
 
     fn reset(&mut self, failed: CheckpointId) -> Vec<TaskAction> {
@@ -708,14 +729,29 @@ impl TaskMachine {
             return Vec::new();
         }
         self.failed = Some(self.failed.map_or(failed, |f| f.max(failed)));
-        let mut out = Vec::new();
-        if self.active.as_ref().is_some_and(|a| a.id <= failed) {
-            self.active = None;
-            self.state = TaskState::Ready;
-            out.push(TaskAction::DropSnapshot(failed));
+        match &self.active {
+            Some(a) if a.id <= failed => {
+                let id = a.id;
+                self.active = None;
+                self.state = TaskState::Ready;
+                vec![TaskAction::DropSnapshot(id), TaskAction::ReopenAllInputs]
+            }
+            // A late reset of an older checkpoint must not reopen a newer one's aligned inputs.
+            Some(_) => Vec::new(),
+            None => vec![TaskAction::ReopenAllInputs],
         }
-        out.push(TaskAction::ReopenAllInputs);
-        out
+    }
+
+    /// A newer checkpoint proves the active one is over: the coordinator runs one at a time and
+    /// allocates a new id only after the old one committed or failed. (The seed discards every
+    /// other id; but a reset overtaken by the next checkpoint's request or trigger then makes that
+    /// checkpoint fail as well, and the next, found by the simulator.) The old id counts as failed
+    /// here; its snapshot stays, since it may have committed (a late update then records that).
+    fn abandon(&mut self) -> Vec<TaskAction> {
+        let Some(a) = self.active.take() else { return Vec::new() };
+        self.failed = Some(self.failed.map_or(a.id, |f| f.max(a.id)));
+        self.state = TaskState::Ready;
+        vec![TaskAction::ReopenAllInputs]
     }
 
     /// Fails the active checkpoint locally: report, remember the id, back to Ready.

@@ -94,18 +94,6 @@ fn request_at_or_below_the_failed_id_is_answered_not_acted_on() {
 }
 
 #[test]
-fn request_while_checkpointing_another_id_says_busy() {
-    let mut m = source();
-    m.handle(TaskInput::SourceReq { id: C1, trans: T1, expire_at: 100 });
-    let out = m.handle(TaskInput::SourceReq { id: C2, trans: TransId(2), expire_at: 100 });
-    assert_eq!(out, vec![TaskAction::SendSourceRsp { id: C2, trans: TransId(2), answer: SourceAnswer::Busy(C1) }]);
-    assert_eq!(
-        m.handle(TaskInput::SourceReq { id: C1, trans: T1, expire_at: 100 }),
-        vec![TaskAction::Discarded(Discard::Duplicate)]
-    );
-}
-
-#[test]
 fn stale_source_request_is_discarded() {
     let mut m = source();
     m.handle(TaskInput::Tick { now: 500 });
@@ -145,14 +133,6 @@ fn trigger_for_the_completed_id_resends_ready_and_reopens_the_input() {
         vec![TaskAction::SendReady { to: TaskId(2), node: NodeId(1), id: C1, trans: T1 }, TaskAction::ReopenInput(1)]
     );
     assert_eq!(m.state(), TaskState::Ready);
-}
-
-#[test]
-fn trigger_for_another_active_id_is_invalid_and_discarded() {
-    let mut m = agg();
-    m.handle(trig(1, C2));
-    assert_eq!(m.handle(trig(2, C3)), vec![TaskAction::Discarded(Discard::Invalid)]);
-    assert_eq!(m.state(), TaskState::Checkpointing(C2));
 }
 
 #[test]
@@ -639,4 +619,77 @@ fn consensus_gives_up_waiting_and_counts_silent_tasks_as_empty() {
     c.handle(CoordInput::Consensus { task: TaskId(1), latest: CheckpointId(4) });
     let out = c.handle(CoordInput::Tick { now: 2_000 });
     assert!(out.iter().all(|a| matches!(a, CoordAction::SendRestore { id: None, .. })));
+}
+
+#[test]
+fn late_reset_of_an_older_checkpoint_leaves_a_newer_alignment_alone() {
+    let mut m = agg();
+    m.handle(trig(1, C2));
+    assert!(m.handle(TaskInput::Reset { failed: C1 }).is_empty(), "input 0 must stay closed");
+    assert_eq!(m.state(), TaskState::Checkpointing(C2));
+    assert_eq!(m.failed(), Some(C1));
+}
+
+#[test]
+fn late_update_of_an_older_checkpoint_leaves_a_newer_alignment_alone() {
+    let mut m = agg();
+    m.handle(trig(1, C2));
+    let out = m.handle(TaskInput::Update { id: C1, version: Version(0), ts: 0 });
+    assert_eq!(
+        out,
+        vec![
+            TaskAction::PersistCommitted { id: C1, version: Version(0), ts: 0 },
+            TaskAction::DeleteSnapshotsBefore(C1)
+        ]
+    );
+    assert_eq!((m.state(), m.latest()), (TaskState::Checkpointing(C2), C1));
+}
+
+#[test]
+fn trigger_for_the_completed_id_keeps_an_input_held_for_a_newer_alignment() {
+    let mut m = agg();
+    complete(&mut m, C1);
+    m.handle(trig(2, C2));
+    let out = m.handle(trig(2, C1));
+    assert_eq!(out, vec![TaskAction::SendReady { to: TaskId(2), node: NodeId(1), id: C1, trans: T1 }]);
+}
+
+#[test]
+fn trigger_for_an_older_id_than_the_active_one_is_invalid_and_discarded() {
+    let mut m = agg();
+    m.handle(trig(1, C3));
+    assert_eq!(m.handle(trig(2, C2)), vec![TaskAction::Discarded(Discard::Invalid)]);
+    assert_eq!(m.state(), TaskState::Checkpointing(C3));
+}
+
+#[test]
+fn trigger_for_a_newer_id_ends_the_abandoned_checkpoint_and_starts_the_new_one() {
+    // The reset of C2 was overtaken by C3's trigger.
+    let mut m = agg();
+    m.handle(trig(1, C2));
+    let out = m.handle(trig(2, C3));
+    assert_eq!(out, vec![TaskAction::ReopenAllInputs, TaskAction::CloseInput(1)]);
+    assert_eq!((m.state(), m.failed()), (TaskState::Checkpointing(C3), Some(C2)));
+    // The late reset changes nothing, and C2's own late trigger is discarded.
+    assert!(m.handle(TaskInput::Reset { failed: C2 }).is_empty());
+    assert_eq!(m.handle(trig(1, C2)), vec![TaskAction::Discarded(Discard::Failed)]);
+}
+
+#[test]
+fn source_request_for_a_newer_id_ends_the_abandoned_checkpoint() {
+    let mut m = source();
+    m.handle(TaskInput::SourceReq { id: C1, trans: T1, expire_at: 100 });
+    let out = m.handle(TaskInput::SourceReq { id: C2, trans: TransId(2), expire_at: 100 });
+    assert_eq!(out, vec![TaskAction::ReopenAllInputs, TaskAction::QueueSourceTrigger { id: C2, trans: TransId(2) }]);
+    assert_eq!(m.state(), TaskState::Checkpointing(C2));
+}
+
+#[test]
+fn request_older_than_the_active_checkpoint_says_busy() {
+    let mut m = source();
+    m.handle(TaskInput::SourceReq { id: C3, trans: T1, expire_at: 100 });
+    let out = m.handle(TaskInput::SourceReq { id: C2, trans: TransId(3), expire_at: 100 });
+    assert_eq!(out, vec![TaskAction::SendSourceRsp { id: C2, trans: TransId(3), answer: SourceAnswer::Busy(C3) }]);
+    let again = m.handle(TaskInput::SourceReq { id: C3, trans: T1, expire_at: 100 });
+    assert_eq!(again, vec![TaskAction::Discarded(Discard::Duplicate)]);
 }
