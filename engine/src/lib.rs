@@ -11,6 +11,7 @@
 
 pub use weir_wire as wire;
 
+pub mod backup;
 pub mod checkpoint;
 pub mod ingest;
 pub mod operator;

@@ -1,0 +1,111 @@
+//! The local-directory store: objects are files under a root directory, written to a temporary
+//! name, synced and renamed into place, so a crash leaves the old object or the new one.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::{Store, StoreError};
+
+/// A store in a local directory.
+#[derive(Debug, Clone)]
+pub struct LocalDirStore {
+    root: PathBuf,
+}
+
+impl LocalDirStore {
+    /// A store rooted at `root` (created on first write).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    fn path(&self, key: &str) -> Result<PathBuf, StoreError> {
+        if key.split('/').any(|p| p.is_empty() || p == "." || p == "..") {
+            return Err(StoreError::Unavailable { op: "resolve", key: key.into(), reason: "invalid key".into() });
+        }
+        Ok(self.root.join(key))
+    }
+}
+
+fn unavailable<'a>(op: &'static str, key: &'a str) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    move |e| StoreError::Unavailable { op, key: key.to_string(), reason: e.to_string() }
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    fs::File::open(dir)?.sync_all()
+}
+
+impl Store for LocalDirStore {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        let path = self.path(key)?;
+        let dir = path.parent().expect("keys have a parent");
+        fs::create_dir_all(dir).map_err(unavailable("put", key))?;
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        let mut f = fs::File::create(&tmp).map_err(unavailable("put", key))?;
+        f.write_all(bytes).map_err(unavailable("put", key))?;
+        f.sync_all().map_err(unavailable("put", key))?;
+        fs::rename(&tmp, &path).map_err(unavailable("put", key))?;
+        sync_dir(dir).map_err(unavailable("put", key))
+    }
+
+    fn put_file(&self, key: &str, src: &Path) -> Result<(), StoreError> {
+        let path = self.path(key)?;
+        let dir = path.parent().expect("keys have a parent");
+        fs::create_dir_all(dir).map_err(unavailable("put", key))?;
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        fs::copy(src, &tmp).map_err(unavailable("put", key))?;
+        fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(unavailable("put", key))?;
+        fs::rename(&tmp, &path).map_err(unavailable("put", key))?;
+        sync_dir(dir).map_err(unavailable("put", key))
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        let path = self.path(key)?;
+        match fs::read(&path) {
+            Ok(b) => Ok(b),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(StoreError::NotFound { key: key.into() }),
+            Err(e) => Err(unavailable("get", key)(e)),
+        }
+    }
+
+    fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
+        match fs::metadata(self.path(key)?) {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(unavailable("stat", key)(e)),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let mut out = Vec::new();
+        let mut stack = vec![self.root.clone()];
+        while let Some(dir) = stack.pop() {
+            let entries = match fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(unavailable("list", prefix)(e)),
+            };
+            for entry in entries {
+                let path = entry.map_err(unavailable("list", prefix))?.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if let Ok(rel) = path.strip_prefix(&self.root) {
+                    let key = rel.to_string_lossy().replace('\\', "/");
+                    if key.starts_with(prefix) && !key.contains(".tmp-") {
+                        out.push(key);
+                    }
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        match fs::remove_file(self.path(key)?) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(unavailable("delete", key)(e)),
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Remote backup of task snapshots: the store interface, the local-directory store (the embedded
+//! default), and upload and restore of snapshot directories in the layout of the design:
+//!
+//! ```text
+//! <stream>/tasks/<task>/sst/<file>          immutable SST files, uploaded once, shared by checkpoints
+//! <stream>/tasks/<task>/chk-<id>/<file>     the small files of one checkpoint
+//! <stream>/tasks/<task>/chk-<id>/MANIFEST.weir   every file with size and CRC32C, and the offset
+//! <stream>/checkpoints/<id>.commit          the commit record, written last
+//! ```
+//!
+//! Invariants: a manifest is written only after every file it names is stored; a commit record only
+//! after every manifest it names; nothing is read back without checking size and checksum. S3 and
+//! rsync backends implement the same [`Store`] trait (next issue).
+
+mod local;
+mod snapshot;
+
+pub use local::LocalDirStore;
+pub use snapshot::{Manifest, ManifestEntry, download_snapshot, upload_snapshot};
+
+/// Errors of a store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or refused the operation (retryable).
+    #[error("store {op} {key}: {reason}")]
+    Unavailable {
+        /// Operation.
+        op: &'static str,
+        /// Object key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+    /// The object does not exist.
+    #[error("no object {key} in the store")]
+    NotFound {
+        /// Object key.
+        key: String,
+    },
+    /// Stored bytes do not match their manifest or record (fatal for that checkpoint).
+    #[error("corrupt object {key}: {reason}")]
+    Corrupt {
+        /// Object key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Unavailable { .. })
+    }
+}
+
+/// An object store: whole objects by key, `/`-separated.
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Stores `bytes` under `key` atomically (readers see the old object or the new one).
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError>;
+    /// Stores the file at `path` under `key` atomically.
+    fn put_file(&self, key: &str, path: &std::path::Path) -> Result<(), StoreError> {
+        let bytes = std::fs::read(path).map_err(|e| StoreError::Unavailable {
+            op: "read",
+            key: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        self.put(key, &bytes)
+    }
+    /// The object under `key`.
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError>;
+    /// Size of the object under `key`, if it exists.
+    fn size(&self, key: &str) -> Result<Option<u64>, StoreError>;
+    /// Keys that start with `prefix`, sorted.
+    fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError>;
+    /// Deletes `key` (no error if it does not exist).
+    fn delete(&self, key: &str) -> Result<(), StoreError>;
+}

@@ -1,0 +1,171 @@
+//! Upload of a local snapshot directory to a [`Store`] (incremental: SST files already stored are
+//! not sent again) and download with verification.
+
+use std::fs;
+use std::path::Path;
+
+use weir_wire::{CheckpointId, StreamId, TaskId, Version};
+
+use super::{Store, StoreError};
+
+/// One file of a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManifestEntry {
+    /// File name in the snapshot directory.
+    pub name: String,
+    /// Key in the store.
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// CRC32C of the content.
+    pub crc: u32,
+}
+
+/// What one task's checkpoint consists of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Manifest {
+    /// Checkpoint.
+    pub id: CheckpointId,
+    /// Source offset (sources).
+    pub version: Version,
+    /// Files.
+    pub files: Vec<ManifestEntry>,
+}
+
+impl Manifest {
+    /// The manifest as text (one line per file), with a trailing CRC line over everything before it.
+    pub fn encode(&self) -> String {
+        let mut s = format!("weir-manifest 1\nid {}\nversion {}\n", self.id.0, self.version.0);
+        for f in &self.files {
+            s.push_str(&format!("file {} {} {:08x} {}\n", f.size, f.key, f.crc, f.name));
+        }
+        let crc = crc32c::crc32c(s.as_bytes());
+        s.push_str(&format!("crc {crc:08x}\n"));
+        s
+    }
+
+    /// Parses and checks a manifest.
+    pub fn decode(key: &str, text: &[u8]) -> Result<Manifest, StoreError> {
+        let bad = |reason: &str| StoreError::Corrupt { key: key.into(), reason: reason.into() };
+        let text = std::str::from_utf8(text).map_err(|_| bad("not UTF-8"))?;
+        let body_end = text.rfind("crc ").ok_or_else(|| bad("no checksum line"))?;
+        let (body, tail) = text.split_at(body_end);
+        let want =
+            u32::from_str_radix(tail.trim_start_matches("crc ").trim(), 16).map_err(|_| bad("bad checksum line"))?;
+        if crc32c::crc32c(body.as_bytes()) != want {
+            return Err(bad("checksum mismatch"));
+        }
+        let mut lines = body.lines();
+        if lines.next() != Some("weir-manifest 1") {
+            return Err(bad("unknown manifest version"));
+        }
+        let num = |l: Option<&str>, p: &str| {
+            l.and_then(|l| l.strip_prefix(p)).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| bad("bad header"))
+        };
+        let id = CheckpointId(num(lines.next(), "id ")?);
+        let version = Version(num(lines.next(), "version ")?);
+        let mut files = Vec::new();
+        for l in lines {
+            let mut parts = l.splitn(5, ' ');
+            let (Some("file"), Some(size), Some(k), Some(crc), Some(name)) =
+                (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                return Err(bad("bad file line"));
+            };
+            files.push(ManifestEntry {
+                name: name.into(),
+                key: k.into(),
+                size: size.parse().map_err(|_| bad("bad size"))?,
+                crc: u32::from_str_radix(crc, 16).map_err(|_| bad("bad crc"))?,
+            });
+        }
+        Ok(Manifest { id, version, files })
+    }
+}
+
+/// Key prefix of a task's objects.
+pub fn task_prefix(stream: StreamId, task: TaskId) -> String {
+    format!("{}/tasks/{}", stream.0, task.0)
+}
+
+/// Key of a task's manifest for checkpoint `id`.
+pub fn manifest_key(stream: StreamId, task: TaskId, id: CheckpointId) -> String {
+    format!("{}/chk-{}/MANIFEST.weir", task_prefix(stream, task), id.0)
+}
+
+/// Uploads the snapshot in `dir` as checkpoint `id` of `task`; returns the manifest's CRC32C and
+/// the bytes sent. SST files already in the store (same name and size) are not sent again.
+pub fn upload_snapshot(
+    store: &dyn Store,
+    stream: StreamId,
+    task: TaskId,
+    id: CheckpointId,
+    version: Version,
+    dir: &Path,
+) -> Result<(u32, u64), StoreError> {
+    let io = |e: std::io::Error| StoreError::Unavailable {
+        op: "read",
+        key: dir.display().to_string(),
+        reason: e.to_string(),
+    };
+    let prefix = task_prefix(stream, task);
+    let mut files = Vec::new();
+    let mut sent = 0u64;
+    let mut names: Vec<_> =
+        fs::read_dir(dir).map_err(io)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>().map_err(io)?;
+    names.sort();
+    for path in names {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        let bytes = fs::read(&path).map_err(io)?;
+        let is_sst = name.ends_with(".sst");
+        let key = if is_sst { format!("{prefix}/sst/{name}") } else { format!("{prefix}/chk-{}/{name}", id.0) };
+        if !(is_sst && store.size(&key)? == Some(bytes.len() as u64)) {
+            store.put(&key, &bytes)?;
+            sent += bytes.len() as u64;
+        }
+        files.push(ManifestEntry { name, key, size: bytes.len() as u64, crc: crc32c::crc32c(&bytes) });
+    }
+    let manifest = Manifest { id, version, files }.encode();
+    store.put(&manifest_key(stream, task, id), manifest.as_bytes())?;
+    Ok((crc32c::crc32c(manifest.as_bytes()), sent + manifest.len() as u64))
+}
+
+/// Downloads checkpoint `id` of `task` into `dir` (replacing it), verifying every file against the
+/// manifest, and the manifest against `manifest_crc` when given (the commit record's).
+pub fn download_snapshot(
+    store: &dyn Store,
+    stream: StreamId,
+    task: TaskId,
+    id: CheckpointId,
+    manifest_crc: Option<u32>,
+    dir: &Path,
+) -> Result<Manifest, StoreError> {
+    let key = manifest_key(stream, task, id);
+    let text = store.get(&key)?;
+    if let Some(want) = manifest_crc
+        && crc32c::crc32c(&text) != want
+    {
+        return Err(StoreError::Corrupt { key, reason: "manifest differs from the commit record".into() });
+    }
+    let manifest = Manifest::decode(&key, &text)?;
+    let io = |e: std::io::Error| StoreError::Unavailable {
+        op: "write",
+        key: dir.display().to_string(),
+        reason: e.to_string(),
+    };
+    if dir.exists() {
+        fs::remove_dir_all(dir).map_err(io)?;
+    }
+    fs::create_dir_all(dir).map_err(io)?;
+    for f in &manifest.files {
+        let bytes = store.get(&f.key)?;
+        if bytes.len() as u64 != f.size || crc32c::crc32c(&bytes) != f.crc {
+            return Err(StoreError::Corrupt {
+                key: f.key.clone(),
+                reason: "size or checksum differs from the manifest".into(),
+            });
+        }
+        fs::write(dir.join(&f.name), &bytes).map_err(io)?;
+    }
+    Ok(manifest)
+}
