@@ -328,6 +328,18 @@ impl LogReader {
         self.pos
     }
 
+    /// A reader of the same log starting at `from` (a restored source replays from its offset).
+    pub fn reopen_at(&self, from: Version) -> LogReader {
+        LogReader {
+            dir: self.dir.clone(),
+            cfg: self.cfg,
+            durable: self.durable.clone(),
+            pos: from,
+            file: None,
+            buf: Vec::new(),
+        }
+    }
+
     /// Appends up to about `max_rows` durable rows (whole entries, the first possibly partial) to
     /// `out`. Returns the number of rows read; 0 when nothing new is durable.
     pub fn read(&mut self, max_rows: usize, out: &mut Batch) -> Result<usize, LogError> {

@@ -79,6 +79,13 @@ pub enum Msg {
     Progress(i64),
     /// The sender is done; nothing follows.
     End,
+    /// The checkpoint barrier: everything before it belongs to checkpoint `id`.
+    Trigger {
+        /// Checkpoint.
+        id: weir_wire::CheckpointId,
+        /// Transaction.
+        trans: weir_wire::TransId,
+    },
 }
 
 /// The sending end of one channel.
@@ -91,11 +98,13 @@ pub(crate) struct Output {
     pub(crate) to: TaskId,
     pub(crate) link: Link,
     pending: VecDeque<Msg>,
+    /// Messages queued on this channel so far: the next one's sequence number.
+    pushed: u64,
 }
 
 impl Output {
     pub(crate) fn new(to: TaskId, link: Link) -> Self {
-        Self { to, link, pending: VecDeque::new() }
+        Self { to, link, pending: VecDeque::new(), pushed: 0 }
     }
 }
 
@@ -157,16 +166,25 @@ impl Outputs {
         self.outs.is_empty()
     }
 
-    /// Queues `msg` on output `i` (delivered by [`Outputs::flush`]).
-    pub fn push(&mut self, i: usize, msg: Msg) {
-        self.outs[i].pending.push_back(msg);
+    /// Queues `msg` on output `i` (delivered by [`Outputs::flush`]); returns its sequence number
+    /// on that channel.
+    pub fn push(&mut self, i: usize, msg: Msg) -> Seq {
+        let o = &mut self.outs[i];
+        o.pending.push_back(msg);
+        o.pushed += 1;
+        Seq(o.pushed - 1)
     }
 
     /// Queues a copy of a control message on every output.
     pub fn broadcast(&mut self, msg: impl Fn() -> Msg) {
-        for o in &mut self.outs {
-            o.pending.push_back(msg());
+        for i in 0..self.outs.len() {
+            self.push(i, msg());
         }
+    }
+
+    /// The downstream task of output `i`.
+    pub fn target(&self, i: usize) -> TaskId {
+        self.outs[i].to
     }
 
     /// Whether everything queued has been delivered.
@@ -259,6 +277,9 @@ fn encode(
             enc.encode(&w)
         }
         Msg::End => enc.encode(&EndOfStream { stream, from, to, seq }),
+        Msg::Trigger { id, trans } => {
+            enc.encode(&weir_wire::msg::CheckpointTrigger { stream, checkpoint: id, trans, from, to, seq })
+        }
     };
     r.map_err(|e| e.to_string())
 }
@@ -274,6 +295,8 @@ pub(crate) struct Input {
     pub(crate) ended: bool,
     /// Held back (checkpoint alignment): its messages wait in its queue.
     pub(crate) closed: bool,
+    /// Messages taken so far: the next expected sequence number.
+    pub(crate) received: u64,
 }
 
 /// A task's incoming channels, in upstream order.
@@ -329,6 +352,21 @@ impl Inputs {
         self.ins[i].closed
     }
 
+    /// The upstream task of input `i`.
+    pub fn source_of(&self, i: usize) -> TaskId {
+        self.ins[i].from
+    }
+
+    /// The index of the input from `upstream`.
+    pub fn index_of(&self, upstream: TaskId) -> Option<usize> {
+        self.ins.iter().position(|i| i.from == upstream)
+    }
+
+    /// The sequence number the next message on input `i` will have.
+    pub fn next_seq(&self, i: usize) -> Seq {
+        Seq(self.ins[i].received)
+    }
+
     /// Whether every upstream has ended.
     pub fn all_ended(&self) -> bool {
         self.ins.iter().all(|i| i.ended)
@@ -368,6 +406,7 @@ impl Inputs {
                 continue;
             }
             let Ok(m) = input.rx.try_recv() else { continue };
+            input.received += 1;
             self.next = (i + 1) % n;
             if matches!(m, Msg::End) {
                 input.ended = true;
@@ -406,6 +445,7 @@ mod tests {
                 remote: None,
                 ended: false,
                 closed: false,
+                received: 0,
             });
         }
         (Inputs::new(StreamId(1), TaskId(99), ins, cap, None), txs)

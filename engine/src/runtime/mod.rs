@@ -11,6 +11,7 @@
 //!   returns credits to local senders.
 
 mod channel;
+mod checkpointing;
 mod router;
 mod task;
 
@@ -27,6 +28,7 @@ use weir_wire::{Batch, FrameEncoder, NodeId, TaskId};
 
 pub use channel::{ChannelError, Inputs, Msg, Outputs, Rows};
 use channel::{Input, Link, Net, Output};
+pub use checkpointing::{CheckpointLog, CheckpointSettings};
 pub use router::IngestToken;
 use task::{AggTask, Cell, Feed, SinkTask, SourceTask, Task};
 pub use task::{Control, Poll, TaskError};
@@ -58,6 +60,8 @@ pub struct EngineConfig {
     pub sync: SyncPolicy,
     /// Test and demo knob: each sink sleeps this long per result message.
     pub sink_throttle: Option<Duration>,
+    /// Checkpoints (and restore from the last commit at start); `None` runs without.
+    pub checkpoint: Option<CheckpointSettings>,
 }
 
 impl EngineConfig {
@@ -73,6 +77,7 @@ impl EngineConfig {
             log: LogConfig::default(),
             sync: SyncPolicy::GroupCommit(Duration::from_millis(10)),
             sink_throttle: None,
+            checkpoint: None,
         }
     }
 }
@@ -153,6 +158,7 @@ pub struct Engine {
     ingest_acks: Option<crossbeam_channel::Receiver<crate::ingest::Appended<router::IngestToken>>>,
     transport_addr: Option<std::net::SocketAddr>,
     controls: HashMap<TaskId, (crossbeam_channel::Sender<Control>, Unparker)>,
+    coordinator: Option<(checkpointing::CoordThread, Arc<CheckpointLog>)>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -234,7 +240,20 @@ impl Engine {
 
         let net = |t: &Transport| Net { sender: t.sender(), encoder: FrameEncoder::new() };
         let mut per_worker: Vec<Vec<Cell>> = (0..cfg.workers).map(|_| Vec::new()).collect();
+        // Control queues first: the checkpoint side of every task needs its peers' queues.
+        let mut control_rx = HashMap::new();
         let mut controls = HashMap::new();
+        for t in &local {
+            // Room for protocol traffic (ready messages, acknowledgements) of a few checkpoints.
+            let (tx, rx) = crossbeam_channel::bounded(1024);
+            controls.insert(t.id, (tx, unparkers[worker_of[&t.id]].clone()));
+            control_rx.insert(t.id, rx);
+        }
+        let peers = Arc::new(controls.clone());
+        let ckpt = match &cfg.checkpoint {
+            Some(settings) => Some(checkpointing::Setup::new(spec, &topo, placement, &cfg, settings, peers.clone())?),
+            None => None,
+        };
         for t in &local {
             let outs: Vec<Output> = t
                 .downstreams
@@ -266,6 +285,7 @@ impl Engine {
                         remote: (!local_up).then(|| (placement.node_of(*u), 0)),
                         ended: false,
                         closed: false,
+                        received: 0,
                     }
                 })
                 .collect();
@@ -300,6 +320,7 @@ impl Engine {
                         scratch: Batch::default(),
                         ended: false,
                         stats: stats.clone(),
+                        queued_trigger: None,
                     }))
                 }
                 TaskKind::Agg { .. } => Task::Agg(Box::new(AggTask {
@@ -310,6 +331,7 @@ impl Engine {
                     out,
                     ended: false,
                     stats: stats.clone(),
+                    barriers: Vec::new(),
                 })),
                 TaskKind::Sink { .. } => Task::Sink(Box::new(SinkTask {
                     id: t.id,
@@ -318,12 +340,18 @@ impl Engine {
                     inp,
                     throttle: cfg.sink_throttle,
                     stats: stats.clone(),
+                    barriers: Vec::new(),
                 })),
             };
-            let (ctl_tx, control) = crossbeam_channel::bounded(16);
-            controls.insert(t.id, (ctl_tx, unparkers[worker_of[&t.id]].clone()));
-            per_worker[worker_of[&t.id]].push(Cell { task, control, paused: false });
+            let mut task = task;
+            let ck = match &ckpt {
+                Some(setup) => Some(Box::new(setup.task(t, &mut task, results.clone()).map_err(EngineError::Failed)?)),
+                None => None,
+            };
+            let control = control_rx.remove(&t.id).expect("control queue");
+            per_worker[worker_of[&t.id]].push(Cell { task, control, paused: false, ckpt: ck });
         }
+        let coordinator = ckpt.map(|setup| setup.start_coordinator());
 
         // With a transport, the router acknowledges ingest requests to their clients; without
         // one, whoever appends locally reads the acknowledgements from `Engine::ingest_acks`.
@@ -353,7 +381,18 @@ impl Engine {
             workers.push(h);
         }
         tracing::info!(node = %me, stream = %spec.id, tasks = local.len(), workers = cfg.workers, "engine started");
-        Ok(Engine { shared, stats, results, workers, router, ingest, ingest_acks, transport_addr, controls })
+        Ok(Engine {
+            shared,
+            stats,
+            results,
+            workers,
+            router,
+            ingest,
+            ingest_acks,
+            transport_addr,
+            controls,
+            coordinator,
+        })
     }
 
     /// Counters.
@@ -379,6 +418,11 @@ impl Engine {
     /// Acknowledgements of local appends (engines without a transport).
     pub fn ingest_acks(&self) -> Option<&crossbeam_channel::Receiver<crate::ingest::Appended<IngestToken>>> {
         self.ingest_acks.as_ref()
+    }
+
+    /// Statistics of finished checkpoints (engines with checkpoints).
+    pub fn checkpoints(&self) -> Option<&CheckpointLog> {
+        self.coordinator.as_ref().map(|(_, log)| log.as_ref())
     }
 
     /// Sends `c` to local task `task` (handled before its next input).
@@ -415,6 +459,9 @@ impl Engine {
                     first_err.get_or_insert(EngineError::Failed("a worker thread panicked".into()));
                 }
             }
+        }
+        if let Some((mut c, _)) = self.coordinator.take() {
+            c.stop();
         }
         if let Some(r) = self.router.take() {
             r.stop();
@@ -457,7 +504,13 @@ fn worker(mut tasks: Vec<Cell>, parker: Parker, shared: &Shared) -> Result<(), T
             if finished[i] {
                 continue;
             }
-            match t.poll()? {
+            let p = match t.poll() {
+                Ok(p) => p,
+                // Stopping: other workers drop their tasks, so channels close under us.
+                Err(_) if shared.stop.load(Ordering::Acquire) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            match p {
                 Poll::Busy => busy = true,
                 Poll::Finished => finished[i] = true,
                 Poll::Idle | Poll::Blocked => {}

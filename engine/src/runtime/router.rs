@@ -157,6 +157,11 @@ impl Run {
                 let Ok(e) = frame.access::<EndOfStream>() else { return };
                 self.deliver(e.from.get(), e.to.get(), e.seq.get(), Msg::End);
             }
+            Kind::CheckpointTrigger => {
+                let Ok(t) = frame.access::<weir_wire::msg::CheckpointTrigger>() else { return };
+                let m = Msg::Trigger { id: t.checkpoint.get(), trans: t.trans.get() };
+                self.deliver(t.from.get(), t.to.get(), t.seq.get(), m);
+            }
             Kind::Credit => {
                 let Ok(c) = frame.access::<Credit>() else { return };
                 match self.credits.get(&(c.from.get(), c.to.get())) {

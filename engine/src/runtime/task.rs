@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use weir_wire::{Batch, StreamId, TaskId};
+use weir_wire::{Batch, CheckpointId, StreamId, TaskId, TransId};
 
 use super::EngineStats;
 use super::channel::{ChannelError, Inputs, Msg, Outputs, Rows};
@@ -43,6 +43,9 @@ pub enum TaskError {
         #[source]
         source: crate::state::StateError,
     },
+    /// The checkpoint side failed in a way the protocol cannot absorb (its state store broke).
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
     /// The ingest log failed.
     #[error("task {task}: {source}")]
     Log {
@@ -76,12 +79,18 @@ pub(crate) struct SourceTask {
     pub(crate) scratch: Batch,
     pub(crate) ended: bool,
     pub(crate) stats: Arc<EngineStats>,
+    /// A checkpoint trigger queued behind the data already emitted.
+    pub(crate) queued_trigger: Option<CheckpointId>,
 }
 
 impl SourceTask {
     fn poll(&mut self) -> Result<Poll, TaskError> {
         if !self.out.flush()? {
             return Ok(Poll::Blocked);
+        }
+        if self.queued_trigger.is_some() {
+            // Reached: the checkpoint machine records the offset and snapshots before more rows.
+            return Ok(Poll::Busy);
         }
         if self.ended {
             return Ok(Poll::Finished);
@@ -153,6 +162,8 @@ pub(crate) struct AggTask {
     pub(crate) dispatch: Dispatch,
     pub(crate) ended: bool,
     pub(crate) stats: Arc<EngineStats>,
+    /// Barriers taken from the inputs, for the checkpoint machine: (input, id, trans).
+    pub(crate) barriers: Vec<(usize, CheckpointId, TransId)>,
 }
 
 impl AggTask {
@@ -180,6 +191,12 @@ impl AggTask {
                 Msg::Progress(ts) => self.agg.advance(i, ts, |r| builders[dispatch.pick(r.key, n_out)].push(r)),
                 Msg::End => self.agg.advance(i, i64::MAX, |r| builders[dispatch.pick(r.key, n_out)].push(r)),
                 Msg::Results(_) => tracing::error!("agg received window results; ignored"),
+                Msg::Trigger { id, trans } => {
+                    // Stop here: the checkpoint machine decides (close this input, or snapshot)
+                    // before anything after the barrier is taken.
+                    self.barriers.push((i, id, trans));
+                    break;
+                }
             }
             // Emitting fired windows may fill the outputs: stop taking input until they drain.
             if self.builders.iter().any(|b| !b.is_empty()) {
@@ -210,6 +227,8 @@ pub(crate) struct SinkTask {
     pub(crate) inp: Inputs,
     pub(crate) throttle: Option<std::time::Duration>,
     pub(crate) stats: Arc<EngineStats>,
+    /// Barriers taken from the inputs: (input, id, trans).
+    pub(crate) barriers: Vec<(usize, CheckpointId, TransId)>,
 }
 
 impl SinkTask {
@@ -220,8 +239,12 @@ impl SinkTask {
         self.inp.retry_grants();
         let mut worked = false;
         for _ in 0..BUDGET {
-            let Some((_, m)) = self.inp.next_msg() else { break };
+            let Some((i, m)) = self.inp.next_msg() else { break };
             worked = true;
+            if let Msg::Trigger { id, trans } = m {
+                self.barriers.push((i, id, trans));
+                break;
+            }
             if let Msg::Results(rs) = m {
                 if let Some(d) = self.throttle {
                     std::thread::sleep(d);
@@ -235,7 +258,7 @@ impl SinkTask {
 }
 
 /// Commands to one task through its control queue, handled before its data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Control {
     /// Stop taking input (queues fill and push back upstream) until resumed.
     Pause,
@@ -243,13 +266,16 @@ pub enum Control {
     Resume,
     /// Finish now.
     Stop,
+    /// A checkpoint-protocol message or completion for the task's machine.
+    Protocol(crate::checkpoint::TaskInput),
 }
 
-/// A task with its control queue, as a worker holds it.
+/// A task with its control queue (and its checkpoint side), as a worker holds it.
 pub(crate) struct Cell {
     pub(crate) task: Task,
     pub(crate) control: crossbeam_channel::Receiver<Control>,
     pub(crate) paused: bool,
+    pub(crate) ckpt: Option<Box<super::checkpointing::TaskCkpt>>,
 }
 
 impl Cell {
@@ -259,12 +285,25 @@ impl Cell {
                 Control::Pause => self.paused = true,
                 Control::Resume => self.paused = false,
                 Control::Stop => return Ok(Poll::Finished),
+                Control::Protocol(input) => {
+                    if let Some(ck) = self.ckpt.as_mut() {
+                        let input = ck.prepare(&self.task, input);
+                        ck.feed(&mut self.task, input).map_err(TaskError::Checkpoint)?;
+                    }
+                }
             }
+        }
+        if let Some(ck) = self.ckpt.as_mut() {
+            ck.before_poll(&mut self.task).map_err(TaskError::Checkpoint)?;
         }
         if self.paused {
             return Ok(Poll::Idle);
         }
-        self.task.poll()
+        let p = self.task.poll()?;
+        if let Some(ck) = self.ckpt.as_mut() {
+            ck.after_poll(&mut self.task).map_err(TaskError::Checkpoint)?;
+        }
+        Ok(p)
     }
 }
 

@@ -1,0 +1,739 @@
+//! The edge between the checkpoint state machines and the running engine: it feeds each task's
+//! [`TaskMachine`] with what happens on the task (barriers, snapshots, uploads, messages from
+//! peers, ticks) and carries out its actions on the task's worker thread; it runs the
+//! [`Coordinator`] on a thread of its own, with the commit records in the store; it runs the
+//! uploader pool; and it restores tasks from the last commit when the engine starts.
+//!
+//! Control messages between tasks and the coordinator travel through the tasks' control queues
+//! (all tasks of a checkpointed stream run in this process for now: checkpoints across nodes use
+//! the same machines with the wire messages, and come with the cluster node).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use crossbeam_utils::sync::Unparker;
+use weir_wire::{CheckpointId, StreamId, TaskId, TransId, Version};
+
+use super::task::{Control, Task};
+use crate::backup::{LocalDirStore, Store, StoreError, download_snapshot, upload_snapshot};
+use crate::checkpoint::{CommitRecord, CoordAction, CoordInput, Coordinator, TaskAction, TaskInput, TaskMachine};
+use crate::state::{ResultStore, StateError, TaskStore, load_window_state, save_window_state};
+
+/// Checkpoint settings of an engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointSettings {
+    /// Time between checkpoint starts (ms).
+    pub interval_ms: u64,
+    /// Minimum pause between the end of one checkpoint and the next start (ms).
+    pub min_pause_ms: u64,
+    /// A checkpoint running longer fails (ms).
+    pub timeout_ms: u64,
+    /// Time without an upstream's barrier before retrieving it (ms).
+    pub trigger_timeout_ms: u64,
+    /// Resend interval of unconfirmed ready messages (ms).
+    pub ready_resend_ms: u64,
+    /// Consecutive failures before the stream is reported unhealthy.
+    pub tolerable_failures: u32,
+    /// The remote store: a local directory (S3 and rsync come with the backup issue).
+    pub remote_dir: PathBuf,
+    /// Uploader threads.
+    pub uploaders: usize,
+}
+
+impl CheckpointSettings {
+    /// Checkpoints every `interval_ms` into `remote_dir`.
+    pub fn every(interval_ms: u64, remote_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            interval_ms,
+            min_pause_ms: interval_ms / 4,
+            timeout_ms: 30_000,
+            trigger_timeout_ms: 10_000,
+            ready_resend_ms: 1_000,
+            tolerable_failures: 3,
+            remote_dir: remote_dir.into(),
+            uploaders: 2,
+        }
+    }
+}
+
+/// Statistics of finished checkpoints, for status and benchmarks.
+#[derive(Debug, Default)]
+pub struct CheckpointLog {
+    /// (id, trigger-to-commit duration, committed?) in order.
+    pub finished: parking::Mutex<Vec<(CheckpointId, Duration, bool)>>,
+    /// Per task pause: alignment plus synchronous snapshot (µs), one entry per task checkpoint.
+    pub pauses_us: parking::Mutex<Vec<u64>>,
+}
+
+/// A tiny mutex wrapper for statistics (not on the data path).
+pub mod parking {
+    /// A mutex that ignores poisoning (statistics survive a panicking reader).
+    #[derive(Debug, Default)]
+    pub struct Mutex<T>(std::sync::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        /// Locks.
+        pub fn lock(&self) -> std::sync::MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+}
+
+/// Keys in the store.
+fn commit_key(stream: StreamId, id: CheckpointId) -> String {
+    format!("{}/checkpoints/{:020}.commit", stream.0, id.0)
+}
+
+fn next_id_key(stream: StreamId) -> String {
+    format!("{}/coordinator/next-id", stream.0)
+}
+
+/// Encodes a commit record (text, with a CRC line).
+pub fn encode_commit(r: &CommitRecord) -> String {
+    let mut s = format!("weir-commit 1\nid {}\ntrans {}\nts {}\n", r.id.0, r.trans.0, r.ts);
+    for (t, v) in &r.versions {
+        s.push_str(&format!("version {} {}\n", t.0, v.0));
+    }
+    for (t, c) in &r.manifests {
+        s.push_str(&format!("manifest {} {c:08x}\n", t.0));
+    }
+    let crc = crc32c::crc32c(s.as_bytes());
+    s.push_str(&format!("crc {crc:08x}\n"));
+    s
+}
+
+/// Decodes and checks a commit record.
+pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError> {
+    let bad = |why: &str| StoreError::Corrupt { key: key.into(), reason: why.into() };
+    let text = std::str::from_utf8(bytes).map_err(|_| bad("not UTF-8"))?;
+    let at = text.rfind("crc ").ok_or_else(|| bad("no checksum"))?;
+    let (body, tail) = text.split_at(at);
+    let want = u32::from_str_radix(tail[4..].trim(), 16).map_err(|_| bad("bad checksum"))?;
+    if crc32c::crc32c(body.as_bytes()) != want {
+        return Err(bad("checksum mismatch"));
+    }
+    let mut r = CommitRecord {
+        id: CheckpointId(0),
+        trans: TransId(0),
+        versions: Default::default(),
+        manifests: Default::default(),
+        ts: 0,
+    };
+    for l in body.lines().skip(1) {
+        let p: Vec<&str> = l.split(' ').collect();
+        let n = |i: usize| p.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| bad("bad number"));
+        match p[0] {
+            "id" => r.id = CheckpointId(n(1)?),
+            "trans" => r.trans = TransId(n(1)?),
+            "ts" => r.ts = n(1)?,
+            "version" => {
+                r.versions.insert(TaskId(n(1)? as u32), Version(n(2)?));
+            }
+            "manifest" => {
+                let crc = p.get(2).and_then(|c| u32::from_str_radix(c, 16).ok()).ok_or_else(|| bad("bad crc"))?;
+                r.manifests.insert(TaskId(n(1)? as u32), crc);
+            }
+            _ => return Err(bad("unknown line")),
+        }
+    }
+    Ok(r)
+}
+
+/// The last durable commit of `stream` in `store` (the highest id whose record verifies).
+pub fn last_commit(store: &dyn Store, stream: StreamId) -> Result<Option<CommitRecord>, StoreError> {
+    let keys = store.list(&format!("{}/checkpoints/", stream.0))?;
+    for key in keys.iter().rev() {
+        match decode_commit(key, &store.get(key)?) {
+            Ok(r) => return Ok(Some(r)),
+            // A damaged record is skipped, loudly: the previous one is still a valid restore point.
+            Err(e) => tracing::error!(%key, error = %e, "skipping a damaged commit record"),
+        }
+    }
+    Ok(None)
+}
+
+/// Where a task keeps its state and snapshots.
+pub(crate) fn task_dir(data: &Path, t: TaskId) -> PathBuf {
+    data.join("tasks").join(t.0.to_string())
+}
+
+fn snapshot_dir(data: &Path, t: TaskId, id: CheckpointId) -> PathBuf {
+    task_dir(data, t).join("snapshots").join(format!("chk-{:020}", id.0))
+}
+
+/// Restores task `t` from commit `record`: its state store (local snapshot if it verifies against
+/// the stored manifest, else downloaded) and its offset.
+pub(crate) fn restore_task(
+    store: &dyn Store,
+    stream: StreamId,
+    t: TaskId,
+    data: &Path,
+    record: &CommitRecord,
+) -> Result<(TaskStore, Version), String> {
+    let dir = snapshot_dir(data, t, record.id);
+    let crc = record.manifests.get(&t).copied();
+    // Download into a fresh directory, verified file by file against the manifest the commit names.
+    let dl = task_dir(data, t).join("restore-download");
+    let manifest = download_snapshot(store, stream, t, record.id, crc, &dl).map_err(|e| format!("{t}: {e}"))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let db = task_dir(data, t).join("db");
+    let ts = TaskStore::open_from_snapshot(&dl, &db).map_err(|e| format!("{t}: {e}"))?;
+    let _ = std::fs::remove_dir_all(&dl);
+    Ok((ts, record.versions.get(&t).copied().unwrap_or(manifest.version)))
+}
+
+/// A job for the uploader pool.
+pub(crate) struct UploadJob {
+    pub(crate) task: TaskId,
+    pub(crate) id: CheckpointId,
+    pub(crate) version: Version,
+    pub(crate) dir: PathBuf,
+    pub(crate) reply: Sender<Control>,
+    pub(crate) wake: Unparker,
+}
+
+/// Starts `n` uploader threads.
+pub(crate) fn start_uploaders(
+    n: usize,
+    store: Arc<dyn Store>,
+    stream: StreamId,
+) -> (Sender<UploadJob>, Vec<JoinHandle<()>>) {
+    let (tx, rx): (Sender<UploadJob>, Receiver<UploadJob>) = crossbeam_channel::unbounded();
+    let handles = (0..n.max(1))
+        .map(|i| {
+            let rx = rx.clone();
+            let store = store.clone();
+            std::thread::Builder::new()
+                .name(format!("weir-upload-{i}"))
+                .spawn(move || {
+                    for job in rx {
+                        let t0 = Instant::now();
+                        let result = upload_snapshot(store.as_ref(), stream, job.task, job.id, job.version, &job.dir)
+                            .map_err(|e| e.to_string());
+                        tracing::debug!(task = %job.task, checkpoint = %job.id, ms = t0.elapsed().as_millis() as u64, ok = result.is_ok(), "upload");
+                        let _ = job.reply.send(Control::Protocol(TaskInput::Uploaded { id: job.id, result }));
+                        job.wake.unpark();
+                    }
+                })
+                .expect("spawn uploader")
+        })
+        .collect();
+    (tx, handles)
+}
+
+/// A task's checkpoint side, owned by its worker.
+pub(crate) struct TaskCkpt {
+    pub(crate) machine: TaskMachine,
+    pub(crate) data: PathBuf,
+    pub(crate) state: TaskStore,
+    pub(crate) results: Arc<ResultStore>,
+    pub(crate) peers: Arc<HashMap<TaskId, (Sender<Control>, Unparker)>>,
+    pub(crate) coord: Sender<CoordInput>,
+    pub(crate) uploads: Sender<UploadJob>,
+    pub(crate) epoch: Instant,
+    pub(crate) last_tick: Instant,
+    pub(crate) log: Arc<CheckpointLog>,
+    /// When the first barrier of the active checkpoint arrived (for the pause statistic).
+    pub(crate) align_start: Option<Instant>,
+}
+
+impl TaskCkpt {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn send(&self, to: TaskId, input: TaskInput) {
+        if let Some((tx, wake)) = self.peers.get(&to) {
+            let _ = tx.try_send(Control::Protocol(input));
+            wake.unpark();
+        }
+    }
+
+    /// Feeds `input` and carries out the actions.
+    pub(crate) fn feed(&mut self, task: &mut Task, input: TaskInput) -> Result<(), String> {
+        let actions = self.machine.handle(input);
+        self.apply(task, actions)
+    }
+
+    /// Ticks the machine (every 100 ms) and hands it what the task saw.
+    pub(crate) fn before_poll(&mut self, task: &mut Task) -> Result<(), String> {
+        if self.last_tick.elapsed() >= Duration::from_millis(100) {
+            self.last_tick = Instant::now();
+            let now = self.now_ms();
+            self.feed(task, TaskInput::Tick { now })?;
+        }
+        self.after_poll(task)
+    }
+
+    /// Barriers the task took, and a source that reached its queued trigger.
+    pub(crate) fn after_poll(&mut self, task: &mut Task) -> Result<(), String> {
+        let barriers = match task {
+            Task::Agg(a) => std::mem::take(&mut a.barriers),
+            Task::Sink(s) => std::mem::take(&mut s.barriers),
+            Task::Source(s) => {
+                if s.out.is_drained()
+                    && let Some(id) = s.queued_trigger.take()
+                {
+                    let offset = Version(s.offset);
+                    self.align_start = Some(Instant::now());
+                    self.feed(task, TaskInput::SourceReachedTrigger { id, offset })?;
+                }
+                Vec::new()
+            }
+        };
+        for (i, id, trans) in barriers {
+            let from = match task {
+                Task::Agg(a) => a.inp.source_of(i),
+                Task::Sink(s) => s.inp.source_of(i),
+                Task::Source(_) => continue,
+            };
+            if self.align_start.is_none() {
+                self.align_start = Some(Instant::now());
+            }
+            self.feed(task, TaskInput::Trigger { from, id, trans })?;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, task: &mut Task, actions: Vec<TaskAction>) -> Result<(), String> {
+        let me = self.machine.setup().task;
+        for a in actions {
+            match a {
+                TaskAction::Discarded(why) => tracing::debug!(task = %me, ?why, "discarded"),
+                TaskAction::QueueSourceTrigger { id, .. } => {
+                    if let Task::Source(s) = task {
+                        s.queued_trigger = Some(id);
+                    }
+                }
+                TaskAction::CloseInput(i) => inputs(task).map_or((), |inp| inp.close(i)),
+                TaskAction::ReopenInput(i) => inputs(task).map_or((), |inp| inp.reopen(i)),
+                TaskAction::ReopenAllInputs => inputs(task).map_or((), |inp| inp.reopen_all()),
+                TaskAction::Snapshot { id, trans, offset } => {
+                    let result = self.snapshot(task, id, trans, offset);
+                    if let Some(t0) = self.align_start.take() {
+                        self.log.pauses_us.lock().push(t0.elapsed().as_micros() as u64);
+                    }
+                    let dispatched = match &result {
+                        Ok(d) => d.clone(),
+                        Err(_) => Vec::new(),
+                    };
+                    self.feed(task, TaskInput::SnapshotTaken { id, result: result.map(|_| ()) })?;
+                    for (to, seq) in dispatched {
+                        self.feed(task, TaskInput::TriggerDispatched { to, seq })?;
+                    }
+                }
+                TaskAction::InjectTrigger { from } => {
+                    tracing::info!(task = %me, %from, "barrier retrieved and injected")
+                }
+                TaskAction::Upload { id } => {
+                    let (reply, wake) = self.peers.get(&me).cloned().ok_or("no control queue")?;
+                    let version = match task {
+                        Task::Source(s) => Version(s.offset),
+                        _ => Version(0),
+                    };
+                    let dir = snapshot_dir(&self.data, me, id);
+                    let _ = self.uploads.send(UploadJob { task: me, id, version, dir, reply, wake });
+                }
+                TaskAction::SendReady { to, id, .. } => self.send(to, TaskInput::Ready { from: me, id }),
+                TaskAction::SendReadyRsp { to, id } => self.send(to, TaskInput::ReadyRsp { from: me, id }),
+                TaskAction::SendRetrieveTrigger { to, id, .. } => {
+                    self.send(to, TaskInput::RetrieveTrigger { from: me, id })
+                }
+                TaskAction::SendTriggerRsp { to, id, trans, code, trigger_seq } => {
+                    // The receiver's runtime fills in how far its channel got.
+                    self.send(
+                        to,
+                        TaskInput::TriggerRsp {
+                            from: me,
+                            id,
+                            trans,
+                            code,
+                            trigger_seq,
+                            next_seq: weir_wire::Seq(u64::MAX),
+                        },
+                    )
+                }
+                TaskAction::SendSourceRsp { .. } => {} // the report carries the same outcome
+                TaskAction::SendReport(report) => {
+                    let _ = self.coord.send(CoordInput::Report { task: me, report });
+                }
+                TaskAction::PersistCommitted { id, version, .. } => {
+                    let meta = task_dir(&self.data, me).join("committed");
+                    std::fs::write(&meta, format!("{} {}\n", id.0, version.0))
+                        .map_err(|e| format!("{}: {e}", meta.display()))?;
+                }
+                TaskAction::DeleteSnapshotsBefore(id) => {
+                    let root = task_dir(&self.data, me).join("snapshots");
+                    if let Ok(entries) = std::fs::read_dir(&root) {
+                        for e in entries.flatten() {
+                            let name = e.file_name().to_string_lossy().to_string();
+                            if let Some(n) = name.strip_prefix("chk-").and_then(|n| n.parse::<u64>().ok())
+                                && n < id.0
+                            {
+                                let _ = std::fs::remove_dir_all(e.path());
+                            }
+                        }
+                    }
+                }
+                TaskAction::DropSnapshot(id) => {
+                    let _ = std::fs::remove_dir_all(snapshot_dir(&self.data, me, id));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes operator state, takes the local snapshot and forwards the barrier. Returns where the
+    /// barrier went (downstream, its sequence number there).
+    fn snapshot(
+        &mut self,
+        task: &mut Task,
+        id: CheckpointId,
+        trans: TransId,
+        offset: Version,
+    ) -> Result<Vec<(TaskId, weir_wire::Seq)>, String> {
+        let me = self.machine.setup().task;
+        let err = |e: StateError| format!("{me}: {e}");
+        match task {
+            Task::Agg(a) => save_window_state(&self.state, &a.agg).map_err(err)?,
+            Task::Source(_) => {
+                let mut b = rocksdb::WriteBatch::default();
+                b.put(b"m:offset", offset.0.to_le_bytes());
+                self.state.write(b).map_err(err)?;
+            }
+            // A sink's effect is the result store: make it durable up to the barrier.
+            Task::Sink(_) => self.results.sync().map_err(err)?,
+        }
+        let dir = snapshot_dir(&self.data, me, id);
+        let _ = std::fs::remove_dir_all(&dir);
+        self.state.snapshot(&dir).map_err(err)?;
+        let out = match task {
+            Task::Source(s) => &mut s.out,
+            Task::Agg(a) => &mut a.out,
+            Task::Sink(_) => return Ok(Vec::new()),
+        };
+        let mut sent = Vec::new();
+        for i in 0..out.len() {
+            let seq = out.push(i, super::Msg::Trigger { id, trans });
+            sent.push((out.target(i), seq));
+        }
+        out.flush().map_err(|e| e.to_string())?;
+        Ok(sent)
+    }
+
+    /// Fills in a trigger response's channel position before the machine sees it.
+    pub(crate) fn prepare(&self, task: &Task, input: TaskInput) -> TaskInput {
+        if let TaskInput::TriggerRsp { from, id, trans, code, trigger_seq, .. } = input {
+            let inp = match task {
+                Task::Agg(a) => Some(&a.inp),
+                Task::Sink(s) => Some(&s.inp),
+                Task::Source(_) => None,
+            };
+            let next_seq =
+                inp.and_then(|i| i.index_of(from).map(|x| i.next_seq(x))).unwrap_or(weir_wire::Seq(u64::MAX));
+            return TaskInput::TriggerRsp { from, id, trans, code, trigger_seq, next_seq };
+        }
+        input
+    }
+}
+
+fn inputs(task: &mut Task) -> Option<&mut super::Inputs> {
+    match task {
+        Task::Agg(a) => Some(&mut a.inp),
+        Task::Sink(s) => Some(&mut s.inp),
+        Task::Source(_) => None,
+    }
+}
+
+/// The coordinator thread.
+pub(crate) struct CoordThread {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl CoordThread {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start(
+        mut coord: Coordinator,
+        stream: StreamId,
+        store: Arc<dyn Store>,
+        inbox: Receiver<CoordInput>,
+        peers: Arc<HashMap<TaskId, (Sender<Control>, Unparker)>>,
+        last: Option<CommitRecord>,
+        next_id: CheckpointId,
+        log: Arc<CheckpointLog>,
+    ) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("weir-coordinator".into())
+            .spawn(move || {
+                let epoch = Instant::now();
+                let now = || epoch.elapsed().as_millis() as u64;
+                let mut started: HashMap<CheckpointId, Instant> = HashMap::new();
+                let send = |t: TaskId, input: TaskInput| {
+                    if let Some((tx, wake)) = peers.get(&t) {
+                        let _ = tx.try_send(Control::Protocol(input));
+                        wake.unpark();
+                    }
+                };
+                let fresh = last.is_none();
+                let mut pending = coord.handle(CoordInput::Start { now: now(), next_id, last_commit: last });
+                if fresh {
+                    // The engine found no commit record and started every task empty; tell the
+                    // coordinator so instead of waiting for a consensus.
+                    for t in peers.keys() {
+                        pending.extend(coord.handle(CoordInput::Consensus { task: *t, latest: CheckpointId(0) }));
+                    }
+                }
+                while !stop2.load(Ordering::Acquire) {
+                    while let Some(a) = (!pending.is_empty()).then(|| pending.remove(0)) {
+                        match a {
+                            CoordAction::PersistNextId(id) => {
+                                if let Err(e) = store.put(&next_id_key(stream), id.0.to_string().as_bytes()) {
+                                    tracing::error!(error = %e, "cannot persist the next checkpoint id");
+                                }
+                            }
+                            CoordAction::SendSourceReq { task, id, trans, expire_at, .. } => {
+                                started.entry(id).or_insert_with(Instant::now);
+                                send(task, TaskInput::SourceReq { id, trans, expire_at });
+                            }
+                            CoordAction::WriteCommit(record) => {
+                                let key = commit_key(stream, record.id);
+                                let input = match store.put(&key, encode_commit(&record).as_bytes()) {
+                                    Ok(()) => CoordInput::CommitDurable { id: record.id },
+                                    Err(e) => CoordInput::CommitFailed { id: record.id, reason: e.to_string() },
+                                };
+                                pending.extend(coord.handle(input));
+                            }
+                            CoordAction::SendUpdate { task, id, version, ts, .. } => {
+                                send(task, TaskInput::Update { id, version, ts })
+                            }
+                            CoordAction::SendReset { task, failed, .. } => send(task, TaskInput::Reset { failed }),
+                            CoordAction::SendRestore { .. } => {} // restored before the workers started
+                            CoordAction::Finished { id, duration_ms, outcome } => {
+                                let d = started.remove(&id).map_or(Duration::from_millis(duration_ms), |t| t.elapsed());
+                                match &outcome {
+                                    Ok(()) => tracing::info!(checkpoint = %id, ms = d.as_millis() as u64, "checkpoint committed"),
+                                    Err(why) => tracing::warn!(checkpoint = %id, reason = %why, "checkpoint failed"),
+                                }
+                                log.finished.lock().push((id, d, outcome.is_ok()));
+                            }
+                            CoordAction::Health { healthy, consecutive_failures } => {
+                                tracing::warn!(healthy, consecutive_failures, "stream health changed")
+                            }
+                            CoordAction::RejectedReport { task, reason } => tracing::warn!(%task, %reason, "report rejected"),
+                        }
+                    }
+                    let input = match inbox.recv_timeout(Duration::from_millis(20)) {
+                        Ok(i) => i,
+                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => CoordInput::Tick { now: now() },
+                        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+                    };
+                    pending.extend(coord.handle(input));
+                    pending.extend(coord.handle(CoordInput::Tick { now: now() }));
+                }
+            })
+            .expect("spawn coordinator");
+        Self { stop, thread: Some(thread) }
+    }
+
+    pub(crate) fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for CoordThread {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The persisted next id of `stream` (1 when none).
+pub(crate) fn read_next_id(store: &dyn Store, stream: StreamId) -> CheckpointId {
+    store
+        .get(&next_id_key(stream))
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .map_or(CheckpointId(1), CheckpointId)
+}
+
+/// Restores an agg's window state from its restored store.
+pub(crate) fn restore_agg(state: &TaskStore, agg: &mut crate::operator::window::WindowAgg) -> Result<(), String> {
+    load_window_state(state, agg).map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// The local-directory store of the settings.
+pub(crate) fn open_store(s: &CheckpointSettings) -> Arc<dyn Store> {
+    Arc::new(LocalDirStore::new(&s.remote_dir))
+}
+
+/// What the engine needs to give every task its checkpoint side and start the coordinator.
+pub(crate) struct Setup {
+    stream: StreamId,
+    data: PathBuf,
+    store: Arc<dyn Store>,
+    settings: CheckpointSettings,
+    last: Option<CommitRecord>,
+    next_id: CheckpointId,
+    peers: Arc<HashMap<TaskId, (Sender<Control>, Unparker)>>,
+    coord_tx: Sender<CoordInput>,
+    coord_rx: Receiver<CoordInput>,
+    uploads: Sender<UploadJob>,
+    _uploaders: Vec<JoinHandle<()>>,
+    log: Arc<CheckpointLog>,
+    topo: crate::spec::Topology,
+    node: weir_wire::NodeId,
+}
+
+impl Setup {
+    pub(crate) fn new(
+        spec: &crate::spec::StreamSpec,
+        topo: &crate::spec::Topology,
+        placement: &crate::spec::Placement,
+        cfg: &super::EngineConfig,
+        settings: &CheckpointSettings,
+        peers: Arc<HashMap<TaskId, (Sender<Control>, Unparker)>>,
+    ) -> Result<Setup, super::EngineError> {
+        if topo.tasks.iter().any(|t| placement.node_of(t.id) != cfg.node) {
+            return Err(super::EngineError::Config(
+                "checkpoints need every task of the stream on this engine for now (the cluster node brings them across nodes)".into(),
+            ));
+        }
+        let store = open_store(settings);
+        let last = last_commit(store.as_ref(), spec.id).map_err(|e| super::EngineError::Failed(e.to_string()))?;
+        let next_id = read_next_id(store.as_ref(), spec.id);
+        match &last {
+            Some(r) => tracing::info!(stream = %spec.id, checkpoint = %r.id, "restoring from the last commit"),
+            None => tracing::info!(stream = %spec.id, "no commit yet: starting from the beginning"),
+        }
+        let (coord_tx, coord_rx) = crossbeam_channel::unbounded();
+        let (uploads, handles) = start_uploaders(settings.uploaders, store.clone(), spec.id);
+        Ok(Setup {
+            stream: spec.id,
+            data: cfg.data_dir.clone(),
+            store,
+            settings: settings.clone(),
+            last,
+            next_id,
+            peers,
+            coord_tx,
+            coord_rx,
+            uploads,
+            _uploaders: handles,
+            log: Arc::new(CheckpointLog::default()),
+            topo: topo.clone(),
+            node: cfg.node,
+        })
+    }
+
+    /// The checkpoint side of task `t`, with its state restored from the last commit.
+    pub(crate) fn task(
+        &self,
+        t: &crate::spec::TaskDesc,
+        task: &mut Task,
+        results: Arc<ResultStore>,
+    ) -> Result<TaskCkpt, String> {
+        let (state, version) = match &self.last {
+            Some(r) => restore_task(self.store.as_ref(), self.stream, t.id, &self.data, r)?,
+            None => {
+                let db = task_dir(&self.data, t.id).join("db");
+                let _ = std::fs::remove_dir_all(&db);
+                let _ = std::fs::remove_dir_all(task_dir(&self.data, t.id).join("snapshots"));
+                (TaskStore::open(&db).map_err(|e| e.to_string())?, Version(0))
+            }
+        };
+        match task {
+            Task::Source(s) => {
+                s.offset = version.0;
+                if let super::task::Feed::Log(r) = &mut s.feed {
+                    *r = r.reopen_at(version);
+                }
+            }
+            Task::Agg(a) => restore_agg(&state, &mut a.agg)?,
+            Task::Sink(_) => {}
+        }
+        let role = match t.kind {
+            crate::spec::TaskKind::Source { .. } => crate::checkpoint::Role::Source,
+            crate::spec::TaskKind::Agg { .. } => crate::checkpoint::Role::Agg,
+            crate::spec::TaskKind::Sink { .. } => crate::checkpoint::Role::Sink,
+        };
+        let setup = crate::checkpoint::TaskSetup {
+            stream: self.stream,
+            task: t.id,
+            node: self.node,
+            role,
+            upstreams: t.upstreams.iter().map(|u| (*u, self.node)).collect(),
+            downstreams: t.downstreams.iter().map(|d| (*d, self.node)).collect(),
+            trigger_timeout_ms: self.settings.trigger_timeout_ms,
+            ready_resend_ms: self.settings.ready_resend_ms,
+        };
+        let mut machine = TaskMachine::new(setup);
+        machine.handle(TaskInput::Restored { id: self.last.as_ref().map(|r| r.id), version });
+        Ok(TaskCkpt {
+            machine,
+            data: self.data.clone(),
+            state,
+            results,
+            peers: self.peers.clone(),
+            coord: self.coord_tx.clone(),
+            uploads: self.uploads.clone(),
+            epoch: Instant::now(),
+            last_tick: Instant::now(),
+            log: self.log.clone(),
+            align_start: None,
+        })
+    }
+
+    /// Starts the coordinator; returns it with the statistics log.
+    pub(crate) fn start_coordinator(self) -> (CoordThread, Arc<CheckpointLog>) {
+        let cfg = crate::checkpoint::CoordinatorConfig {
+            stream: self.stream,
+            tasks: self
+                .topo
+                .tasks
+                .iter()
+                .map(|t| {
+                    let role = match t.kind {
+                        crate::spec::TaskKind::Source { .. } => crate::checkpoint::Role::Source,
+                        crate::spec::TaskKind::Agg { .. } => crate::checkpoint::Role::Agg,
+                        crate::spec::TaskKind::Sink { .. } => crate::checkpoint::Role::Sink,
+                    };
+                    (t.id, self.node, role)
+                })
+                .collect(),
+            interval_ms: self.settings.interval_ms,
+            min_pause_ms: self.settings.min_pause_ms,
+            timeout_ms: self.settings.timeout_ms,
+            // Up to half an interval, so engines started together do not checkpoint in lockstep.
+            first_delay_ms: (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos() as u64))
+                % (self.settings.interval_ms / 2).max(1),
+            tolerable_failures: self.settings.tolerable_failures,
+            consensus_wait_ms: 10_000,
+        };
+        let log = self.log.clone();
+        // The uploader threads end when the last job sender (held by the tasks) is dropped.
+        let t = CoordThread::start(
+            Coordinator::new(cfg),
+            self.stream,
+            self.store.clone(),
+            self.coord_rx,
+            self.peers.clone(),
+            self.last,
+            self.next_id,
+            self.log,
+        );
+        (t, log)
+    }
+}
