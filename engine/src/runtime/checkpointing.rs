@@ -22,7 +22,7 @@ use weir_wire::{CheckpointId, StreamId, TaskId, TransId, Version};
 use super::task::{Control, Task};
 use crate::backup::{LocalDirStore, Store, StoreError, download_snapshot, upload_snapshot};
 use crate::checkpoint::{CommitRecord, CoordAction, CoordInput, Coordinator, TaskAction, TaskInput, TaskMachine};
-use crate::state::{ResultStore, StateError, TaskStore, load_window_state, save_window_state};
+use crate::state::{ResultStore, StateError, TaskStore, load_window_state};
 
 /// Checkpoint settings of an engine.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,14 +187,44 @@ pub(crate) fn restore_task(
     Ok((ts, record.versions.get(&t).copied().unwrap_or(manifest.version)))
 }
 
-/// A job for the uploader pool.
+/// State copied at a barrier, written to the task's RocksDB store off the data path.
+pub(crate) enum Captured {
+    Window(crate::state::WindowStateCopy),
+    Offset(Version),
+    Sink,
+}
+
+/// A job for the uploader pool: write the captured state to the task's store, take the RocksDB
+/// snapshot (hard links), upload it.
 pub(crate) struct UploadJob {
     pub(crate) task: TaskId,
     pub(crate) id: CheckpointId,
     pub(crate) version: Version,
     pub(crate) dir: PathBuf,
+    pub(crate) captured: Captured,
+    pub(crate) state: Arc<TaskStore>,
+    pub(crate) results: Arc<ResultStore>,
     pub(crate) reply: Sender<Control>,
     pub(crate) wake: Unparker,
+}
+
+impl UploadJob {
+    fn run(&self, store: &dyn Store, stream: StreamId) -> Result<(u32, u64), String> {
+        let err = |e: StateError| format!("{}: {e}", self.task);
+        match &self.captured {
+            Captured::Window(copy) => crate::state::save_window_copy(&self.state, copy).map_err(err)?,
+            Captured::Offset(v) => {
+                let mut b = rocksdb::WriteBatch::default();
+                b.put(b"m:offset", v.0.to_le_bytes());
+                self.state.write(b).map_err(err)?;
+            }
+            // A sink's effect is the result store: make it durable up to the barrier.
+            Captured::Sink => self.results.sync().map_err(err)?,
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        self.state.snapshot(&self.dir).map_err(err)?;
+        upload_snapshot(store, stream, self.task, self.id, self.version, &self.dir).map_err(|e| e.to_string())
+    }
 }
 
 /// Starts `n` uploader threads.
@@ -213,8 +243,7 @@ pub(crate) fn start_uploaders(
                 .spawn(move || {
                     for job in rx {
                         let t0 = Instant::now();
-                        let result = upload_snapshot(store.as_ref(), stream, job.task, job.id, job.version, &job.dir)
-                            .map_err(|e| e.to_string());
+                        let result = job.run(store.as_ref(), stream);
                         tracing::debug!(task = %job.task, checkpoint = %job.id, ms = t0.elapsed().as_millis() as u64, ok = result.is_ok(), "upload");
                         let _ = job.reply.send(Control::Protocol(TaskInput::Uploaded { id: job.id, result }));
                         job.wake.unpark();
@@ -230,8 +259,10 @@ pub(crate) fn start_uploaders(
 pub(crate) struct TaskCkpt {
     pub(crate) machine: TaskMachine,
     pub(crate) data: PathBuf,
-    pub(crate) state: TaskStore,
+    pub(crate) state: Arc<TaskStore>,
     pub(crate) results: Arc<ResultStore>,
+    /// State copied at the barrier, waiting for the machine's `Upload`.
+    pub(crate) captured: Option<(Captured, Version)>,
     pub(crate) peers: Arc<HashMap<TaskId, (Sender<Control>, Unparker)>>,
     pub(crate) coord: Sender<CoordInput>,
     pub(crate) uploads: Sender<UploadJob>,
@@ -332,12 +363,20 @@ impl TaskCkpt {
                 }
                 TaskAction::Upload { id } => {
                     let (reply, wake) = self.peers.get(&me).cloned().ok_or("no control queue")?;
-                    let version = match task {
-                        Task::Source(s) => Version(s.offset),
-                        _ => Version(0),
-                    };
+                    let (captured, version) = self.captured.take().ok_or("upload without a captured state")?;
                     let dir = snapshot_dir(&self.data, me, id);
-                    let _ = self.uploads.send(UploadJob { task: me, id, version, dir, reply, wake });
+                    let job = UploadJob {
+                        task: me,
+                        id,
+                        version,
+                        dir,
+                        captured,
+                        state: self.state.clone(),
+                        results: self.results.clone(),
+                        reply,
+                        wake,
+                    };
+                    let _ = self.uploads.send(job);
                 }
                 TaskAction::SendReady { to, id, .. } => self.send(to, TaskInput::Ready { from: me, id }),
                 TaskAction::SendReadyRsp { to, id } => self.send(to, TaskInput::ReadyRsp { from: me, id }),
@@ -388,8 +427,9 @@ impl TaskCkpt {
         Ok(())
     }
 
-    /// Flushes operator state, takes the local snapshot and forwards the barrier. Returns where the
-    /// barrier went (downstream, its sequence number there).
+    /// Copies operator state (the synchronous part: the pipeline waits only for this) and
+    /// forwards the barrier. Writing the copy to RocksDB, the RocksDB snapshot and the upload run
+    /// on the uploader pool. Returns where the barrier went (downstream, its sequence number).
     fn snapshot(
         &mut self,
         task: &mut Task,
@@ -397,21 +437,12 @@ impl TaskCkpt {
         trans: TransId,
         offset: Version,
     ) -> Result<Vec<(TaskId, weir_wire::Seq)>, String> {
-        let me = self.machine.setup().task;
-        let err = |e: StateError| format!("{me}: {e}");
-        match task {
-            Task::Agg(a) => save_window_state(&self.state, &a.agg).map_err(err)?,
-            Task::Source(_) => {
-                let mut b = rocksdb::WriteBatch::default();
-                b.put(b"m:offset", offset.0.to_le_bytes());
-                self.state.write(b).map_err(err)?;
-            }
-            // A sink's effect is the result store: make it durable up to the barrier.
-            Task::Sink(_) => self.results.sync().map_err(err)?,
-        }
-        let dir = snapshot_dir(&self.data, me, id);
-        let _ = std::fs::remove_dir_all(&dir);
-        self.state.snapshot(&dir).map_err(err)?;
+        let captured = match task {
+            Task::Agg(a) => Captured::Window(crate::state::WindowStateCopy::of(&a.agg)),
+            Task::Source(_) => Captured::Offset(offset),
+            Task::Sink(_) => Captured::Sink,
+        };
+        self.captured = Some((captured, offset));
         let out = match task {
             Task::Source(s) => &mut s.out,
             Task::Agg(a) => &mut a.out,
@@ -589,7 +620,7 @@ pub(crate) struct Setup {
     coord_tx: Sender<CoordInput>,
     coord_rx: Receiver<CoordInput>,
     uploads: Sender<UploadJob>,
-    _uploaders: Vec<JoinHandle<()>>,
+    uploaders: Vec<JoinHandle<()>>,
     log: Arc<CheckpointLog>,
     topo: crate::spec::Topology,
     node: weir_wire::NodeId,
@@ -629,7 +660,7 @@ impl Setup {
             coord_tx,
             coord_rx,
             uploads,
-            _uploaders: handles,
+            uploaders: handles,
             log: Arc::new(CheckpointLog::default()),
             topo: topo.clone(),
             node: cfg.node,
@@ -682,8 +713,9 @@ impl Setup {
         Ok(TaskCkpt {
             machine,
             data: self.data.clone(),
-            state,
+            state: Arc::new(state),
             results,
+            captured: None,
             peers: self.peers.clone(),
             coord: self.coord_tx.clone(),
             uploads: self.uploads.clone(),
@@ -694,8 +726,9 @@ impl Setup {
         })
     }
 
-    /// Starts the coordinator; returns it with the statistics log.
-    pub(crate) fn start_coordinator(self) -> (CoordThread, Arc<CheckpointLog>) {
+    /// Starts the coordinator; returns it with the statistics log and the uploader threads (which
+    /// end once every task has dropped its job queue: join them after the workers).
+    pub(crate) fn start_coordinator(self) -> (CoordThread, Arc<CheckpointLog>, Vec<JoinHandle<()>>) {
         let cfg = crate::checkpoint::CoordinatorConfig {
             stream: self.stream,
             tasks: self
@@ -723,7 +756,8 @@ impl Setup {
             consensus_wait_ms: 10_000,
         };
         let log = self.log.clone();
-        // The uploader threads end when the last job sender (held by the tasks) is dropped.
+        let uploaders = self.uploaders;
+        drop(self.uploads);
         let t = CoordThread::start(
             Coordinator::new(cfg),
             self.stream,
@@ -734,6 +768,6 @@ impl Setup {
             self.next_id,
             self.log,
         );
-        (t, log)
+        (t, log, uploaders)
     }
 }

@@ -158,7 +158,7 @@ pub struct Engine {
     ingest_acks: Option<crossbeam_channel::Receiver<crate::ingest::Appended<router::IngestToken>>>,
     transport_addr: Option<std::net::SocketAddr>,
     controls: HashMap<TaskId, (crossbeam_channel::Sender<Control>, Unparker)>,
-    coordinator: Option<(checkpointing::CoordThread, Arc<CheckpointLog>)>,
+    coordinator: Option<(checkpointing::CoordThread, Arc<CheckpointLog>, Vec<JoinHandle<()>>)>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -422,7 +422,7 @@ impl Engine {
 
     /// Statistics of finished checkpoints (engines with checkpoints).
     pub fn checkpoints(&self) -> Option<&CheckpointLog> {
-        self.coordinator.as_ref().map(|(_, log)| log.as_ref())
+        self.coordinator.as_ref().map(|(_, log, _)| log.as_ref())
     }
 
     /// Sends `c` to local task `task` (handled before its next input).
@@ -460,8 +460,12 @@ impl Engine {
                 }
             }
         }
-        if let Some((mut c, _)) = self.coordinator.take() {
+        if let Some((mut c, _, uploaders)) = self.coordinator.take() {
             c.stop();
+            // The workers are gone, so the job queue is closed: uploads in flight finish.
+            for u in uploaders {
+                let _ = u.join();
+            }
         }
         if let Some(r) = self.router.take() {
             r.stop();
@@ -481,6 +485,12 @@ impl Drop for Engine {
         self.stop();
         for w in self.workers.drain(..) {
             let _ = w.join();
+        }
+        if let Some((mut c, _, uploaders)) = self.coordinator.take() {
+            c.stop();
+            for u in uploaders {
+                let _ = u.join();
+            }
         }
         if let Some(r) = self.router.take() {
             r.stop();

@@ -15,7 +15,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 pub use results::ResultStore;
-pub use window_state::{load_window_state, save_window_state};
+pub use window_state::{WindowStateCopy, load_window_state, save_window_copy, save_window_state};
 
 /// Errors of the state stores.
 #[derive(Debug, thiserror::Error)]
