@@ -420,6 +420,11 @@ impl Engine {
         self.ingest_acks.as_ref()
     }
 
+    /// Whether every local task has finished (a bounded stream ended, or the engine stopped).
+    pub fn is_finished(&self) -> bool {
+        self.workers.iter().all(|w| w.is_finished())
+    }
+
     /// Statistics of finished checkpoints (engines with checkpoints).
     pub fn checkpoints(&self) -> Option<&CheckpointLog> {
         self.coordinator.as_ref().map(|(_, log, _)| log.as_ref())

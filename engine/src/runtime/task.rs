@@ -62,7 +62,7 @@ const BUDGET: usize = 32;
 
 /// Where a source's rows come from.
 pub(crate) enum Feed {
-    Generator { generator: Generator, limit: Option<u64>, rate: Option<u64>, started: Option<Instant> },
+    Generator { generator: Generator, limit: Option<u64>, rate: Option<u64>, started: Option<(Instant, u64)> },
     Log(LogReader),
 }
 
@@ -103,8 +103,11 @@ impl SourceTask {
                     n = n.min(l.saturating_sub(self.offset));
                 }
                 if let Some(r) = rate {
-                    let t0 = *started.get_or_insert_with(Instant::now);
-                    let allowed = (t0.elapsed().as_secs_f64() * *r as f64) as u64;
+                    // The rate counts from where this run started (a restored source resumes at
+                    // its offset, not at zero).
+                    let offset = self.offset;
+                    let (t0, base) = *started.get_or_insert_with(|| (Instant::now(), offset));
+                    let allowed = base + (t0.elapsed().as_secs_f64() * *r as f64) as u64;
                     n = n.min(allowed.saturating_sub(self.offset));
                     if n == 0 && limit.is_none_or(|l| self.offset < l) {
                         return Ok(Poll::Idle);
