@@ -56,7 +56,7 @@ impl CheckpointSettings {
             ready_resend_ms: 1_000,
             tolerable_failures: 3,
             remote_dir: remote_dir.into(),
-            uploaders: 2,
+            uploaders: 4,
         }
     }
 }
@@ -182,7 +182,14 @@ pub(crate) fn restore_task(
     let manifest = download_snapshot(store, stream, t, record.id, crc, &dl).map_err(|e| format!("{t}: {e}"))?;
     let _ = std::fs::remove_dir_all(&dir);
     let db = task_dir(data, t).join("db");
-    let ts = TaskStore::open_from_snapshot(&dl, &db).map_err(|e| format!("{t}: {e}"))?;
+    let ts = if manifest.files.is_empty() {
+        // A task whose checkpoint has no files (sources, sinks) starts with an empty store.
+        let _ = std::fs::remove_dir_all(&db);
+        TaskStore::open(&db)
+    } else {
+        TaskStore::open_from_snapshot(&dl, &db)
+    }
+    .map_err(|e| format!("{t}: {e}"))?;
     let _ = std::fs::remove_dir_all(&dl);
     Ok((ts, record.versions.get(&t).copied().unwrap_or(manifest.version)))
 }
@@ -190,7 +197,7 @@ pub(crate) fn restore_task(
 /// State copied at a barrier, written to the task's RocksDB store off the data path.
 pub(crate) enum Captured {
     Window(crate::state::WindowStateCopy),
-    Offset(Version),
+    Offset,
     Sink,
 }
 
@@ -211,18 +218,21 @@ pub(crate) struct UploadJob {
 impl UploadJob {
     fn run(&self, store: &dyn Store, stream: StreamId) -> Result<(u32, u64), String> {
         let err = |e: StateError| format!("{}: {e}", self.task);
-        match &self.captured {
-            Captured::Window(copy) => crate::state::save_window_copy(&self.state, copy).map_err(err)?,
-            Captured::Offset(v) => {
-                let mut b = rocksdb::WriteBatch::default();
-                b.put(b"m:offset", v.0.to_le_bytes());
-                self.state.write(b).map_err(err)?;
-            }
-            // A sink's effect is the result store: make it durable up to the barrier.
-            Captured::Sink => self.results.sync().map_err(err)?,
-        }
         let _ = std::fs::remove_dir_all(&self.dir);
-        self.state.snapshot(&self.dir).map_err(err)?;
+        match &self.captured {
+            Captured::Window(copy) => {
+                crate::state::save_window_copy(&self.state, copy).map_err(err)?;
+                self.state.snapshot(&self.dir).map_err(err)?;
+            }
+            // A source's whole state is its offset, which the manifest (and the commit record)
+            // carry: its checkpoint has no files.
+            Captured::Offset => std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?,
+            // A sink's effect is the result store: make it durable up to the barrier.
+            Captured::Sink => {
+                self.results.sync().map_err(err)?;
+                std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
+            }
+        }
         upload_snapshot(store, stream, self.task, self.id, self.version, &self.dir).map_err(|e| e.to_string())
     }
 }
@@ -439,7 +449,7 @@ impl TaskCkpt {
     ) -> Result<Vec<(TaskId, weir_wire::Seq)>, String> {
         let captured = match task {
             Task::Agg(a) => Captured::Window(crate::state::WindowStateCopy::of(&a.agg)),
-            Task::Source(_) => Captured::Offset(offset),
+            Task::Source(_) => Captured::Offset,
             Task::Sink(_) => Captured::Sink,
         };
         self.captured = Some((captured, offset));
