@@ -221,8 +221,17 @@ impl UploadJob {
         let _ = std::fs::remove_dir_all(&self.dir);
         match &self.captured {
             Captured::Window(copy) => {
+                let t0 = Instant::now();
                 crate::state::save_window_copy(&self.state, copy).map_err(err)?;
+                let t1 = Instant::now();
                 self.state.snapshot(&self.dir).map_err(err)?;
+                tracing::debug!(
+                    task = %self.task,
+                    entries = copy.entries.len(),
+                    write_us = (t1 - t0).as_micros() as u64,
+                    snapshot_us = t1.elapsed().as_micros() as u64,
+                    "state written and snapshotted"
+                );
             }
             // A source's whole state is its offset, which the manifest (and the commit record)
             // carry: its checkpoint has no files.

@@ -9,8 +9,6 @@
 //! b"m:counters"                        late_rows:u64 rows:u64
 //! ```
 
-use rocksdb::WriteBatch;
-
 use super::{StateError, TaskStore};
 use crate::operator::window::{Acc, WindowAgg};
 
@@ -57,29 +55,33 @@ pub fn save_window_state(store: &TaskStore, agg: &WindowAgg) -> Result<(), State
     save_window_copy(store, &WindowStateCopy::of(agg))
 }
 
-/// Replaces the stored window state with `copy` (one atomic batch).
+/// Replaces the stored window state with `copy`, as one ingested SST file.
 pub fn save_window_copy(store: &TaskStore, copy: &WindowStateCopy) -> Result<(), StateError> {
-    let mut b = WriteBatch::default();
-    b.delete_range(WINDOW_PREFIX, b"x");
-    let mut v = [0u8; VALUE_LEN];
-    for (start, key, a) in &copy.entries {
-        v[0..8].copy_from_slice(&a.count.to_le_bytes());
-        v[8..24].copy_from_slice(&a.sum_fx.to_le_bytes());
-        v[24..32].copy_from_slice(&a.min.to_le_bytes());
-        v[32..40].copy_from_slice(&a.max.to_le_bytes());
-        b.put(window_key(*start, *key), v);
-    }
+    let mut c = [0u8; 16];
+    c[0..8].copy_from_slice(&copy.late_rows.to_le_bytes());
+    c[8..16].copy_from_slice(&copy.rows.to_le_bytes());
     let mut p = Vec::with_capacity(copy.progress.len() * 9);
     for u in &copy.progress {
         p.push(u.is_some() as u8);
         p.extend_from_slice(&u.unwrap_or(0).to_le_bytes());
     }
-    b.put(PROGRESS, p);
-    let mut c = [0u8; 16];
-    c[0..8].copy_from_slice(&copy.late_rows.to_le_bytes());
-    c[8..16].copy_from_slice(&copy.rows.to_le_bytes());
-    b.put(COUNTERS, c);
-    store.write(b)
+    // Keys ascending: "m:counters" < "m:progress" < "w…", windows by (start, key).
+    let mut entries: Vec<([u8; 17], [u8; VALUE_LEN])> = copy
+        .entries
+        .iter()
+        .map(|(start, key, a)| {
+            let mut v = [0u8; VALUE_LEN];
+            v[0..8].copy_from_slice(&a.count.to_le_bytes());
+            v[8..24].copy_from_slice(&a.sum_fx.to_le_bytes());
+            v[24..32].copy_from_slice(&a.min.to_le_bytes());
+            v[32..40].copy_from_slice(&a.max.to_le_bytes());
+            (window_key(*start, *key), v)
+        })
+        .collect();
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let meta = [(COUNTERS, &c[..]), (PROGRESS, &p[..])];
+    let kvs = meta.into_iter().chain(entries.iter().map(|(k, v)| (&k[..], &v[..])));
+    store.replace_all(kvs)
 }
 
 /// Loads window state saved by [`save_window_state`] into `agg`. Returns false (and leaves `agg`
