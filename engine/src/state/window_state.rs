@@ -78,7 +78,7 @@ pub fn save_window_copy(store: &TaskStore, copy: &WindowStateCopy) -> Result<(),
             (window_key(*start, *key), v)
         })
         .collect();
-    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    entries.sort_unstable_by_key(|e| e.0);
     let meta = [(COUNTERS, &c[..]), (PROGRESS, &p[..])];
     let kvs = meta.into_iter().chain(entries.iter().map(|(k, v)| (&k[..], &v[..])));
     store.replace_all(kvs)
