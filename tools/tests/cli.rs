@@ -43,7 +43,7 @@ fn bad_arguments_are_refused_with_usage() {
 const BOUNDED: [&str; 16] = [
     "run",
     "--events",
-    "200000",
+    "300000",
     "--rate",
     "100000",
     "--keys",
@@ -70,11 +70,12 @@ fn killed_with_sigkill_and_resumed_it_ends_with_the_results_of_an_uninterrupted_
     let out = weir().args(BOUNDED).arg("--data-dir").arg(straight.path()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let want = results(straight.path());
-    assert_eq!(want.len(), 2000, "100 keys x 20 windows");
+    assert_eq!(want.len(), 3000, "100 keys x 30 windows");
 
     let crashed = tempfile::tempdir().unwrap();
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    for round in 0..4 {
+    let mut kills = 0;
+    for _ in 0..4 {
         let mut child = weir()
             .args(BOUNDED)
             .arg("--resume")
@@ -88,19 +89,25 @@ fn killed_with_sigkill_and_resumed_it_ends_with_the_results_of_an_uninterrupted_
         seed ^= seed >> 7;
         seed ^= seed << 17;
         std::thread::sleep(std::time::Duration::from_millis(300 + seed % 600));
+        if let Some(status) = child.try_wait().unwrap() {
+            // Resumed runs can finish the remaining work before the next kill: that is fine.
+            assert!(status.success(), "a resumed run failed");
+            break;
+        }
         child.kill().unwrap(); // SIGKILL: no destructor, flush or sync runs
-        let status = child.wait().unwrap();
-        assert!(!status.success(), "round {round}: the run ended before it was killed");
+        let _ = child.wait();
+        kills += 1;
     }
+    assert!(kills >= 1, "no run was killed mid-stream");
     let commits = std::fs::read_dir(crashed.path().join("remote/1/checkpoints")).map_or(0, |d| d.count());
     assert!(commits > 0, "no checkpoint committed before the kills");
     let out = weir().args(BOUNDED).arg("--resume").arg("--data-dir").arg(crashed.path()).output().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("restoring from the last commit"), "the last run did not restore: {stderr}");
-    // It resumed part-way: fewer events than the whole stream (2 partitions x 200,000).
+    // It resumed part-way: fewer events than the whole stream (2 partitions x 300,000).
     let summary = stdout.lines().find(|l| l.starts_with("summary:")).expect("summary");
     let events: u64 = summary.split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!(events < 400_000, "the resumed run replayed everything: {summary}");
+    assert!(events < 600_000, "the resumed run replayed everything: {summary}");
     assert_eq!(results(crashed.path()), want);
 }
