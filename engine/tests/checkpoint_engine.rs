@@ -72,3 +72,68 @@ fn an_engine_stopped_midway_restores_the_last_commit_and_ends_with_the_same_resu
     let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
 }
+
+fn transport(
+    node: u32,
+    peers: Vec<weir_engine::wire::transport::PeerConfig>,
+) -> weir_engine::wire::transport::TransportConfig {
+    let mut t =
+        weir_engine::wire::transport::TransportConfig::new("ck-test", NodeId(node), b"checkpoint-test-secret".to_vec());
+    t.listen = Some("127.0.0.1:0".parse().unwrap());
+    t.peers = peers;
+    t
+}
+
+/// Starts the two engines of a stream spread over nodes 1 and 2, sharing one store.
+fn two_engines(
+    spec: &weir_engine::spec::StreamSpec,
+    d1: &std::path::Path,
+    d2: &std::path::Path,
+    remote: &std::path::Path,
+) -> (Engine, Engine) {
+    use weir_engine::wire::transport::PeerConfig;
+    let placement = Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2)]);
+    let settings = |_| {
+        let mut ck = CheckpointSettings::every(100, remote);
+        ck.min_pause_ms = 0;
+        ck
+    };
+    let mut c1 = EngineConfig::new(NodeId(1), d1);
+    c1.pin_workers = false;
+    c1.checkpoint = Some(settings(1));
+    c1.transport = Some(transport(1, vec![PeerConfig { node: NodeId(2), addr: None }]));
+    let e1 = Engine::start(spec, &placement, c1).unwrap();
+    let mut c2 = EngineConfig::new(NodeId(2), d2);
+    c2.pin_workers = false;
+    c2.checkpoint = Some(settings(2));
+    c2.transport = Some(transport(2, vec![PeerConfig { node: NodeId(1), addr: e1.transport_addr() }]));
+    let e2 = Engine::start(spec, &placement, c2).unwrap();
+    (e1, e2)
+}
+
+#[test]
+fn checkpoints_commit_across_two_engines_and_both_restore_from_them() {
+    let (d1, d2, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let spec = spec(100_000);
+    // First run: node 1 coordinates; stop both engines mid-stream after a few commits.
+    let (e1, e2) = two_engines(&spec, d1.path(), d2.path(), remote.path());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while e1.checkpoints().unwrap().finished.lock().iter().filter(|c| c.2).count() < 3 {
+        assert!(Instant::now() < deadline, "fewer than 3 checkpoints committed across two engines in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!e1.is_finished(), "the stream ended before the stop: make it longer");
+    e1.stop();
+    e2.stop();
+    e1.wait().unwrap();
+    e2.wait().unwrap();
+    // Second run: both restore the last commit and finish the stream.
+    let (e1, e2) = two_engines(&spec, d1.path(), d2.path(), remote.path());
+    let (h1, h2) = (std::thread::spawn(move || e1.wait()), std::thread::spawn(move || e2.wait()));
+    h1.join().unwrap().unwrap();
+    h2.join().unwrap().unwrap();
+    let mut got = ResultStore::open(&d1.path().join("results")).unwrap().scan(spec.id).unwrap();
+    got.extend(ResultStore::open(&d2.path().join("results")).unwrap().scan(spec.id).unwrap());
+    got.sort_by_key(|r| (r.key, r.start));
+    assert_eq!(got, util::reference(&spec));
+}

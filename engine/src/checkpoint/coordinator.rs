@@ -250,6 +250,11 @@ impl Coordinator {
         }
     }
 
+    /// Every task of the stream.
+    pub fn tasks(&self) -> Vec<TaskId> {
+        self.cfg.tasks.iter().map(|(t, _, _)| *t).collect()
+    }
+
     /// The last commit.
     pub fn last_commit(&self) -> Option<&CommitRecord> {
         self.last_commit.as_ref()

@@ -274,6 +274,37 @@ pub(crate) fn start_uploaders(
     (tx, handles)
 }
 
+/// Protocol messages to tasks (and the coordinator) on other nodes.
+pub(crate) struct ProtoNet {
+    sender: weir_wire::transport::TransportSender,
+    enc: weir_wire::FrameEncoder,
+    me: weir_wire::NodeId,
+    stream: StreamId,
+    node_of: Arc<HashMap<TaskId, weir_wire::NodeId>>,
+}
+
+impl ProtoNet {
+    fn send_task(&mut self, to: TaskId, input: &TaskInput) {
+        let Some(node) = self.node_of.get(&to).copied() else { return };
+        if let Some(f) = super::protocol_wire::encode_task_input(&mut self.enc, self.stream, self.me, to, node, input) {
+            // A full queue or a lost frame is a lost control message: the protocol resends or
+            // times out, as it must anyway.
+            let _ = self.sender.try_send(node, f);
+        }
+    }
+
+    fn send_report(&mut self, coord: weir_wire::NodeId, task: TaskId, r: &crate::checkpoint::Report) {
+        if let Some(f) = super::protocol_wire::encode_report(&mut self.enc, self.stream, task, self.me, r) {
+            let _ = self.sender.try_send(coord, f);
+        }
+    }
+}
+
+/// Milliseconds since the epoch: every node's machines share this clock (expiry times cross nodes).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// A task's checkpoint side, owned by its worker.
 pub(crate) struct TaskCkpt {
     pub(crate) machine: TaskMachine,
@@ -284,8 +315,10 @@ pub(crate) struct TaskCkpt {
     pub(crate) captured: Option<(Captured, Version)>,
     pub(crate) peers: Arc<HashMap<TaskId, (Sender<Control>, Unparker)>>,
     pub(crate) coord: Sender<CoordInput>,
+    /// The coordinator's node, and the network to reach it and tasks elsewhere.
+    pub(crate) coord_node: weir_wire::NodeId,
+    pub(crate) net: Option<ProtoNet>,
     pub(crate) uploads: Sender<UploadJob>,
-    pub(crate) epoch: Instant,
     pub(crate) last_tick: Instant,
     pub(crate) log: Arc<CheckpointLog>,
     /// When the first barrier of the active checkpoint arrived (for the pause statistic).
@@ -294,13 +327,15 @@ pub(crate) struct TaskCkpt {
 
 impl TaskCkpt {
     fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        wall_ms()
     }
 
-    fn send(&self, to: TaskId, input: TaskInput) {
+    fn send(&mut self, to: TaskId, input: TaskInput) {
         if let Some((tx, wake)) = self.peers.get(&to) {
             let _ = tx.try_send(Control::Protocol(input));
             wake.unpark();
+        } else if let Some(net) = self.net.as_mut() {
+            net.send_task(to, &input);
         }
     }
 
@@ -418,7 +453,13 @@ impl TaskCkpt {
                 }
                 TaskAction::SendSourceRsp { .. } => {} // the report carries the same outcome
                 TaskAction::SendReport(report) => {
-                    let _ = self.coord.send(CoordInput::Report { task: me, report });
+                    let here = self.machine.setup().node;
+                    match self.net.as_mut() {
+                        Some(net) if self.coord_node != here => net.send_report(self.coord_node, me, &report),
+                        _ => {
+                            let _ = self.coord.send(CoordInput::Report { task: me, report });
+                        }
+                    }
                 }
                 TaskAction::PersistCommitted { id, version, .. } => {
                     let meta = task_dir(&self.data, me).join("committed");
@@ -500,6 +541,26 @@ fn inputs(task: &mut Task) -> Option<&mut super::Inputs> {
     }
 }
 
+/// The checkpoint machinery of a running engine: the coordinator (on its node), the statistics,
+/// the uploader threads.
+pub(crate) struct Running {
+    pub(crate) coordinator: Option<CoordThread>,
+    pub(crate) log: Arc<CheckpointLog>,
+    pub(crate) uploaders: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops the coordinator and waits for the uploads in flight (call after the workers ended).
+    pub(crate) fn stop(self) {
+        if let Some(mut c) = self.coordinator {
+            c.stop();
+        }
+        for u in self.uploaders {
+            let _ = u.join();
+        }
+    }
+}
+
 /// The coordinator thread.
 pub(crate) struct CoordThread {
     stop: Arc<AtomicBool>,
@@ -517,19 +578,23 @@ impl CoordThread {
         last: Option<CommitRecord>,
         next_id: CheckpointId,
         log: Arc<CheckpointLog>,
+        mut net: Option<ProtoNet>,
     ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
+        let coord_tasks: Vec<TaskId> = coord.tasks().to_vec();
         let thread = std::thread::Builder::new()
             .name("weir-coordinator".into())
             .spawn(move || {
-                let epoch = Instant::now();
-                let now = || epoch.elapsed().as_millis() as u64;
+                let now = wall_ms;
                 let mut started: HashMap<CheckpointId, Instant> = HashMap::new();
-                let send = |t: TaskId, input: TaskInput| {
+                let all_tasks: Vec<TaskId> = coord_tasks.clone();
+                let mut send = |t: TaskId, input: TaskInput| {
                     if let Some((tx, wake)) = peers.get(&t) {
                         let _ = tx.try_send(Control::Protocol(input));
                         wake.unpark();
+                    } else if let Some(net) = net.as_mut() {
+                        net.send_task(t, &input);
                     }
                 };
                 let fresh = last.is_none();
@@ -537,7 +602,7 @@ impl CoordThread {
                 if fresh {
                     // The engine found no commit record and started every task empty; tell the
                     // coordinator so instead of waiting for a consensus.
-                    for t in peers.keys() {
+                    for t in &all_tasks {
                         pending.extend(coord.handle(CoordInput::Consensus { task: *t, latest: CheckpointId(0) }));
                     }
                 }
@@ -643,6 +708,9 @@ pub(crate) struct Setup {
     log: Arc<CheckpointLog>,
     topo: crate::spec::Topology,
     node: weir_wire::NodeId,
+    node_of: Arc<HashMap<TaskId, weir_wire::NodeId>>,
+    coord_node: weir_wire::NodeId,
+    sender: Option<weir_wire::transport::TransportSender>,
 }
 
 impl Setup {
@@ -653,12 +721,12 @@ impl Setup {
         cfg: &super::EngineConfig,
         settings: &CheckpointSettings,
         peers: Arc<HashMap<TaskId, (Sender<Control>, Unparker)>>,
+        sender: Option<weir_wire::transport::TransportSender>,
     ) -> Result<Setup, super::EngineError> {
-        if topo.tasks.iter().any(|t| placement.node_of(t.id) != cfg.node) {
-            return Err(super::EngineError::Config(
-                "checkpoints need every task of the stream on this engine for now (the cluster node brings them across nodes)".into(),
-            ));
-        }
+        let node_of: HashMap<TaskId, weir_wire::NodeId> =
+            topo.tasks.iter().map(|t| (t.id, placement.node_of(t.id))).collect();
+        // The coordinator runs on the lowest node of the stream; every engine reads the same store.
+        let coord_node = node_of.values().min().copied().unwrap_or(cfg.node);
         let store = open_store(settings);
         let last = last_commit(store.as_ref(), spec.id).map_err(|e| super::EngineError::Failed(e.to_string()))?;
         let next_id = read_next_id(store.as_ref(), spec.id);
@@ -683,6 +751,9 @@ impl Setup {
             log: Arc::new(CheckpointLog::default()),
             topo: topo.clone(),
             node: cfg.node,
+            node_of: Arc::new(node_of),
+            coord_node,
+            sender,
         })
     }
 
@@ -722,8 +793,8 @@ impl Setup {
             task: t.id,
             node: self.node,
             role,
-            upstreams: t.upstreams.iter().map(|u| (*u, self.node)).collect(),
-            downstreams: t.downstreams.iter().map(|d| (*d, self.node)).collect(),
+            upstreams: t.upstreams.iter().map(|u| (*u, self.node_of[u])).collect(),
+            downstreams: t.downstreams.iter().map(|d| (*d, self.node_of[d])).collect(),
             trigger_timeout_ms: self.settings.trigger_timeout_ms,
             ready_resend_ms: self.settings.ready_resend_ms,
         };
@@ -737,17 +808,34 @@ impl Setup {
             captured: None,
             peers: self.peers.clone(),
             coord: self.coord_tx.clone(),
+            coord_node: self.coord_node,
+            net: self.net(),
             uploads: self.uploads.clone(),
-            epoch: Instant::now(),
             last_tick: Instant::now(),
             log: self.log.clone(),
             align_start: None,
         })
     }
 
-    /// Starts the coordinator; returns it with the statistics log and the uploader threads (which
-    /// end once every task has dropped its job queue: join them after the workers).
-    pub(crate) fn start_coordinator(self) -> (CoordThread, Arc<CheckpointLog>, Vec<JoinHandle<()>>) {
+    fn net(&self) -> Option<ProtoNet> {
+        self.sender.clone().map(|sender| ProtoNet {
+            sender,
+            enc: weir_wire::FrameEncoder::new(),
+            me: self.node,
+            stream: self.stream,
+            node_of: self.node_of.clone(),
+        })
+    }
+
+    /// Where reports go (the coordinator's inbox), when the coordinator runs here.
+    pub(crate) fn coordinator_inbox(&self) -> Option<Sender<CoordInput>> {
+        (self.coord_node == self.node).then(|| self.coord_tx.clone())
+    }
+
+    /// Starts the coordinator if it runs on this node; returns it with the statistics log and the
+    /// uploader threads (which end once every task has dropped its job queue: join them after the
+    /// workers).
+    pub(crate) fn start_coordinator(self) -> Running {
         let cfg = crate::checkpoint::CoordinatorConfig {
             stream: self.stream,
             tasks: self
@@ -760,7 +848,7 @@ impl Setup {
                         crate::spec::TaskKind::Agg { .. } => crate::checkpoint::Role::Agg,
                         crate::spec::TaskKind::Sink { .. } => crate::checkpoint::Role::Sink,
                     };
-                    (t.id, self.node, role)
+                    (t.id, self.node_of[&t.id], role)
                 })
                 .collect(),
             interval_ms: self.settings.interval_ms,
@@ -775,8 +863,12 @@ impl Setup {
             consensus_wait_ms: 10_000,
         };
         let log = self.log.clone();
+        let net = self.net();
         let uploaders = self.uploaders;
         drop(self.uploads);
+        if self.coord_node != self.node {
+            return Running { coordinator: None, log, uploaders };
+        }
         let t = CoordThread::start(
             Coordinator::new(cfg),
             self.stream,
@@ -786,7 +878,8 @@ impl Setup {
             self.last,
             self.next_id,
             self.log,
+            net,
         );
-        (t, log, uploaders)
+        Running { coordinator: Some(t), log, uploaders }
     }
 }

@@ -12,6 +12,7 @@
 
 mod channel;
 mod checkpointing;
+mod protocol_wire;
 mod router;
 mod task;
 
@@ -158,7 +159,7 @@ pub struct Engine {
     ingest_acks: Option<crossbeam_channel::Receiver<crate::ingest::Appended<router::IngestToken>>>,
     transport_addr: Option<std::net::SocketAddr>,
     controls: HashMap<TaskId, (crossbeam_channel::Sender<Control>, Unparker)>,
-    coordinator: Option<(checkpointing::CoordThread, Arc<CheckpointLog>, Vec<JoinHandle<()>>)>,
+    coordinator: Option<checkpointing::Running>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -251,7 +252,15 @@ impl Engine {
         }
         let peers = Arc::new(controls.clone());
         let ckpt = match &cfg.checkpoint {
-            Some(settings) => Some(checkpointing::Setup::new(spec, &topo, placement, &cfg, settings, peers.clone())?),
+            Some(settings) => Some(checkpointing::Setup::new(
+                spec,
+                &topo,
+                placement,
+                &cfg,
+                settings,
+                peers.clone(),
+                transport.as_ref().map(Transport::sender),
+            )?),
             None => None,
         };
         for t in &local {
@@ -351,6 +360,7 @@ impl Engine {
             let control = control_rx.remove(&t.id).expect("control queue");
             per_worker[worker_of[&t.id]].push(Cell { task, control, paused: false, ckpt: ck });
         }
+        let coord_inbox = ckpt.as_ref().and_then(checkpointing::Setup::coordinator_inbox);
         let coordinator = ckpt.map(|setup| setup.start_coordinator());
 
         // With a transport, the router acknowledges ingest requests to their clients; without
@@ -358,7 +368,8 @@ impl Engine {
         let (router, ingest_acks) = match transport {
             Some(t) => {
                 let ing = ingest.clone().map(|s| (s, ack_rx));
-                (Some(router::Router::start(t, router_in, router_credits, shared.clone(), ing)?), None)
+                let proto = (peers.clone(), coord_inbox);
+                (Some(router::Router::start(t, router_in, router_credits, shared.clone(), ing, proto)?), None)
             }
             None => (None, ingest.as_ref().map(|_| ack_rx)),
         };
@@ -427,7 +438,7 @@ impl Engine {
 
     /// Statistics of finished checkpoints (engines with checkpoints).
     pub fn checkpoints(&self) -> Option<&CheckpointLog> {
-        self.coordinator.as_ref().map(|(_, log, _)| log.as_ref())
+        self.coordinator.as_ref().map(|c| c.log.as_ref())
     }
 
     /// Sends `c` to local task `task` (handled before its next input).
@@ -465,12 +476,9 @@ impl Engine {
                 }
             }
         }
-        if let Some((mut c, _, uploaders)) = self.coordinator.take() {
-            c.stop();
+        if let Some(c) = self.coordinator.take() {
             // The workers are gone, so the job queue is closed: uploads in flight finish.
-            for u in uploaders {
-                let _ = u.join();
-            }
+            c.stop();
         }
         if let Some(r) = self.router.take() {
             r.stop();
@@ -491,11 +499,8 @@ impl Drop for Engine {
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
-        if let Some((mut c, _, uploaders)) = self.coordinator.take() {
+        if let Some(c) = self.coordinator.take() {
             c.stop();
-            for u in uploaders {
-                let _ = u.join();
-            }
         }
         if let Some(r) = self.router.take() {
             r.stop();

@@ -30,6 +30,10 @@ pub struct IngestToken {
     pub request: u64,
 }
 
+/// Local tasks' control queues and, on the coordinator's node, its inbox.
+pub(crate) type ProtoSide =
+    (Arc<HashMap<TaskId, (Sender<super::task::Control>, Unparker)>>, Option<Sender<crate::checkpoint::CoordInput>>);
+
 /// The ingest writer and the acknowledgements it produces.
 pub(crate) type IngestSide = (Arc<IngestService<IngestToken>>, Receiver<Appended<IngestToken>>);
 
@@ -51,6 +55,7 @@ impl Router {
         credits: HashMap<(TaskId, TaskId), (Arc<AtomicU32>, Unparker)>,
         shared: Arc<Shared>,
         ingest: Option<IngestSide>,
+        proto: ProtoSide,
     ) -> Result<Router, super::EngineError> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -58,7 +63,7 @@ impl Router {
         let thread = std::thread::Builder::new()
             .name("weir-router".into())
             .spawn(move || {
-                let mut r = Run { transport, inputs, credits, shared, ingest, encoder: FrameEncoder::new() };
+                let mut r = Run { transport, inputs, credits, shared, ingest, encoder: FrameEncoder::new(), proto };
                 r.run(&stop2);
                 r.transport
             })
@@ -84,6 +89,7 @@ struct Run {
     shared: Arc<Shared>,
     ingest: Option<IngestSide>,
     encoder: FrameEncoder,
+    proto: ProtoSide,
 }
 
 impl Run {
@@ -173,7 +179,22 @@ impl Run {
                 }
             }
             Kind::Ingest => self.on_ingest(node, &frame),
-            other => tracing::debug!(kind = ?other, %node, "frame not handled by the data plane"),
+            other => match super::protocol_wire::decode(&frame) {
+                Some(super::protocol_wire::Routed::ToTask(t, input)) => match self.proto.0.get(&t) {
+                    Some((tx, wake)) => {
+                        let _ = tx.try_send(super::task::Control::Protocol(input));
+                        wake.unpark();
+                    }
+                    None => tracing::warn!(task = %t, %node, "protocol message for a task not on this node"),
+                },
+                Some(super::protocol_wire::Routed::ToCoord(input)) => match &self.proto.1 {
+                    Some(inbox) => {
+                        let _ = inbox.send(input);
+                    }
+                    None => tracing::warn!(%node, "report for a coordinator not on this node"),
+                },
+                None => tracing::debug!(kind = ?other, %node, "frame not handled by the data plane"),
+            },
         }
     }
 

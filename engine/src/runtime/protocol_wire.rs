@@ -1,0 +1,228 @@
+//! Checkpoint-protocol inputs on the wire: the state machines speak `TaskInput`/`CoordInput`; between
+//! nodes those travel as the protocol's rkyv messages. This module converts both ways.
+
+use weir_wire::msg::{
+    CheckpointReady, CheckpointReadyRsp, CheckpointReport, CheckpointSourceReq, ReportOutcome, RetrieveTriggerReq,
+    TaskCheckpointStats, TaskReset, TriggerKind, TriggerRsp, UpdateCheckpointInfo,
+};
+use weir_wire::{EncodedFrame, Frame, FrameEncoder, Kind, NodeId, Seq, StreamId, TaskId, TransId};
+
+use crate::checkpoint::{CoordInput, Report, TaskInput};
+
+/// Where a received protocol frame goes.
+#[derive(Debug)]
+pub(crate) enum Routed {
+    /// To a task's machine.
+    ToTask(TaskId, TaskInput),
+    /// To the coordinator.
+    ToCoord(CoordInput),
+}
+
+/// Encodes `input` for task `to` on node `to_node`, sent by this node. `None` for inputs that never
+/// cross nodes (completions of the task's own I/O, ticks).
+pub(crate) fn encode_task_input(
+    enc: &mut FrameEncoder,
+    stream: StreamId,
+    me: NodeId,
+    to: TaskId,
+    to_node: NodeId,
+    input: &TaskInput,
+) -> Option<EncodedFrame> {
+    let r = match input.clone() {
+        TaskInput::Ready { from, id } => enc.encode(&CheckpointReady {
+            stream,
+            checkpoint: id,
+            trans: TransId(0),
+            downstream: from,
+            downstream_node: me,
+            upstream: to,
+            upstream_node: to_node,
+        }),
+        TaskInput::ReadyRsp { from, id } => {
+            enc.encode(&CheckpointReadyRsp { stream, checkpoint: id, upstream: from, downstream: to })
+        }
+        TaskInput::RetrieveTrigger { from, id } => enc.encode(&RetrieveTriggerReq {
+            stream,
+            checkpoint: id,
+            upstream: to,
+            upstream_node: to_node,
+            downstream: from,
+            downstream_node: me,
+        }),
+        TaskInput::TriggerRsp { from, id, trans, code, trigger_seq, .. } => {
+            enc.encode(&TriggerRsp { stream, checkpoint: id, trans, upstream: from, downstream: to, code, trigger_seq })
+        }
+        TaskInput::SourceReq { id, trans, expire_at } => enc.encode(&CheckpointSourceReq {
+            stream,
+            checkpoint: id,
+            trans,
+            task: to,
+            node: to_node,
+            kind: TriggerKind::Periodic,
+            expire_at_ms: expire_at,
+        }),
+        TaskInput::Update { id, version, ts } => enc.encode(&UpdateCheckpointInfo {
+            stream,
+            task: to,
+            checkpoint: id,
+            trans: TransId(0),
+            version,
+            checkpoint_ts_ms: ts,
+        }),
+        TaskInput::Reset { failed } => {
+            enc.encode(&TaskReset { stream, task: to, failed, trans: TransId(0), reason: String::new() })
+        }
+        _ => return None,
+    };
+    r.map_err(|e| tracing::error!(error = %e, "cannot encode a protocol message")).ok()
+}
+
+/// Encodes a task's report for the coordinator.
+pub(crate) fn encode_report(
+    enc: &mut FrameEncoder,
+    stream: StreamId,
+    task: TaskId,
+    node: NodeId,
+    r: &Report,
+) -> Option<EncodedFrame> {
+    let (outcome, version) = match &r.outcome {
+        Ok(v) => (ReportOutcome::Done, *v),
+        Err(reason) => (ReportOutcome::Failed { reason: reason.clone() }, weir_wire::Version(0)),
+    };
+    let msg = CheckpointReport {
+        stream,
+        task,
+        node,
+        checkpoint: r.id,
+        trans: r.trans,
+        outcome,
+        version,
+        checkpoint_ts_ms: r.started_at,
+        manifest_crc: r.manifest_crc,
+        stats: TaskCheckpointStats {
+            trigger_at_ms: r.started_at,
+            align_us: r.align_ms * 1000,
+            snapshot_us: 0,
+            upload_bytes: r.upload_bytes,
+            upload_us: 0,
+            files: 0,
+        },
+    };
+    enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a report")).ok()
+}
+
+/// Decodes a protocol frame (validated by `Frame::to_owned`). `None` for other kinds.
+pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
+    let routed = match frame.kind() {
+        Kind::CheckpointReady => {
+            let m = frame.to_owned::<CheckpointReady>().ok()?;
+            Routed::ToTask(m.upstream, TaskInput::Ready { from: m.downstream, id: m.checkpoint })
+        }
+        Kind::CheckpointReadyRsp => {
+            let m = frame.to_owned::<CheckpointReadyRsp>().ok()?;
+            Routed::ToTask(m.downstream, TaskInput::ReadyRsp { from: m.upstream, id: m.checkpoint })
+        }
+        Kind::RetrieveTriggerReq => {
+            let m = frame.to_owned::<RetrieveTriggerReq>().ok()?;
+            Routed::ToTask(m.upstream, TaskInput::RetrieveTrigger { from: m.downstream, id: m.checkpoint })
+        }
+        Kind::TriggerRsp => {
+            let m = frame.to_owned::<TriggerRsp>().ok()?;
+            let input = TaskInput::TriggerRsp {
+                from: m.upstream,
+                id: m.checkpoint,
+                trans: m.trans,
+                code: m.code,
+                trigger_seq: m.trigger_seq,
+                next_seq: Seq(u64::MAX), // filled in by the receiving task
+            };
+            Routed::ToTask(m.downstream, input)
+        }
+        Kind::CheckpointSourceReq => {
+            let m = frame.to_owned::<CheckpointSourceReq>().ok()?;
+            Routed::ToTask(m.task, TaskInput::SourceReq { id: m.checkpoint, trans: m.trans, expire_at: m.expire_at_ms })
+        }
+        Kind::UpdateCheckpointInfo => {
+            let m = frame.to_owned::<UpdateCheckpointInfo>().ok()?;
+            Routed::ToTask(m.task, TaskInput::Update { id: m.checkpoint, version: m.version, ts: m.checkpoint_ts_ms })
+        }
+        Kind::TaskReset => {
+            let m = frame.to_owned::<TaskReset>().ok()?;
+            Routed::ToTask(m.task, TaskInput::Reset { failed: m.failed })
+        }
+        Kind::CheckpointReport => {
+            let m = frame.to_owned::<CheckpointReport>().ok()?;
+            let outcome = match m.outcome {
+                ReportOutcome::Done => Ok(m.version),
+                ReportOutcome::Failed { reason } => Err(reason),
+            };
+            let report = Report {
+                id: m.checkpoint,
+                trans: m.trans,
+                outcome,
+                manifest_crc: m.manifest_crc,
+                upload_bytes: m.stats.upload_bytes,
+                started_at: m.stats.trigger_at_ms,
+                align_ms: m.stats.align_us / 1000,
+            };
+            Routed::ToCoord(CoordInput::Report { task: m.task, report })
+        }
+        _ => return None,
+    };
+    Some(routed)
+}
+
+#[cfg(test)]
+mod tests {
+    use weir_wire::msg::TriggerRspCode;
+    use weir_wire::{CheckpointId, Version};
+
+    use super::*;
+
+    #[test]
+    fn protocol_inputs_cross_the_wire_unchanged() {
+        let mut enc = FrameEncoder::new();
+        let c = CheckpointId(7);
+        let cases = vec![
+            (TaskId(3), TaskInput::Ready { from: TaskId(5), id: c }),
+            (TaskId(5), TaskInput::ReadyRsp { from: TaskId(3), id: c }),
+            (TaskId(3), TaskInput::RetrieveTrigger { from: TaskId(5), id: c }),
+            (TaskId(5), TaskInput::SourceReq { id: c, trans: TransId(2), expire_at: 99 }),
+            (TaskId(5), TaskInput::Update { id: c, version: Version(4), ts: 8 }),
+            (TaskId(5), TaskInput::Reset { failed: c }),
+            (
+                TaskId(5),
+                TaskInput::TriggerRsp {
+                    from: TaskId(3),
+                    id: c,
+                    trans: TransId(2),
+                    code: TriggerRspCode::Success,
+                    trigger_seq: Seq(11),
+                    next_seq: Seq(u64::MAX),
+                },
+            ),
+        ];
+        for (to, input) in cases {
+            let f = encode_task_input(&mut enc, StreamId(1), NodeId(1), to, NodeId(2), &input).unwrap();
+            let frame = weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap();
+            match decode(&frame) {
+                Some(Routed::ToTask(t, back)) => assert_eq!((t, back), (to, input)),
+                other => panic!("{other:?}"),
+            }
+        }
+        let r = Report {
+            id: c,
+            trans: TransId(2),
+            outcome: Ok(Version(9)),
+            manifest_crc: 5,
+            upload_bytes: 6,
+            started_at: 1,
+            align_ms: 3,
+        };
+        let f = encode_report(&mut enc, StreamId(1), TaskId(4), NodeId(2), &r).unwrap();
+        match decode(&weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()) {
+            Some(Routed::ToCoord(CoordInput::Report { task, report })) => assert_eq!((task, report), (TaskId(4), r)),
+            other => panic!("{other:?}"),
+        }
+    }
+}
