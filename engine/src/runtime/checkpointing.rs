@@ -4,9 +4,10 @@
 //! [`Coordinator`] on a thread of its own, with the commit records in the store; it runs the
 //! uploader pool; and it restores tasks from the last commit when the engine starts.
 //!
-//! Control messages between tasks and the coordinator travel through the tasks' control queues
-//! (all tasks of a checkpointed stream run in this process for now: checkpoints across nodes use
-//! the same machines with the wire messages, and come with the cluster node).
+//! Control messages between tasks and the coordinator travel through the tasks' control queues,
+//! and to other nodes as the protocol's wire messages (`protocol_wire.rs`), which the receiving
+//! router hands to the task's control queue or the coordinator's inbox. The coordinator runs on the
+//! lowest node of the stream; every engine restores its own tasks from the shared store.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
