@@ -18,6 +18,27 @@ mod snapshot;
 pub use local::LocalDirStore;
 pub use snapshot::{Manifest, ManifestEntry, download_snapshot, upload_snapshot};
 
+/// Appends a line `crc <CRC32C of everything before it>` to `text`: the stored text records
+/// (manifests, commit records) carry their own checksum.
+pub(crate) fn seal(mut text: String) -> String {
+    let crc = crc32c::crc32c(text.as_bytes());
+    text.push_str(&format!("crc {crc:08x}\n"));
+    text
+}
+
+/// Checks a record sealed by [`seal`] and returns its body (without the checksum line).
+pub(crate) fn unseal<'a>(key: &str, bytes: &'a [u8]) -> Result<&'a str, StoreError> {
+    let bad = |reason: &str| StoreError::Corrupt { key: key.into(), reason: reason.into() };
+    let text = std::str::from_utf8(bytes).map_err(|_| bad("not UTF-8"))?;
+    let at = text.rfind("crc ").ok_or_else(|| bad("no checksum line"))?;
+    let (body, tail) = text.split_at(at);
+    let want = u32::from_str_radix(tail[4..].trim(), 16).map_err(|_| bad("bad checksum line"))?;
+    if crc32c::crc32c(body.as_bytes()) != want {
+        return Err(bad("checksum mismatch"));
+    }
+    Ok(body)
+}
+
 /// Errors of a store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -39,9 +39,7 @@ impl Manifest {
         for f in &self.files {
             s.push_str(&format!("file {} {} {:08x} {}\n", f.size, f.key, f.crc, f.name));
         }
-        let crc = crc32c::crc32c(s.as_bytes());
-        s.push_str(&format!("crc {crc:08x}\n"));
-        s
+        super::seal(s)
     }
 
     /// Parses and checks a manifest.

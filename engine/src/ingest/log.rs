@@ -330,14 +330,7 @@ impl LogReader {
 
     /// A reader of the same log starting at `from` (a restored source replays from its offset).
     pub fn reopen_at(&self, from: Version) -> LogReader {
-        LogReader {
-            dir: self.dir.clone(),
-            cfg: self.cfg,
-            durable: self.durable.clone(),
-            pos: from,
-            file: None,
-            buf: Vec::new(),
-        }
+        LogHandle { dir: self.dir.clone(), cfg: self.cfg, durable: self.durable.clone() }.reader(from)
     }
 
     /// Appends up to about `max_rows` durable rows (whole entries, the first possibly partial) to

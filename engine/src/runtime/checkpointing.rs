@@ -103,21 +103,13 @@ pub fn encode_commit(r: &CommitRecord) -> String {
     for (t, c) in &r.manifests {
         s.push_str(&format!("manifest {} {c:08x}\n", t.0));
     }
-    let crc = crc32c::crc32c(s.as_bytes());
-    s.push_str(&format!("crc {crc:08x}\n"));
-    s
+    crate::backup::seal(s)
 }
 
 /// Decodes and checks a commit record.
 pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError> {
     let bad = |why: &str| StoreError::Corrupt { key: key.into(), reason: why.into() };
-    let text = std::str::from_utf8(bytes).map_err(|_| bad("not UTF-8"))?;
-    let at = text.rfind("crc ").ok_or_else(|| bad("no checksum"))?;
-    let (body, tail) = text.split_at(at);
-    let want = u32::from_str_radix(tail[4..].trim(), 16).map_err(|_| bad("bad checksum"))?;
-    if crc32c::crc32c(body.as_bytes()) != want {
-        return Err(bad("checksum mismatch"));
-    }
+    let body = crate::backup::unseal(key, bytes)?;
     let mut r = CommitRecord {
         id: CheckpointId(0),
         trans: TransId(0),
@@ -882,5 +874,45 @@ impl Setup {
             net,
         );
         Running { coordinator: Some(t), log, uploaders }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_records_roundtrip_and_damage_is_refused() {
+        let r = CommitRecord {
+            id: CheckpointId(12),
+            trans: TransId(5),
+            versions: [(TaskId(0), Version(4096)), (TaskId(1), Version(77))].into_iter().collect(),
+            manifests: [(TaskId(0), 0xdead_beef), (TaskId(2), 7)].into_iter().collect(),
+            ts: 1_700_000_000_000,
+        };
+        let text = encode_commit(&r);
+        assert_eq!(decode_commit("k", text.as_bytes()).unwrap(), r);
+        let edited = text.replace("version 0 4096", "version 0 4097");
+        assert!(matches!(decode_commit("k", edited.as_bytes()), Err(StoreError::Corrupt { .. })));
+        assert!(decode_commit("k", &text.as_bytes()[..text.len() - 3]).is_err());
+    }
+
+    #[test]
+    fn the_last_commit_skips_a_damaged_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirStore::new(dir.path());
+        let rec = |id| CommitRecord {
+            id: CheckpointId(id),
+            trans: TransId(id),
+            versions: Default::default(),
+            manifests: Default::default(),
+            ts: 0,
+        };
+        store.put(&commit_key(StreamId(1), CheckpointId(1)), encode_commit(&rec(1)).as_bytes()).unwrap();
+        store.put(&commit_key(StreamId(1), CheckpointId(2)), encode_commit(&rec(2)).as_bytes()).unwrap();
+        assert_eq!(last_commit(&store, StreamId(1)).unwrap().map(|r| r.id), Some(CheckpointId(2)));
+        store.put(&commit_key(StreamId(1), CheckpointId(2)), b"garbage").unwrap();
+        assert_eq!(last_commit(&store, StreamId(1)).unwrap().map(|r| r.id), Some(CheckpointId(1)));
+        assert_eq!(last_commit(&store, StreamId(9)).unwrap(), None);
     }
 }
