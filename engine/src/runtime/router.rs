@@ -100,7 +100,13 @@ impl Run {
             crossbeam_channel::select! {
                 recv(self.transport.events()) -> ev => match ev {
                     Ok(Event::Frame { from, frame }) => self.on_frame(from, frame),
-                    Ok(Event::PeerDown { node, reason }) => tracing::warn!(peer = %node, %reason, "peer down"),
+                    Ok(Event::PeerDown { node, reason }) => {
+                        tracing::warn!(peer = %node, %reason, "peer down");
+                        // Its tasks cannot finish a checkpoint in flight: the coordinator fails it.
+                        if let Some(inbox) = &self.proto.1 {
+                            let _ = inbox.send(crate::checkpoint::CoordInput::NodeLost { node });
+                        }
+                    }
                     Ok(Event::PeerUp { node, .. }) => tracing::debug!(peer = %node, "peer up"),
                     Ok(Event::Refused { reason, .. }) => tracing::warn!(%reason, "connection refused"),
                     Err(_) => return,
