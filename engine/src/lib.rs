@@ -2,10 +2,12 @@
 //!
 //! Layers (see `docs/architecture.md`):
 //! - [`operator`]: the generator source and window aggregation, pure and deterministic.
-//! - `state` (RocksDB per task, local snapshots) and the result store the sinks write.
-//! - `ingest`: the durable per-partition ingest log.
-//! - `runtime`: pinned workers, per-task queues, local and remote channels.
-//! - `checkpoint/` (the protocol) and `backup/` (the uploader) build on these.
+//! - [`state`]: RocksDB per task, local snapshots, and the result store the sinks write.
+//! - [`ingest`]: the durable per-partition ingest log.
+//! - [`runtime`]: pinned workers, per-task queues, local and remote channels, and the edge that
+//!   runs the checkpoint protocol on them.
+//! - [`checkpoint`]: the protocol as pure state machines (task and coordinator).
+//! - [`backup`]: the store interface, the local-directory store, snapshot upload and download.
 //!
 //! Every protocol type comes from [`wire`] (`weir-wire`), never from a copy here.
 
