@@ -198,7 +198,8 @@ struct Flight {
     trans: TransId,
     started: u64,
     reports: BTreeMap<TaskId, Report>,
-    committing: bool,
+    /// The record being written, once every report is in.
+    committing: Option<CommitRecord>,
 }
 
 #[derive(Clone, Debug)]
@@ -329,7 +330,7 @@ impl Coordinator {
             CoordInput::Report { task, report } => self.report(task, report),
             CoordInput::CommitDurable { id } => self.commit_durable(id),
             CoordInput::CommitFailed { id, reason } => {
-                if self.flight.as_ref().is_some_and(|f| f.id == id && f.committing) {
+                if self.flight.as_ref().is_some_and(|f| f.id == id && f.committing.is_some()) {
                     return self.fail(format!("writing the commit record failed: {reason}"));
                 }
                 Vec::new()
@@ -337,7 +338,7 @@ impl Coordinator {
             CoordInput::NodeLost { node } => {
                 if self.flight.is_some() && self.cfg.tasks.iter().any(|(_, n, _)| *n == node) {
                     // A commit already being written stands: every report is in.
-                    if !self.flight.as_ref().is_some_and(|f| f.committing) {
+                    if self.flight.as_ref().is_none_or(|f| f.committing.is_none()) {
                         return self.fail(format!("node {node} was lost"));
                     }
                 }
@@ -373,7 +374,7 @@ impl Coordinator {
             Phase::Running => {}
         }
         if let Some(f) = &self.flight {
-            if !f.committing && now.saturating_sub(f.started) >= self.cfg.timeout_ms {
+            if f.committing.is_none() && now.saturating_sub(f.started) >= self.cfg.timeout_ms {
                 let why = format!("timed out after {} ms", now - f.started);
                 return self.fail(why);
             }
@@ -397,7 +398,7 @@ impl Coordinator {
         self.next_id = id.next();
         self.next_trans = TransId(trans.0 + 1);
         self.last_start = Some(now);
-        self.flight = Some(Flight { id, trans, started: now, reports: BTreeMap::new(), committing: false });
+        self.flight = Some(Flight { id, trans, started: now, reports: BTreeMap::new(), committing: None });
         let mut out = vec![CoordAction::PersistNextId(self.next_id)];
         let expire_at = now + self.cfg.timeout_ms;
         for (task, node, role) in &self.cfg.tasks {
@@ -426,14 +427,13 @@ impl Coordinator {
             let why = format!("{task} failed: {why}");
             return self.fail(why);
         }
-        if f.committing || f.reports.contains_key(&task) {
+        if f.committing.is_some() || f.reports.contains_key(&task) {
             return Vec::new(); // a resent report
         }
         f.reports.insert(task, report);
         if f.reports.len() < self.cfg.tasks.len() {
             return Vec::new();
         }
-        f.committing = true;
         let sources: BTreeSet<TaskId> =
             self.cfg.tasks.iter().filter(|(_, _, r)| *r == Role::Source).map(|(t, _, _)| *t).collect();
         let record = CommitRecord {
@@ -448,20 +448,14 @@ impl Coordinator {
             manifests: f.reports.iter().map(|(t, r)| (*t, r.manifest_crc)).collect(),
             ts: self.now,
         };
+        f.committing = Some(record.clone());
         vec![CoordAction::WriteCommit(record)]
     }
 
     fn commit_durable(&mut self, id: CheckpointId) -> Vec<CoordAction> {
-        let Some(f) = self.flight.take_if(|f| f.id == id && f.committing) else { return Vec::new() };
-        let versions: BTreeMap<TaskId, Version> =
-            f.reports.iter().map(|(t, r)| (*t, r.outcome.clone().unwrap_or(Version(0)))).collect();
-        let record = CommitRecord {
-            id,
-            trans: f.trans,
-            versions: versions.clone(),
-            manifests: f.reports.iter().map(|(t, r)| (*t, r.manifest_crc)).collect(),
-            ts: self.now,
-        };
+        let Some(f) = self.flight.take_if(|f| f.id == id && f.committing.is_some()) else { return Vec::new() };
+        let record = f.committing.expect("checked above");
+        let (trans, ts, versions) = (record.trans, record.ts, record.versions.clone());
         self.last_commit = Some(record);
         self.last_end = Some(self.now);
         let mut out: Vec<CoordAction> = self
@@ -472,9 +466,9 @@ impl Coordinator {
                 task: *task,
                 node: *node,
                 id,
-                trans: f.trans,
+                trans,
                 version: versions.get(task).copied().unwrap_or(Version(0)),
-                ts: self.now,
+                ts,
             })
             .collect();
         out.push(CoordAction::Finished { id, duration_ms: self.now - f.started, outcome: Ok(()) });

@@ -360,6 +360,22 @@ struct Active {
     report: Option<Report>,
 }
 
+impl Active {
+    /// The report of this checkpoint with `outcome` (upload figures once durable, else zero).
+    fn report(&self, outcome: Result<Version, String>) -> Report {
+        let (manifest_crc, upload_bytes) = self.upload.clone().and_then(Result::ok).unwrap_or_default();
+        Report {
+            id: self.id,
+            trans: self.trans,
+            outcome,
+            manifest_crc,
+            upload_bytes,
+            started_at: self.started_at,
+            align_ms: self.last_trigger_at - self.started_at,
+        }
+    }
+}
+
 /// The task side of the protocol for one task.
 #[derive(Clone, Debug)]
 pub struct TaskMachine {
@@ -642,16 +658,7 @@ impl TaskMachine {
         }
         a.done = true;
         a.last_ready_sent = now;
-        let (crc, bytes) = a.upload.clone().and_then(Result::ok).unwrap_or_default();
-        let report = Report {
-            id: a.id,
-            trans: a.trans,
-            outcome: Ok(a.offset),
-            manifest_crc: crc,
-            upload_bytes: bytes,
-            started_at: a.started_at,
-            align_ms: a.last_trigger_at - a.started_at,
-        };
+        let report = a.report(Ok(a.offset));
         let mut out = Vec::new();
         if role == Role::Source {
             out.push(TaskAction::SendSourceRsp { id: a.id, trans: a.trans, answer: SourceAnswer::Done(a.offset) });
@@ -763,15 +770,7 @@ impl TaskMachine {
         if a.source_req {
             out.push(TaskAction::SendSourceRsp { id: a.id, trans: a.trans, answer: SourceAnswer::Failed(why.clone()) });
         }
-        out.push(TaskAction::SendReport(Report {
-            id: a.id,
-            trans: a.trans,
-            outcome: Err(why),
-            manifest_crc: 0,
-            upload_bytes: 0,
-            started_at: a.started_at,
-            align_ms: a.last_trigger_at - a.started_at,
-        }));
+        out.push(TaskAction::SendReport(a.report(Err(why))));
         out.push(TaskAction::DropSnapshot(a.id));
         out.push(TaskAction::ReopenAllInputs);
         out
