@@ -21,15 +21,15 @@ fn uploaded_snapshot_restores_the_same_state_and_sst_files_go_up_once() {
     let agg = agg_with(50_000);
     save_window_state(&live, &agg).unwrap();
     live.snapshot(&dir.path().join("chk-1")).unwrap();
-    let (crc1, sent1) =
-        upload_snapshot(&store, StreamId(1), TaskId(3), CheckpointId(1), Version(0), &dir.path().join("chk-1"))
-            .unwrap();
-    assert!(sent1 > 0);
+    let up1 = upload_snapshot(&store, StreamId(1), TaskId(3), CheckpointId(1), Version(0), &dir.path().join("chk-1"))
+        .unwrap();
+    let (crc1, sent1) = (up1.manifest_crc, up1.bytes);
+    assert!(sent1 > 0 && up1.files >= 3, "{up1:?}");
     // A second checkpoint with the same SST files sends only the small files.
     live.snapshot(&dir.path().join("chk-2")).unwrap();
-    let (_, sent2) =
-        upload_snapshot(&store, StreamId(1), TaskId(3), CheckpointId(2), Version(0), &dir.path().join("chk-2"))
-            .unwrap();
+    let sent2 = upload_snapshot(&store, StreamId(1), TaskId(3), CheckpointId(2), Version(0), &dir.path().join("chk-2"))
+        .unwrap()
+        .bytes;
     assert!(sent2 < sent1, "incremental upload sent {sent2} bytes, the first {sent1}");
 
     let m =
@@ -52,9 +52,9 @@ fn damaged_objects_are_refused_on_download() {
     let live = TaskStore::open(&dir.path().join("live")).unwrap();
     save_window_state(&live, &agg_with(1000)).unwrap();
     live.snapshot(&dir.path().join("chk-1")).unwrap();
-    let (crc, _) =
-        upload_snapshot(&store, StreamId(1), TaskId(0), CheckpointId(1), Version(7), &dir.path().join("chk-1"))
-            .unwrap();
+    let crc = upload_snapshot(&store, StreamId(1), TaskId(0), CheckpointId(1), Version(7), &dir.path().join("chk-1"))
+        .unwrap()
+        .manifest_crc;
     // A manifest that is not the one the commit names.
     let err = download_snapshot(&store, StreamId(1), TaskId(0), CheckpointId(1), Some(crc ^ 1), &dir.path().join("x"))
         .unwrap_err();

@@ -544,7 +544,11 @@ impl Sim {
         for (_, t, id) in due {
             let fail = self.faults && self.rng.chance(20);
             self.stats.store_failures += fail as u64;
-            let result = if fail { Err("store unreachable".to_string()) } else { Ok((1, 10)) };
+            let result = if fail {
+                Err("store unreachable".to_string())
+            } else {
+                Ok(UploadDone { manifest_crc: 1, bytes: 10, files: 1, upload_us: 5 })
+            };
             let acts = self.machines[t].handle(TaskInput::Uploaded { id, result });
             self.task_actions(t, acts);
         }

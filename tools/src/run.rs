@@ -12,6 +12,7 @@ use anyhow::Context;
 use weir_engine::operator::window::WindowSpec;
 use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig};
 use weir_engine::spec::{Placement, SourceKind, StreamSpec};
+use weir_engine::wire::msg::CheckpointOutcome;
 use weir_engine::wire::{NodeId, StreamId};
 
 /// Options of `weir run`.
@@ -112,10 +113,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         let rows = stats.rows_aggregated.load(Ordering::Relaxed);
         let rate = (rows - last_rows) as f64 / now.duration_since(last_t).as_secs_f64();
         peak_rate = peak_rate.max(rate);
-        let (committed, last_ms) = engine.checkpoints().map_or((0, 0.0), |log| {
-            let f = log.finished.lock();
-            (f.iter().filter(|c| c.2).count(), f.last().map_or(0.0, |c| c.1.as_secs_f64() * 1e3))
-        });
+        let (committed, last_ms) = engine
+            .checkpoints()
+            .map_or((0, 0.0), |log| (log.totals().0, log.recent(1).last().map_or(0.0, |c| c.duration_us as f64 / 1e3)));
         write!(
             out,
             "\r  {:>5.1}s  {:>7.2} M events/s  {:>14} events  {:>9} window results  {:>4} checkpoints (last {:>5.1} ms)  rss {:>4} MiB ",
@@ -136,10 +136,15 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let secs = t0.elapsed().as_secs_f64();
     let sample = engine.results().scan(spec.id).context("reading results")?.into_iter().take(3).collect::<Vec<_>>();
     let ck = engine.checkpoints().map(|log| {
-        let f = log.finished.lock();
-        let mut ms: Vec<f64> = f.iter().filter(|c| c.2).map(|c| c.1.as_secs_f64() * 1e3).collect();
+        let mut ms: Vec<f64> = log
+            .finished()
+            .iter()
+            .filter(|c| c.outcome == CheckpointOutcome::Committed)
+            .map(|c| c.duration_us as f64 / 1e3)
+            .collect();
         ms.sort_by(f64::total_cmp);
-        (ms.len(), f.len() - ms.len(), ms.get(ms.len() / 2).copied().unwrap_or(0.0))
+        let (ok, failed) = log.totals();
+        (ok, failed, ms.get(ms.len() / 2).copied().unwrap_or(0.0))
     });
     let engine = std::sync::Arc::into_inner(engine).context("engine still shared")?;
     if args.events.is_none() {

@@ -473,19 +473,24 @@ archived! {
 
 archived! {
     /// Timing and size of one task's part of a checkpoint.
+    #[derive(Default)]
     pub struct TaskCheckpointStats {
-        /// When the first trigger (or the source request) arrived (ms since the epoch).
-        pub trigger_at_ms: u64,
+        /// When the first trigger reached the task (a source: when it reached its queued trigger),
+        /// µs since the epoch.
+        pub trigger_at_us: u64,
         /// Time from the first to the last trigger (µs): the alignment.
         pub align_us: u64,
-        /// Synchronous flush plus local snapshot (µs): the pause the task's pipeline saw.
+        /// Synchronous state capture and barrier forwarding (µs); with the alignment, the pause
+        /// the task's pipeline saw.
         pub snapshot_us: u64,
         /// Bytes uploaded for this checkpoint (new files only).
         pub upload_bytes: u64,
-        /// Upload duration (µs).
+        /// Background work: state write, local RocksDB checkpoint and upload (µs).
         pub upload_us: u64,
         /// Files in the manifest.
         pub files: u32,
+        /// When the task reported (its snapshot durable, its downstream ready), µs since the epoch.
+        pub reported_at_us: u64,
     }
 }
 
@@ -671,6 +676,16 @@ archived! {
 }
 
 archived! {
+    /// One task's statistics within a [`CheckpointStats`].
+    pub struct TaskCheckpointEntry {
+        /// Task.
+        pub task: TaskId,
+        /// Its figures.
+        pub stats: TaskCheckpointStats,
+    }
+}
+
+archived! {
     /// Statistics of one checkpoint in a [`StatusRsp`].
     pub struct CheckpointStats {
         /// Stream.
@@ -689,6 +704,8 @@ archived! {
         pub max_align_us: u64,
         /// Longest synchronous snapshot of any task (µs).
         pub max_snapshot_us: u64,
+        /// Per task, as reported (empty while in progress or when the checkpoint failed early).
+        pub tasks: Vec<TaskCheckpointEntry>,
     }
 }
 

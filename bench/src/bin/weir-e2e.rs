@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use weir_engine::ingest::{AppendRequest, IngestService, LogConfig, SyncPolicy};
 use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig};
 use weir_engine::spec::{Placement, SourceKind, StreamSpec};
+use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats};
 use weir_engine::wire::{Batch, NodeId, StreamId};
 
 fn rss_kib() -> (u64, u64) {
@@ -77,7 +78,7 @@ fn pipeline(seconds: u64, workers: usize) {
 /// Throughput with checkpoints every second next to the same run without, in one process run
 /// after the other, plus pause and trigger-to-commit figures.
 fn checkpoints(seconds: u64) {
-    let run = |with: bool| -> (f64, Vec<u64>, Vec<Duration>, usize) {
+    let run = |with: bool| -> (f64, Vec<u64>, Vec<Duration>, usize, Vec<CheckpointStats>) {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut spec = StreamSpec::generator(StreamId(1), 2, 2, 1);
         if let SourceKind::Generator { spec: g, .. } = &mut spec.source {
@@ -92,31 +93,34 @@ fn checkpoints(seconds: u64) {
         let (t0, r0) = (Instant::now(), engine.stats().rows_aggregated.load(Ordering::Relaxed));
         std::thread::sleep(Duration::from_secs(seconds));
         let rate = (engine.stats().rows_aggregated.load(Ordering::Relaxed) - r0) as f64 / t0.elapsed().as_secs_f64();
+        let stats = engine.checkpoints().map(|l| l.finished()).unwrap_or_default();
         let (pauses, commits, failed) = match engine.checkpoints() {
-            Some(log) => {
-                let f = log.finished.lock();
-                (
-                    log.pauses_us.lock().clone(),
-                    f.iter().filter(|c| c.2).map(|c| c.1).collect(),
-                    f.iter().filter(|c| !c.2).count(),
-                )
-            }
+            Some(log) => (
+                log.pauses_us(),
+                log.finished()
+                    .iter()
+                    .filter(|c| c.outcome == CheckpointOutcome::Committed)
+                    .map(|c| Duration::from_micros(c.duration_us))
+                    .collect(),
+                log.totals().1 as usize,
+            ),
             None => (Vec::new(), Vec::new(), 0),
         };
         engine.stop();
         drop(engine.wait());
-        (rate, pauses, commits, failed)
+        (rate, pauses, commits, failed, stats)
     };
     // Alternate off and on runs so that the shared machine's drift hits both alike.
     let (mut off, mut on) = (Vec::new(), Vec::new());
-    let (mut pauses, mut commits, mut failed) = (Vec::new(), Vec::new(), 0);
+    let (mut pauses, mut commits, mut failed, mut stats) = (Vec::new(), Vec::new(), 0, Vec::new());
     for _ in 0..3 {
         off.push(run(false).0);
-        let (rate, p, c, f) = run(true);
+        let (rate, p, c, f, st) = run(true);
         on.push(rate);
         pauses.extend(p);
         commits.extend(c);
         failed += f;
+        stats.extend(st);
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     let (off, on) = (mean(&off), mean(&on));
@@ -144,6 +148,44 @@ fn checkpoints(seconds: u64) {
         commits.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
         commits.len()
     );
+    breakdown(&stats);
+}
+
+/// Where the time of a committed checkpoint goes, per task: medians over the checkpoints of when
+/// the barrier reached it and when it reported (ms after the coordinator started the checkpoint),
+/// its alignment, synchronous snapshot and background (state write, RocksDB checkpoint, upload).
+fn breakdown(stats: &[CheckpointStats]) {
+    let committed: Vec<&CheckpointStats> = stats.iter().filter(|c| c.outcome == CheckpointOutcome::Committed).collect();
+    let Some(first) = committed.first() else { return };
+    println!("  per task, medians (ms): barrier in | alignment | snapshot | background | reported (after the start)");
+    for e in &first.tasks {
+        let mut cols: [Vec<f64>; 5] = Default::default();
+        for c in &committed {
+            let start_us = c.started_at_ms as f64 * 1e3;
+            if let Some(t) = c.tasks.iter().find(|t| t.task == e.task) {
+                let s = &t.stats;
+                cols[0].push((s.trigger_at_us as f64 - start_us) / 1e3);
+                cols[1].push(s.align_us as f64 / 1e3);
+                cols[2].push(s.snapshot_us as f64 / 1e3);
+                cols[3].push(s.upload_us as f64 / 1e3);
+                cols[4].push((s.reported_at_us as f64 - start_us) / 1e3);
+            }
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(0.0)
+        };
+        let m: Vec<f64> = cols.iter_mut().map(med).collect();
+        println!(
+            "    {:>8}  {:>6.2} | {:>6.2} | {:>6.2} | {:>6.2} | {:>6.2}",
+            e.task.to_string(),
+            m[0],
+            m[1],
+            m[2],
+            m[3],
+            m[4]
+        );
+    }
 }
 
 fn ingest(seconds: u64) {

@@ -16,7 +16,10 @@ mod local;
 mod snapshot;
 
 pub use local::LocalDirStore;
-pub use snapshot::{Manifest, ManifestEntry, download_snapshot, upload_snapshot};
+pub use snapshot::{
+    Manifest, ManifestEntry, UploadSummary, download_files, download_snapshot, fetch_manifest, local_snapshot_matches,
+    upload_snapshot,
+};
 
 /// Appends a line `crc <CRC32C of everything before it>` to `text`: the stored text records
 /// (manifests, commit records) carry their own checksum.
@@ -79,7 +82,8 @@ impl StoreError {
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// Stores `bytes` under `key` atomically (readers see the old object or the new one).
     fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError>;
-    /// Stores the file at `path` under `key` atomically.
+    /// Stores the file at `path` under `key` atomically. The caller never modifies the file
+    /// afterwards, so a store may share it rather than copy it.
     fn put_file(&self, key: &str, path: &std::path::Path) -> Result<(), StoreError> {
         let bytes = std::fs::read(path).map_err(|e| StoreError::Unavailable {
             op: "read",

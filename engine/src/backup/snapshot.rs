@@ -91,8 +91,19 @@ pub fn manifest_key(stream: StreamId, task: TaskId, id: CheckpointId) -> String 
     format!("{}/chk-{}/MANIFEST.weir", task_prefix(stream, task), id.0)
 }
 
-/// Uploads the snapshot in `dir` as checkpoint `id` of `task`; returns the manifest's CRC32C and
-/// the bytes sent. SST files already in the store (same name and size) are not sent again.
+/// What [`upload_snapshot`] stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UploadSummary {
+    /// CRC32C of the stored manifest (the commit record names it).
+    pub manifest_crc: u32,
+    /// Bytes sent: files the store did not hold yet, and the manifest.
+    pub bytes: u64,
+    /// Files the manifest lists.
+    pub files: u32,
+}
+
+/// Uploads the snapshot in `dir` as checkpoint `id` of `task`. SST files already in the store
+/// (same name and size) are not sent again.
 pub fn upload_snapshot(
     store: &dyn Store,
     stream: StreamId,
@@ -100,7 +111,7 @@ pub fn upload_snapshot(
     id: CheckpointId,
     version: Version,
     dir: &Path,
-) -> Result<(u32, u64), StoreError> {
+) -> Result<UploadSummary, StoreError> {
     let io = |e: std::io::Error| StoreError::Unavailable {
         op: "read",
         key: dir.display().to_string(),
@@ -118,25 +129,35 @@ pub fn upload_snapshot(
         let is_sst = name.ends_with(".sst");
         let key = if is_sst { format!("{prefix}/sst/{name}") } else { format!("{prefix}/chk-{}/{name}", id.0) };
         if !(is_sst && store.size(&key)? == Some(bytes.len() as u64)) {
-            store.put(&key, &bytes)?;
+            // SST files are immutable once written: a store may share the file (the local one
+            // hard-links it) instead of copying the bytes.
+            if is_sst {
+                store.put_file(&key, &path)?
+            } else {
+                store.put(&key, &bytes)?
+            }
             sent += bytes.len() as u64;
         }
         files.push(ManifestEntry { name, key, size: bytes.len() as u64, crc: crc32c::crc32c(&bytes) });
     }
+    let count = files.len() as u32;
     let manifest = Manifest { id, version, files }.encode();
     store.put(&manifest_key(stream, task, id), manifest.as_bytes())?;
-    Ok((crc32c::crc32c(manifest.as_bytes()), sent + manifest.len() as u64))
+    Ok(UploadSummary {
+        manifest_crc: crc32c::crc32c(manifest.as_bytes()),
+        bytes: sent + manifest.len() as u64,
+        files: count,
+    })
 }
 
-/// Downloads checkpoint `id` of `task` into `dir` (replacing it), verifying every file against the
-/// manifest, and the manifest against `manifest_crc` when given (the commit record's).
-pub fn download_snapshot(
+/// Fetches the manifest of checkpoint `id` of `task`, checked against `manifest_crc` when given
+/// (the commit record's) and against its own checksum.
+pub fn fetch_manifest(
     store: &dyn Store,
     stream: StreamId,
     task: TaskId,
     id: CheckpointId,
     manifest_crc: Option<u32>,
-    dir: &Path,
 ) -> Result<Manifest, StoreError> {
     let key = manifest_key(stream, task, id);
     let text = store.get(&key)?;
@@ -145,7 +166,23 @@ pub fn download_snapshot(
     {
         return Err(StoreError::Corrupt { key, reason: "manifest differs from the commit record".into() });
     }
-    let manifest = Manifest::decode(&key, &text)?;
+    Manifest::decode(&key, &text)
+}
+
+/// Whether `dir` holds exactly the files of `manifest`, each with its size and checksum: a local
+/// snapshot that can be restored without downloading anything.
+pub fn local_snapshot_matches(manifest: &Manifest, dir: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(dir) else { return false };
+    let count = entries.count();
+    count == manifest.files.len()
+        && manifest
+            .files
+            .iter()
+            .all(|f| fs::read(dir.join(&f.name)).is_ok_and(|b| b.len() as u64 == f.size && crc32c::crc32c(&b) == f.crc))
+}
+
+/// Downloads the files of `manifest` into `dir` (replacing it), verifying each.
+pub fn download_files(store: &dyn Store, manifest: &Manifest, dir: &Path) -> Result<(), StoreError> {
     let io = |e: std::io::Error| StoreError::Unavailable {
         op: "write",
         key: dir.display().to_string(),
@@ -165,5 +202,20 @@ pub fn download_snapshot(
         }
         fs::write(dir.join(&f.name), &bytes).map_err(io)?;
     }
+    Ok(())
+}
+
+/// Downloads checkpoint `id` of `task` into `dir` (replacing it), verifying every file against the
+/// manifest, and the manifest against `manifest_crc` when given (the commit record's).
+pub fn download_snapshot(
+    store: &dyn Store,
+    stream: StreamId,
+    task: TaskId,
+    id: CheckpointId,
+    manifest_crc: Option<u32>,
+    dir: &Path,
+) -> Result<Manifest, StoreError> {
+    let manifest = fetch_manifest(store, stream, task, id, manifest_crc)?;
+    download_files(store, &manifest, dir)?;
     Ok(manifest)
 }

@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use weir_wire::msg::TaskCheckpointStats;
 use weir_wire::{CheckpointId, NodeId, StreamId, TaskId, TransId, Version};
 
 use super::task::{Report, Role};
@@ -171,10 +172,14 @@ pub enum CoordAction {
     Finished {
         /// Checkpoint.
         id: CheckpointId,
+        /// When it started (the coordinator's clock, ms).
+        started_at: u64,
         /// Start to end (ms).
         duration_ms: u64,
         /// `Ok` if committed, else why it failed.
         outcome: Result<(), String>,
+        /// The statistics of every task that reported, in task order.
+        tasks: Vec<(TaskId, TaskCheckpointStats)>,
     },
     /// The stream's health changed (unhealthy past the tolerable failures).
     Health {
@@ -471,7 +476,13 @@ impl Coordinator {
                 ts,
             })
             .collect();
-        out.push(CoordAction::Finished { id, duration_ms: self.now - f.started, outcome: Ok(()) });
+        out.push(CoordAction::Finished {
+            id,
+            started_at: f.started,
+            duration_ms: self.now - f.started,
+            outcome: Ok(()),
+            tasks: f.reports.into_iter().map(|(t, r)| (t, r.stats)).collect(),
+        });
         if self.consecutive_failures > 0 || !self.healthy {
             self.consecutive_failures = 0;
             self.healthy = true;
@@ -496,7 +507,13 @@ impl Coordinator {
                 reason: why.clone(),
             })
             .collect();
-        out.push(CoordAction::Finished { id: f.id, duration_ms: self.now - f.started, outcome: Err(why) });
+        out.push(CoordAction::Finished {
+            id: f.id,
+            started_at: f.started,
+            duration_ms: self.now - f.started,
+            outcome: Err(why),
+            tasks: f.reports.into_iter().map(|(t, r)| (t, r.stats)).collect(),
+        });
         let healthy = self.consecutive_failures <= self.cfg.tolerable_failures;
         if healthy != self.healthy || !healthy {
             self.healthy = healthy;

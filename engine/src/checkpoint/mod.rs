@@ -9,7 +9,9 @@ pub mod coordinator;
 pub mod task;
 
 pub use coordinator::{CommitRecord, CoordAction, CoordInput, Coordinator, CoordinatorConfig};
-pub use task::{Discard, Report, Role, SourceAnswer, TaskAction, TaskInput, TaskMachine, TaskSetup, TaskState};
+pub use task::{
+    Discard, Report, Role, SourceAnswer, TaskAction, TaskInput, TaskMachine, TaskSetup, TaskState, UploadDone,
+};
 
 #[cfg(test)]
 mod tests;

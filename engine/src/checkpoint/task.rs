@@ -13,7 +13,7 @@
 //! - After a failure or a reset the task is back in `Ready` with every input open and the failed id
 //!   remembered; nothing at or below a failed id is acted on again.
 
-use weir_wire::msg::TriggerRspCode;
+use weir_wire::msg::{TaskCheckpointStats, TriggerRspCode};
 use weir_wire::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
 
 /// A task's role in the graph.
@@ -106,12 +106,22 @@ pub struct Report {
     pub outcome: Result<Version, String>,
     /// CRC32C of the uploaded manifest (zero on failure).
     pub manifest_crc: u32,
-    /// Bytes uploaded.
-    pub upload_bytes: u64,
-    /// When the first trigger (or the source request) arrived (ms).
-    pub started_at: u64,
-    /// First to last trigger (ms): alignment.
-    pub align_ms: u64,
+    /// Timing and size. The machine fills in what it knows (the upload's figures); the runtime
+    /// adds the clock readings (trigger, alignment, snapshot, report times) before sending.
+    pub stats: TaskCheckpointStats,
+}
+
+/// A snapshot made durable in the store, as the runtime's uploader saw it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UploadDone {
+    /// CRC32C of the stored manifest.
+    pub manifest_crc: u32,
+    /// Bytes sent (files the store did not hold yet, and the manifest).
+    pub bytes: u64,
+    /// Files in the manifest.
+    pub files: u32,
+    /// State write, local checkpoint and upload (µs).
+    pub upload_us: u64,
 }
 
 /// Inputs of the task machine.
@@ -160,8 +170,8 @@ pub enum TaskInput {
     Uploaded {
         /// Checkpoint.
         id: CheckpointId,
-        /// `Ok((manifest crc, bytes))` or why not.
-        result: Result<(u32, u64), String>,
+        /// What was stored, or why not.
+        result: Result<UploadDone, String>,
     },
     /// Downstream `from` is ready for `id`.
     Ready {
@@ -336,8 +346,6 @@ pub enum TaskAction {
 struct Active {
     id: CheckpointId,
     trans: TransId,
-    started_at: u64,
-    last_trigger_at: u64,
     /// Per upstream: its trigger is in.
     triggers: Vec<bool>,
     /// The source request to answer (sources).
@@ -346,7 +354,7 @@ struct Active {
     snapshot_taken: bool,
     /// Per downstream: the sequence number our trigger had on that channel, once dispatched.
     dispatched: Vec<Option<Seq>>,
-    upload: Option<Result<(u32, u64), String>>,
+    upload: Option<Result<UploadDone, String>>,
     /// Per downstream: it is ready.
     downstream_ready: Vec<bool>,
     /// Ready sent upstream (or source rsp and report sent).
@@ -363,15 +371,18 @@ struct Active {
 impl Active {
     /// The report of this checkpoint with `outcome` (upload figures once durable, else zero).
     fn report(&self, outcome: Result<Version, String>) -> Report {
-        let (manifest_crc, upload_bytes) = self.upload.clone().and_then(Result::ok).unwrap_or_default();
+        let up = self.upload.clone().and_then(Result::ok).unwrap_or_default();
         Report {
             id: self.id,
             trans: self.trans,
             outcome,
-            manifest_crc,
-            upload_bytes,
-            started_at: self.started_at,
-            align_ms: self.last_trigger_at - self.started_at,
+            manifest_crc: up.manifest_crc,
+            stats: TaskCheckpointStats {
+                upload_bytes: up.bytes,
+                upload_us: up.upload_us,
+                files: up.files,
+                ..TaskCheckpointStats::default()
+            },
         }
     }
 }
@@ -448,8 +459,6 @@ impl TaskMachine {
         self.active = Some(Active {
             id,
             trans,
-            started_at: now,
-            last_trigger_at: now,
             triggers: vec![false; self.setup.upstreams.len()],
             source_req,
             offset: Version(0),
@@ -603,10 +612,8 @@ impl TaskMachine {
         } else {
             self.begin(id, trans, false);
         }
-        let now = self.now;
         let a = self.active.as_mut().expect("active");
         a.triggers[i] = true;
-        a.last_trigger_at = now;
         out.push(TaskAction::CloseInput(i));
         if a.triggers.iter().all(|t| *t) {
             out.push(TaskAction::Snapshot { id, trans: a.trans, offset: Version(0) });

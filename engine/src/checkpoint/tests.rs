@@ -39,6 +39,10 @@ fn source() -> TaskMachine {
     ready(TaskMachine::new(setup(1, Role::Source, &[], &[10])))
 }
 
+fn up(manifest_crc: u32, bytes: u64) -> UploadDone {
+    UploadDone { manifest_crc, bytes, files: 3, upload_us: 1000 }
+}
+
 fn trig(from: u32, id: CheckpointId) -> TaskInput {
     TaskInput::Trigger { from: TaskId(from), id, trans: T1 }
 }
@@ -48,7 +52,7 @@ fn complete(m: &mut TaskMachine, id: CheckpointId) {
     m.handle(trig(1, id));
     m.handle(trig(2, id));
     m.handle(TaskInput::SnapshotTaken { id, result: Ok(()) });
-    m.handle(TaskInput::Uploaded { id, result: Ok((7, 100)) });
+    m.handle(TaskInput::Uploaded { id, result: Ok(up(7, 100)) });
     m.handle(TaskInput::Ready { from: TaskId(20), id });
     m.handle(TaskInput::Ready { from: TaskId(21), id });
     m.handle(TaskInput::Update { id, version: Version(0), ts: 5 });
@@ -185,14 +189,14 @@ fn ready_waits_for_a_durable_upload_and_every_downstream() {
         m.handle(TaskInput::Ready { from: TaskId(20), id: C1 }),
         vec![TaskAction::SendReadyRsp { to: TaskId(20), id: C1 }]
     );
-    assert!(m.handle(TaskInput::Uploaded { id: C1, result: Ok((7, 100)) }).is_empty(), "21 is not ready yet");
+    assert!(m.handle(TaskInput::Uploaded { id: C1, result: Ok(up(7, 100)) }).is_empty(), "21 is not ready yet");
     let out = m.handle(TaskInput::Ready { from: TaskId(21), id: C1 });
     assert_eq!(out[0], TaskAction::SendReadyRsp { to: TaskId(21), id: C1 });
     assert_eq!(out[1], TaskAction::SendReady { to: TaskId(1), node: NodeId(1), id: C1, trans: T1 });
     assert_eq!(out[2], TaskAction::SendReady { to: TaskId(2), node: NodeId(1), id: C1, trans: T1 });
     match &out[3] {
         TaskAction::SendReport(r) => {
-            assert_eq!((r.id, r.manifest_crc, r.upload_bytes, r.outcome.clone()), (C1, 7, 100, Ok(Version(0))))
+            assert_eq!((r.id, r.manifest_crc, r.stats.upload_bytes, r.outcome.clone()), (C1, 7, 100, Ok(Version(0))))
         }
         other => panic!("expected a report, got {other:?}"),
     }
@@ -204,7 +208,7 @@ fn a_source_answers_the_coordinator_instead_of_sending_ready() {
     m.handle(TaskInput::SourceReq { id: C1, trans: T1, expire_at: 100 });
     m.handle(TaskInput::SourceReachedTrigger { id: C1, offset: Version(77) });
     m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
-    m.handle(TaskInput::Uploaded { id: C1, result: Ok((1, 2)) });
+    m.handle(TaskInput::Uploaded { id: C1, result: Ok(up(1, 2)) });
     let out = m.handle(TaskInput::Ready { from: TaskId(10), id: C1 });
     assert_eq!(out[1], TaskAction::SendSourceRsp { id: C1, trans: T1, answer: SourceAnswer::Done(Version(77)) });
     assert!(matches!(&out[2], TaskAction::SendReport(r) if r.outcome == Ok(Version(77))));
@@ -226,7 +230,7 @@ fn complete_until_upload(m: &mut TaskMachine, id: CheckpointId) {
     m.handle(trig(1, id));
     m.handle(trig(2, id));
     m.handle(TaskInput::SnapshotTaken { id, result: Ok(()) });
-    m.handle(TaskInput::Uploaded { id, result: Ok((7, 100)) });
+    m.handle(TaskInput::Uploaded { id, result: Ok(up(7, 100)) });
 }
 
 #[test]
@@ -434,7 +438,7 @@ fn started() -> Coordinator {
 }
 
 fn ok_report(id: CheckpointId, trans: TransId, v: u64) -> Report {
-    Report { id, trans, outcome: Ok(Version(v)), manifest_crc: 1, upload_bytes: 0, started_at: 0, align_ms: 0 }
+    Report { id, trans, outcome: Ok(Version(v)), manifest_crc: 1, stats: Default::default() }
 }
 
 #[test]

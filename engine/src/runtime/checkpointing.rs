@@ -17,12 +17,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use crossbeam_utils::sync::Unparker;
+use weir_wire::msg::{CheckpointOutcome, CheckpointStats, TaskCheckpointEntry, TaskCheckpointStats};
 use weir_wire::{CheckpointId, StreamId, TaskId, TransId, Version};
 
-use super::task::{Control, Task};
-use crate::backup::{LocalDirStore, Store, StoreError, download_snapshot, upload_snapshot};
-use crate::checkpoint::{CommitRecord, CoordAction, CoordInput, Coordinator, TaskAction, TaskInput, TaskMachine};
+use super::task::{Control, ControlHandle, Task};
+use crate::backup::{
+    LocalDirStore, Store, StoreError, download_files, fetch_manifest, local_snapshot_matches, upload_snapshot,
+};
+use crate::checkpoint::{
+    CommitRecord, CoordAction, CoordInput, Coordinator, TaskAction, TaskInput, TaskMachine, UploadDone,
+};
 use crate::state::{ResultStore, StateError, TaskStore, load_window_state};
 
 /// Checkpoint settings of an engine.
@@ -62,13 +66,64 @@ impl CheckpointSettings {
     }
 }
 
-/// Statistics of finished checkpoints, for status and benchmarks.
+/// How many finished checkpoints (and task pauses) the statistics keep.
+const HISTORY: usize = 4096;
+
+/// Statistics of finished checkpoints, for status responses, logs and benchmarks. Written by the
+/// coordinator thread (checkpoints) and the workers (pauses), once per checkpoint: never on the
+/// per-row path.
 #[derive(Debug, Default)]
 pub struct CheckpointLog {
-    /// (id, trigger-to-commit duration, committed?) in order.
-    pub finished: parking::Mutex<Vec<(CheckpointId, Duration, bool)>>,
-    /// Per task pause: alignment plus synchronous snapshot (µs), one entry per task checkpoint.
-    pub pauses_us: parking::Mutex<Vec<u64>>,
+    finished: parking::Mutex<std::collections::VecDeque<CheckpointStats>>,
+    pauses_us: parking::Mutex<std::collections::VecDeque<u64>>,
+    /// Checkpoints committed and failed since the engine started.
+    totals: parking::Mutex<(u64, u64)>,
+}
+
+impl CheckpointLog {
+    /// The last finished checkpoints (at most 4,096), oldest first.
+    pub fn finished(&self) -> Vec<CheckpointStats> {
+        self.finished.lock().iter().cloned().collect()
+    }
+
+    /// The last `n` finished checkpoints, oldest first.
+    pub fn recent(&self, n: usize) -> Vec<CheckpointStats> {
+        let f = self.finished.lock();
+        f.iter().skip(f.len().saturating_sub(n)).cloned().collect()
+    }
+
+    /// Checkpoints committed and failed since the engine started.
+    pub fn totals(&self) -> (u64, u64) {
+        *self.totals.lock()
+    }
+
+    /// Per task checkpoint: alignment plus synchronous snapshot (µs), the last 4,096.
+    pub fn pauses_us(&self) -> Vec<u64> {
+        self.pauses_us.lock().iter().copied().collect()
+    }
+
+    fn push_finished(&self, c: CheckpointStats) {
+        {
+            let mut t = self.totals.lock();
+            match c.outcome {
+                CheckpointOutcome::Committed => t.0 += 1,
+                _ => t.1 += 1,
+            }
+        }
+        let mut f = self.finished.lock();
+        if f.len() == HISTORY {
+            f.pop_front();
+        }
+        f.push_back(c);
+    }
+
+    fn push_pause(&self, us: u64) {
+        let mut p = self.pauses_us.lock();
+        if p.len() == HISTORY {
+            p.pop_front();
+        }
+        p.push_back(us);
+    }
 }
 
 /// A tiny mutex wrapper for statistics (not on the data path).
@@ -82,6 +137,31 @@ pub mod parking {
         pub fn lock(&self) -> std::sync::MutexGuard<'_, T> {
             self.0.lock().unwrap_or_else(|e| e.into_inner())
         }
+    }
+}
+
+/// The statistics of a finished checkpoint, from the coordinator's `Finished` action.
+fn checkpoint_stats(
+    stream: StreamId,
+    id: CheckpointId,
+    started_at_ms: u64,
+    duration: Duration,
+    outcome: &Result<(), String>,
+    tasks: Vec<(TaskId, TaskCheckpointStats)>,
+) -> CheckpointStats {
+    CheckpointStats {
+        stream,
+        checkpoint: id,
+        started_at_ms,
+        duration_us: duration.as_micros() as u64,
+        outcome: match outcome {
+            Ok(()) => CheckpointOutcome::Committed,
+            Err(reason) => CheckpointOutcome::Failed { reason: reason.clone() },
+        },
+        upload_bytes: tasks.iter().map(|(_, s)| s.upload_bytes).sum(),
+        max_align_us: tasks.iter().map(|(_, s)| s.align_us).max().unwrap_or(0),
+        max_snapshot_us: tasks.iter().map(|(_, s)| s.snapshot_us).max().unwrap_or(0),
+        tasks: tasks.into_iter().map(|(task, stats)| TaskCheckpointEntry { task, stats }).collect(),
     }
 }
 
@@ -159,8 +239,9 @@ fn snapshot_dir(data: &Path, t: TaskId, id: CheckpointId) -> PathBuf {
     task_dir(data, t).join("snapshots").join(format!("chk-{:020}", id.0))
 }
 
-/// Restores task `t` from commit `record`: its state store (local snapshot if it verifies against
-/// the stored manifest, else downloaded) and its offset.
+/// Restores task `t` from commit `record`: its state store and its offset. The local snapshot is
+/// used when it matches the stored manifest file by file (size and CRC32C); otherwise the files
+/// are downloaded and verified.
 pub(crate) fn restore_task(
     store: &dyn Store,
     stream: StreamId,
@@ -168,21 +249,20 @@ pub(crate) fn restore_task(
     data: &Path,
     record: &CommitRecord,
 ) -> Result<(TaskStore, Version), String> {
-    let dir = snapshot_dir(data, t, record.id);
     let crc = record.manifests.get(&t).copied();
-    // Download into a fresh directory, verified file by file against the manifest the commit names.
+    let manifest = fetch_manifest(store, stream, t, record.id, crc).map_err(|e| format!("{t}: {e}"))?;
+    let local = snapshot_dir(data, t, record.id);
     let dl = task_dir(data, t).join("restore-download");
-    let manifest = download_snapshot(store, stream, t, record.id, crc, &dl).map_err(|e| format!("{t}: {e}"))?;
-    let _ = std::fs::remove_dir_all(&dir);
-    let db = task_dir(data, t).join("db");
-    let ts = if manifest.files.is_empty() {
-        // A task whose checkpoint has no files (sources, sinks) starts with an empty store.
-        let _ = std::fs::remove_dir_all(&db);
-        TaskStore::open(&db)
+    let src = if local_snapshot_matches(&manifest, &local) {
+        tracing::info!(task = %t, checkpoint = %record.id, "restoring from the local snapshot");
+        local
     } else {
-        TaskStore::open_from_snapshot(&dl, &db)
-    }
-    .map_err(|e| format!("{t}: {e}"))?;
+        tracing::info!(task = %t, checkpoint = %record.id, files = manifest.files.len(), "downloading the snapshot");
+        download_files(store, &manifest, &dl).map_err(|e| format!("{t}: {e}"))?;
+        dl.clone()
+    };
+    let db = task_dir(data, t).join("db");
+    let ts = TaskStore::open_from_snapshot(&src, &db).map_err(|e| format!("{t}: {e}"))?;
     let _ = std::fs::remove_dir_all(&dl);
     Ok((ts, record.versions.get(&t).copied().unwrap_or(manifest.version)))
 }
@@ -194,36 +274,34 @@ pub(crate) enum Captured {
     Sink,
 }
 
-/// A job for the uploader pool: write the captured state to the task's store, take the RocksDB
-/// snapshot (hard links), upload it.
+/// A job for the uploader pool: write the captured state as the snapshot's SST file, upload it.
 pub(crate) struct UploadJob {
     pub(crate) task: TaskId,
     pub(crate) id: CheckpointId,
     pub(crate) version: Version,
     pub(crate) dir: PathBuf,
     pub(crate) captured: Captured,
-    pub(crate) state: Arc<TaskStore>,
     pub(crate) results: Arc<ResultStore>,
-    pub(crate) reply: Sender<Control>,
-    pub(crate) wake: Unparker,
+    pub(crate) reply: ControlHandle,
 }
 
 impl UploadJob {
-    fn run(&self, store: &dyn Store, stream: StreamId) -> Result<(u32, u64), String> {
+    fn run(&self, store: &dyn Store, stream: StreamId) -> Result<UploadDone, String> {
+        let t0 = Instant::now();
         let err = |e: StateError| format!("{}: {e}", self.task);
         let _ = std::fs::remove_dir_all(&self.dir);
         match &self.captured {
             Captured::Window(copy) => {
-                let t0 = Instant::now();
-                crate::state::save_window_copy(&self.state, copy).map_err(err)?;
-                let t1 = Instant::now();
-                self.state.snapshot(&self.dir).map_err(err)?;
+                std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+                // Named by checkpoint: SST names are keys in the store, shared by checkpoints.
+                let sst = self.dir.join(format!("state-{:020}.sst", self.id.0));
+                let bytes = crate::state::write_window_snapshot(copy, &sst).map_err(err)?;
                 tracing::debug!(
                     task = %self.task,
                     entries = copy.entries.len(),
-                    write_us = (t1 - t0).as_micros() as u64,
-                    snapshot_us = t1.elapsed().as_micros() as u64,
-                    "state written and snapshotted"
+                    bytes,
+                    write_us = t0.elapsed().as_micros() as u64,
+                    "state snapshot written"
                 );
             }
             // A source's whole state is its offset, which the manifest (and the commit record)
@@ -235,7 +313,14 @@ impl UploadJob {
                 std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
             }
         }
-        upload_snapshot(store, stream, self.task, self.id, self.version, &self.dir).map_err(|e| e.to_string())
+        let up =
+            upload_snapshot(store, stream, self.task, self.id, self.version, &self.dir).map_err(|e| e.to_string())?;
+        Ok(UploadDone {
+            manifest_crc: up.manifest_crc,
+            bytes: up.bytes,
+            files: up.files,
+            upload_us: t0.elapsed().as_micros() as u64,
+        })
     }
 }
 
@@ -254,11 +339,13 @@ pub(crate) fn start_uploaders(
                 .name(format!("weir-upload-{i}"))
                 .spawn(move || {
                     for job in rx {
-                        let t0 = Instant::now();
                         let result = job.run(store.as_ref(), stream);
-                        tracing::debug!(task = %job.task, checkpoint = %job.id, ms = t0.elapsed().as_millis() as u64, ok = result.is_ok(), "upload");
-                        let _ = job.reply.send(Control::Protocol(TaskInput::Uploaded { id: job.id, result }));
-                        job.wake.unpark();
+                        match &result {
+                            Ok(u) => tracing::debug!(task = %job.task, checkpoint = %job.id, us = u.upload_us, bytes = u.bytes, files = u.files, "snapshot uploaded"),
+                            Err(e) => tracing::warn!(task = %job.task, checkpoint = %job.id, error = %e, "snapshot upload failed"),
+                        }
+                        // Waits for room: a lost completion would stall the checkpoint until it times out.
+                        job.reply.send_timeout(Control::Protocol(TaskInput::Uploaded { id: job.id, result }), Duration::from_secs(60));
                     }
                 })
                 .expect("spawn uploader")
@@ -295,18 +382,38 @@ impl ProtoNet {
 
 /// Milliseconds since the epoch: every node's machines share this clock (expiry times cross nodes).
 fn wall_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    wall_us() / 1000
+}
+
+/// Microseconds since the epoch, for statistics.
+fn wall_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The clock readings of a task's part of one checkpoint (the machine has no clock).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TaskClock {
+    id: CheckpointId,
+    first: Instant,
+    first_at_us: u64,
+    align_us: u64,
+    snapshot_us: u64,
+}
+
+impl TaskClock {
+    fn start(id: CheckpointId) -> Self {
+        Self { id, first: Instant::now(), first_at_us: wall_us(), align_us: 0, snapshot_us: 0 }
+    }
 }
 
 /// A task's checkpoint side, owned by its worker.
 pub(crate) struct TaskCkpt {
     pub(crate) machine: TaskMachine,
     pub(crate) data: PathBuf,
-    pub(crate) state: Arc<TaskStore>,
     pub(crate) results: Arc<ResultStore>,
     /// State copied at the barrier, waiting for the machine's `Upload`.
     pub(crate) captured: Option<(Captured, Version)>,
-    pub(crate) peers: Arc<HashMap<TaskId, (Sender<Control>, Unparker)>>,
+    pub(crate) peers: Arc<HashMap<TaskId, ControlHandle>>,
     pub(crate) coord: Sender<CoordInput>,
     /// The coordinator's node, and the network to reach it and tasks elsewhere.
     pub(crate) coord_node: weir_wire::NodeId,
@@ -314,8 +421,8 @@ pub(crate) struct TaskCkpt {
     pub(crate) uploads: Sender<UploadJob>,
     pub(crate) last_tick: Instant,
     pub(crate) log: Arc<CheckpointLog>,
-    /// When the first barrier of the active checkpoint arrived (for the pause statistic).
-    pub(crate) align_start: Option<Instant>,
+    /// Clock readings of the newest checkpoint this task saw a barrier of.
+    pub(crate) clock: Option<TaskClock>,
 }
 
 impl TaskCkpt {
@@ -324,9 +431,8 @@ impl TaskCkpt {
     }
 
     fn send(&mut self, to: TaskId, input: TaskInput) {
-        if let Some((tx, wake)) = self.peers.get(&to) {
-            let _ = tx.try_send(Control::Protocol(input));
-            wake.unpark();
+        if let Some(h) = self.peers.get(&to) {
+            h.try_send(Control::Protocol(input));
         } else if let Some(net) = self.net.as_mut() {
             net.send_task(to, &input);
         }
@@ -358,7 +464,7 @@ impl TaskCkpt {
                     && let Some(id) = s.queued_trigger.take()
                 {
                     let offset = Version(s.offset);
-                    self.align_start = Some(Instant::now());
+                    self.clock = Some(TaskClock::start(id));
                     self.feed(task, TaskInput::SourceReachedTrigger { id, offset })?;
                 }
                 Vec::new()
@@ -370,8 +476,8 @@ impl TaskCkpt {
                 Task::Sink(s) => s.inp.source_of(i),
                 Task::Source(_) => continue,
             };
-            if self.align_start.is_none() {
-                self.align_start = Some(Instant::now());
+            if self.clock.is_none_or(|c| c.id < id) {
+                self.clock = Some(TaskClock::start(id));
             }
             self.feed(task, TaskInput::Trigger { from, id, trans })?;
         }
@@ -392,9 +498,12 @@ impl TaskCkpt {
                 TaskAction::ReopenInput(i) => inputs(task).map_or((), |inp| inp.reopen(i)),
                 TaskAction::ReopenAllInputs => inputs(task).map_or((), |inp| inp.reopen_all()),
                 TaskAction::Snapshot { id, trans, offset } => {
+                    let t0 = Instant::now();
                     let result = self.snapshot(task, id, trans, offset);
-                    if let Some(t0) = self.align_start.take() {
-                        self.log.pauses_us.lock().push(t0.elapsed().as_micros() as u64);
+                    if let Some(c) = self.clock.as_mut().filter(|c| c.id == id) {
+                        c.align_us = (t0 - c.first).as_micros() as u64;
+                        c.snapshot_us = t0.elapsed().as_micros() as u64;
+                        self.log.push_pause(c.align_us + c.snapshot_us);
                     }
                     let dispatched = match &result {
                         Ok(d) => d.clone(),
@@ -409,20 +518,10 @@ impl TaskCkpt {
                     tracing::info!(task = %me, %from, "barrier retrieved and injected")
                 }
                 TaskAction::Upload { id } => {
-                    let (reply, wake) = self.peers.get(&me).cloned().ok_or("no control queue")?;
+                    let reply = self.peers.get(&me).cloned().ok_or("no control queue")?;
                     let (captured, version) = self.captured.take().ok_or("upload without a captured state")?;
                     let dir = snapshot_dir(&self.data, me, id);
-                    let job = UploadJob {
-                        task: me,
-                        id,
-                        version,
-                        dir,
-                        captured,
-                        state: self.state.clone(),
-                        results: self.results.clone(),
-                        reply,
-                        wake,
-                    };
+                    let job = UploadJob { task: me, id, version, dir, captured, results: self.results.clone(), reply };
                     let _ = self.uploads.send(job);
                 }
                 TaskAction::SendReady { to, id, .. } => self.send(to, TaskInput::Ready { from: me, id }),
@@ -445,7 +544,13 @@ impl TaskCkpt {
                     )
                 }
                 TaskAction::SendSourceRsp { .. } => {} // the report carries the same outcome
-                TaskAction::SendReport(report) => {
+                TaskAction::SendReport(mut report) => {
+                    if let Some(c) = self.clock.filter(|c| c.id == report.id) {
+                        report.stats.trigger_at_us = c.first_at_us;
+                        report.stats.align_us = c.align_us;
+                        report.stats.snapshot_us = c.snapshot_us;
+                    }
+                    report.stats.reported_at_us = wall_us();
                     let here = self.machine.setup().node;
                     match self.net.as_mut() {
                         Some(net) if self.coord_node != here => net.send_report(self.coord_node, me, &report),
@@ -567,7 +672,7 @@ impl CoordThread {
         stream: StreamId,
         store: Arc<dyn Store>,
         inbox: Receiver<CoordInput>,
-        peers: Arc<HashMap<TaskId, (Sender<Control>, Unparker)>>,
+        peers: Arc<HashMap<TaskId, ControlHandle>>,
         last: Option<CommitRecord>,
         next_id: CheckpointId,
         log: Arc<CheckpointLog>,
@@ -583,9 +688,8 @@ impl CoordThread {
                 let mut started: HashMap<CheckpointId, Instant> = HashMap::new();
                 let all_tasks: Vec<TaskId> = coord_tasks.clone();
                 let mut send = |t: TaskId, input: TaskInput| {
-                    if let Some((tx, wake)) = peers.get(&t) {
-                        let _ = tx.try_send(Control::Protocol(input));
-                        wake.unpark();
+                    if let Some(h) = peers.get(&t) {
+                        h.try_send(Control::Protocol(input));
                     } else if let Some(net) = net.as_mut() {
                         net.send_task(t, &input);
                     }
@@ -624,13 +728,37 @@ impl CoordThread {
                             }
                             CoordAction::SendReset { task, failed, .. } => send(task, TaskInput::Reset { failed }),
                             CoordAction::SendRestore { .. } => {} // restored before the workers started
-                            CoordAction::Finished { id, duration_ms, outcome } => {
+                            CoordAction::Finished { id, started_at, duration_ms, outcome, tasks } => {
                                 let d = started.remove(&id).map_or(Duration::from_millis(duration_ms), |t| t.elapsed());
+                                let c = checkpoint_stats(stream, id, started_at, d, &outcome, tasks);
                                 match &outcome {
-                                    Ok(()) => tracing::info!(checkpoint = %id, ms = d.as_millis() as u64, "checkpoint committed"),
-                                    Err(why) => tracing::warn!(checkpoint = %id, reason = %why, "checkpoint failed"),
+                                    Ok(()) => tracing::info!(
+                                        stream = %stream,
+                                        checkpoint = %id,
+                                        ms = d.as_secs_f64() * 1e3,
+                                        upload_bytes = c.upload_bytes,
+                                        max_align_us = c.max_align_us,
+                                        max_snapshot_us = c.max_snapshot_us,
+                                        "checkpoint committed"
+                                    ),
+                                    Err(why) => tracing::warn!(stream = %stream, checkpoint = %id, ms = d.as_secs_f64() * 1e3, reason = %why, "checkpoint failed"),
                                 }
-                                log.finished.lock().push((id, d, outcome.is_ok()));
+                                for e in &c.tasks {
+                                    let s = &e.stats;
+                                    tracing::debug!(
+                                        checkpoint = %id,
+                                        task = %e.task,
+                                        trigger_at_us = s.trigger_at_us,
+                                        align_us = s.align_us,
+                                        snapshot_us = s.snapshot_us,
+                                        upload_us = s.upload_us,
+                                        upload_bytes = s.upload_bytes,
+                                        files = s.files,
+                                        reported_at_us = s.reported_at_us,
+                                        "task checkpoint statistics"
+                                    );
+                                }
+                                log.push_finished(c);
                             }
                             CoordAction::Health { healthy, consecutive_failures } => {
                                 tracing::warn!(healthy, consecutive_failures, "stream health changed")
@@ -693,7 +821,7 @@ pub(crate) struct Setup {
     settings: CheckpointSettings,
     last: Option<CommitRecord>,
     next_id: CheckpointId,
-    peers: Arc<HashMap<TaskId, (Sender<Control>, Unparker)>>,
+    peers: Arc<HashMap<TaskId, ControlHandle>>,
     coord_tx: Sender<CoordInput>,
     coord_rx: Receiver<CoordInput>,
     uploads: Sender<UploadJob>,
@@ -713,7 +841,7 @@ impl Setup {
         placement: &crate::spec::Placement,
         cfg: &super::EngineConfig,
         settings: &CheckpointSettings,
-        peers: Arc<HashMap<TaskId, (Sender<Control>, Unparker)>>,
+        peers: Arc<HashMap<TaskId, ControlHandle>>,
         sender: Option<weir_wire::transport::TransportSender>,
     ) -> Result<Setup, super::EngineError> {
         let node_of: HashMap<TaskId, weir_wire::NodeId> =
@@ -796,7 +924,6 @@ impl Setup {
         Ok(TaskCkpt {
             machine,
             data: self.data.clone(),
-            state: Arc::new(state),
             results,
             captured: None,
             peers: self.peers.clone(),
@@ -806,7 +933,7 @@ impl Setup {
             uploads: self.uploads.clone(),
             last_tick: Instant::now(),
             log: self.log.clone(),
-            align_start: None,
+            clock: None,
         })
     }
 

@@ -31,7 +31,7 @@ pub use channel::{ChannelError, Inputs, Msg, Outputs, Rows};
 use channel::{Input, Link, Net, Output};
 pub use checkpointing::{CheckpointLog, CheckpointSettings};
 pub use router::IngestToken;
-use task::{AggTask, Cell, Feed, SinkTask, SourceTask, Task};
+use task::{AggTask, Cell, ControlHandle, Feed, SinkTask, SourceTask, Task};
 pub use task::{Control, Poll, TaskError};
 
 use crate::ingest::{IngestService, LogConfig, SyncPolicy};
@@ -158,7 +158,7 @@ pub struct Engine {
     ingest: Option<Arc<IngestService<IngestToken>>>,
     ingest_acks: Option<crossbeam_channel::Receiver<crate::ingest::Appended<router::IngestToken>>>,
     transport_addr: Option<std::net::SocketAddr>,
-    controls: HashMap<TaskId, (crossbeam_channel::Sender<Control>, Unparker)>,
+    controls: HashMap<TaskId, ControlHandle>,
     coordinator: Option<checkpointing::Running>,
 }
 
@@ -244,10 +244,12 @@ impl Engine {
         // Control queues first: the checkpoint side of every task needs its peers' queues.
         let mut control_rx = HashMap::new();
         let mut controls = HashMap::new();
+        let attention: Vec<Arc<AtomicBool>> = (0..cfg.workers).map(|_| Arc::new(AtomicBool::new(false))).collect();
         for t in &local {
             // Room for protocol traffic (ready messages, acknowledgements) of a few checkpoints.
             let (tx, rx) = crossbeam_channel::bounded(1024);
-            controls.insert(t.id, (tx, unparkers[worker_of[&t.id]].clone()));
+            let w = worker_of[&t.id];
+            controls.insert(t.id, ControlHandle::new(tx, unparkers[w].clone(), attention[w].clone()));
             control_rx.insert(t.id, rx);
         }
         let peers = Arc::new(controls.clone());
@@ -375,7 +377,7 @@ impl Engine {
         };
         let cores = if cfg.pin_workers { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
         let mut workers = Vec::new();
-        for (i, (tasks, parker)) in per_worker.into_iter().zip(parkers).enumerate() {
+        for (i, ((tasks, parker), attention)) in per_worker.into_iter().zip(parkers).zip(attention).enumerate() {
             let shared = shared.clone();
             let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
             let h = std::thread::Builder::new()
@@ -386,7 +388,7 @@ impl Engine {
                     {
                         tracing::warn!(worker = i, core = c.id, "could not pin worker");
                     }
-                    worker(tasks, parker, &shared)
+                    worker(tasks, parker, &attention, &shared)
                 })
                 .map_err(EngineError::Thread)?;
             workers.push(h);
@@ -443,12 +445,12 @@ impl Engine {
 
     /// Sends `c` to local task `task` (handled before its next input).
     pub fn control(&self, task: TaskId, c: Control) -> Result<(), EngineError> {
-        let Some((tx, wake)) = self.controls.get(&task) else {
+        let Some(h) = self.controls.get(&task) else {
             return Err(EngineError::Config(format!("task {task} does not run on this engine")));
         };
-        tx.send_timeout(c, Duration::from_secs(1))
-            .map_err(|_| EngineError::Failed(format!("task {task} does not take control messages")))?;
-        wake.unpark();
+        if !h.send_timeout(c, Duration::from_secs(1)) {
+            return Err(EngineError::Failed(format!("task {task} does not take control messages")));
+        }
         Ok(())
     }
 
@@ -513,18 +515,26 @@ enum Edge {
     Remote(Arc<AtomicU32>),
 }
 
-fn worker(mut tasks: Vec<Cell>, parker: Parker, shared: &Shared) -> Result<(), TaskError> {
+fn worker(mut tasks: Vec<Cell>, parker: Parker, attention: &AtomicBool, shared: &Shared) -> Result<(), TaskError> {
     let mut finished = vec![false; tasks.len()];
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return Ok(());
         }
         let mut busy = false;
-        for (i, t) in tasks.iter_mut().enumerate() {
+        for i in 0..tasks.len() {
+            // Control messages first, for every task of this worker (see `ControlHandle`).
+            if attention.swap(false, Ordering::AcqRel) {
+                for (j, t) in tasks.iter_mut().enumerate() {
+                    if !finished[j] && t.handle_control()? {
+                        finished[j] = true;
+                    }
+                }
+            }
             if finished[i] {
                 continue;
             }
-            let p = match t.poll() {
+            let p = match tasks[i].poll(attention) {
                 Ok(p) => p,
                 // Stopping: other workers drop their tasks, so channels close under us.
                 Err(_) if shared.stop.load(Ordering::Acquire) => return Ok(()),

@@ -3,7 +3,7 @@
 
 use weir_wire::msg::{
     CheckpointReady, CheckpointReadyRsp, CheckpointReport, CheckpointSourceReq, ReportOutcome, RetrieveTriggerReq,
-    TaskCheckpointStats, TaskReset, TriggerKind, TriggerRsp, UpdateCheckpointInfo,
+    TaskReset, TriggerKind, TriggerRsp, UpdateCheckpointInfo,
 };
 use weir_wire::{EncodedFrame, Frame, FrameEncoder, Kind, NodeId, Seq, StreamId, TaskId, TransId};
 
@@ -97,16 +97,9 @@ pub(crate) fn encode_report(
         trans: r.trans,
         outcome,
         version,
-        checkpoint_ts_ms: r.started_at,
+        checkpoint_ts_ms: r.stats.trigger_at_us / 1000,
         manifest_crc: r.manifest_crc,
-        stats: TaskCheckpointStats {
-            trigger_at_ms: r.started_at,
-            align_us: r.align_ms * 1000,
-            snapshot_us: 0,
-            upload_bytes: r.upload_bytes,
-            upload_us: 0,
-            files: 0,
-        },
+        stats: r.stats.clone(),
     };
     enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a report")).ok()
 }
@@ -156,15 +149,8 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
                 ReportOutcome::Done => Ok(m.version),
                 ReportOutcome::Failed { reason } => Err(reason),
             };
-            let report = Report {
-                id: m.checkpoint,
-                trans: m.trans,
-                outcome,
-                manifest_crc: m.manifest_crc,
-                upload_bytes: m.stats.upload_bytes,
-                started_at: m.stats.trigger_at_ms,
-                align_ms: m.stats.align_us / 1000,
-            };
+            let report =
+                Report { id: m.checkpoint, trans: m.trans, outcome, manifest_crc: m.manifest_crc, stats: m.stats };
             Routed::ToCoord(CoordInput::Report { task: m.task, report })
         }
         _ => return None,
@@ -174,7 +160,7 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
 
 #[cfg(test)]
 mod tests {
-    use weir_wire::msg::TriggerRspCode;
+    use weir_wire::msg::{TaskCheckpointStats, TriggerRspCode};
     use weir_wire::{CheckpointId, Version};
 
     use super::*;
@@ -215,9 +201,15 @@ mod tests {
             trans: TransId(2),
             outcome: Ok(Version(9)),
             manifest_crc: 5,
-            upload_bytes: 6,
-            started_at: 1,
-            align_ms: 3,
+            stats: TaskCheckpointStats {
+                trigger_at_us: 1_000,
+                align_us: 3,
+                snapshot_us: 4,
+                upload_bytes: 6,
+                upload_us: 7,
+                files: 8,
+                reported_at_us: 9_000,
+            },
         };
         let f = encode_report(&mut enc, StreamId(1), TaskId(4), NodeId(2), &r).unwrap();
         match decode(&weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()) {

@@ -32,7 +32,7 @@ pub struct IngestToken {
 
 /// Local tasks' control queues and, on the coordinator's node, its inbox.
 pub(crate) type ProtoSide =
-    (Arc<HashMap<TaskId, (Sender<super::task::Control>, Unparker)>>, Option<Sender<crate::checkpoint::CoordInput>>);
+    (Arc<HashMap<TaskId, super::task::ControlHandle>>, Option<Sender<crate::checkpoint::CoordInput>>);
 
 /// The ingest writer and the acknowledgements it produces.
 pub(crate) type IngestSide = (Arc<IngestService<IngestToken>>, Receiver<Appended<IngestToken>>);
@@ -187,9 +187,8 @@ impl Run {
             Kind::Ingest => self.on_ingest(node, &frame),
             other => match super::protocol_wire::decode(&frame) {
                 Some(super::protocol_wire::Routed::ToTask(t, input)) => match self.proto.0.get(&t) {
-                    Some((tx, wake)) => {
-                        let _ = tx.try_send(super::task::Control::Protocol(input));
-                        wake.unpark();
+                    Some(h) => {
+                        h.try_send(super::task::Control::Protocol(input));
                     }
                     None => tracing::warn!(task = %t, %node, "protocol message for a task not on this node"),
                 },

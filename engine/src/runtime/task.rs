@@ -2,8 +2,11 @@
 //! says whether it made progress, so one worker can interleave many tasks without blocking.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use crossbeam_utils::sync::Unparker;
 
 use weir_wire::{Batch, CheckpointId, StreamId, TaskId, TransId};
 
@@ -170,7 +173,7 @@ pub(crate) struct AggTask {
 }
 
 impl AggTask {
-    fn poll(&mut self) -> Result<Poll, TaskError> {
+    fn poll(&mut self, attention: &AtomicBool) -> Result<Poll, TaskError> {
         if !self.out.flush()? {
             return Ok(Poll::Blocked);
         }
@@ -181,6 +184,9 @@ impl AggTask {
         let n_out = self.out.len();
         let mut worked = false;
         for _ in 0..BUDGET {
+            if attention.load(Ordering::Relaxed) {
+                break;
+            }
             let Some((i, m)) = self.inp.next_msg() else { break };
             worked = true;
             let builders = &mut self.builders;
@@ -235,13 +241,16 @@ pub(crate) struct SinkTask {
 }
 
 impl SinkTask {
-    fn poll(&mut self) -> Result<Poll, TaskError> {
+    fn poll(&mut self, attention: &AtomicBool) -> Result<Poll, TaskError> {
         if self.inp.all_ended() {
             return Ok(Poll::Finished);
         }
         self.inp.retry_grants();
         let mut worked = false;
         for _ in 0..BUDGET {
+            if attention.load(Ordering::Relaxed) {
+                break;
+            }
             let Some((i, m)) = self.inp.next_msg() else { break };
             worked = true;
             if let Msg::Trigger { id, trans } = m {
@@ -273,6 +282,43 @@ pub enum Control {
     Protocol(crate::checkpoint::TaskInput),
 }
 
+/// How others reach a task's control queue. Sending also raises the owning worker's attention
+/// flag, which cuts the data budget of whatever task that worker is polling short: control
+/// messages (barrier answers, ready messages, upload completions) wait at most one message of
+/// data work, not a whole round over the worker's tasks. That is what keeps the checkpoint's
+/// ready chain, several hops long, within milliseconds while the workers run flat out.
+#[derive(Clone, Debug)]
+pub(crate) struct ControlHandle {
+    tx: Sender<Control>,
+    wake: Unparker,
+    attention: Arc<AtomicBool>,
+}
+
+impl ControlHandle {
+    pub(crate) fn new(tx: Sender<Control>, wake: Unparker, attention: Arc<AtomicBool>) -> Self {
+        Self { tx, wake, attention }
+    }
+
+    fn notify(&self) {
+        self.attention.store(true, Ordering::Release);
+        self.wake.unpark();
+    }
+
+    /// Queues `c` unless the queue is full (a lost protocol message is resent or times out).
+    pub(crate) fn try_send(&self, c: Control) -> bool {
+        let ok = self.tx.try_send(c).is_ok();
+        self.notify();
+        ok
+    }
+
+    /// Queues `c`, waiting up to `timeout` for room.
+    pub(crate) fn send_timeout(&self, c: Control, timeout: Duration) -> bool {
+        let ok = self.tx.send_timeout(c, timeout).is_ok();
+        self.notify();
+        ok
+    }
+}
+
 /// A task with its control queue (and its checkpoint side), as a worker holds it.
 pub(crate) struct Cell {
     pub(crate) task: Task,
@@ -282,12 +328,13 @@ pub(crate) struct Cell {
 }
 
 impl Cell {
-    pub(crate) fn poll(&mut self) -> Result<Poll, TaskError> {
+    /// Handles the queued control messages; `Ok(true)` when told to stop.
+    pub(crate) fn handle_control(&mut self) -> Result<bool, TaskError> {
         while let Ok(c) = self.control.try_recv() {
             match c {
                 Control::Pause => self.paused = true,
                 Control::Resume => self.paused = false,
-                Control::Stop => return Ok(Poll::Finished),
+                Control::Stop => return Ok(true),
                 Control::Protocol(input) => {
                     if let Some(ck) = self.ckpt.as_mut() {
                         let input = ck.prepare(&self.task, input);
@@ -296,13 +343,22 @@ impl Cell {
                 }
             }
         }
+        Ok(false)
+    }
+
+    /// Handles control messages, then does a bounded amount of data work (cut short when
+    /// `attention` rises).
+    pub(crate) fn poll(&mut self, attention: &AtomicBool) -> Result<Poll, TaskError> {
+        if self.handle_control()? {
+            return Ok(Poll::Finished);
+        }
         if let Some(ck) = self.ckpt.as_mut() {
             ck.before_poll(&mut self.task).map_err(TaskError::Checkpoint)?;
         }
         if self.paused {
             return Ok(Poll::Idle);
         }
-        let p = self.task.poll()?;
+        let p = self.task.poll(attention)?;
         if let Some(ck) = self.ckpt.as_mut() {
             ck.after_poll(&mut self.task).map_err(TaskError::Checkpoint)?;
         }
@@ -318,11 +374,11 @@ pub(crate) enum Task {
 }
 
 impl Task {
-    pub(crate) fn poll(&mut self) -> Result<Poll, TaskError> {
+    pub(crate) fn poll(&mut self, attention: &AtomicBool) -> Result<Poll, TaskError> {
         match self {
             Task::Source(t) => t.poll(),
-            Task::Agg(t) => t.poll(),
-            Task::Sink(t) => t.poll(),
+            Task::Agg(t) => t.poll(attention),
+            Task::Sink(t) => t.poll(attention),
         }
     }
 }

@@ -39,12 +39,13 @@ pub fn trigger() -> CheckpointTrigger {
 
 pub fn stats() -> TaskCheckpointStats {
     TaskCheckpointStats {
-        trigger_at_ms: 1_700_000_000_123,
+        trigger_at_us: 1_700_000_000_123_000,
         align_us: 250,
         snapshot_us: 1200,
         upload_bytes: 1 << 20,
         upload_us: 30_000,
         files: 12,
+        reported_at_us: 1_700_000_000_160_000,
     }
 }
 
