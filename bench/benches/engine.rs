@@ -1,14 +1,17 @@
-//! Engine parts: the generator, window aggregation, and the ingest log append path.
+//! Engine parts: the generator, window aggregation, the ingest log append path, and a window
+//! agg's checkpoint: the synchronous state copy and the background snapshot write and store.
 //! Results and the command are in docs/benchmarks.md.
 
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use weir_engine::backup::{LocalDirStore, upload_snapshot};
 use weir_engine::ingest::{IngestLog, LogConfig};
 use weir_engine::operator::generator::{Generator, GeneratorSpec};
 use weir_engine::operator::window::{WindowAgg, WindowSpec};
 use weir_engine::spec::shuffle;
-use weir_engine::wire::Batch;
+use weir_engine::state::{WindowStateCopy, write_window_snapshot};
+use weir_engine::wire::{Batch, CheckpointId, StreamId, TaskId, Version};
 
 const ROWS: usize = 4096;
 
@@ -66,6 +69,30 @@ fn parts(c: &mut Criterion) {
         b.iter(|| {
             log.append(&rows).expect("append");
             log.sync().expect("sync")
+        })
+    });
+    g.finish();
+
+    // The agg's part of a checkpoint in the end-to-end job: 10,000 keys in one open window.
+    let mut g = c.benchmark_group("checkpoint");
+    g.measurement_time(Duration::from_secs(5));
+    let mut agg = WindowAgg::new(WindowSpec::tumbling(1_000_000), 0, 1);
+    for o in 0..400_000u64 {
+        let (t, k, v) = generator.row(o);
+        agg.add(t, k, v);
+    }
+    g.bench_function("copy_state_10k_keys", |b| b.iter(|| WindowStateCopy::of(&agg)));
+    let copy = WindowStateCopy::of(&agg);
+    assert_eq!(copy.entries.len(), 10_000);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = LocalDirStore::new(dir.path().join("remote"));
+    let mut id = 0u64;
+    g.bench_function("write_and_store_snapshot_10k_keys", |b| {
+        b.iter(|| {
+            id += 1;
+            let snap = dir.path().join(format!("chk-{id}"));
+            write_window_snapshot(&copy, &snap.join(format!("state-{id:020}.sst"))).expect("write");
+            upload_snapshot(&store, StreamId(1), TaskId(2), CheckpointId(id), Version(0), &snap).expect("store")
         })
     });
     g.finish();

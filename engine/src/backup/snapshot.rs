@@ -91,6 +91,9 @@ pub fn manifest_key(stream: StreamId, task: TaskId, id: CheckpointId) -> String 
     format!("{}/chk-{}/MANIFEST.weir", task_prefix(stream, task), id.0)
 }
 
+/// Objects one upload stores at the same time (besides its manifest).
+const PARALLEL_PUTS: usize = 8;
+
 /// What [`upload_snapshot`] stored.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UploadSummary {
@@ -119,7 +122,8 @@ pub fn upload_snapshot(
     };
     let prefix = task_prefix(stream, task);
     let mut files = Vec::new();
-    let mut sent = 0u64;
+    // What to store: (key, the file, its bytes when small), decided before anything is sent.
+    let mut puts: Vec<(String, std::path::PathBuf, Option<Vec<u8>>)> = Vec::new();
     let mut names: Vec<_> =
         fs::read_dir(dir).map_err(io)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>().map_err(io)?;
     names.sort();
@@ -128,21 +132,42 @@ pub fn upload_snapshot(
         let bytes = fs::read(&path).map_err(io)?;
         let is_sst = name.ends_with(".sst");
         let key = if is_sst { format!("{prefix}/sst/{name}") } else { format!("{prefix}/chk-{}/{name}", id.0) };
+        files.push(ManifestEntry { name, key: key.clone(), size: bytes.len() as u64, crc: crc32c::crc32c(&bytes) });
         if !(is_sst && store.size(&key)? == Some(bytes.len() as u64)) {
             // SST files are immutable once written: a store may share the file (the local one
             // hard-links it) instead of copying the bytes.
-            if is_sst {
-                store.put_file(&key, &path)?
-            } else {
-                store.put(&key, &bytes)?
-            }
-            sent += bytes.len() as u64;
+            puts.push((key, path, (!is_sst).then_some(bytes)));
         }
-        files.push(ManifestEntry { name, key, size: bytes.len() as u64, crc: crc32c::crc32c(&bytes) });
     }
+    let sent: u64 = files.iter().filter(|f| puts.iter().any(|p| p.0 == f.key)).map(|f| f.size).sum();
     let count = files.len() as u32;
     let manifest = Manifest { id, version, files }.encode();
-    store.put(&manifest_key(stream, task, id), manifest.as_bytes())?;
+    // Every object, the manifest included, goes up at once: each put waits for the store's
+    // durability (an fsync, a request), and nothing here depends on another. A manifest stored
+    // before its files is harmless: only a commit record, written after this returns, makes a
+    // checkpoint restorable.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let worker = || -> Result<(), StoreError> {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((key, path, bytes)) = puts.get(i) else { return Ok(()) };
+                match bytes {
+                    Some(b) => store.put(key, b)?,
+                    None => store.put_file(key, path)?,
+                }
+            }
+        };
+        let handles: Vec<_> = (0..puts.len().min(PARALLEL_PUTS)).map(|_| scope.spawn(worker)).collect();
+        let mut result = store.put(&manifest_key(stream, task, id), manifest.as_bytes());
+        for h in handles {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(StoreError::Unavailable { op: "put", key: dir.display().to_string(), reason: "panicked".into() })
+            });
+            result = result.and(r);
+        }
+        result
+    })?;
     Ok(UploadSummary {
         manifest_crc: crc32c::crc32c(manifest.as_bytes()),
         bytes: sent + manifest.len() as u64,

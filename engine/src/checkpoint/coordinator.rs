@@ -5,6 +5,9 @@
 //!
 //! Invariants:
 //! - Ids only grow, and are persisted before use, so a restarted coordinator never reuses one.
+//!   They are reserved in blocks of [`ID_BLOCK`] (`PersistNextId` names the first id past the
+//!   block), so a checkpoint normally starts without a write to the store; a restart skips the
+//!   rest of the block.
 //! - At most one checkpoint is in flight.
 //! - Nothing commits without a successful report from every task of the stream, each matching
 //!   the checkpoint's id and transaction; the commit record is written durably (`WriteCommit`,
@@ -107,10 +110,14 @@ pub enum CoordInput {
     },
 }
 
+/// Ids reserved by one `PersistNextId`.
+pub const ID_BLOCK: u64 = 256;
+
 /// Actions of the coordinator, in order.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CoordAction {
-    /// Make the next id durable before anything that follows.
+    /// Make this the first id a restarted coordinator may use, durably, before anything that
+    /// follows: every id below it is reserved.
     PersistNextId(CheckpointId),
     /// Ask source `task` to start checkpoint `id`.
     SendSourceReq {
@@ -224,6 +231,8 @@ pub struct Coordinator {
     phase: Phase,
     now: u64,
     next_id: CheckpointId,
+    /// Ids below this are reserved durably.
+    reserved: CheckpointId,
     next_trans: TransId,
     flight: Option<Flight>,
     /// When the last checkpoint started / ended.
@@ -244,6 +253,7 @@ impl Coordinator {
             phase: Phase::Down,
             now: 0,
             next_id: CheckpointId(1),
+            reserved: CheckpointId(1),
             next_trans: TransId(1),
             flight: None,
             last_start: None,
@@ -302,6 +312,7 @@ impl Coordinator {
                 self.now = now;
                 // Never below a committed id, whatever the meta says.
                 self.next_id = next_id.max(last_commit.as_ref().map_or(CheckpointId(1), |c| c.id.next()));
+                self.reserved = self.next_id;
                 self.flight = None;
                 self.earliest_first = now + self.cfg.first_delay_ms;
                 self.last_commit = last_commit.clone();
@@ -404,7 +415,11 @@ impl Coordinator {
         self.next_trans = TransId(trans.0 + 1);
         self.last_start = Some(now);
         self.flight = Some(Flight { id, trans, started: now, reports: BTreeMap::new(), committing: None });
-        let mut out = vec![CoordAction::PersistNextId(self.next_id)];
+        let mut out = Vec::new();
+        if id >= self.reserved {
+            self.reserved = CheckpointId(id.0 + ID_BLOCK);
+            out.push(CoordAction::PersistNextId(self.reserved));
+        }
         let expire_at = now + self.cfg.timeout_ms;
         for (task, node, role) in &self.cfg.tasks {
             if *role == Role::Source {

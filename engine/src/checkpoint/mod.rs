@@ -8,7 +8,7 @@
 pub mod coordinator;
 pub mod task;
 
-pub use coordinator::{CommitRecord, CoordAction, CoordInput, Coordinator, CoordinatorConfig};
+pub use coordinator::{CommitRecord, CoordAction, CoordInput, Coordinator, CoordinatorConfig, ID_BLOCK};
 pub use task::{
     Discard, Report, Role, SourceAnswer, TaskAction, TaskInput, TaskMachine, TaskSetup, TaskState, UploadDone,
 };

@@ -446,7 +446,7 @@ fn first_checkpoint_waits_for_the_start_delay_then_persists_the_id_before_asking
     let mut c = started();
     assert!(c.handle(CoordInput::Tick { now: 299 }).is_empty());
     let out = c.handle(CoordInput::Tick { now: 300 });
-    assert_eq!(out[0], CoordAction::PersistNextId(C2));
+    assert_eq!(out[0], CoordAction::PersistNextId(CheckpointId(1 + ID_BLOCK)));
     assert_eq!(
         out[1],
         CoordAction::SendSourceReq { task: TaskId(1), node: NodeId(1), id: C1, trans: T1, expire_at: 5_300 }
@@ -526,8 +526,44 @@ fn failure_report_resets_every_task_and_the_next_checkpoint_goes_ahead() {
     assert_eq!(c.in_flight(), None);
     assert!(c.handle(CoordInput::Tick { now: 400 }).is_empty(), "the minimum pause holds");
     let out = c.handle(CoordInput::Tick { now: 1_300 });
-    assert!(out.contains(&CoordAction::PersistNextId(C3)));
+    assert!(!out.iter().any(|a| matches!(a, CoordAction::PersistNextId(_))), "id 2 is in the reserved block");
     assert!(out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C2, .. })));
+}
+
+#[test]
+fn ids_are_reserved_in_blocks_and_a_restart_never_reuses_one() {
+    let mut c = started();
+    let mut persisted = CheckpointId(1);
+    let mut last = CheckpointId(0);
+    for n in 0..(ID_BLOCK + 5) {
+        let mut out = c.handle(CoordInput::Tick { now: 1_000 + n * 10_000 });
+        out.extend(c.handle(CoordInput::Trigger));
+        let id = out.iter().find_map(|a| match a {
+            CoordAction::SendSourceReq { id, .. } => Some(*id),
+            _ => None,
+        });
+        let id = id.expect("a checkpoint starts");
+        if let Some(CoordAction::PersistNextId(p)) = out.first() {
+            persisted = *p;
+        }
+        assert!(id > last && id < persisted, "id {id} used before it was reserved (reserved below {persisted})");
+        last = id;
+        // End it so the next one can start.
+        c.handle(CoordInput::Tick { now: 1_000 + n * 10_000 + 6_000 });
+    }
+    // A restart from the persisted value starts past every id used.
+    let mut r = Coordinator::new(coord_cfg());
+    r.handle(CoordInput::Start { now: 0, next_id: persisted, last_commit: None });
+    for t in [TaskId(1), TaskId(10), TaskId(20)] {
+        r.handle(CoordInput::Consensus { task: t, latest: CheckpointId(0) });
+    }
+    let mut out = r.handle(CoordInput::Tick { now: 1_000 });
+    out.extend(r.handle(CoordInput::Trigger));
+    let id = out.iter().find_map(|a| match a {
+        CoordAction::SendSourceReq { id, .. } => Some(*id),
+        _ => None,
+    });
+    assert!(id.expect("a checkpoint starts") > last);
 }
 
 #[test]

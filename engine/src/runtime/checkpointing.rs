@@ -703,16 +703,20 @@ impl CoordThread {
                         pending.extend(coord.handle(CoordInput::Consensus { task: *t, latest: CheckpointId(0) }));
                     }
                 }
+                let mut reserving: Option<Instant> = None;
                 while !stop2.load(Ordering::Acquire) {
                     while let Some(a) = (!pending.is_empty()).then(|| pending.remove(0)) {
                         match a {
                             CoordAction::PersistNextId(id) => {
+                                // The checkpoint that needs the id starts now: its duration includes this write.
+                                reserving = Some(Instant::now());
                                 if let Err(e) = store.put(&next_id_key(stream), id.0.to_string().as_bytes()) {
                                     tracing::error!(error = %e, "cannot persist the next checkpoint id");
                                 }
                             }
                             CoordAction::SendSourceReq { task, id, trans, expire_at, .. } => {
-                                started.entry(id).or_insert_with(Instant::now);
+                                let t0 = reserving.take().unwrap_or_else(Instant::now);
+                                started.entry(id).or_insert(t0);
                                 send(task, TaskInput::SourceReq { id, trans, expire_at });
                             }
                             CoordAction::WriteCommit(record) => {
