@@ -113,6 +113,10 @@ fn two_engines(
 
 #[test]
 fn checkpoints_commit_across_two_engines_and_both_restore_from_them() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let (d1, d2, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let spec = spec(100_000);
     // First run: node 1 coordinates; stop both engines mid-stream after a few commits.
@@ -136,4 +140,58 @@ fn checkpoints_commit_across_two_engines_and_both_restore_from_them() {
     got.extend(ResultStore::open(&d2.path().join("results")).unwrap().scan(spec.id).unwrap());
     got.sort_by_key(|r| (r.key, r.start));
     assert_eq!(got, util::reference(&spec));
+}
+
+#[test]
+fn status_responses_carry_task_state_and_per_task_checkpoint_statistics() {
+    use weir_engine::wire::msg::{CheckpointOutcome, StatusReq, StatusRsp};
+    use weir_engine::wire::transport::client::BlockingClient;
+
+    let (d1, d2, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let spec = spec(100_000);
+    let (e1, e2) = two_engines(&spec, d1.path(), d2.path(), remote.path());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while e1.checkpoints().unwrap().totals().0 < 2 {
+        assert!(Instant::now() < deadline, "fewer than 2 checkpoints committed across two engines in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ask = |e: &Engine, request: u64| -> StatusRsp {
+        let addr = e.transport_addr().expect("listening");
+        let mut c =
+            BlockingClient::connect(addr, "ck-test", NodeId(900), b"checkpoint-test-secret", Duration::from_secs(10))
+                .unwrap();
+        c.send(&StatusReq { request }).unwrap();
+        c.recv().unwrap().to_owned::<StatusRsp>().unwrap()
+    };
+    let (s1, s2) = (ask(&e1, 7), ask(&e2, 8));
+    e1.stop();
+    e2.stop();
+    e1.wait().unwrap();
+    e2.wait().unwrap();
+
+    assert_eq!((s1.request, s1.node, s2.request, s2.node), (7, NodeId(1), 8, NodeId(2)));
+    let topo = spec.topology();
+    let mut tasks: Vec<_> = s1.tasks.iter().chain(&s2.tasks).map(|t| t.task).collect();
+    tasks.sort();
+    let mut want: Vec<_> = topo.tasks.iter().map(|t| t.id).collect();
+    want.sort();
+    assert_eq!(tasks, want, "every task is reported by the node it runs on");
+    assert!(s1.tasks.iter().chain(&s2.tasks).all(|t| t.latest.0 >= 1), "every task has a committed checkpoint");
+    assert!(s1.tasks.iter().chain(&s2.tasks).all(|t| t.rows_in + t.rows_out > 0), "every task moved rows");
+    // The coordinator (node 1) lists the checkpoints, each with every task's figures.
+    assert!(s2.checkpoints.is_empty());
+    let c = s1.checkpoints.iter().find(|c| c.outcome == CheckpointOutcome::Committed).expect("a committed checkpoint");
+    assert!(c.duration_us > 0 && c.started_at_ms > 0);
+    assert_eq!(c.tasks.len(), topo.tasks.len());
+    for e in &c.tasks {
+        let s = &e.stats;
+        assert!(s.trigger_at_us > 0 && s.reported_at_us >= s.trigger_at_us, "{e:?}");
+        assert!(s.upload_us > 0, "{e:?}");
+    }
+    let aggs: Vec<_> =
+        topo.tasks.iter().filter(|t| matches!(t.kind, weir_engine::spec::TaskKind::Agg { .. })).map(|t| t.id).collect();
+    for e in c.tasks.iter().filter(|e| aggs.contains(&e.task)) {
+        assert!(e.stats.files == 1 && e.stats.upload_bytes > 0, "an agg stores its state file: {e:?}");
+    }
+    assert_eq!(c.upload_bytes, c.tasks.iter().map(|e| e.stats.upload_bytes).sum::<u64>());
 }

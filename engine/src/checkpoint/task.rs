@@ -173,6 +173,11 @@ pub enum TaskInput {
         /// What was stored, or why not.
         result: Result<UploadDone, String>,
     },
+    /// Upstream `from` ended its stream: it will send no trigger again.
+    UpstreamEnded {
+        /// Upstream.
+        from: TaskId,
+    },
     /// Downstream `from` is ready for `id`.
     Ready {
         /// Downstream.
@@ -396,6 +401,9 @@ pub struct TaskMachine {
     latest_version: Version,
     failed: Option<CheckpointId>,
     active: Option<Active>,
+    /// Per upstream: it sent its end of stream, so no trigger will ever come from it: it counts
+    /// as aligned in every checkpoint from now on.
+    ended: Vec<bool>,
     now: u64,
     /// Checkpoints this task started.
     pub started: u64,
@@ -407,6 +415,7 @@ impl TaskMachine {
     /// A task in `Uninit`; feed `Restored` to make it ready.
     pub fn new(setup: TaskSetup) -> Self {
         Self {
+            ended: vec![false; setup.upstreams.len()],
             setup,
             state: TaskState::Uninit,
             latest: CheckpointId(0),
@@ -459,7 +468,7 @@ impl TaskMachine {
         self.active = Some(Active {
             id,
             trans,
-            triggers: vec![false; self.setup.upstreams.len()],
+            triggers: self.ended.clone(),
             source_req,
             offset: Version(0),
             snapshot_taken: false,
@@ -503,6 +512,21 @@ impl TaskMachine {
                 _ => self.discard(Discard::Invalid),
             },
             TaskInput::Trigger { from, id, trans } => self.trigger(from, id, trans),
+            TaskInput::UpstreamEnded { from } => {
+                let Some(i) = self.upstream_index(from) else { return self.discard(Discard::Misdirected) };
+                self.ended[i] = true;
+                match self.active.as_mut() {
+                    // An alignment waiting for this upstream is complete without it.
+                    Some(a) if !a.triggers[i] => {
+                        a.triggers[i] = true;
+                        if a.triggers.iter().all(|t| *t) && !a.snapshot_taken {
+                            return vec![TaskAction::Snapshot { id: a.id, trans: a.trans, offset: Version(0) }];
+                        }
+                        Vec::new()
+                    }
+                    _ => Vec::new(),
+                }
+            }
             TaskInput::SnapshotTaken { id, result } => self.snapshot_taken(id, result),
             TaskInput::TriggerDispatched { to, seq } => {
                 let i = self.downstream_index(to);

@@ -170,6 +170,28 @@ fn alignment_closes_inputs_until_every_trigger_arrived_then_snapshots() {
 }
 
 #[test]
+fn an_upstream_that_ended_counts_as_aligned_now_and_in_later_checkpoints() {
+    let mut m = agg();
+    // Waiting for upstream 2's trigger when it ends instead: the alignment is complete.
+    m.handle(trig(1, C1));
+    assert_eq!(
+        m.handle(TaskInput::UpstreamEnded { from: TaskId(2) }),
+        vec![TaskAction::Snapshot { id: C1, trans: T1, offset: Version(0) }]
+    );
+    // The next checkpoint needs upstream 1 only.
+    let mut m = agg();
+    assert!(m.handle(TaskInput::UpstreamEnded { from: TaskId(2) }).is_empty());
+    assert_eq!(
+        m.handle(trig(1, C1)),
+        vec![TaskAction::CloseInput(0), TaskAction::Snapshot { id: C1, trans: T1, offset: Version(0) }]
+    );
+    assert_eq!(
+        m.handle(TaskInput::UpstreamEnded { from: TaskId(7) }),
+        vec![TaskAction::Discarded(Discard::Misdirected)]
+    );
+}
+
+#[test]
 fn snapshot_reopens_every_input_at_once_and_uploads_in_the_background() {
     let mut m = agg();
     m.handle(trig(1, C1));

@@ -456,6 +456,19 @@ impl TaskCkpt {
 
     /// Barriers the task took, and a source that reached its queued trigger.
     pub(crate) fn after_poll(&mut self, task: &mut Task) -> Result<(), String> {
+        let ended = match task {
+            Task::Agg(a) => std::mem::take(&mut a.ended_inputs),
+            Task::Sink(s) => std::mem::take(&mut s.ended_inputs),
+            Task::Source(_) => Vec::new(),
+        };
+        for i in ended {
+            let from = match task {
+                Task::Agg(a) => a.inp.source_of(i),
+                Task::Sink(s) => s.inp.source_of(i),
+                Task::Source(_) => continue,
+            };
+            self.feed(task, TaskInput::UpstreamEnded { from })?;
+        }
         let barriers = match task {
             Task::Agg(a) => std::mem::take(&mut a.barriers),
             Task::Sink(s) => std::mem::take(&mut s.barriers),

@@ -14,6 +14,7 @@ mod channel;
 mod checkpointing;
 mod protocol_wire;
 mod router;
+mod status;
 mod task;
 
 use std::collections::HashMap;
@@ -160,6 +161,7 @@ pub struct Engine {
     transport_addr: Option<std::net::SocketAddr>,
     controls: HashMap<TaskId, ControlHandle>,
     coordinator: Option<checkpointing::Running>,
+    status: Arc<status::StatusBoard>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -240,6 +242,8 @@ impl Engine {
         };
 
         let net = |t: &Transport| Net { sender: t.sender(), encoder: FrameEncoder::new() };
+        let boards: HashMap<TaskId, Arc<status::TaskBoard>> =
+            local.iter().map(|t| (t.id, status::TaskBoard::new(t.id))).collect();
         let mut per_worker: Vec<Vec<Cell>> = (0..cfg.workers).map(|_| Vec::new()).collect();
         // Control queues first: the checkpoint side of every task needs its peers' queues.
         let mut control_rx = HashMap::new();
@@ -331,6 +335,7 @@ impl Engine {
                         scratch: Batch::default(),
                         ended: false,
                         stats: stats.clone(),
+                        board: boards[&t.id].clone(),
                         queued_trigger: None,
                     }))
                 }
@@ -342,7 +347,9 @@ impl Engine {
                     out,
                     ended: false,
                     stats: stats.clone(),
+                    board: boards[&t.id].clone(),
                     barriers: Vec::new(),
+                    ended_inputs: Vec::new(),
                 })),
                 TaskKind::Sink { .. } => Task::Sink(Box::new(SinkTask {
                     id: t.id,
@@ -351,7 +358,9 @@ impl Engine {
                     inp,
                     throttle: cfg.sink_throttle,
                     stats: stats.clone(),
+                    board: boards[&t.id].clone(),
                     barriers: Vec::new(),
+                    ended_inputs: Vec::new(),
                 })),
             };
             let mut task = task;
@@ -360,10 +369,18 @@ impl Engine {
                 None => None,
             };
             let control = control_rx.remove(&t.id).expect("control queue");
-            per_worker[worker_of[&t.id]].push(Cell { task, control, paused: false, ckpt: ck });
+            let board = boards[&t.id].clone();
+            per_worker[worker_of[&t.id]].push(Cell { task, control, paused: false, ckpt: ck, board });
         }
         let coord_inbox = ckpt.as_ref().and_then(checkpointing::Setup::coordinator_inbox);
         let coordinator = ckpt.map(|setup| setup.start_coordinator());
+        let status = Arc::new(status::StatusBoard {
+            node: me,
+            stream: spec.id,
+            started: std::time::Instant::now(),
+            tasks: local.iter().map(|t| boards[&t.id].clone()).collect(),
+            checkpoints: coordinator.as_ref().map(|c| c.log.clone()),
+        });
 
         // With a transport, the router acknowledges ingest requests to their clients; without
         // one, whoever appends locally reads the acknowledgements from `Engine::ingest_acks`.
@@ -371,7 +388,9 @@ impl Engine {
             Some(t) => {
                 let ing = ingest.clone().map(|s| (s, ack_rx));
                 let proto = (peers.clone(), coord_inbox);
-                (Some(router::Router::start(t, router_in, router_credits, shared.clone(), ing, proto)?), None)
+                let r =
+                    router::Router::start(t, router_in, router_credits, shared.clone(), ing, proto, status.clone())?;
+                (Some(r), None)
             }
             None => (None, ingest.as_ref().map(|_| ack_rx)),
         };
@@ -405,7 +424,15 @@ impl Engine {
             transport_addr,
             controls,
             coordinator,
+            status,
         })
+    }
+
+    /// This node's status: its tasks' protocol state and counters and, on the coordinator's
+    /// node, the recent checkpoints with per-task statistics. Clients get the same over the
+    /// transport by sending a `StatusReq`.
+    pub fn status(&self) -> weir_wire::msg::StatusRsp {
+        self.status.response(0)
     }
 
     /// Counters.

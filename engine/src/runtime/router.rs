@@ -56,6 +56,7 @@ impl Router {
         shared: Arc<Shared>,
         ingest: Option<IngestSide>,
         proto: ProtoSide,
+        status: Arc<super::status::StatusBoard>,
     ) -> Result<Router, super::EngineError> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -63,7 +64,8 @@ impl Router {
         let thread = std::thread::Builder::new()
             .name("weir-router".into())
             .spawn(move || {
-                let mut r = Run { transport, inputs, credits, shared, ingest, encoder: FrameEncoder::new(), proto };
+                let mut r =
+                    Run { transport, inputs, credits, shared, ingest, encoder: FrameEncoder::new(), proto, status };
                 r.run(&stop2);
                 r.transport
             })
@@ -90,6 +92,7 @@ struct Run {
     ingest: Option<IngestSide>,
     encoder: FrameEncoder,
     proto: ProtoSide,
+    status: Arc<super::status::StatusBoard>,
 }
 
 impl Run {
@@ -185,6 +188,17 @@ impl Run {
                 }
             }
             Kind::Ingest => self.on_ingest(node, &frame),
+            Kind::StatusReq => {
+                let Ok(req) = frame.to_owned::<weir_wire::msg::StatusReq>() else { return };
+                match self.encoder.encode(&self.status.response(req.request)) {
+                    Ok(f) => {
+                        if let Err(e) = self.transport.sender().send_timeout(node, f, Duration::from_secs(1)) {
+                            tracing::warn!(client = %node, error = %e, "cannot deliver a status response");
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "cannot encode a status response"),
+                }
+            }
             other => match super::protocol_wire::decode(&frame) {
                 Some(super::protocol_wire::Routed::ToTask(t, input)) => match self.proto.0.get(&t) {
                     Some(h) => {

@@ -12,6 +12,7 @@ use weir_wire::{Batch, CheckpointId, StreamId, TaskId, TransId};
 
 use super::EngineStats;
 use super::channel::{ChannelError, Inputs, Msg, Outputs, Rows};
+use super::status::TaskBoard;
 use crate::ingest::LogReader;
 use crate::operator::generator::Generator;
 use crate::operator::window::{WindowAgg, WindowResult};
@@ -82,6 +83,7 @@ pub(crate) struct SourceTask {
     pub(crate) scratch: Batch,
     pub(crate) ended: bool,
     pub(crate) stats: Arc<EngineStats>,
+    pub(crate) board: Arc<TaskBoard>,
     /// A checkpoint trigger queued behind the data already emitted.
     pub(crate) queued_trigger: Option<CheckpointId>,
 }
@@ -146,6 +148,7 @@ impl SourceTask {
         };
         self.offset += rows;
         self.stats.rows_in.fetch_add(rows, Ordering::Relaxed);
+        self.board.rows_out.fetch_add(rows, Ordering::Relaxed);
         let cap = self.batch_rows / n_out.max(1) + 16;
         for i in 0..n_out {
             if !self.builders[i].is_empty() {
@@ -168,8 +171,11 @@ pub(crate) struct AggTask {
     pub(crate) dispatch: Dispatch,
     pub(crate) ended: bool,
     pub(crate) stats: Arc<EngineStats>,
+    pub(crate) board: Arc<TaskBoard>,
     /// Barriers taken from the inputs, for the checkpoint machine: (input, id, trans).
     pub(crate) barriers: Vec<(usize, CheckpointId, TransId)>,
+    /// Inputs whose end of stream was taken, for the checkpoint machine.
+    pub(crate) ended_inputs: Vec<usize>,
 }
 
 impl AggTask {
@@ -196,9 +202,13 @@ impl AggTask {
                     let agg = &mut self.agg;
                     rows.for_each(|t, k, v| agg.add(t, k, v));
                     self.stats.rows_aggregated.fetch_add(rows.len() as u64, Ordering::Relaxed);
+                    self.board.rows_in.fetch_add(rows.len() as u64, Ordering::Relaxed);
                 }
                 Msg::Progress(ts) => self.agg.advance(i, ts, |r| builders[dispatch.pick(r.key, n_out)].push(r)),
-                Msg::End => self.agg.advance(i, i64::MAX, |r| builders[dispatch.pick(r.key, n_out)].push(r)),
+                Msg::End => {
+                    self.agg.advance(i, i64::MAX, |r| builders[dispatch.pick(r.key, n_out)].push(r));
+                    self.ended_inputs.push(i);
+                }
                 Msg::Results(_) => tracing::error!("agg received window results; ignored"),
                 Msg::Trigger { id, trans } => {
                     // Stop here: the checkpoint machine decides (close this input, or snapshot)
@@ -216,6 +226,7 @@ impl AggTask {
             if !self.builders[i].is_empty() {
                 let rs = std::mem::take(&mut self.builders[i]);
                 self.stats.results_emitted.fetch_add(rs.len() as u64, Ordering::Relaxed);
+                self.board.rows_out.fetch_add(rs.len() as u64, Ordering::Relaxed);
                 self.out.push(i, Msg::Results(rs));
             }
         }
@@ -236,8 +247,11 @@ pub(crate) struct SinkTask {
     pub(crate) inp: Inputs,
     pub(crate) throttle: Option<std::time::Duration>,
     pub(crate) stats: Arc<EngineStats>,
+    pub(crate) board: Arc<TaskBoard>,
     /// Barriers taken from the inputs: (input, id, trans).
     pub(crate) barriers: Vec<(usize, CheckpointId, TransId)>,
+    /// Inputs whose end of stream was taken.
+    pub(crate) ended_inputs: Vec<usize>,
 }
 
 impl SinkTask {
@@ -257,12 +271,16 @@ impl SinkTask {
                 self.barriers.push((i, id, trans));
                 break;
             }
+            if let Msg::End = m {
+                self.ended_inputs.push(i);
+            }
             if let Msg::Results(rs) = m {
                 if let Some(d) = self.throttle {
                     std::thread::sleep(d);
                 }
                 self.store.upsert(self.stream, &rs).map_err(|source| TaskError::State { task: self.id, source })?;
                 self.stats.results_written.fetch_add(rs.len() as u64, Ordering::Relaxed);
+                self.board.rows_in.fetch_add(rs.len() as u64, Ordering::Relaxed);
             }
         }
         Ok(if worked { Poll::Busy } else { Poll::Idle })
@@ -325,6 +343,7 @@ pub(crate) struct Cell {
     pub(crate) control: crossbeam_channel::Receiver<Control>,
     pub(crate) paused: bool,
     pub(crate) ckpt: Option<Box<super::checkpointing::TaskCkpt>>,
+    pub(crate) board: Arc<TaskBoard>,
 }
 
 impl Cell {
@@ -361,6 +380,8 @@ impl Cell {
         let p = self.task.poll(attention)?;
         if let Some(ck) = self.ckpt.as_mut() {
             ck.after_poll(&mut self.task).map_err(TaskError::Checkpoint)?;
+            let m = &ck.machine;
+            self.board.publish(m.state(), m.latest(), m.failed());
         }
         Ok(p)
     }
