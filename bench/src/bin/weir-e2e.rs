@@ -157,9 +157,28 @@ fn checkpoints(seconds: u64) {
 fn breakdown(stats: &[CheckpointStats]) {
     let committed: Vec<&CheckpointStats> = stats.iter().filter(|c| c.outcome == CheckpointOutcome::Committed).collect();
     let Some(first) = committed.first() else { return };
-    println!("  per task, medians (ms): barrier in | alignment | snapshot | background | reported (after the start)");
+    if let Some(slow) = committed.iter().max_by_key(|c| c.duration_us) {
+        println!("  slowest: {} in {:.1} ms", slow.checkpoint, slow.duration_us as f64 / 1e3);
+        for e in &slow.tasks {
+            let s = &e.stats;
+            let start_us = slow.started_at_ms as f64 * 1e3;
+            println!(
+                "    {:>8}  barrier in {:>7.2} | align {:>6.2} | snapshot {:>6.2} | background {:>6.2} | reported {:>7.2}",
+                e.task.to_string(),
+                (s.trigger_at_us as f64 - start_us) / 1e3,
+                s.align_us as f64 / 1e3,
+                s.snapshot_us as f64 / 1e3,
+                s.upload_us as f64 / 1e3,
+                (s.reported_at_us as f64 - start_us) / 1e3
+            );
+        }
+    }
+    println!(
+        "  per task, medians (ms): barrier in | alignment | snapshot | background | reported (after the start) | max pause"
+    );
     for e in &first.tasks {
         let mut cols: [Vec<f64>; 5] = Default::default();
+        let mut max_pause = 0f64;
         for c in &committed {
             let start_us = c.started_at_ms as f64 * 1e3;
             if let Some(t) = c.tasks.iter().find(|t| t.task == e.task) {
@@ -169,6 +188,7 @@ fn breakdown(stats: &[CheckpointStats]) {
                 cols[2].push(s.snapshot_us as f64 / 1e3);
                 cols[3].push(s.upload_us as f64 / 1e3);
                 cols[4].push((s.reported_at_us as f64 - start_us) / 1e3);
+                max_pause = max_pause.max((s.align_us + s.snapshot_us) as f64 / 1e3);
             }
         }
         let med = |v: &mut Vec<f64>| {
@@ -177,13 +197,14 @@ fn breakdown(stats: &[CheckpointStats]) {
         };
         let m: Vec<f64> = cols.iter_mut().map(med).collect();
         println!(
-            "    {:>8}  {:>6.2} | {:>6.2} | {:>6.2} | {:>6.2} | {:>6.2}",
+            "    {:>8}  {:>6.2} | {:>6.2} | {:>6.2} | {:>6.2} | {:>6.2} | {:>6.2}",
             e.task.to_string(),
             m[0],
             m[1],
             m[2],
             m[3],
-            m[4]
+            m[4],
+            max_pause
         );
     }
 }

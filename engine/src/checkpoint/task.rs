@@ -453,6 +453,12 @@ impl TaskMachine {
         self.failed
     }
 
+    /// Whether the task is between the start of a checkpoint (its first trigger, or a source's
+    /// request) and its snapshot: the part of a checkpoint the pipeline waits for.
+    pub fn aligning(&self) -> bool {
+        self.active.as_ref().is_some_and(|a| !a.snapshot_taken)
+    }
+
     fn upstream_index(&self, t: TaskId) -> Option<usize> {
         self.setup.upstreams.iter().position(|(u, _)| *u == t)
     }

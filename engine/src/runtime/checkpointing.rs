@@ -423,6 +423,19 @@ pub(crate) struct TaskCkpt {
     pub(crate) log: Arc<CheckpointLog>,
     /// Clock readings of the newest checkpoint this task saw a barrier of.
     pub(crate) clock: Option<TaskClock>,
+    /// Whether this task counts in `engine_aligning`.
+    pub(crate) aligning: bool,
+    /// Tasks of the engine between a checkpoint's start and their snapshot (workers do not yield
+    /// the core to background threads while any is).
+    pub(crate) engine_aligning: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for TaskCkpt {
+    fn drop(&mut self) {
+        if self.aligning {
+            self.engine_aligning.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl TaskCkpt {
@@ -441,7 +454,17 @@ impl TaskCkpt {
     /// Feeds `input` and carries out the actions.
     pub(crate) fn feed(&mut self, task: &mut Task, input: TaskInput) -> Result<(), String> {
         let actions = self.machine.handle(input);
-        self.apply(task, actions)
+        let r = self.apply(task, actions);
+        let now = self.machine.aligning();
+        if now != self.aligning {
+            self.aligning = now;
+            if now {
+                self.engine_aligning.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.engine_aligning.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        r
     }
 
     /// Ticks the machine (every 100 ms) and hands it what the task saw.
@@ -832,6 +855,7 @@ pub(crate) fn open_store(s: &CheckpointSettings) -> Arc<dyn Store> {
 
 /// What the engine needs to give every task its checkpoint side and start the coordinator.
 pub(crate) struct Setup {
+    aligning: Arc<std::sync::atomic::AtomicUsize>,
     stream: StreamId,
     data: PathBuf,
     store: Arc<dyn Store>,
@@ -854,13 +878,14 @@ pub(crate) struct Setup {
 impl Setup {
     pub(crate) fn new(
         spec: &crate::spec::StreamSpec,
-        topo: &crate::spec::Topology,
         placement: &crate::spec::Placement,
         cfg: &super::EngineConfig,
         settings: &CheckpointSettings,
         peers: Arc<HashMap<TaskId, ControlHandle>>,
         sender: Option<weir_wire::transport::TransportSender>,
+        aligning: Arc<std::sync::atomic::AtomicUsize>,
     ) -> Result<Setup, super::EngineError> {
+        let topo = spec.topology();
         let node_of: HashMap<TaskId, weir_wire::NodeId> =
             topo.tasks.iter().map(|t| (t.id, placement.node_of(t.id))).collect();
         // The coordinator runs on the lowest node of the stream; every engine reads the same store.
@@ -875,6 +900,7 @@ impl Setup {
         let (coord_tx, coord_rx) = crossbeam_channel::unbounded();
         let (uploads, handles) = start_uploaders(settings.uploaders, store.clone(), spec.id);
         Ok(Setup {
+            aligning,
             stream: spec.id,
             data: cfg.data_dir.clone(),
             store,
@@ -887,7 +913,7 @@ impl Setup {
             uploads,
             uploaders: handles,
             log: Arc::new(CheckpointLog::default()),
-            topo: topo.clone(),
+            topo,
             node: cfg.node,
             node_of: Arc::new(node_of),
             coord_node,
@@ -951,6 +977,8 @@ impl Setup {
             last_tick: Instant::now(),
             log: self.log.clone(),
             clock: None,
+            aligning: false,
+            engine_aligning: self.aligning.clone(),
         })
     }
 
