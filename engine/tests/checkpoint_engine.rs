@@ -68,6 +68,11 @@ fn an_engine_stopped_midway_restores_the_last_commit_and_ends_with_the_same_resu
         assert!(commits > round, "round {round}: only {commits} commits so far");
     }
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
+    assert!(
+        matches!(engine.restored(), Some((weir_engine::wire::msg::RestoreBasis::Committed, Some(_)))),
+        "{:?}",
+        engine.restored()
+    );
     engine.wait().unwrap();
     let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
@@ -194,4 +199,40 @@ fn status_responses_carry_task_state_and_per_task_checkpoint_statistics() {
         assert!(e.stats.files == 1 && e.stats.upload_bytes > 0, "an agg stores its state file: {e:?}");
     }
     assert_eq!(c.upload_bytes, c.tasks.iter().map(|e| e.stats.upload_bytes).sum::<u64>());
+}
+
+#[test]
+fn a_missing_commit_record_restores_the_consensus_of_the_tasks_latest_ids() {
+    use weir_engine::wire::CheckpointId;
+    use weir_engine::wire::msg::RestoreBasis;
+
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(100_000);
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
+    assert_eq!(engine.restored(), Some((RestoreBasis::Fresh, None)));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while engine.checkpoints().unwrap().totals().0 < 3 {
+        assert!(Instant::now() < deadline, "fewer than 3 checkpoints committed in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    engine.stop();
+    engine.wait().unwrap();
+    // The coordinator's records are gone; the tasks still know what they committed.
+    std::fs::remove_dir_all(dir.path().join("remote/7/checkpoints")).unwrap();
+    let latest: Vec<u64> = spec
+        .topology()
+        .tasks
+        .iter()
+        .map(|t| {
+            let meta = std::fs::read_to_string(dir.path().join(format!("tasks/{}/committed", t.id.0))).unwrap();
+            meta.split_whitespace().next().unwrap().parse().unwrap()
+        })
+        .collect();
+    let min = *latest.iter().min().unwrap();
+    assert!(min >= 1, "{latest:?}");
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
+    assert_eq!(engine.restored(), Some((RestoreBasis::Consensus, Some(CheckpointId(min)))));
+    engine.wait().unwrap();
+    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    assert_eq!(got, util::reference(&spec));
 }

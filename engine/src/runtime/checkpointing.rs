@@ -9,7 +9,7 @@
 //! router hands to the task's control queue or the coordinator's inbox. The coordinator runs on the
 //! lowest node of the stream; every engine restores its own tasks from the shared store.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use weir_wire::msg::{CheckpointOutcome, CheckpointStats, TaskCheckpointEntry, TaskCheckpointStats};
+use weir_wire::msg::{CheckpointOutcome, CheckpointStats, RestoreBasis, TaskCheckpointEntry, TaskCheckpointStats};
 use weir_wire::{CheckpointId, StreamId, TaskId, TransId, Version};
 
 use super::task::{Control, ControlHandle, Task};
@@ -228,6 +228,46 @@ pub fn last_commit(store: &dyn Store, stream: StreamId) -> Result<Option<CommitR
         }
     }
     Ok(None)
+}
+
+/// The latest committed id each task of the stream recorded in its meta file (`committed`,
+/// written at update-checkpoint-info), when every task runs on this node; empty otherwise (one
+/// node cannot agree for tasks it does not hold).
+fn local_latest(
+    data: &Path,
+    topo: &crate::spec::Topology,
+    node_of: &HashMap<TaskId, weir_wire::NodeId>,
+    me: weir_wire::NodeId,
+) -> BTreeMap<TaskId, CheckpointId> {
+    if topo.tasks.iter().any(|t| node_of[&t.id] != me) {
+        return topo.tasks.iter().map(|t| (t.id, CheckpointId(0))).collect();
+    }
+    topo.tasks
+        .iter()
+        .map(|t| {
+            let id = std::fs::read_to_string(task_dir(data, t.id).join("committed"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+                .map_or(CheckpointId(0), CheckpointId);
+            (t.id, id)
+        })
+        .collect()
+}
+
+/// The seed's consensus when the commit record is missing: the minimum of the tasks' latest ids,
+/// restorable from each task's stored manifest (checked by its own checksum; there is no record
+/// to check it against). `None` when some task has nothing.
+fn consensus_record(
+    store: &dyn Store,
+    stream: StreamId,
+    latest: &BTreeMap<TaskId, CheckpointId>,
+) -> Result<Option<CommitRecord>, StoreError> {
+    let Some(min) = latest.values().min().copied().filter(|m| m.0 > 0) else { return Ok(None) };
+    let mut versions = BTreeMap::new();
+    for t in latest.keys() {
+        versions.insert(*t, fetch_manifest(store, stream, *t, min, None)?.version);
+    }
+    Ok(Some(CommitRecord { id: min, trans: TransId(0), versions, manifests: Default::default(), ts: 0 }))
 }
 
 /// Where a task keeps its state and snapshots.
@@ -678,6 +718,8 @@ fn inputs(task: &mut Task) -> Option<&mut super::Inputs> {
 /// The checkpoint machinery of a running engine: the coordinator (on its node), the statistics,
 /// the uploader threads.
 pub(crate) struct Running {
+    /// What the engine restored at start.
+    pub(crate) restored: (RestoreBasis, Option<CheckpointId>),
     pub(crate) coordinator: Option<CoordThread>,
     pub(crate) log: Arc<CheckpointLog>,
     pub(crate) uploaders: Vec<JoinHandle<()>>,
@@ -709,11 +751,12 @@ impl CoordThread {
         store: Arc<dyn Store>,
         inbox: Receiver<CoordInput>,
         peers: Arc<HashMap<TaskId, ControlHandle>>,
-        last: Option<CommitRecord>,
+        restore: (Option<CommitRecord>, BTreeMap<TaskId, CheckpointId>),
         next_id: CheckpointId,
         log: Arc<CheckpointLog>,
         mut net: Option<ProtoNet>,
     ) -> Self {
+        let (last, latest) = restore;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let coord_tasks: Vec<TaskId> = coord.tasks().to_vec();
@@ -730,14 +773,12 @@ impl CoordThread {
                         net.send_task(t, &input);
                     }
                 };
-                let fresh = last.is_none();
                 let mut pending = coord.handle(CoordInput::Start { now: now(), next_id, last_commit: last });
-                if fresh {
-                    // The engine found no commit record and started every task empty; tell the
-                    // coordinator so instead of waiting for a consensus.
-                    for t in &all_tasks {
-                        pending.extend(coord.handle(CoordInput::Consensus { task: *t, latest: CheckpointId(0) }));
-                    }
+                // Without a commit record the engine restored every task from the consensus of
+                // their latest ids (or started them empty): the same answers reach the coordinator.
+                for t in &all_tasks {
+                    let l = latest.get(t).copied().unwrap_or(CheckpointId(0));
+                    pending.extend(coord.handle(CoordInput::Consensus { task: *t, latest: l }));
                 }
                 let mut reserving: Option<Instant> = None;
                 while !stop2.load(Ordering::Acquire) {
@@ -860,7 +901,12 @@ pub(crate) struct Setup {
     data: PathBuf,
     store: Arc<dyn Store>,
     settings: CheckpointSettings,
+    /// What every task restores: the last commit record, or the consensus checkpoint (a record
+    /// made from the tasks' manifests), or nothing.
     last: Option<CommitRecord>,
+    basis: RestoreBasis,
+    /// Without a commit record: each task's latest committed id, for the coordinator's consensus.
+    latest: BTreeMap<TaskId, CheckpointId>,
     next_id: CheckpointId,
     peers: Arc<HashMap<TaskId, ControlHandle>>,
     coord_tx: Sender<CoordInput>,
@@ -891,12 +937,33 @@ impl Setup {
         // The coordinator runs on the lowest node of the stream; every engine reads the same store.
         let coord_node = node_of.values().min().copied().unwrap_or(cfg.node);
         let store = open_store(settings);
-        let last = last_commit(store.as_ref(), spec.id).map_err(|e| super::EngineError::Failed(e.to_string()))?;
+        let failed = |e: StoreError| super::EngineError::Failed(e.to_string());
+        let mut latest = BTreeMap::new();
+        let (last, basis) = match last_commit(store.as_ref(), spec.id).map_err(failed)? {
+            Some(r) => {
+                tracing::info!(stream = %spec.id, checkpoint = %r.id, "restoring from the last commit");
+                (Some(r), RestoreBasis::Committed)
+            }
+            None => {
+                latest = local_latest(&cfg.data_dir, &topo, &node_of, cfg.node);
+                match consensus_record(store.as_ref(), spec.id, &latest).map_err(failed)? {
+                    Some(r) => {
+                        tracing::warn!(
+                            stream = %spec.id,
+                            checkpoint = %r.id,
+                            "no commit record: restoring the consensus checkpoint (the minimum of the tasks' latest)"
+                        );
+                        (Some(r), RestoreBasis::Consensus)
+                    }
+                    None => {
+                        tracing::info!(stream = %spec.id, "no commit yet: starting from the beginning");
+                        latest.values_mut().for_each(|v| *v = CheckpointId(0));
+                        (None, RestoreBasis::Fresh)
+                    }
+                }
+            }
+        };
         let next_id = read_next_id(store.as_ref(), spec.id);
-        match &last {
-            Some(r) => tracing::info!(stream = %spec.id, checkpoint = %r.id, "restoring from the last commit"),
-            None => tracing::info!(stream = %spec.id, "no commit yet: starting from the beginning"),
-        }
         let (coord_tx, coord_rx) = crossbeam_channel::unbounded();
         let (uploads, handles) = start_uploaders(settings.uploaders, store.clone(), spec.id);
         Ok(Setup {
@@ -906,6 +973,8 @@ impl Setup {
             store,
             settings: settings.clone(),
             last,
+            basis,
+            latest,
             next_id,
             peers,
             coord_tx,
@@ -1030,9 +1099,11 @@ impl Setup {
         let log = self.log.clone();
         let net = self.net();
         let uploaders = self.uploaders;
+        let restored = (self.basis.clone(), self.last.as_ref().map(|r| r.id));
+        let committed = self.basis == RestoreBasis::Committed;
         drop(self.uploads);
         if self.coord_node != self.node {
-            return Running { coordinator: None, log, uploaders };
+            return Running { restored, coordinator: None, log, uploaders };
         }
         let t = CoordThread::start(
             Coordinator::new(cfg),
@@ -1040,12 +1111,13 @@ impl Setup {
             self.store.clone(),
             self.coord_rx,
             self.peers.clone(),
-            self.last,
+            // A consensus record is not a commit: the coordinator gets the tasks' ids instead.
+            (self.last.filter(|_| committed), self.latest),
             self.next_id,
             self.log,
             net,
         );
-        Running { coordinator: Some(t), log, uploaders }
+        Running { restored, coordinator: Some(t), log, uploaders }
     }
 }
 

@@ -471,6 +471,12 @@ impl Engine {
         self.workers.iter().all(|w| w.is_finished())
     }
 
+    /// What the engine restored when it started (engines with checkpoints): the checkpoint, and
+    /// whether it came from the commit record, the tasks' consensus, or nothing (fresh).
+    pub fn restored(&self) -> Option<(weir_wire::msg::RestoreBasis, Option<weir_wire::CheckpointId>)> {
+        self.coordinator.as_ref().map(|c| c.restored.clone())
+    }
+
     /// Statistics of finished checkpoints (engines with checkpoints).
     pub fn checkpoints(&self) -> Option<&CheckpointLog> {
         self.coordinator.as_ref().map(|c| c.log.as_ref())
