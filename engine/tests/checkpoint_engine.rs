@@ -236,3 +236,49 @@ fn a_missing_commit_record_restores_the_consensus_of_the_tasks_latest_ids() {
     let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
 }
+
+#[test]
+fn losing_a_node_fails_the_checkpoint_and_the_stream_is_reported_unhealthy() {
+    use weir_engine::wire::msg::CheckpointOutcome;
+
+    let (d1, d2, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let spec = spec(100_000);
+    let (e1, e2) = two_engines(&spec, d1.path(), d2.path(), remote.path());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while e1.checkpoints().unwrap().totals().0 < 2 {
+        assert!(Instant::now() < deadline, "fewer than 2 checkpoints committed across two engines in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Node 2 goes away; node 1 (the coordinator) must not wait for its tasks: every checkpoint
+    // from now on fails fast, naming the node, long before the 30 s checkpoint timeout.
+    e2.stop();
+    e2.wait().unwrap();
+    let lost_at = Instant::now();
+    let failed = loop {
+        let f: Vec<_> = e1
+            .checkpoints()
+            .unwrap()
+            .finished()
+            .into_iter()
+            .filter_map(|c| match c.outcome {
+                CheckpointOutcome::Failed { reason } => Some(reason),
+                _ => None,
+            })
+            .collect();
+        // Three failures are tolerated (the default): the fourth makes the stream unhealthy.
+        if f.len() >= 4 {
+            break f;
+        }
+        assert!(lost_at.elapsed() < Duration::from_secs(10), "checkpoints did not fail after the node was lost: {f:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(failed.iter().all(|r| r.contains("n2")), "{failed:?}");
+    assert!(lost_at.elapsed() < Duration::from_secs(5));
+    assert!(!e1.checkpoints().unwrap().healthy(), "four failures in a row: unhealthy");
+    assert!(e1.checkpoints().unwrap().totals().0 >= 2);
+    let committed_before = e1.checkpoints().unwrap().totals().0;
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(e1.checkpoints().unwrap().totals().0, committed_before, "nothing commits without node 2");
+    e1.stop();
+    let _ = e1.wait(); // node 1 may report the broken channel to node 2; either way it stops
+}

@@ -96,8 +96,14 @@ pub enum CoordInput {
         /// Why.
         reason: String,
     },
-    /// A node was lost (its tasks cannot finish the checkpoint).
+    /// A node was lost (its tasks cannot finish the checkpoint, nor any later one until it is
+    /// back).
     NodeLost {
+        /// The node.
+        node: NodeId,
+    },
+    /// A lost node is reachable again.
+    NodeUp {
         /// The node.
         node: NodeId,
     },
@@ -243,6 +249,9 @@ pub struct Coordinator {
     last_commit: Option<CommitRecord>,
     consecutive_failures: u32,
     healthy: bool,
+    /// Nodes of the stream known to be down: a checkpoint due meanwhile fails at once instead of
+    /// waiting for its timeout.
+    down: BTreeSet<NodeId>,
 }
 
 impl Coordinator {
@@ -263,6 +272,7 @@ impl Coordinator {
             last_commit: None,
             consecutive_failures: 0,
             healthy: true,
+            down: BTreeSet::new(),
         }
     }
 
@@ -351,8 +361,16 @@ impl Coordinator {
                 }
                 Vec::new()
             }
+            CoordInput::NodeUp { node } => {
+                self.down.remove(&node);
+                Vec::new()
+            }
             CoordInput::NodeLost { node } => {
-                if self.flight.is_some() && self.cfg.tasks.iter().any(|(_, n, _)| *n == node) {
+                if !self.cfg.tasks.iter().any(|(_, n, _)| *n == node) {
+                    return Vec::new(); // a client, not a member of this stream
+                }
+                self.down.insert(node);
+                if self.flight.is_some() {
                     // A commit already being written stands: every report is in.
                     if self.flight.as_ref().is_none_or(|f| f.committing.is_none()) {
                         return self.fail(format!("node {node} was lost"));
@@ -419,6 +437,11 @@ impl Coordinator {
         if id >= self.reserved {
             self.reserved = CheckpointId(id.0 + ID_BLOCK);
             out.push(CoordAction::PersistNextId(self.reserved));
+        }
+        if let Some(n) = self.down.first() {
+            let why = format!("node {n} is down");
+            out.extend(self.fail(why));
+            return out;
         }
         let expire_at = now + self.cfg.timeout_ms;
         for (task, node, role) in &self.cfg.tasks {

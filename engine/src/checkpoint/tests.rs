@@ -607,12 +607,31 @@ fn losing_a_node_fails_the_checkpoint() {
 }
 
 #[test]
+fn a_checkpoint_due_while_a_node_is_down_fails_at_once_until_the_node_is_back() {
+    let mut c = started();
+    assert!(c.handle(CoordInput::NodeLost { node: NodeId(2) }).is_empty(), "nothing in flight to fail");
+    let out = c.handle(CoordInput::Tick { now: 300 });
+    assert!(!out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { .. })), "{out:?}");
+    assert!(
+        out.iter().any(|a| matches!(a, CoordAction::Finished { id: C1, outcome: Err(w), .. } if w.contains("down"))),
+        "{out:?}"
+    );
+    assert_eq!(c.in_flight(), None);
+    // A client going away is not a member going away.
+    c.handle(CoordInput::NodeLost { node: NodeId(900) });
+    c.handle(CoordInput::NodeUp { node: NodeId(2) });
+    let out = c.handle(CoordInput::Tick { now: 1_300 });
+    assert!(out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C2, .. })), "{out:?}");
+}
+
+#[test]
 fn consecutive_failures_past_the_limit_make_the_stream_unhealthy_until_a_commit() {
     let mut c = started();
     let mut now = 300;
     for i in 0..2u64 {
         c.handle(CoordInput::Tick { now });
         let out = c.handle(CoordInput::NodeLost { node: NodeId(1) });
+        c.handle(CoordInput::NodeUp { node: NodeId(1) }); // back at once: only this checkpoint fails
         let health = out.iter().find_map(|a| match a {
             CoordAction::Health { healthy, .. } => Some(*healthy),
             _ => None,

@@ -78,6 +78,8 @@ pub struct CheckpointLog {
     pauses_us: parking::Mutex<std::collections::VecDeque<u64>>,
     /// Checkpoints committed and failed since the engine started.
     totals: parking::Mutex<(u64, u64)>,
+    /// Consecutive failures past the tolerable number: the stream is unhealthy.
+    unhealthy: std::sync::atomic::AtomicBool,
 }
 
 impl CheckpointLog {
@@ -90,6 +92,11 @@ impl CheckpointLog {
     pub fn recent(&self, n: usize) -> Vec<CheckpointStats> {
         let f = self.finished.lock();
         f.iter().skip(f.len().saturating_sub(n)).cloned().collect()
+    }
+
+    /// Whether the stream is healthy: fewer consecutive failed checkpoints than tolerated.
+    pub fn healthy(&self) -> bool {
+        !self.unhealthy.load(Ordering::Relaxed)
     }
 
     /// Checkpoints committed and failed since the engine started.
@@ -842,7 +849,8 @@ impl CoordThread {
                                 log.push_finished(c);
                             }
                             CoordAction::Health { healthy, consecutive_failures } => {
-                                tracing::warn!(healthy, consecutive_failures, "stream health changed")
+                                log.unhealthy.store(!healthy, Ordering::Relaxed);
+                                tracing::warn!(stream = %stream, healthy, consecutive_failures, "stream health changed")
                             }
                             CoordAction::RejectedReport { task, reason } => tracing::warn!(%task, %reason, "report rejected"),
                         }

@@ -110,7 +110,12 @@ impl Run {
                             let _ = inbox.send(crate::checkpoint::CoordInput::NodeLost { node });
                         }
                     }
-                    Ok(Event::PeerUp { node, .. }) => tracing::debug!(peer = %node, "peer up"),
+                    Ok(Event::PeerUp { node, .. }) => {
+                        tracing::debug!(peer = %node, "peer up");
+                        if let Some(inbox) = &self.proto.1 {
+                            let _ = inbox.send(crate::checkpoint::CoordInput::NodeUp { node });
+                        }
+                    }
                     Ok(Event::Refused { reason, .. }) => tracing::warn!(%reason, "connection refused"),
                     Err(_) => return,
                 },
