@@ -64,6 +64,9 @@ pub enum TaskError {
 /// Messages handled per poll before the worker moves to its next task.
 const BUDGET: usize = 32;
 
+/// Window results per message from an agg to a sink.
+const RESULTS_PER_MSG: usize = 512;
+
 /// Where a source's rows come from.
 pub(crate) enum Feed {
     Generator { generator: Generator, limit: Option<u64>, rate: Option<u64>, started: Option<(Instant, u64)> },
@@ -227,7 +230,16 @@ impl AggTask {
                 let rs = std::mem::take(&mut self.builders[i]);
                 self.stats.results_emitted.fetch_add(rs.len() as u64, Ordering::Relaxed);
                 self.board.rows_out.fetch_add(rs.len() as u64, Ordering::Relaxed);
-                self.out.push(i, Msg::Results(rs));
+                // A window firing yields thousands of results at once; in messages of bounded
+                // size the sink's work per message stays short, so a control message or a
+                // barrier on the sink's worker never waits for one large write.
+                if rs.len() <= RESULTS_PER_MSG {
+                    self.out.push(i, Msg::Results(rs));
+                } else {
+                    for c in rs.chunks(RESULTS_PER_MSG) {
+                        self.out.push(i, Msg::Results(c.to_vec()));
+                    }
+                }
             }
         }
         if self.inp.all_ended() {
