@@ -21,6 +21,15 @@ fn config(dir: &std::path::Path, interval_ms: u64) -> EngineConfig {
     cfg
 }
 
+/// Waits (at most 30 s) until `engine`'s coordinator has committed `n` checkpoints.
+fn wait_for_commits(engine: &Engine, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while engine.checkpoints().unwrap().totals().0 < n {
+        assert!(Instant::now() < deadline, "fewer than {n} checkpoints committed in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn spec(rows: u64) -> weir_engine::spec::StreamSpec {
     let mut spec = util::bounded_spec(2, 2, 2, rows, WindowSpec::tumbling(100));
     if let SourceKind::Generator { rate, .. } = &mut spec.source {
@@ -34,15 +43,7 @@ fn checkpoints_commit_while_the_stream_runs_and_results_stay_exact() {
     let dir = tempfile::tempdir().unwrap();
     let spec = spec(100_000);
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 100)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let committed = engine.checkpoints().unwrap().totals().0;
-        if committed >= 3 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "fewer than 3 checkpoints committed in 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_commits(&engine, 3);
     engine.wait().unwrap();
     let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
@@ -126,11 +127,7 @@ fn checkpoints_commit_across_two_engines_and_both_restore_from_them() {
     let spec = spec(100_000);
     // First run: node 1 coordinates; stop both engines mid-stream after a few commits.
     let (e1, e2) = two_engines(&spec, d1.path(), d2.path(), remote.path());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while e1.checkpoints().unwrap().totals().0 < 3 {
-        assert!(Instant::now() < deadline, "fewer than 3 checkpoints committed across two engines in 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_commits(&e1, 3);
     assert!(!e1.is_finished(), "the stream ended before the stop: make it longer");
     e1.stop();
     e2.stop();
@@ -155,11 +152,7 @@ fn status_responses_carry_task_state_and_per_task_checkpoint_statistics() {
     let (d1, d2, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let spec = spec(100_000);
     let (e1, e2) = two_engines(&spec, d1.path(), d2.path(), remote.path());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while e1.checkpoints().unwrap().totals().0 < 2 {
-        assert!(Instant::now() < deadline, "fewer than 2 checkpoints committed across two engines in 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_commits(&e1, 2);
     let ask = |e: &Engine, request: u64| -> StatusRsp {
         let addr = e.transport_addr().expect("listening");
         let mut c =
@@ -210,11 +203,7 @@ fn a_missing_commit_record_restores_the_consensus_of_the_tasks_latest_ids() {
     let spec = spec(100_000);
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
     assert_eq!(engine.restored(), Some((RestoreBasis::Fresh, None)));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while engine.checkpoints().unwrap().totals().0 < 3 {
-        assert!(Instant::now() < deadline, "fewer than 3 checkpoints committed in 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_commits(&engine, 3);
     engine.stop();
     engine.wait().unwrap();
     // The coordinator's records are gone; the tasks still know what they committed.
@@ -244,11 +233,7 @@ fn losing_a_node_fails_the_checkpoint_and_the_stream_is_reported_unhealthy() {
     let (d1, d2, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let spec = spec(100_000);
     let (e1, e2) = two_engines(&spec, d1.path(), d2.path(), remote.path());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while e1.checkpoints().unwrap().totals().0 < 2 {
-        assert!(Instant::now() < deadline, "fewer than 2 checkpoints committed across two engines in 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_commits(&e1, 2);
     // Node 2 goes away; node 1 (the coordinator) must not wait for its tasks: every checkpoint
     // from now on fails fast, naming the node, long before the 30 s checkpoint timeout.
     e2.stop();
