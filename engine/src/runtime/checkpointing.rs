@@ -385,6 +385,7 @@ pub(crate) fn start_uploaders(
             std::thread::Builder::new()
                 .name(format!("weir-upload-{i}"))
                 .spawn(move || {
+                    super::sched::background_thread();
                     for job in rx {
                         let result = job.run(store.as_ref(), stream);
                         match &result {

@@ -14,6 +14,7 @@ mod channel;
 mod checkpointing;
 mod protocol_wire;
 mod router;
+mod sched;
 mod status;
 mod task;
 
