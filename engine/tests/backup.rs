@@ -101,3 +101,37 @@ fn local_store_keys_list_and_delete() {
     assert!(matches!(store.get("s/a/1"), Err(StoreError::NotFound { .. })));
     assert!(store.put("../escape", b"x").is_err());
 }
+
+#[test]
+fn a_local_snapshot_is_used_only_when_every_file_matches_the_manifest() {
+    use weir_engine::state::{WindowStateCopy, write_window_snapshot};
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalDirStore::new(dir.path().join("remote"));
+    let agg = agg_with(5_000);
+    let local = dir.path().join("chk-1");
+    let sst = local.join("state-00000000000000000001.sst");
+    write_window_snapshot(&WindowStateCopy::of(&agg), &sst).unwrap();
+    let up = upload_snapshot(&store, StreamId(1), TaskId(2), CheckpointId(1), Version(0), &local).unwrap();
+    let m = fetch_manifest(&store, StreamId(1), TaskId(2), CheckpointId(1), Some(up.manifest_crc)).unwrap();
+    assert_eq!(m.files.len(), 1);
+    assert!(local_snapshot_matches(&m, &local));
+    // The snapshot opens into a store that holds the same state.
+    let restored = TaskStore::open_from_snapshot(&local, &dir.path().join("db")).unwrap();
+    let mut back = WindowAgg::new(WindowSpec::tumbling(100), 0, 1);
+    assert!(load_window_state(&restored, &mut back).unwrap());
+    let (mut a, mut b): (Vec<_>, Vec<_>) = (agg.state().collect(), back.state().collect());
+    a.sort_by_key(|e| (e.0, e.1));
+    b.sort_by_key(|e| (e.0, e.1));
+    assert_eq!(a, b);
+    // A damaged file (a new file, not the store's hard link), an extra file, a missing directory.
+    let mut bytes = std::fs::read(&sst).unwrap();
+    bytes[100] ^= 1;
+    std::fs::remove_file(&sst).unwrap();
+    std::fs::write(&sst, &bytes).unwrap();
+    assert!(!local_snapshot_matches(&m, &local));
+    download_files(&store, &m, &local).unwrap();
+    assert!(local_snapshot_matches(&m, &local), "the download replaces the damaged snapshot");
+    std::fs::write(local.join("extra.sst"), b"x").unwrap();
+    assert!(!local_snapshot_matches(&m, &local));
+    assert!(!local_snapshot_matches(&m, &dir.path().join("nothing-here")));
+}

@@ -267,3 +267,35 @@ fn losing_a_node_fails_the_checkpoint_and_the_stream_is_reported_unhealthy() {
     e1.stop();
     let _ = e1.wait(); // node 1 may report the broken channel to node 2; either way it stops
 }
+
+#[test]
+fn a_damaged_local_snapshot_is_downloaded_again_and_the_results_stay_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(100_000);
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
+    wait_for_commits(&engine, 2);
+    engine.stop();
+    engine.wait().unwrap();
+    // Damage every state file of the aggs' local snapshots (new files: the store keeps its own).
+    let mut damaged = 0;
+    for t in spec.topology().tasks.iter().filter(|t| matches!(t.kind, weir_engine::spec::TaskKind::Agg { .. })) {
+        let snaps = dir.path().join(format!("tasks/{}/snapshots", t.id.0));
+        for chk in std::fs::read_dir(&snaps).unwrap() {
+            for f in std::fs::read_dir(chk.unwrap().path()).unwrap() {
+                let p = f.unwrap().path();
+                let mut bytes = std::fs::read(&p).unwrap();
+                let mid = bytes.len() / 2;
+                bytes[mid] ^= 0xFF;
+                std::fs::remove_file(&p).unwrap();
+                std::fs::write(&p, &bytes).unwrap();
+                damaged += 1;
+            }
+        }
+    }
+    assert!(damaged >= 2, "the aggs keep their last committed snapshot locally");
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
+    assert!(matches!(engine.restored(), Some((weir_engine::wire::msg::RestoreBasis::Committed, Some(_)))));
+    engine.wait().unwrap();
+    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    assert_eq!(got, util::reference(&spec));
+}
