@@ -176,8 +176,12 @@ fn status_responses_carry_task_state_and_per_task_checkpoint_statistics() {
     assert_eq!(tasks, want, "every task is reported by the node it runs on");
     assert!(s1.tasks.iter().chain(&s2.tasks).all(|t| t.latest.0 >= 1), "every task has a committed checkpoint");
     assert!(s1.tasks.iter().chain(&s2.tasks).all(|t| t.rows_in + t.rows_out > 0), "every task moved rows");
-    // The coordinator (node 1) lists the checkpoints, each with every task's figures.
-    assert!(s2.checkpoints.is_empty());
+    // The coordinator (node 1) lists the checkpoints, each with every task's figures, and the
+    // stream's health.
+    assert!(s2.checkpoints.is_empty() && s2.streams.is_empty());
+    assert_eq!(s1.streams.len(), 1);
+    let h = &s1.streams[0];
+    assert!(h.stream == spec.id && h.healthy && h.committed >= 2 && h.consecutive_failures == 0, "{h:?}");
     let c = s1.checkpoints.iter().find(|c| c.outcome == CheckpointOutcome::Committed).expect("a committed checkpoint");
     assert!(c.duration_us > 0 && c.started_at_ms > 0);
     assert_eq!(c.tasks.len(), topo.tasks.len());
@@ -260,6 +264,8 @@ fn losing_a_node_fails_the_checkpoint_and_the_stream_is_reported_unhealthy() {
     assert!(failed.iter().all(|r| r.contains("n2")), "{failed:?}");
     assert!(lost_at.elapsed() < Duration::from_secs(5));
     assert!(!e1.checkpoints().unwrap().healthy(), "four failures in a row: unhealthy");
+    let h = &e1.status().streams[0];
+    assert!(!h.healthy && h.consecutive_failures >= 4 && h.committed >= 2, "{h:?}");
     assert!(e1.checkpoints().unwrap().totals().0 >= 2);
     let committed_before = e1.checkpoints().unwrap().totals().0;
     std::thread::sleep(Duration::from_millis(300));

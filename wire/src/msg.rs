@@ -710,6 +710,22 @@ archived! {
 }
 
 archived! {
+    /// A stream's checkpoint health in a [`StatusRsp`] (from its coordinator's node).
+    pub struct StreamHealth {
+        /// Stream.
+        pub stream: StreamId,
+        /// False once more consecutive checkpoints failed than tolerated, until one commits.
+        pub healthy: bool,
+        /// Checkpoints failed since the last commit.
+        pub consecutive_failures: u32,
+        /// Checkpoints committed since the node started.
+        pub committed: u64,
+        /// Checkpoints failed since the node started.
+        pub failed: u64,
+    }
+}
+
+archived! {
     /// Node → client: status.
     pub struct StatusRsp {
         /// The request this answers.
@@ -722,6 +738,8 @@ archived! {
         pub tasks: Vec<TaskStatus>,
         /// Recent checkpoints (coordinator node only).
         pub checkpoints: Vec<CheckpointStats>,
+        /// Health of the streams this node coordinates.
+        pub streams: Vec<StreamHealth>,
     }
 }
 

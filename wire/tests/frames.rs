@@ -133,6 +133,9 @@ roundtrip! {
             outcome: CheckpointOutcome::Committed, upload_bytes: 4096, max_align_us: 100, max_snapshot_us: 900,
             tasks: vec![TaskCheckpointEntry { task: TaskId(1), stats: util::stats() }],
         }],
+        streams: vec![StreamHealth {
+            stream: StreamId(1), healthy: false, consecutive_failures: 4, committed: 10, failed: 6,
+        }],
     };
 }
 

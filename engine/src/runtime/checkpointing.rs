@@ -80,6 +80,8 @@ pub struct CheckpointLog {
     totals: parking::Mutex<(u64, u64)>,
     /// Consecutive failures past the tolerable number: the stream is unhealthy.
     unhealthy: std::sync::atomic::AtomicBool,
+    /// Checkpoints failed since the last commit.
+    consecutive_failures: std::sync::atomic::AtomicU32,
 }
 
 impl CheckpointLog {
@@ -99,6 +101,11 @@ impl CheckpointLog {
         !self.unhealthy.load(Ordering::Relaxed)
     }
 
+    /// Checkpoints failed since the last commit.
+    pub fn consecutive_failures(&self) -> u32 {
+        self.consecutive_failures.load(Ordering::Relaxed)
+    }
+
     /// Checkpoints committed and failed since the engine started.
     pub fn totals(&self) -> (u64, u64) {
         *self.totals.lock()
@@ -113,8 +120,14 @@ impl CheckpointLog {
         {
             let mut t = self.totals.lock();
             match c.outcome {
-                CheckpointOutcome::Committed => t.0 += 1,
-                _ => t.1 += 1,
+                CheckpointOutcome::Committed => {
+                    t.0 += 1;
+                    self.consecutive_failures.store(0, Ordering::Relaxed);
+                }
+                _ => {
+                    t.1 += 1;
+                    self.consecutive_failures.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         let mut f = self.finished.lock();

@@ -387,6 +387,7 @@ impl Engine {
             started: std::time::Instant::now(),
             tasks: local.iter().map(|t| boards[&t.id].clone()).collect(),
             checkpoints: coordinator.as_ref().map(|c| c.log.clone()),
+            coordinates: coordinator.as_ref().is_some_and(|c| c.coordinator.is_some()),
         });
 
         // With a transport, the router acknowledges ingest requests to their clients; without

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Instant;
 
-use weir_wire::msg::{StatusRsp, TaskState as WireState, TaskStatus};
+use weir_wire::msg::{StatusRsp, StreamHealth, TaskState as WireState, TaskStatus};
 use weir_wire::{CheckpointId, NodeId, StreamId, TaskId};
 
 use super::checkpointing::CheckpointLog;
@@ -87,8 +87,11 @@ pub(crate) struct StatusBoard {
     pub(crate) stream: StreamId,
     pub(crate) started: Instant,
     pub(crate) tasks: Vec<Arc<TaskBoard>>,
-    /// The coordinator's statistics, on its node.
+    /// The checkpoint statistics (on every node with checkpoints; the coordinator's node has the
+    /// checkpoints and the health).
     pub(crate) checkpoints: Option<Arc<CheckpointLog>>,
+    /// Whether this node coordinates the stream.
+    pub(crate) coordinates: bool,
 }
 
 impl StatusBoard {
@@ -100,6 +103,19 @@ impl StatusBoard {
             uptime_ms: self.started.elapsed().as_millis() as u64,
             tasks: self.tasks.iter().map(|t| t.read(self.stream)).collect(),
             checkpoints: self.checkpoints.as_ref().map(|l| l.recent(RECENT)).unwrap_or_default(),
+            streams: match (&self.checkpoints, self.coordinates) {
+                (Some(l), true) => {
+                    let (committed, failed) = l.totals();
+                    vec![StreamHealth {
+                        stream: self.stream,
+                        healthy: l.healthy(),
+                        consecutive_failures: l.consecutive_failures(),
+                        committed,
+                        failed,
+                    }]
+                }
+                _ => Vec::new(),
+            },
         }
     }
 }
