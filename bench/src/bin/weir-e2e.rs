@@ -75,6 +75,9 @@ fn pipeline(seconds: u64, workers: usize) {
     );
 }
 
+/// Runs with checkpoints in the `checkpoints` benchmark (each between two runs without).
+const PAIRS: usize = 5;
+
 /// Throughput with checkpoints every second next to the same run without, in one process run
 /// after the other, plus pause and trigger-to-commit figures.
 fn checkpoints(seconds: u64) {
@@ -110,12 +113,12 @@ fn checkpoints(seconds: u64) {
         drop(engine.wait());
         (rate, pauses, commits, failed, stats)
     };
-    // Off, on, off, on, off, on, off: each run with checkpoints is compared with the mean of the
-    // runs without on either side of it, which cancels the shared machine's drift (its speed
-    // wanders by ±12 % over tens of seconds); the median of the three ratios is the figure.
+    // Off, on, off, …, on, off: each run with checkpoints is compared with the mean of the runs
+    // without on either side of it, which cancels the shared machine's drift (its speed wanders
+    // by ±12 % over tens of seconds); the median of the ratios is the figure.
     let (mut off, mut on) = (vec![run(false).0], Vec::new());
     let (mut pauses, mut commits, mut failed, mut stats) = (Vec::new(), Vec::new(), 0, Vec::new());
-    for _ in 0..3 {
+    for _ in 0..PAIRS {
         let (rate, p, c, f, st) = run(true);
         on.push(rate);
         pauses.extend(p);
@@ -133,15 +136,15 @@ fn checkpoints(seconds: u64) {
     let pct =
         |v: &[u64], p: f64| v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1))).copied().unwrap_or(0);
     let med = commits.get(commits.len() / 2).copied().unwrap_or_default();
+    let each: Vec<String> = ratios.iter().map(|r| format!("{:.1}", r * 100.0)).collect();
     println!(
-        "checkpoints every 1 s, {seconds} s runs, off/on alternating (4 off, 3 on): off {:.2} M events/s, on {:.2} M events/s; \
-         on / neighbouring offs: {:.1} % (median; runs {:.1}, {:.1}, {:.1} %)",
+        "checkpoints every 1 s, {seconds} s runs, off/on alternating ({} off, {PAIRS} on): off {:.2} M events/s, \
+         on {:.2} M events/s; on / neighbouring offs: {:.1} % (median; runs {} %)",
+        PAIRS + 1,
         off / 1e6,
         on / 1e6,
-        ratios[1] * 100.0,
-        ratios[0] * 100.0,
-        ratios[1] * 100.0,
-        ratios[2] * 100.0
+        ratios[ratios.len() / 2] * 100.0,
+        each.join(", ")
     );
     println!(
         "  per-task pause (alignment + synchronous snapshot): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {} task checkpoints",
