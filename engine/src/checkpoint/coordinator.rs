@@ -220,6 +220,19 @@ struct Flight {
     committing: Option<CommitRecord>,
 }
 
+impl Flight {
+    /// The `Finished` action of this checkpoint, ending at `now`, with every report's statistics.
+    fn finished(self, now: u64, outcome: Result<(), String>) -> CoordAction {
+        CoordAction::Finished {
+            id: self.id,
+            started_at: self.started,
+            duration_ms: now - self.started,
+            outcome,
+            tasks: self.reports.into_iter().map(|(t, r)| (t, r.stats)).collect(),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Phase {
     /// Waiting for `Start`.
@@ -496,8 +509,8 @@ impl Coordinator {
     }
 
     fn commit_durable(&mut self, id: CheckpointId) -> Vec<CoordAction> {
-        let Some(f) = self.flight.take_if(|f| f.id == id && f.committing.is_some()) else { return Vec::new() };
-        let record = f.committing.expect("checked above");
+        let Some(mut f) = self.flight.take_if(|f| f.id == id && f.committing.is_some()) else { return Vec::new() };
+        let record = f.committing.take().expect("checked above");
         let (trans, ts, versions) = (record.trans, record.ts, record.versions.clone());
         self.last_commit = Some(record);
         self.last_end = Some(self.now);
@@ -514,13 +527,7 @@ impl Coordinator {
                 ts,
             })
             .collect();
-        out.push(CoordAction::Finished {
-            id,
-            started_at: f.started,
-            duration_ms: self.now - f.started,
-            outcome: Ok(()),
-            tasks: f.reports.into_iter().map(|(t, r)| (t, r.stats)).collect(),
-        });
+        out.push(f.finished(self.now, Ok(())));
         if self.consecutive_failures > 0 || !self.healthy {
             self.consecutive_failures = 0;
             self.healthy = true;
@@ -545,13 +552,7 @@ impl Coordinator {
                 reason: why.clone(),
             })
             .collect();
-        out.push(CoordAction::Finished {
-            id: f.id,
-            started_at: f.started,
-            duration_ms: self.now - f.started,
-            outcome: Err(why),
-            tasks: f.reports.into_iter().map(|(t, r)| (t, r.stats)).collect(),
-        });
+        out.push(f.finished(self.now, Err(why)));
         let healthy = self.consecutive_failures <= self.cfg.tolerable_failures;
         if healthy != self.healthy || !healthy {
             self.healthy = healthy;

@@ -4,8 +4,9 @@
 //! uploader does not preempt the running thread. On a machine whose cores the pinned workers keep
 //! busy, every fsync an upload waits for used to end with the uploader preempting a worker —
 //! sometimes in the middle of an alignment or a state copy. Measured with
-//! `weir-e2e checkpoints 10`, five runs each (docs/benchmarks.md): pause p99 2.6–5.9 ms (median
-//! 3.0) instead of 2.9–9.2 ms (median 4.7), for about 2.5 ms more trigger-to-commit time. The
+//! `weir-e2e checkpoints 10`, five runs with and five without this call (docs/benchmarks.md):
+//! pause p99 2.6–5.9 ms (median 3.0) instead of 2.9–9.2 ms (median 4.7), for about 2.5 ms more
+//! trigger-to-commit time. The
 //! workers yield to waiting threads between polls anyway (`runtime/mod.rs`), so uploads still run
 //! promptly.
 
