@@ -30,6 +30,34 @@ fn wait_for_commits(engine: &Engine, n: u64) {
     }
 }
 
+/// Waits (at most 30 s) until `engine`'s tasks know their restore point; returns it.
+fn wait_restored(engine: &Engine) -> (weir_engine::wire::msg::RestoreBasis, Option<weir_engine::wire::CheckpointId>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(r) = engine.restored() {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "no restore point in 30 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The latest checkpoint id each task committed, from the tasks' meta files under `dirs` (each
+/// task's file is on its own node).
+fn committed_ids(spec: &weir_engine::spec::StreamSpec, dirs: &[&std::path::Path]) -> Vec<u64> {
+    spec.topology()
+        .tasks
+        .iter()
+        .map(|t| {
+            let meta = dirs
+                .iter()
+                .find_map(|d| std::fs::read_to_string(d.join(format!("tasks/{}/committed", t.id.0))).ok())
+                .expect("every task committed");
+            meta.split_whitespace().next().unwrap().parse().unwrap()
+        })
+        .collect()
+}
+
 fn spec(rows: u64) -> weir_engine::spec::StreamSpec {
     let mut spec = util::bounded_spec(2, 2, 2, rows, WindowSpec::tumbling(100));
     if let SourceKind::Generator { rate, .. } = &mut spec.source {
@@ -206,27 +234,52 @@ fn a_missing_commit_record_restores_the_consensus_of_the_tasks_latest_ids() {
     let dir = tempfile::tempdir().unwrap();
     let spec = spec(100_000);
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
-    assert_eq!(engine.restored(), Some((RestoreBasis::Fresh, None)));
+    assert_eq!(wait_restored(&engine), (RestoreBasis::Fresh, None));
     wait_for_commits(&engine, 3);
     engine.stop();
     engine.wait().unwrap();
     // The coordinator's records are gone; the tasks still know what they committed.
     std::fs::remove_dir_all(dir.path().join("remote/7/checkpoints")).unwrap();
-    let latest: Vec<u64> = spec
-        .topology()
-        .tasks
-        .iter()
-        .map(|t| {
-            let meta = std::fs::read_to_string(dir.path().join(format!("tasks/{}/committed", t.id.0))).unwrap();
-            meta.split_whitespace().next().unwrap().parse().unwrap()
-        })
-        .collect();
+    let latest = committed_ids(&spec, &[dir.path()]);
     let min = *latest.iter().min().unwrap();
     assert!(min >= 1, "{latest:?}");
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
-    assert_eq!(engine.restored(), Some((RestoreBasis::Consensus, Some(CheckpointId(min)))));
+    assert_eq!(wait_restored(&engine), (RestoreBasis::Consensus, Some(CheckpointId(min))));
     engine.wait().unwrap();
     let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    assert_eq!(got, util::reference(&spec));
+}
+
+#[test]
+fn two_engines_without_a_commit_record_agree_on_the_consensus_and_end_with_exact_results() {
+    use weir_engine::wire::CheckpointId;
+    use weir_engine::wire::msg::RestoreBasis;
+
+    let (d1, d2, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let spec = spec(100_000);
+    let (e1, e2) = two_engines(&spec, d1.path(), d2.path(), remote.path());
+    assert_eq!(wait_restored(&e2), (RestoreBasis::Fresh, None), "node 2 waits for node 1's answer");
+    wait_for_commits(&e1, 3);
+    assert!(!e1.is_finished(), "the stream ended before the stop: make it longer");
+    e1.stop();
+    e2.stop();
+    e1.wait().unwrap();
+    e2.wait().unwrap();
+    // The commit records are gone; each node knows only what its own tasks committed.
+    std::fs::remove_dir_all(remote.path().join("7/checkpoints")).unwrap();
+    let latest = committed_ids(&spec, &[d1.path(), d2.path()]);
+    let min = *latest.iter().min().unwrap();
+    assert!(min >= 1, "{latest:?}");
+    let (e1, e2) = two_engines(&spec, d1.path(), d2.path(), remote.path());
+    let want = (RestoreBasis::Consensus, Some(CheckpointId(min)));
+    assert_eq!(wait_restored(&e1), want);
+    assert_eq!(wait_restored(&e2), want);
+    let (h1, h2) = (std::thread::spawn(move || e1.wait()), std::thread::spawn(move || e2.wait()));
+    h1.join().unwrap().unwrap();
+    h2.join().unwrap().unwrap();
+    let mut got = ResultStore::open(&d1.path().join("results")).unwrap().scan(spec.id).unwrap();
+    got.extend(ResultStore::open(&d2.path().join("results")).unwrap().scan(spec.id).unwrap());
+    got.sort_by_key(|r| (r.key, r.start));
     assert_eq!(got, util::reference(&spec));
 }
 

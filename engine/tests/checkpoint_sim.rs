@@ -319,9 +319,14 @@ impl Sim {
                 }
                 CoordAction::SendReset { task, failed, .. } => self.send(task, TaskInput::Reset { failed }),
                 CoordAction::SendRestore { task, id, version, .. } => {
-                    // The restore is applied by `restart`; the machine just learns its start.
-                    let acts = self.machines[task.0 as usize].handle(TaskInput::Restored { id, version });
-                    self.task_actions(task.0 as usize, acts);
+                    // The restore is applied by `restart`; the machine just learns its start. A
+                    // task restored already ignores another answer (a duplicated request), as the
+                    // runtime does.
+                    let m = &mut self.machines[task.0 as usize];
+                    if m.state() == TaskState::Uninit {
+                        let acts = m.handle(TaskInput::Restored { id, version });
+                        self.task_actions(task.0 as usize, acts);
+                    }
                 }
                 CoordAction::Finished { outcome: Err(_), .. } => self.stats.failed_checkpoints += 1,
                 CoordAction::Finished { .. } | CoordAction::Health { .. } | CoordAction::RejectedReport { .. } => {}

@@ -265,6 +265,9 @@ pub struct Coordinator {
     /// Nodes of the stream known to be down: a checkpoint due meanwhile fails at once instead of
     /// waiting for its timeout.
     down: BTreeSet<NodeId>,
+    /// The restore point chosen at start (checkpoint, whether committed), once chosen: a task that
+    /// asks again (its answer was lost, or it came after the wait) gets the same one.
+    restore_point: Option<(Option<CheckpointId>, bool)>,
 }
 
 impl Coordinator {
@@ -286,6 +289,7 @@ impl Coordinator {
             consecutive_failures: 0,
             healthy: true,
             down: BTreeSet::new(),
+            restore_point: None,
         }
     }
 
@@ -314,18 +318,22 @@ impl Coordinator {
     }
 
     fn restore_all(&mut self, id: Option<CheckpointId>, committed: bool) -> Vec<CoordAction> {
-        let versions = self.last_commit.as_ref().filter(|c| Some(c.id) == id).map(|c| c.versions.clone());
-        self.cfg
-            .tasks
-            .iter()
-            .map(|(task, node, _)| CoordAction::SendRestore {
-                task: *task,
-                node: *node,
-                id,
-                version: versions.as_ref().and_then(|v| v.get(task).copied()).unwrap_or(Version(0)),
-                committed,
-            })
-            .collect()
+        self.restore_point = Some((id, committed));
+        let tasks: Vec<TaskId> = self.tasks();
+        tasks.into_iter().filter_map(|t| self.restore_one(t)).collect()
+    }
+
+    /// The `SendRestore` of task `t` for the chosen restore point (none before it is chosen).
+    fn restore_one(&self, task: TaskId) -> Option<CoordAction> {
+        let (id, committed) = self.restore_point?;
+        // A consensus point has no record: the task takes the offset from its own manifest.
+        let version = self
+            .last_commit
+            .as_ref()
+            .filter(|c| Some(c.id) == id)
+            .and_then(|c| c.versions.get(&task).copied())
+            .unwrap_or(Version(0));
+        Some(CoordAction::SendRestore { task, node: self.node_of(task), id, version, committed })
     }
 
     /// Handles one input.
@@ -352,12 +360,16 @@ impl Coordinator {
                 }
             }
             CoordInput::Consensus { task, latest } => {
+                if !self.cfg.tasks.iter().any(|(t, _, _)| *t == task) {
+                    return Vec::new();
+                }
                 let done = match &mut self.phase {
                     Phase::Consensus { latest: l, .. } => {
                         l.insert(task, latest);
                         l.len() == self.cfg.tasks.len()
                     }
-                    _ => false,
+                    // Chosen already: the task asks again, and gets the same answer.
+                    _ => return self.restore_one(task).into_iter().collect(),
                 };
                 if done { self.finish_consensus() } else { Vec::new() }
             }

@@ -703,6 +703,42 @@ fn consensus_gives_up_waiting_and_counts_silent_tasks_as_empty() {
 }
 
 #[test]
+fn a_task_that_asks_again_gets_the_restore_point_already_chosen() {
+    let mut c = Coordinator::new(coord_cfg());
+    c.handle(CoordInput::Start { now: 0, next_id: C1, last_commit: None });
+    for (t, l) in [(1, 4), (10, 3), (20, 4)] {
+        c.handle(CoordInput::Consensus { task: TaskId(t), latest: CheckpointId(l) });
+    }
+    // Its answer was lost: the task asks again with what it has, and the choice stands.
+    let out = c.handle(CoordInput::Consensus { task: TaskId(10), latest: CheckpointId(3) });
+    assert_eq!(
+        out,
+        vec![CoordAction::SendRestore {
+            task: TaskId(10),
+            node: NodeId(1),
+            id: Some(CheckpointId(3)),
+            version: Version(0),
+            committed: false
+        }]
+    );
+    assert!(c.handle(CoordInput::Consensus { task: TaskId(99), latest: C1 }).is_empty(), "not a task of the stream");
+}
+
+#[test]
+fn a_task_asking_after_the_wait_gets_the_same_restore_point_as_the_others() {
+    let mut c = Coordinator::new(coord_cfg());
+    assert!(c.handle(CoordInput::Consensus { task: TaskId(1), latest: C2 }).is_empty(), "before start: ask again");
+    c.handle(CoordInput::Start { now: 0, next_id: C1, last_commit: None });
+    c.handle(CoordInput::Consensus { task: TaskId(1), latest: CheckpointId(4) });
+    c.handle(CoordInput::Consensus { task: TaskId(10), latest: CheckpointId(4) });
+    let out = c.handle(CoordInput::Tick { now: 2_000 });
+    assert_eq!(out.len(), 3);
+    // Task 20 comes late, with a checkpoint: it starts empty like the others, or the cut breaks.
+    let out = c.handle(CoordInput::Consensus { task: TaskId(20), latest: CheckpointId(4) });
+    assert!(matches!(out[..], [CoordAction::SendRestore { task: TaskId(20), id: None, .. }]), "{out:?}");
+}
+
+#[test]
 fn late_reset_of_an_older_checkpoint_leaves_a_newer_alignment_alone() {
     let mut m = agg();
     m.handle(trig(1, C2));

@@ -9,10 +9,10 @@
 //! router hands to the task's control queue or the coordinator's inbox. The coordinator runs on the
 //! lowest node of the stream; every engine restores its own tasks from the shared store.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,9 @@ pub struct CheckpointSettings {
     pub remote_dir: PathBuf,
     /// Uploader threads.
     pub uploaders: usize,
+    /// Restarting without a commit record: how long the coordinator waits for every task's
+    /// consensus request before counting the silent ones as having nothing (ms).
+    pub consensus_wait_ms: u64,
 }
 
 impl CheckpointSettings {
@@ -62,6 +65,7 @@ impl CheckpointSettings {
             tolerable_failures: 3,
             remote_dir: remote_dir.into(),
             uploaders: 4,
+            consensus_wait_ms: 10_000,
         }
     }
 }
@@ -250,44 +254,38 @@ pub fn last_commit(store: &dyn Store, stream: StreamId) -> Result<Option<CommitR
     Ok(None)
 }
 
-/// The latest committed id each task of the stream recorded in its meta file (`committed`,
-/// written at update-checkpoint-info), when every task runs on this node; empty otherwise (one
-/// node cannot agree for tasks it does not hold).
-fn local_latest(
-    data: &Path,
-    topo: &crate::spec::Topology,
-    node_of: &HashMap<TaskId, weir_wire::NodeId>,
-    me: weir_wire::NodeId,
-) -> BTreeMap<TaskId, CheckpointId> {
-    if topo.tasks.iter().any(|t| node_of[&t.id] != me) {
-        return topo.tasks.iter().map(|t| (t.id, CheckpointId(0))).collect();
+/// What task `t` last committed, from its meta file (`committed`, written at
+/// update-checkpoint-info): what it brings to the consensus when there is no commit record.
+fn local_committed(data: &Path, t: TaskId) -> (CheckpointId, Version) {
+    let text = std::fs::read_to_string(task_dir(data, t).join("committed")).unwrap_or_default();
+    let mut parts = text.split_whitespace().map(|v| v.parse::<u64>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(id), Some(v)) => (CheckpointId(id), Version(v)),
+        _ => (CheckpointId(0), Version(0)),
     }
-    topo.tasks
-        .iter()
-        .map(|t| {
-            let id = std::fs::read_to_string(task_dir(data, t.id).join("committed"))
-                .ok()
-                .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
-                .map_or(CheckpointId(0), CheckpointId);
-            (t.id, id)
-        })
-        .collect()
 }
 
-/// The seed's consensus when the commit record is missing: the minimum of the tasks' latest ids,
-/// restorable from each task's stored manifest (checked by its own checksum; there is no record
-/// to check it against). `None` when some task has nothing.
-fn consensus_record(
-    store: &dyn Store,
-    stream: StreamId,
-    latest: &BTreeMap<TaskId, CheckpointId>,
-) -> Result<Option<CommitRecord>, StoreError> {
-    let Some(min) = latest.values().min().copied().filter(|m| m.0 > 0) else { return Ok(None) };
-    let mut versions = BTreeMap::new();
-    for t in latest.keys() {
-        versions.insert(*t, fetch_manifest(store, stream, *t, min, None)?.version);
+/// A task's empty state, for a start from nothing: older state and snapshots are dropped.
+fn fresh_state(data: &Path, t: TaskId) -> Result<TaskStore, String> {
+    let db = task_dir(data, t).join("db");
+    let _ = std::fs::remove_dir_all(&db);
+    let _ = std::fs::remove_dir_all(task_dir(data, t).join("snapshots"));
+    TaskStore::open(&db).map_err(|e| format!("{t}: {e}"))
+}
+
+/// Puts restored state into the task: a source's offset, an agg's windows.
+fn install(task: &mut Task, state: &TaskStore, version: Version) -> Result<(), String> {
+    match task {
+        Task::Source(s) => {
+            s.offset = version.0;
+            if let super::task::Feed::Log(r) = &mut s.feed {
+                *r = r.reopen_at(version);
+            }
+        }
+        Task::Agg(a) => restore_agg(state, &mut a.agg)?,
+        Task::Sink(_) => {}
     }
-    Ok(Some(CommitRecord { id: min, trans: TransId(0), versions, manifests: Default::default(), ts: 0 }))
+    Ok(())
 }
 
 /// Where a task keeps its state and snapshots.
@@ -415,6 +413,9 @@ pub(crate) fn start_uploaders(
     (tx, handles)
 }
 
+/// How often a task waiting for its restore point asks again.
+const CONSENSUS_RETRY: Duration = Duration::from_millis(500);
+
 /// Protocol messages to tasks (and the coordinator) on other nodes.
 pub(crate) struct ProtoNet {
     sender: weir_wire::transport::TransportSender,
@@ -437,6 +438,21 @@ impl ProtoNet {
     fn send_report(&mut self, coord: weir_wire::NodeId, task: TaskId, r: &crate::checkpoint::Report) {
         if let Some(f) = super::protocol_wire::encode_report(&mut self.enc, self.stream, task, self.me, r) {
             let _ = self.sender.try_send(coord, f);
+        }
+    }
+
+    fn send_consensus(&mut self, coord: weir_wire::NodeId, task: TaskId, latest: (CheckpointId, Version)) {
+        if let Some(f) = super::protocol_wire::encode_consensus(&mut self.enc, self.stream, task, self.me, latest) {
+            let _ = self.sender.try_send(coord, f);
+        }
+    }
+
+    fn send_restore(&mut self, task: TaskId, checkpoint: Option<CheckpointId>, version: Version, basis: RestoreBasis) {
+        let Some(node) = self.node_of.get(&task).copied() else { return };
+        if let Some(f) =
+            super::protocol_wire::encode_restore(&mut self.enc, self.stream, task, checkpoint, version, basis)
+        {
+            let _ = self.sender.try_send(node, f);
         }
     }
 }
@@ -489,6 +505,13 @@ pub(crate) struct TaskCkpt {
     /// Tasks of the engine between a checkpoint's start and their snapshot (workers do not yield
     /// the core to background threads while any is).
     pub(crate) engine_aligning: Arc<std::sync::atomic::AtomicUsize>,
+    /// Where restores read from.
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) stream: StreamId,
+    /// What the engine restored (set by the first task to restore).
+    pub(crate) restored: Arc<OnceLock<(RestoreBasis, Option<CheckpointId>)>>,
+    /// While the task waits for its restore point: when it last asked the coordinator.
+    pub(crate) asked: Option<Instant>,
 }
 
 impl Drop for TaskCkpt {
@@ -528,8 +551,66 @@ impl TaskCkpt {
         r
     }
 
+    /// Whether the task still waits for its restore point (it must not touch data until then).
+    pub(crate) fn uninit(&self) -> bool {
+        self.machine.state() == crate::checkpoint::TaskState::Uninit
+    }
+
+    /// Asks the coordinator for the restore point, with what this task last committed (the
+    /// seed's consensus request). Repeated until answered: the request, the answer, or the
+    /// connection to the coordinator's node may not be there yet.
+    fn ask_restore(&mut self) {
+        if self.asked.is_some_and(|t| t.elapsed() < CONSENSUS_RETRY) {
+            return;
+        }
+        self.asked = Some(Instant::now());
+        let me = self.machine.setup().task;
+        let latest = local_committed(&self.data, me);
+        tracing::debug!(task = %me, latest = %latest.0, "asking the coordinator for the restore point");
+        let here = self.machine.setup().node;
+        match self.net.as_mut() {
+            Some(net) if self.coord_node != here => net.send_consensus(self.coord_node, me, latest),
+            _ => {
+                let _ = self.coord.send(CoordInput::Consensus { task: me, latest: latest.0 });
+            }
+        }
+    }
+
+    /// Restores the coordinator's restore point into the task and makes it ready. A task restored
+    /// already (the answer came twice, or it restored the commit record at start) ignores it.
+    pub(crate) fn restore(
+        &mut self,
+        task: &mut Task,
+        checkpoint: Option<CheckpointId>,
+        version: Version,
+        basis: RestoreBasis,
+    ) -> Result<(), String> {
+        let me = self.machine.setup().task;
+        if !self.uninit() {
+            tracing::debug!(task = %me, ?checkpoint, "restore point for a task already restored: ignored");
+            return Ok(());
+        }
+        let (state, version) = match checkpoint {
+            Some(id) => {
+                // Without a record the task's own manifest (checked by its checksum) says the offset.
+                let versions = (version.0 > 0).then_some((me, version)).into_iter().collect();
+                let record = CommitRecord { id, trans: TransId(0), versions, manifests: Default::default(), ts: 0 };
+                restore_task(self.store.as_ref(), self.stream, me, &self.data, &record)?
+            }
+            None => (fresh_state(&self.data, me)?, Version(0)),
+        };
+        install(task, &state, version)?;
+        tracing::info!(task = %me, ?checkpoint, ?basis, version = version.0, "restored");
+        self.restored.get_or_init(|| (basis, checkpoint));
+        self.feed(task, TaskInput::Restored { id: checkpoint, version })
+    }
+
     /// Ticks the machine (every 100 ms) and hands it what the task saw.
     pub(crate) fn before_poll(&mut self, task: &mut Task) -> Result<(), String> {
+        if self.uninit() {
+            self.ask_restore();
+            return Ok(());
+        }
         if self.last_tick.elapsed() >= Duration::from_millis(100) {
             self.last_tick = Instant::now();
             let now = self.now_ms();
@@ -739,8 +820,8 @@ fn inputs(task: &mut Task) -> Option<&mut super::Inputs> {
 /// The checkpoint machinery of a running engine: the coordinator (on its node), the statistics,
 /// the uploader threads.
 pub(crate) struct Running {
-    /// What the engine restored at start.
-    pub(crate) restored: (RestoreBasis, Option<CheckpointId>),
+    /// What the engine restored at start, once its tasks have restored.
+    pub(crate) restored: Arc<OnceLock<(RestoreBasis, Option<CheckpointId>)>>,
     pub(crate) coordinator: Option<CoordThread>,
     pub(crate) log: Arc<CheckpointLog>,
     pub(crate) uploaders: Vec<JoinHandle<()>>,
@@ -772,35 +853,34 @@ impl CoordThread {
         store: Arc<dyn Store>,
         inbox: Receiver<CoordInput>,
         peers: Arc<HashMap<TaskId, ControlHandle>>,
-        restore: (Option<CommitRecord>, BTreeMap<TaskId, CheckpointId>),
+        last_commit: Option<CommitRecord>,
         next_id: CheckpointId,
         log: Arc<CheckpointLog>,
         mut net: Option<ProtoNet>,
     ) -> Self {
-        let (last, latest) = restore;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
-        let coord_tasks: Vec<TaskId> = coord.tasks().to_vec();
         let thread = std::thread::Builder::new()
             .name("weir-coordinator".into())
             .spawn(move || {
                 let now = wall_ms;
                 let mut started: HashMap<CheckpointId, Instant> = HashMap::new();
-                let all_tasks: Vec<TaskId> = coord_tasks.clone();
-                let mut send = |t: TaskId, input: TaskInput| {
+                let mut send = |t: TaskId, c: Control| {
                     if let Some(h) = peers.get(&t) {
-                        h.try_send(Control::Protocol(input));
+                        h.try_send(c);
                     } else if let Some(net) = net.as_mut() {
-                        net.send_task(t, &input);
+                        match c {
+                            Control::Protocol(input) => net.send_task(t, &input),
+                            Control::Restore { checkpoint, version, basis } => {
+                                net.send_restore(t, checkpoint, version, basis)
+                            }
+                            _ => {}
+                        }
                     }
                 };
-                let mut pending = coord.handle(CoordInput::Start { now: now(), next_id, last_commit: last });
-                // Without a commit record the engine restored every task from the consensus of
-                // their latest ids (or started them empty): the same answers reach the coordinator.
-                for t in &all_tasks {
-                    let l = latest.get(t).copied().unwrap_or(CheckpointId(0));
-                    pending.extend(coord.handle(CoordInput::Consensus { task: *t, latest: l }));
-                }
+                // With a commit record every task restored it before the workers started; without
+                // one the tasks wait, ask for the consensus, and restore what the answer says.
+                let mut pending = coord.handle(CoordInput::Start { now: now(), next_id, last_commit });
                 let mut reserving: Option<Instant> = None;
                 while !stop2.load(Ordering::Acquire) {
                     while let Some(a) = (!pending.is_empty()).then(|| pending.remove(0)) {
@@ -815,7 +895,7 @@ impl CoordThread {
                             CoordAction::SendSourceReq { task, id, trans, expire_at, .. } => {
                                 let t0 = reserving.take().unwrap_or_else(Instant::now);
                                 started.entry(id).or_insert(t0);
-                                send(task, TaskInput::SourceReq { id, trans, expire_at });
+                                send(task, Control::Protocol(TaskInput::SourceReq { id, trans, expire_at }));
                             }
                             CoordAction::WriteCommit(record) => {
                                 let key = commit_key(stream, record.id);
@@ -826,10 +906,22 @@ impl CoordThread {
                                 pending.extend(coord.handle(input));
                             }
                             CoordAction::SendUpdate { task, id, version, ts, .. } => {
-                                send(task, TaskInput::Update { id, version, ts })
+                                send(task, Control::Protocol(TaskInput::Update { id, version, ts }))
                             }
-                            CoordAction::SendReset { task, failed, .. } => send(task, TaskInput::Reset { failed }),
-                            CoordAction::SendRestore { .. } => {} // restored before the workers started
+                            CoordAction::SendReset { task, failed, .. } => {
+                                send(task, Control::Protocol(TaskInput::Reset { failed }))
+                            }
+                            CoordAction::SendRestore { task, id, version, committed, .. } => {
+                                let basis = match (committed, id) {
+                                    (true, _) => RestoreBasis::Committed,
+                                    (false, Some(_)) => RestoreBasis::Consensus,
+                                    (false, None) => RestoreBasis::Fresh,
+                                };
+                                if !committed {
+                                    tracing::info!(%task, checkpoint = ?id, ?basis, "restore point chosen");
+                                }
+                                send(task, Control::Restore { checkpoint: id, version, basis })
+                            }
                             CoordAction::Finished { id, started_at, duration_ms, outcome, tasks } => {
                                 let d = started.remove(&id).map_or(Duration::from_millis(duration_ms), |t| t.elapsed());
                                 let c = checkpoint_stats(stream, id, started_at, d, &outcome, tasks);
@@ -923,12 +1015,10 @@ pub(crate) struct Setup {
     data: PathBuf,
     store: Arc<dyn Store>,
     settings: CheckpointSettings,
-    /// What every task restores: the last commit record, or the consensus checkpoint (a record
-    /// made from the tasks' manifests), or nothing.
+    /// The last commit record, which every task restores before the workers start; without
+    /// one, tasks start `Uninit` and restore the coordinator's consensus when it answers.
     last: Option<CommitRecord>,
-    basis: RestoreBasis,
-    /// Without a commit record: each task's latest committed id, for the coordinator's consensus.
-    latest: BTreeMap<TaskId, CheckpointId>,
+    restored: Arc<OnceLock<(RestoreBasis, Option<CheckpointId>)>>,
     next_id: CheckpointId,
     peers: Arc<HashMap<TaskId, ControlHandle>>,
     coord_tx: Sender<CoordInput>,
@@ -960,31 +1050,18 @@ impl Setup {
         let coord_node = node_of.values().min().copied().unwrap_or(cfg.node);
         let store = open_store(settings);
         let failed = |e: StoreError| super::EngineError::Failed(e.to_string());
-        let mut latest = BTreeMap::new();
-        let (last, basis) = match last_commit(store.as_ref(), spec.id).map_err(failed)? {
+        let restored = Arc::new(OnceLock::new());
+        let last = last_commit(store.as_ref(), spec.id).map_err(failed)?;
+        match &last {
             Some(r) => {
                 tracing::info!(stream = %spec.id, checkpoint = %r.id, "restoring from the last commit");
-                (Some(r), RestoreBasis::Committed)
+                let _ = restored.set((RestoreBasis::Committed, Some(r.id)));
             }
-            None => {
-                latest = local_latest(&cfg.data_dir, &topo, &node_of, cfg.node);
-                match consensus_record(store.as_ref(), spec.id, &latest).map_err(failed)? {
-                    Some(r) => {
-                        tracing::warn!(
-                            stream = %spec.id,
-                            checkpoint = %r.id,
-                            "no commit record: restoring the consensus checkpoint (the minimum of the tasks' latest)"
-                        );
-                        (Some(r), RestoreBasis::Consensus)
-                    }
-                    None => {
-                        tracing::info!(stream = %spec.id, "no commit yet: starting from the beginning");
-                        latest.values_mut().for_each(|v| *v = CheckpointId(0));
-                        (None, RestoreBasis::Fresh)
-                    }
-                }
-            }
-        };
+            None => tracing::info!(
+                stream = %spec.id,
+                "no commit record: the tasks wait for the coordinator's consensus restore point"
+            ),
+        }
         let next_id = read_next_id(store.as_ref(), spec.id);
         let (coord_tx, coord_rx) = crossbeam_channel::unbounded();
         let (uploads, handles) = start_uploaders(settings.uploaders, store.clone(), spec.id);
@@ -995,8 +1072,7 @@ impl Setup {
             store,
             settings: settings.clone(),
             last,
-            basis,
-            latest,
+            restored,
             next_id,
             peers,
             coord_tx,
@@ -1012,32 +1088,22 @@ impl Setup {
         })
     }
 
-    /// The checkpoint side of task `t`, with its state restored from the last commit.
+    /// The checkpoint side of task `t`: restored from the last commit record, or (without one)
+    /// `Uninit`, waiting for the coordinator's restore point.
     pub(crate) fn task(
         &self,
         t: &crate::spec::TaskDesc,
         task: &mut Task,
         results: Arc<ResultStore>,
     ) -> Result<TaskCkpt, String> {
-        let (state, version) = match &self.last {
-            Some(r) => restore_task(self.store.as_ref(), self.stream, t.id, &self.data, r)?,
-            None => {
-                let db = task_dir(&self.data, t.id).join("db");
-                let _ = std::fs::remove_dir_all(&db);
-                let _ = std::fs::remove_dir_all(task_dir(&self.data, t.id).join("snapshots"));
-                (TaskStore::open(&db).map_err(|e| e.to_string())?, Version(0))
+        let restored_version = match &self.last {
+            Some(r) => {
+                let (state, version) = restore_task(self.store.as_ref(), self.stream, t.id, &self.data, r)?;
+                install(task, &state, version)?;
+                Some(version)
             }
+            None => None,
         };
-        match task {
-            Task::Source(s) => {
-                s.offset = version.0;
-                if let super::task::Feed::Log(r) = &mut s.feed {
-                    *r = r.reopen_at(version);
-                }
-            }
-            Task::Agg(a) => restore_agg(&state, &mut a.agg)?,
-            Task::Sink(_) => {}
-        }
         let role = match t.kind {
             crate::spec::TaskKind::Source { .. } => crate::checkpoint::Role::Source,
             crate::spec::TaskKind::Agg { .. } => crate::checkpoint::Role::Agg,
@@ -1054,7 +1120,9 @@ impl Setup {
             ready_resend_ms: self.settings.ready_resend_ms,
         };
         let mut machine = TaskMachine::new(setup);
-        machine.handle(TaskInput::Restored { id: self.last.as_ref().map(|r| r.id), version });
+        if let Some(version) = restored_version {
+            machine.handle(TaskInput::Restored { id: self.last.as_ref().map(|r| r.id), version });
+        }
         Ok(TaskCkpt {
             machine,
             data: self.data.clone(),
@@ -1070,6 +1138,10 @@ impl Setup {
             clock: None,
             aligning: false,
             engine_aligning: self.aligning.clone(),
+            store: self.store.clone(),
+            stream: self.stream,
+            restored: self.restored.clone(),
+            asked: None,
         })
     }
 
@@ -1116,13 +1188,12 @@ impl Setup {
                 .map_or(0, |d| d.subsec_nanos() as u64))
                 % (self.settings.interval_ms / 2).max(1),
             tolerable_failures: self.settings.tolerable_failures,
-            consensus_wait_ms: 10_000,
+            consensus_wait_ms: self.settings.consensus_wait_ms,
         };
         let log = self.log.clone();
         let net = self.net();
         let uploaders = self.uploaders;
-        let restored = (self.basis.clone(), self.last.as_ref().map(|r| r.id));
-        let committed = self.basis == RestoreBasis::Committed;
+        let restored = self.restored.clone();
         drop(self.uploads);
         if self.coord_node != self.node {
             return Running { restored, coordinator: None, log, uploaders };
@@ -1133,8 +1204,7 @@ impl Setup {
             self.store.clone(),
             self.coord_rx,
             self.peers.clone(),
-            // A consensus record is not a commit: the coordinator gets the tasks' ids instead.
-            (self.last.filter(|_| committed), self.latest),
+            self.last,
             self.next_id,
             self.log,
             net,

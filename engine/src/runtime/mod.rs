@@ -474,9 +474,10 @@ impl Engine {
     }
 
     /// What the engine restored when it started (engines with checkpoints): the checkpoint, and
-    /// whether it came from the commit record, the tasks' consensus, or nothing (fresh).
+    /// whether it came from the commit record, the tasks' consensus, or nothing (fresh). `None`
+    /// while the tasks still wait for the coordinator's restore point (no commit record).
     pub fn restored(&self) -> Option<(weir_wire::msg::RestoreBasis, Option<weir_wire::CheckpointId>)> {
-        self.coordinator.as_ref().map(|c| c.restored.clone())
+        self.coordinator.as_ref().and_then(|c| c.restored.get().cloned())
     }
 
     /// Statistics of finished checkpoints (engines with checkpoints).

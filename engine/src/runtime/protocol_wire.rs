@@ -2,10 +2,12 @@
 //! nodes those travel as the protocol's rkyv messages. This module converts both ways.
 
 use weir_wire::msg::{
-    CheckpointReady, CheckpointReadyRsp, CheckpointReport, CheckpointSourceReq, ReportOutcome, RetrieveTriggerReq,
-    TaskReset, TriggerKind, TriggerRsp, UpdateCheckpointInfo,
+    CheckpointReady, CheckpointReadyRsp, CheckpointReport, CheckpointSourceReq, ConsensusReq, ReportOutcome, Restore,
+    RestoreBasis, RetrieveTriggerReq, TaskReset, TriggerKind, TriggerRsp, UpdateCheckpointInfo,
 };
-use weir_wire::{EncodedFrame, Frame, FrameEncoder, Kind, NodeId, Seq, StreamId, TaskId, TransId};
+use weir_wire::{
+    CheckpointId, EncodedFrame, Frame, FrameEncoder, Kind, NodeId, Seq, StreamId, TaskId, TransId, Version,
+};
 
 use crate::checkpoint::{CoordInput, Report, TaskInput};
 
@@ -16,6 +18,17 @@ pub(crate) enum Routed {
     ToTask(TaskId, TaskInput),
     /// To the coordinator.
     ToCoord(CoordInput),
+    /// The coordinator's restore point for a starting task.
+    Restore {
+        /// Task.
+        task: TaskId,
+        /// Checkpoint (none: start empty).
+        checkpoint: Option<CheckpointId>,
+        /// Source offset (0: the one in the checkpoint's manifest).
+        version: Version,
+        /// How it was chosen.
+        basis: RestoreBasis,
+    },
 }
 
 /// Encodes `input` for task `to` on node `to_node`, sent by this node. `None` for inputs that never
@@ -104,6 +117,31 @@ pub(crate) fn encode_report(
     enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a report")).ok()
 }
 
+/// Encodes a starting task's consensus request: what it has committed locally.
+pub(crate) fn encode_consensus(
+    enc: &mut FrameEncoder,
+    stream: StreamId,
+    task: TaskId,
+    node: NodeId,
+    latest: (CheckpointId, Version),
+) -> Option<EncodedFrame> {
+    let msg = ConsensusReq { stream, task, node, latest: latest.0, latest_version: latest.1 };
+    enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a consensus request")).ok()
+}
+
+/// Encodes the coordinator's restore point for `task`.
+pub(crate) fn encode_restore(
+    enc: &mut FrameEncoder,
+    stream: StreamId,
+    task: TaskId,
+    checkpoint: Option<CheckpointId>,
+    version: Version,
+    basis: RestoreBasis,
+) -> Option<EncodedFrame> {
+    let msg = Restore { stream, task, checkpoint, basis, version };
+    enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a restore message")).ok()
+}
+
 /// Decodes a protocol frame (validated by `Frame::to_owned`). `None` for other kinds.
 pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
     let routed = match frame.kind() {
@@ -153,6 +191,14 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
                 Report { id: m.checkpoint, trans: m.trans, outcome, manifest_crc: m.manifest_crc, stats: m.stats };
             Routed::ToCoord(CoordInput::Report { task: m.task, report })
         }
+        Kind::ConsensusReq => {
+            let m = frame.to_owned::<ConsensusReq>().ok()?;
+            Routed::ToCoord(CoordInput::Consensus { task: m.task, latest: m.latest })
+        }
+        Kind::Restore => {
+            let m = frame.to_owned::<Restore>().ok()?;
+            Routed::Restore { task: m.task, checkpoint: m.checkpoint, version: m.version, basis: m.basis }
+        }
         _ => return None,
     };
     Some(routed)
@@ -161,7 +207,6 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
 #[cfg(test)]
 mod tests {
     use weir_wire::msg::{TaskCheckpointStats, TriggerRspCode};
-    use weir_wire::{CheckpointId, Version};
 
     use super::*;
 
@@ -214,6 +259,21 @@ mod tests {
         let f = encode_report(&mut enc, StreamId(1), TaskId(4), NodeId(2), &r).unwrap();
         match decode(&weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()) {
             Some(Routed::ToCoord(CoordInput::Report { task, report })) => assert_eq!((task, report), (TaskId(4), r)),
+            other => panic!("{other:?}"),
+        }
+        let f = encode_consensus(&mut enc, StreamId(1), TaskId(4), NodeId(2), (c, Version(3))).unwrap();
+        match decode(&weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()) {
+            Some(Routed::ToCoord(CoordInput::Consensus { task, latest })) => assert_eq!((task, latest), (TaskId(4), c)),
+            other => panic!("{other:?}"),
+        }
+        let f = encode_restore(&mut enc, StreamId(1), TaskId(4), Some(c), Version(8), RestoreBasis::Consensus).unwrap();
+        match decode(&weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()) {
+            Some(Routed::Restore { task, checkpoint, version, basis }) => {
+                assert_eq!(
+                    (task, checkpoint, version, basis),
+                    (TaskId(4), Some(c), Version(8), RestoreBasis::Consensus)
+                )
+            }
             other => panic!("{other:?}"),
         }
     }

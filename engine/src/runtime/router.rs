@@ -217,6 +217,14 @@ impl Run {
                     }
                     None => tracing::warn!(%node, "report for a coordinator not on this node"),
                 },
+                Some(super::protocol_wire::Routed::Restore { task, checkpoint, version, basis }) => {
+                    match self.proto.0.get(&task) {
+                        Some(h) => {
+                            h.try_send(super::task::Control::Restore { checkpoint, version, basis });
+                        }
+                        None => tracing::warn!(%task, %node, "restore point for a task not on this node"),
+                    }
+                }
                 None => tracing::debug!(kind = ?other, %node, "frame not handled by the data plane"),
             },
         }

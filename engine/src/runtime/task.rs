@@ -310,6 +310,16 @@ pub enum Control {
     Stop,
     /// A checkpoint-protocol message or completion for the task's machine.
     Protocol(crate::checkpoint::TaskInput),
+    /// The coordinator's restore point for a task that started without a commit record (ignored
+    /// by a task already restored).
+    Restore {
+        /// Checkpoint to restore (none: start empty).
+        checkpoint: Option<weir_wire::CheckpointId>,
+        /// Source offset (0: the one in the checkpoint's manifest).
+        version: weir_wire::Version,
+        /// How it was chosen.
+        basis: weir_wire::msg::RestoreBasis,
+    },
 }
 
 /// How others reach a task's control queue. Sending also raises the owning worker's attention
@@ -372,6 +382,11 @@ impl Cell {
                         ck.feed(&mut self.task, input).map_err(TaskError::Checkpoint)?;
                     }
                 }
+                Control::Restore { checkpoint, version, basis } => {
+                    if let Some(ck) = self.ckpt.as_mut() {
+                        ck.restore(&mut self.task, checkpoint, version, basis).map_err(TaskError::Checkpoint)?;
+                    }
+                }
             }
         }
         Ok(false)
@@ -385,6 +400,12 @@ impl Cell {
         }
         if let Some(ck) = self.ckpt.as_mut() {
             ck.before_poll(&mut self.task).map_err(TaskError::Checkpoint)?;
+            if ck.uninit() {
+                // No data before the restore point is known: it decides where sources start.
+                let m = &ck.machine;
+                self.board.publish(m.state(), m.latest(), m.failed());
+                return Ok(Poll::Idle);
+            }
         }
         if self.paused {
             return Ok(Poll::Idle);
