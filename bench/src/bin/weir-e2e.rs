@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use weir_engine::ingest::{AppendRequest, IngestService, LogConfig, SyncPolicy};
 use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig};
 use weir_engine::spec::{Placement, SourceKind, StreamSpec};
-use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats};
+use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats, TaskCheckpointStats};
 use weir_engine::wire::{Batch, NodeId, StreamId};
 
 fn rss_kib() -> (u64, u64) {
@@ -147,11 +147,12 @@ fn checkpoints(seconds: u64) {
         each.join(", ")
     );
     println!(
-        "  per-task pause (alignment + synchronous snapshot): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {} task checkpoints",
+        "  per-task pause (alignment + synchronous snapshot): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {} task checkpoints ({} over 5 ms)",
         pct(&pauses, 0.5) as f64 / 1e3,
         pct(&pauses, 0.99) as f64 / 1e3,
         pauses.last().copied().unwrap_or(0) as f64 / 1e3,
-        pauses.len()
+        pauses.len(),
+        pauses.iter().filter(|p| **p > 5_000).count()
     );
     println!(
         "  trigger to commit: median {:.1} ms, max {:.1} ms over {} commits ({failed} failed)",
@@ -184,6 +185,36 @@ fn breakdown(stats: &[CheckpointStats]) {
             );
         }
     }
+    // The longest pauses, split: which part of a pause grows tells alignment from copying.
+    let mut longest: Vec<(u64, String, &TaskCheckpointStats, f64)> = committed
+        .iter()
+        .flat_map(|c| {
+            let start_us = c.started_at_ms as f64 * 1e3;
+            c.tasks.iter().map(move |e| {
+                let s = &e.stats;
+                (
+                    s.align_us + s.snapshot_us,
+                    format!("{} {}", c.checkpoint, e.task),
+                    s,
+                    s.trigger_at_us as f64 - start_us,
+                )
+            })
+        })
+        .collect();
+    longest.sort_by_key(|l| std::cmp::Reverse(l.0));
+    let top: Vec<String> = longest
+        .iter()
+        .take(5)
+        .map(|(_, what, s, at)| {
+            format!(
+                "{what} (in {:.2}, align {:.2}, snapshot {:.2})",
+                at / 1e3,
+                s.align_us as f64 / 1e3,
+                s.snapshot_us as f64 / 1e3
+            )
+        })
+        .collect();
+    println!("  longest pauses (ms): {}", top.join("; "));
     println!(
         "  per task, medians (ms): barrier in | alignment | snapshot | background | reported (after the start) | max pause"
     );

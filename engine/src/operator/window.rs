@@ -240,6 +240,11 @@ impl WindowAgg {
         }
     }
 
+    /// How many (window, key) entries are open.
+    pub fn state_len(&self) -> usize {
+        self.windows.iter().map(|(_, keys)| keys.len()).sum()
+    }
+
     /// Every open (window start, key, aggregate), for the state store.
     pub fn state(&self) -> impl Iterator<Item = (i64, u64, Acc)> + '_ {
         self.windows.iter().flat_map(|(s, keys)| keys.iter().map(move |(k, a)| (*s, *k, *a)))

@@ -341,7 +341,12 @@ pub(crate) struct UploadJob {
     pub(crate) captured: Captured,
     pub(crate) results: Arc<ResultStore>,
     pub(crate) reply: ControlHandle,
+    /// Where the state copy's buffer goes back to once written, for the task's next copy.
+    pub(crate) spare: Sender<StateEntries>,
 }
+
+/// The buffer of an agg's state copy.
+pub(crate) type StateEntries = Vec<(i64, u64, crate::operator::window::Acc)>;
 
 impl UploadJob {
     fn run(&self, store: &dyn Store, stream: StreamId) -> Result<UploadDone, String> {
@@ -382,22 +387,39 @@ impl UploadJob {
     }
 }
 
+/// The longest an upload waits for the engine's tasks to finish aligning.
+const ALIGNMENT_WAIT: Duration = Duration::from_millis(20);
+
+/// Waits (at most `ALIGNMENT_WAIT`) until no task of the engine is between a checkpoint's start
+/// and its snapshot. The first task to snapshot would otherwise write its state file on a core
+/// that another task is aligning or copying state on: milliseconds of pause on two cores, for
+/// work that can as well start a millisecond later.
+fn wait_for_alignment(aligning: &std::sync::atomic::AtomicUsize) {
+    let t0 = Instant::now();
+    while aligning.load(Ordering::Relaxed) > 0 && t0.elapsed() < ALIGNMENT_WAIT {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
 /// Starts `n` uploader threads.
 pub(crate) fn start_uploaders(
     n: usize,
     store: Arc<dyn Store>,
     stream: StreamId,
+    aligning: Arc<std::sync::atomic::AtomicUsize>,
 ) -> (Sender<UploadJob>, Vec<JoinHandle<()>>) {
     let (tx, rx): (Sender<UploadJob>, Receiver<UploadJob>) = crossbeam_channel::unbounded();
     let handles = (0..n.max(1))
         .map(|i| {
             let rx = rx.clone();
             let store = store.clone();
+            let aligning = aligning.clone();
             std::thread::Builder::new()
                 .name(format!("weir-upload-{i}"))
                 .spawn(move || {
                     super::sched::background_thread();
                     for job in rx {
+                        wait_for_alignment(&aligning);
                         let result = job.run(store.as_ref(), stream);
                         match &result {
                             Ok(u) => tracing::debug!(task = %job.task, checkpoint = %job.id, us = u.upload_us, bytes = u.bytes, files = u.files, "snapshot uploaded"),
@@ -405,6 +427,9 @@ pub(crate) fn start_uploaders(
                         }
                         // Waits for room: a lost completion would stall the checkpoint until it times out.
                         job.reply.send_timeout(Control::Protocol(TaskInput::Uploaded { id: job.id, result }), Duration::from_secs(60));
+                        if let Captured::Window(copy) = job.captured {
+                            let _ = job.spare.try_send(copy.entries);
+                        }
                     }
                 })
                 .expect("spawn uploader")
@@ -512,6 +537,8 @@ pub(crate) struct TaskCkpt {
     pub(crate) restored: Arc<OnceLock<(RestoreBasis, Option<CheckpointId>)>>,
     /// While the task waits for its restore point: when it last asked the coordinator.
     pub(crate) asked: Option<Instant>,
+    /// The last state copy's buffer, back from the uploader (one slot).
+    pub(crate) spare: (Sender<StateEntries>, Receiver<StateEntries>),
 }
 
 impl Drop for TaskCkpt {
@@ -699,7 +726,16 @@ impl TaskCkpt {
                     let reply = self.peers.get(&me).cloned().ok_or("no control queue")?;
                     let (captured, version) = self.captured.take().ok_or("upload without a captured state")?;
                     let dir = snapshot_dir(&self.data, me, id);
-                    let job = UploadJob { task: me, id, version, dir, captured, results: self.results.clone(), reply };
+                    let job = UploadJob {
+                        task: me,
+                        id,
+                        version,
+                        dir,
+                        captured,
+                        results: self.results.clone(),
+                        reply,
+                        spare: self.spare.0.clone(),
+                    };
                     let _ = self.uploads.send(job);
                 }
                 TaskAction::SendReady { to, id, .. } => self.send(to, TaskInput::Ready { from: me, id }),
@@ -774,7 +810,10 @@ impl TaskCkpt {
         offset: Version,
     ) -> Result<Vec<(TaskId, weir_wire::Seq)>, String> {
         let captured = match task {
-            Task::Agg(a) => Captured::Window(crate::state::WindowStateCopy::of(&a.agg)),
+            Task::Agg(a) => {
+                let buf = self.spare.1.try_recv().unwrap_or_default();
+                Captured::Window(crate::state::WindowStateCopy::reusing(&a.agg, buf))
+            }
             Task::Source(_) => Captured::Offset,
             Task::Sink(_) => Captured::Sink,
         };
@@ -1064,7 +1103,7 @@ impl Setup {
         }
         let next_id = read_next_id(store.as_ref(), spec.id);
         let (coord_tx, coord_rx) = crossbeam_channel::unbounded();
-        let (uploads, handles) = start_uploaders(settings.uploaders, store.clone(), spec.id);
+        let (uploads, handles) = start_uploaders(settings.uploaders, store.clone(), spec.id, aligning.clone());
         Ok(Setup {
             aligning,
             stream: spec.id,
@@ -1142,6 +1181,7 @@ impl Setup {
             stream: self.stream,
             restored: self.restored.clone(),
             asked: None,
+            spare: crossbeam_channel::bounded(1),
         })
     }
 
