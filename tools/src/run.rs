@@ -1,6 +1,6 @@
 //! `weir run`: the embedded default. One process runs a whole stream (generator sources, window
 //! aggregation, sinks into the result store under `--data-dir`), checkpoints it every second into
-//! `--data-dir/remote`, prints a live status line and a summary at the end. With `--resume` it
+//! `--data-dir/remote`, prints a status line every second and a summary at the end. With `--resume` it
 //! continues from the last committed checkpoint (after a crash, say) with exactly the results an
 //! uninterrupted run would have had.
 
@@ -110,15 +110,19 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     while t0.elapsed() < Duration::from_secs(args.seconds) && !done(&engine) {
         std::thread::sleep(Duration::from_millis(if args.events.is_some() { 100 } else { 1000 }));
         let now = Instant::now();
+        if now.duration_since(last_t) < Duration::from_millis(900) {
+            continue; // bounded runs look every 100 ms for the end, and report once a second
+        }
         let rows = stats.rows_aggregated.load(Ordering::Relaxed);
         let rate = (rows - last_rows) as f64 / now.duration_since(last_t).as_secs_f64();
         peak_rate = peak_rate.max(rate);
         let (committed, last_ms) = engine
             .checkpoints()
             .map_or((0, 0.0), |log| (log.totals().0, log.recent(1).last().map_or(0.0, |c| c.duration_us as f64 / 1e3)));
-        write!(
+        // One line a second: log lines (stderr) interleave cleanly with it on a terminal.
+        writeln!(
             out,
-            "\r  {:>5.1}s  {:>7.2} M events/s  {:>14} events  {:>9} window results  {:>4} checkpoints (last {:>5.1} ms)  rss {:>4} MiB ",
+            "  {:>5.1}s  {:>7.2} M events/s  {:>14} events  {:>9} window results  {:>4} checkpoints (last {:>5.1} ms)  rss {:>4} MiB",
             t0.elapsed().as_secs_f64(),
             rate / 1e6,
             rows,
@@ -130,7 +134,6 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         out.flush()?;
         (last_t, last_rows) = (now, rows);
     }
-    writeln!(out)?;
     let rows = stats.rows_aggregated.load(Ordering::Relaxed);
     let written = stats.results_written.load(Ordering::Relaxed);
     let secs = t0.elapsed().as_secs_f64();

@@ -3,13 +3,19 @@
 //! ```text
 //! cargo run --release -p weir-bench --bin weir-e2e -- pipeline [seconds] [workers]
 //! cargo run --release -p weir-bench --bin weir-e2e -- ingest [seconds]
-//! cargo run --release -p weir-bench --bin weir-e2e -- checkpoints [seconds]
+//! cargo run --release -p weir-bench --bin weir-e2e -- checkpoints [seconds] [runs]
+//! cargo run --release -p weir-bench --bin weir-e2e -- jitter [seconds]
 //! ```
 //!
 //! `pipeline`: generator → tumbling 1 s windows (count/sum/min/max/avg) → sink, 10,000 keys, one
 //! node, as fast as possible. Prints events per second each second, peak and final RSS.
 //! `ingest`: appends 4,096-row batches to one partition's ingest log with group commit every
 //! 10 ms, counting only acknowledged (durable) rows.
+//! `checkpoints`: the same pipeline with checkpoints every second against runs without, `runs`
+//! times, each run with checkpoints between two without; pause and trigger-to-commit figures.
+//! `jitter`: one thread pinned to each core spins reading the clock and counts the gaps: how
+//! often, and how long, the machine takes a core away from a busy thread (nothing else of Weir
+//! runs meanwhile). A pause figure cannot be better than this machine lets it be.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::sync::atomic::Ordering;
@@ -75,12 +81,9 @@ fn pipeline(seconds: u64, workers: usize) {
     );
 }
 
-/// Runs with checkpoints in the `checkpoints` benchmark (each between two runs without).
-const PAIRS: usize = 5;
-
 /// Throughput with checkpoints every second next to the same run without, in one process run
 /// after the other, plus pause and trigger-to-commit figures.
-fn checkpoints(seconds: u64) {
+fn checkpoints(seconds: u64, pairs: usize) {
     let run = |with: bool| -> (f64, Vec<u64>, Vec<Duration>, usize, Vec<CheckpointStats>) {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut spec = StreamSpec::generator(StreamId(1), 2, 2, 1);
@@ -118,7 +121,7 @@ fn checkpoints(seconds: u64) {
     // by ±12 % over tens of seconds); the median of the ratios is the figure.
     let (mut off, mut on) = (vec![run(false).0], Vec::new());
     let (mut pauses, mut commits, mut failed, mut stats) = (Vec::new(), Vec::new(), 0, Vec::new());
-    for _ in 0..PAIRS {
+    for _ in 0..pairs {
         let (rate, p, c, f, st) = run(true);
         on.push(rate);
         pauses.extend(p);
@@ -138,9 +141,9 @@ fn checkpoints(seconds: u64) {
     let med = commits.get(commits.len() / 2).copied().unwrap_or_default();
     let each: Vec<String> = ratios.iter().map(|r| format!("{:.1}", r * 100.0)).collect();
     println!(
-        "checkpoints every 1 s, {seconds} s runs, off/on alternating ({} off, {PAIRS} on): off {:.2} M events/s, \
+        "checkpoints every 1 s, {seconds} s runs, off/on alternating ({} off, {pairs} on): off {:.2} M events/s, \
          on {:.2} M events/s; on / neighbouring offs: {:.1} % (median; runs {} %)",
-        PAIRS + 1,
+        pairs + 1,
         off / 1e6,
         on / 1e6,
         ratios[ratios.len() / 2] * 100.0,
@@ -289,15 +292,50 @@ fn ingest(seconds: u64) {
     );
 }
 
+fn jitter(seconds: u64) {
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let threads: Vec<_> = cores
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                core_affinity::set_for_current(c);
+                let end = Instant::now() + Duration::from_secs(seconds);
+                let (mut last, mut over1, mut over5, mut max) = (Instant::now(), 0u32, 0u32, Duration::ZERO);
+                loop {
+                    let now = Instant::now();
+                    let gap = now - last;
+                    last = now;
+                    over1 += u32::from(gap > Duration::from_millis(1));
+                    over5 += u32::from(gap > Duration::from_millis(5));
+                    max = max.max(gap);
+                    if now > end {
+                        break (c.id, over1, over5, max);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let (core, over1, over5, max) = t.join().expect("jitter thread");
+        println!(
+            "jitter, core {core}, {seconds} s: {over1} gaps over 1 ms, {over5} over 5 ms, longest {:.2} ms",
+            max.as_secs_f64() * 1e3
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let num = |i: usize, d: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
     match args.get(1).map(String::as_str) {
         Some("pipeline") => pipeline(num(2, 10), num(3, 2) as usize),
         Some("ingest") => ingest(num(2, 5)),
-        Some("checkpoints") => checkpoints(num(2, 20)),
+        Some("checkpoints") => checkpoints(num(2, 5), num(3, 10) as usize),
+        Some("jitter") => jitter(num(2, 20)),
         _ => {
-            eprintln!("usage: weir-e2e pipeline [seconds] [workers] | ingest [seconds] | checkpoints [seconds]");
+            eprintln!(
+                "usage: weir-e2e pipeline [seconds] [workers] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds]"
+            );
             std::process::exit(2);
         }
     }
