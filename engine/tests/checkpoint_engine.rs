@@ -118,17 +118,28 @@ fn transport(
     t
 }
 
-/// Starts the two engines of a stream spread over nodes 1 and 2, sharing one store.
+/// Starts the two engines of a stream spread over nodes 1 and 2, sharing one store, with
+/// checkpoints every 100 ms.
 fn two_engines(
     spec: &weir_engine::spec::StreamSpec,
     d1: &std::path::Path,
     d2: &std::path::Path,
     remote: &std::path::Path,
 ) -> (Engine, Engine) {
+    two_engines_every(spec, d1, d2, remote, 100)
+}
+
+fn two_engines_every(
+    spec: &weir_engine::spec::StreamSpec,
+    d1: &std::path::Path,
+    d2: &std::path::Path,
+    remote: &std::path::Path,
+    interval_ms: u64,
+) -> (Engine, Engine) {
     use weir_engine::wire::transport::PeerConfig;
     let placement = Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2)]);
     let settings = |_| {
-        let mut ck = CheckpointSettings::every(100, remote);
+        let mut ck = CheckpointSettings::every(interval_ms, remote);
         ck.min_pause_ms = 0;
         ck
     };
@@ -281,6 +292,48 @@ fn two_engines_without_a_commit_record_agree_on_the_consensus_and_end_with_exact
     got.extend(ResultStore::open(&d2.path().join("results")).unwrap().scan(spec.id).unwrap());
     got.sort_by_key(|r| (r.key, r.start));
     assert_eq!(got, util::reference(&spec));
+}
+
+#[test]
+fn a_manual_trigger_starts_a_checkpoint_from_the_engine_or_a_client_of_any_node() {
+    use weir_engine::wire::msg::{CheckpointNowOutcome, CheckpointNowReq, CheckpointNowRsp};
+    use weir_engine::wire::transport::client::BlockingClient;
+
+    let (d1, d2, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let spec = spec(100_000);
+    // An hour between checkpoints: every commit here is a manual one.
+    let (e1, e2) = two_engines_every(&spec, d1.path(), d2.path(), remote.path(), 3_600_000);
+    wait_restored(&e1);
+    let committed = |e: &Engine| e.checkpoints().unwrap().totals().0;
+    assert_eq!(committed(&e1), 0);
+    e1.trigger_checkpoint().unwrap();
+    wait_for_commits(&e1, 1);
+    let err = e2.trigger_checkpoint().unwrap_err().to_string();
+    assert!(err.contains("n1 coordinates"), "{err}");
+    let ask = |e: &Engine, request: u64, stream| -> CheckpointNowRsp {
+        let addr = e.transport_addr().expect("listening");
+        let mut c =
+            BlockingClient::connect(addr, "ck-test", NodeId(900), b"checkpoint-test-secret", Duration::from_secs(10))
+                .unwrap();
+        c.send(&CheckpointNowReq { request, stream }).unwrap();
+        c.recv().unwrap().to_owned::<CheckpointNowRsp>().unwrap()
+    };
+    let r = ask(&e2, 1, spec.id);
+    assert_eq!((r.request, r.node), (1, NodeId(2)));
+    assert_eq!(r.outcome, CheckpointNowOutcome::NotCoordinator { coordinator: NodeId(1) });
+    let r = ask(&e1, 2, weir_engine::wire::StreamId(99));
+    assert!(matches!(r.outcome, CheckpointNowOutcome::Refused { .. }), "{r:?}");
+    assert_eq!(ask(&e1, 3, spec.id).outcome, CheckpointNowOutcome::Accepted);
+    wait_for_commits(&e1, 2);
+    e1.stop();
+    e2.stop();
+    e1.wait().unwrap();
+    e2.wait().unwrap();
+    assert_eq!(
+        committed_ids(&spec, &[d1.path(), d2.path()]).into_iter().min(),
+        Some(2),
+        "both commits reached every task"
+    );
 }
 
 #[test]

@@ -743,6 +743,47 @@ archived! {
     }
 }
 
+archived! {
+    /// Client → node: start a checkpoint of `stream` now (the coordinator's manual trigger).
+    pub struct CheckpointNowReq {
+        /// Echoed in the response.
+        pub request: u64,
+        /// Stream.
+        pub stream: StreamId,
+    }
+}
+
+archived! {
+    /// What became of a manual trigger.
+    pub enum CheckpointNowOutcome {
+        /// The coordinator starts a checkpoint as soon as the one in flight (if any) has ended
+        /// and the minimum pause has passed; `Engine` statistics and status show it.
+        Accepted,
+        /// This node does not coordinate the stream; ask `coordinator` (fatal here, retry there).
+        NotCoordinator {
+            /// The stream's coordinator node.
+            coordinator: NodeId,
+        },
+        /// The stream runs without checkpoints, or not on this node (fatal).
+        Refused {
+            /// Why.
+            reason: String,
+        },
+    }
+}
+
+archived! {
+    /// Node → client: the answer to a `CheckpointNowReq`.
+    pub struct CheckpointNowRsp {
+        /// The request this answers.
+        pub request: u64,
+        /// Answering node.
+        pub node: NodeId,
+        /// What became of it.
+        pub outcome: CheckpointNowOutcome,
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Kinds.
 
@@ -856,4 +897,6 @@ kinds! {
     31 => Restore,
     40 => StatusReq,
     41 => StatusRsp,
+    42 => CheckpointNowReq,
+    43 => CheckpointNowRsp,
 }

@@ -122,6 +122,10 @@ roundtrip! {
         version: Version(70),
     };
     roundtrip_status_req: StatusReq = StatusReq { request: 5 };
+    roundtrip_checkpoint_now_req: CheckpointNowReq = CheckpointNowReq { request: 6, stream: StreamId(2) };
+    roundtrip_checkpoint_now_rsp: CheckpointNowRsp = CheckpointNowRsp {
+        request: 6, node: NodeId(2), outcome: CheckpointNowOutcome::NotCoordinator { coordinator: NodeId(1) },
+    };
     roundtrip_status_rsp: StatusRsp = StatusRsp {
         request: 5, node: NodeId(1), uptime_ms: 1000,
         tasks: vec![TaskStatus {

@@ -856,6 +856,36 @@ fn inputs(task: &mut Task) -> Option<&mut super::Inputs> {
     }
 }
 
+/// The coordinator's manual trigger, as clients and the engine's owner reach it.
+#[derive(Clone, Debug)]
+pub(crate) struct ManualTrigger {
+    pub(crate) stream: StreamId,
+    pub(crate) node: weir_wire::NodeId,
+    /// The stream's coordinator node (`None`: no checkpoints).
+    pub(crate) coordinator: Option<weir_wire::NodeId>,
+    /// Its inbox, when it runs here.
+    pub(crate) inbox: Option<Sender<CoordInput>>,
+}
+
+impl ManualTrigger {
+    /// Asks the coordinator to start a checkpoint of `stream` now.
+    pub(crate) fn fire(&self, stream: StreamId) -> weir_wire::msg::CheckpointNowOutcome {
+        use weir_wire::msg::CheckpointNowOutcome as O;
+        if stream != self.stream {
+            return O::Refused { reason: format!("stream {stream} does not run on node {}", self.node) };
+        }
+        match (&self.inbox, self.coordinator) {
+            (_, None) => O::Refused { reason: format!("stream {stream} runs without checkpoints") },
+            (Some(inbox), _) if inbox.send(CoordInput::Trigger).is_ok() => {
+                tracing::info!(stream = %stream, "checkpoint requested");
+                O::Accepted
+            }
+            (Some(_), _) => O::Refused { reason: "the coordinator has stopped".into() },
+            (None, Some(coordinator)) => O::NotCoordinator { coordinator },
+        }
+    }
+}
+
 /// The checkpoint machinery of a running engine: the coordinator (on its node), the statistics,
 /// the uploader threads.
 pub(crate) struct Running {
@@ -1193,6 +1223,16 @@ impl Setup {
             stream: self.stream,
             node_of: self.node_of.clone(),
         })
+    }
+
+    /// The manual trigger of this node.
+    pub(crate) fn manual_trigger(&self) -> ManualTrigger {
+        ManualTrigger {
+            stream: self.stream,
+            node: self.node,
+            coordinator: Some(self.coord_node),
+            inbox: self.coordinator_inbox(),
+        }
     }
 
     /// Where reports go (the coordinator's inbox), when the coordinator runs here.

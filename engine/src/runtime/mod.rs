@@ -380,6 +380,10 @@ impl Engine {
             per_worker[worker_of[&t.id]].push(Cell { task, control, paused: false, ckpt: ck, board });
         }
         let coord_inbox = ckpt.as_ref().and_then(checkpointing::Setup::coordinator_inbox);
+        let trigger = ckpt.as_ref().map_or(
+            checkpointing::ManualTrigger { stream: spec.id, node: me, coordinator: None, inbox: None },
+            checkpointing::Setup::manual_trigger,
+        );
         let coordinator = ckpt.map(|setup| setup.start_coordinator());
         let status = Arc::new(status::StatusBoard {
             node: me,
@@ -388,6 +392,7 @@ impl Engine {
             tasks: local.iter().map(|t| boards[&t.id].clone()).collect(),
             checkpoints: coordinator.as_ref().map(|c| c.log.clone()),
             coordinates: coordinator.as_ref().is_some_and(|c| c.coordinator.is_some()),
+            trigger,
         });
 
         // With a transport, the router acknowledges ingest requests to their clients; without
@@ -478,6 +483,20 @@ impl Engine {
     /// while the tasks still wait for the coordinator's restore point (no commit record).
     pub fn restored(&self) -> Option<(weir_wire::msg::RestoreBasis, Option<weir_wire::CheckpointId>)> {
         self.coordinator.as_ref().and_then(|c| c.restored.get().cloned())
+    }
+
+    /// Starts a checkpoint now (the coordinator's manual trigger), on the coordinator's node; it
+    /// waits for the one in flight and the minimum pause. Clients send `CheckpointNowReq` to any
+    /// node instead.
+    pub fn trigger_checkpoint(&self) -> Result<(), EngineError> {
+        use weir_wire::msg::CheckpointNowOutcome as O;
+        match self.status.trigger.fire(self.status.stream) {
+            O::Accepted => Ok(()),
+            O::NotCoordinator { coordinator } => {
+                Err(EngineError::Config(format!("{coordinator} coordinates this stream, not this node")))
+            }
+            O::Refused { reason } => Err(EngineError::Config(reason)),
+        }
     }
 
     /// Statistics of finished checkpoints (engines with checkpoints).

@@ -193,6 +193,19 @@ impl Run {
                 }
             }
             Kind::Ingest => self.on_ingest(node, &frame),
+            Kind::CheckpointNowReq => {
+                let Ok(req) = frame.to_owned::<weir_wire::msg::CheckpointNowReq>() else { return };
+                let outcome = self.status.trigger.fire(req.stream);
+                let rsp = weir_wire::msg::CheckpointNowRsp { request: req.request, node: self.status.node, outcome };
+                match self.encoder.encode(&rsp) {
+                    Ok(f) => {
+                        if let Err(e) = self.transport.sender().send_timeout(node, f, Duration::from_secs(1)) {
+                            tracing::warn!(client = %node, error = %e, "cannot deliver a checkpoint-now response");
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "cannot encode a checkpoint-now response"),
+                }
+            }
             Kind::StatusReq => {
                 let Ok(req) = frame.to_owned::<weir_wire::msg::StatusReq>() else { return };
                 match self.encoder.encode(&self.status.response(req.request)) {

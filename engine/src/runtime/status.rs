@@ -92,6 +92,8 @@ pub(crate) struct StatusBoard {
     pub(crate) checkpoints: Option<Arc<CheckpointLog>>,
     /// Whether this node coordinates the stream.
     pub(crate) coordinates: bool,
+    /// The coordinator's manual trigger (clients' `CheckpointNowReq`).
+    pub(crate) trigger: super::checkpointing::ManualTrigger,
 }
 
 impl StatusBoard {
