@@ -337,6 +337,33 @@ fn a_manual_trigger_starts_a_checkpoint_from_the_engine_or_a_client_of_any_node(
 }
 
 #[test]
+fn tasks_touch_no_data_until_the_coordinator_names_the_restore_point() {
+    use weir_engine::wire::msg::TaskState;
+    use weir_engine::wire::transport::PeerConfig;
+
+    let (d2, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let spec = spec(100_000);
+    let placement = Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2)]);
+    // Node 1 (the coordinator) is not running: nothing listens where node 2 looks for it.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let mut c2 = EngineConfig::new(NodeId(2), d2.path());
+    c2.pin_workers = false;
+    c2.checkpoint = Some(CheckpointSettings::every(100, remote.path()));
+    c2.transport = Some(transport(2, vec![PeerConfig { node: NodeId(1), addr: Some(gone) }]));
+    let e2 = Engine::start(&spec, &placement, c2).unwrap();
+    std::thread::sleep(Duration::from_millis(1_000));
+    let status = e2.status();
+    e2.stop();
+    e2.wait().unwrap();
+    assert!(!status.tasks.is_empty());
+    assert!(
+        status.tasks.iter().all(|t| t.rows_in + t.rows_out == 0),
+        "data moved before the restore point: {status:?}"
+    );
+    assert!(status.tasks.iter().all(|t| t.state == TaskState::Uninit), "{status:?}");
+}
+
+#[test]
 fn losing_a_node_fails_the_checkpoint_and_the_stream_is_reported_unhealthy() {
     use weir_engine::wire::msg::CheckpointOutcome;
 

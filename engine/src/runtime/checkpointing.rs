@@ -535,7 +535,8 @@ pub(crate) struct TaskCkpt {
     pub(crate) stream: StreamId,
     /// What the engine restored (set by the first task to restore).
     pub(crate) restored: Arc<OnceLock<(RestoreBasis, Option<CheckpointId>)>>,
-    /// While the task waits for its restore point: when it last asked the coordinator.
+    /// While the task waits for its restore point: when it first and last asked the coordinator.
+    pub(crate) waiting_since: Option<Instant>,
     pub(crate) asked: Option<Instant>,
     /// The last state copy's buffer, back from the uploader (one slot).
     pub(crate) spare: (Sender<StateEntries>, Receiver<StateEntries>),
@@ -590,10 +591,18 @@ impl TaskCkpt {
         if self.asked.is_some_and(|t| t.elapsed() < CONSENSUS_RETRY) {
             return;
         }
-        self.asked = Some(Instant::now());
+        let now = Instant::now();
+        let waiting = self.waiting_since.get_or_insert(now).elapsed();
+        self.asked = Some(now);
         let me = self.machine.setup().task;
         let latest = local_committed(&self.data, me);
-        tracing::debug!(task = %me, latest = %latest.0, "asking the coordinator for the restore point");
+        // Nothing flows until the coordinator answers: say so loudly if it takes long (its node
+        // not started, or unreachable).
+        if waiting >= Duration::from_secs(10) && (waiting.as_millis() % 10_000) < CONSENSUS_RETRY.as_millis() {
+            tracing::warn!(task = %me, coordinator = %self.coord_node, waiting_s = waiting.as_secs(), "still waiting for the restore point");
+        } else {
+            tracing::debug!(task = %me, latest = %latest.0, "asking the coordinator for the restore point");
+        }
         let here = self.machine.setup().node;
         match self.net.as_mut() {
             Some(net) if self.coord_node != here => net.send_consensus(self.coord_node, me, latest),
@@ -1210,6 +1219,7 @@ impl Setup {
             store: self.store.clone(),
             stream: self.stream,
             restored: self.restored.clone(),
+            waiting_since: None,
             asked: None,
             spare: crossbeam_channel::bounded(1),
         })
