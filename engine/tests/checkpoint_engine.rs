@@ -156,6 +156,45 @@ fn two_engines_every(
     (e1, e2)
 }
 
+/// Stops both engines mid-stream.
+fn stop_both(e1: Engine, e2: Engine) {
+    e1.stop();
+    e2.stop();
+    e1.wait().unwrap();
+    e2.wait().unwrap();
+}
+
+/// Lets both engines finish the stream; returns the results of both nodes, in (key, start) order.
+fn run_both_to_the_end(
+    e1: Engine,
+    e2: Engine,
+    dirs: &[&std::path::Path],
+    spec: &weir_engine::spec::StreamSpec,
+) -> Vec<weir_engine::operator::window::WindowResult> {
+    let (h1, h2) = (std::thread::spawn(move || e1.wait()), std::thread::spawn(move || e2.wait()));
+    h1.join().unwrap().unwrap();
+    h2.join().unwrap().unwrap();
+    let mut got = Vec::new();
+    for d in dirs {
+        got.extend(ResultStore::open(&d.join("results")).unwrap().scan(spec.id).unwrap());
+    }
+    got.sort_by_key(|r| (r.key, r.start));
+    got
+}
+
+/// A client of `e`'s transport.
+fn client(e: &Engine) -> weir_engine::wire::transport::client::BlockingClient {
+    let addr = e.transport_addr().expect("listening");
+    weir_engine::wire::transport::client::BlockingClient::connect(
+        addr,
+        "ck-test",
+        NodeId(900),
+        b"checkpoint-test-secret",
+        Duration::from_secs(10),
+    )
+    .unwrap()
+}
+
 #[test]
 fn checkpoints_commit_across_two_engines_and_both_restore_from_them() {
     let _ = tracing_subscriber::fmt()
@@ -168,43 +207,27 @@ fn checkpoints_commit_across_two_engines_and_both_restore_from_them() {
     let (e1, e2) = two_engines(&spec, d1.path(), d2.path(), remote.path());
     wait_for_commits(&e1, 3);
     assert!(!e1.is_finished(), "the stream ended before the stop: make it longer");
-    e1.stop();
-    e2.stop();
-    e1.wait().unwrap();
-    e2.wait().unwrap();
+    stop_both(e1, e2);
     // Second run: both restore the last commit and finish the stream.
     let (e1, e2) = two_engines(&spec, d1.path(), d2.path(), remote.path());
-    let (h1, h2) = (std::thread::spawn(move || e1.wait()), std::thread::spawn(move || e2.wait()));
-    h1.join().unwrap().unwrap();
-    h2.join().unwrap().unwrap();
-    let mut got = ResultStore::open(&d1.path().join("results")).unwrap().scan(spec.id).unwrap();
-    got.extend(ResultStore::open(&d2.path().join("results")).unwrap().scan(spec.id).unwrap());
-    got.sort_by_key(|r| (r.key, r.start));
-    assert_eq!(got, util::reference(&spec));
+    assert_eq!(run_both_to_the_end(e1, e2, &[d1.path(), d2.path()], &spec), util::reference(&spec));
 }
 
 #[test]
 fn status_responses_carry_task_state_and_per_task_checkpoint_statistics() {
     use weir_engine::wire::msg::{CheckpointOutcome, StatusReq, StatusRsp};
-    use weir_engine::wire::transport::client::BlockingClient;
 
     let (d1, d2, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let spec = spec(100_000);
     let (e1, e2) = two_engines(&spec, d1.path(), d2.path(), remote.path());
     wait_for_commits(&e1, 2);
     let ask = |e: &Engine, request: u64| -> StatusRsp {
-        let addr = e.transport_addr().expect("listening");
-        let mut c =
-            BlockingClient::connect(addr, "ck-test", NodeId(900), b"checkpoint-test-secret", Duration::from_secs(10))
-                .unwrap();
+        let mut c = client(e);
         c.send(&StatusReq { request }).unwrap();
         c.recv().unwrap().to_owned::<StatusRsp>().unwrap()
     };
     let (s1, s2) = (ask(&e1, 7), ask(&e2, 8));
-    e1.stop();
-    e2.stop();
-    e1.wait().unwrap();
-    e2.wait().unwrap();
+    stop_both(e1, e2);
 
     assert_eq!((s1.request, s1.node, s2.request, s2.node), (7, NodeId(1), 8, NodeId(2)));
     let topo = spec.topology();
@@ -272,10 +295,7 @@ fn two_engines_without_a_commit_record_agree_on_the_consensus_and_end_with_exact
     assert_eq!(wait_restored(&e2), (RestoreBasis::Fresh, None), "node 2 waits for node 1's answer");
     wait_for_commits(&e1, 3);
     assert!(!e1.is_finished(), "the stream ended before the stop: make it longer");
-    e1.stop();
-    e2.stop();
-    e1.wait().unwrap();
-    e2.wait().unwrap();
+    stop_both(e1, e2);
     // The commit records are gone; each node knows only what its own tasks committed.
     std::fs::remove_dir_all(remote.path().join("7/checkpoints")).unwrap();
     let latest = committed_ids(&spec, &[d1.path(), d2.path()]);
@@ -285,19 +305,12 @@ fn two_engines_without_a_commit_record_agree_on_the_consensus_and_end_with_exact
     let want = (RestoreBasis::Consensus, Some(CheckpointId(min)));
     assert_eq!(wait_restored(&e1), want);
     assert_eq!(wait_restored(&e2), want);
-    let (h1, h2) = (std::thread::spawn(move || e1.wait()), std::thread::spawn(move || e2.wait()));
-    h1.join().unwrap().unwrap();
-    h2.join().unwrap().unwrap();
-    let mut got = ResultStore::open(&d1.path().join("results")).unwrap().scan(spec.id).unwrap();
-    got.extend(ResultStore::open(&d2.path().join("results")).unwrap().scan(spec.id).unwrap());
-    got.sort_by_key(|r| (r.key, r.start));
-    assert_eq!(got, util::reference(&spec));
+    assert_eq!(run_both_to_the_end(e1, e2, &[d1.path(), d2.path()], &spec), util::reference(&spec));
 }
 
 #[test]
 fn a_manual_trigger_starts_a_checkpoint_from_the_engine_or_a_client_of_any_node() {
     use weir_engine::wire::msg::{CheckpointNowOutcome, CheckpointNowReq, CheckpointNowRsp};
-    use weir_engine::wire::transport::client::BlockingClient;
 
     let (d1, d2, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let spec = spec(100_000);
@@ -311,10 +324,7 @@ fn a_manual_trigger_starts_a_checkpoint_from_the_engine_or_a_client_of_any_node(
     let err = e2.trigger_checkpoint().unwrap_err().to_string();
     assert!(err.contains("n1 coordinates"), "{err}");
     let ask = |e: &Engine, request: u64, stream| -> CheckpointNowRsp {
-        let addr = e.transport_addr().expect("listening");
-        let mut c =
-            BlockingClient::connect(addr, "ck-test", NodeId(900), b"checkpoint-test-secret", Duration::from_secs(10))
-                .unwrap();
+        let mut c = client(e);
         c.send(&CheckpointNowReq { request, stream }).unwrap();
         c.recv().unwrap().to_owned::<CheckpointNowRsp>().unwrap()
     };
@@ -325,10 +335,7 @@ fn a_manual_trigger_starts_a_checkpoint_from_the_engine_or_a_client_of_any_node(
     assert!(matches!(r.outcome, CheckpointNowOutcome::Refused { .. }), "{r:?}");
     assert_eq!(ask(&e1, 3, spec.id).outcome, CheckpointNowOutcome::Accepted);
     wait_for_commits(&e1, 2);
-    e1.stop();
-    e2.stop();
-    e1.wait().unwrap();
-    e2.wait().unwrap();
+    stop_both(e1, e2);
     assert_eq!(
         committed_ids(&spec, &[d1.path(), d2.path()]).into_iter().min(),
         Some(2),
