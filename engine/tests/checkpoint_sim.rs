@@ -1,13 +1,16 @@
 //! Deterministic simulation of the checkpoint protocol: one seeded scheduler drives the task and
 //! coordinator state machines of a small pipeline (sources → aggs → sinks) with random delays,
 //! reordering, duplication and loss of control messages (data channels stay FIFO), crashes with a
-//! restore from the last commit, and store failures. Invariants are checked after every step:
+//! restore from the last commit, crashes that also lose the coordinator's commit records (the
+//! tasks then restore the consensus: the minimum of their latest committed ids), and store
+//! failures. Invariants are checked after every step:
 //!
 //! - every commit is a consistent cut: each task's committed state equals what a reference
 //!   computes from exactly the source offsets recorded in that commit;
 //! - nothing commits without a successful report from every task for that checkpoint;
 //! - checkpoint ids only grow;
 //! - no task is left checkpointing an id at or below one it was told to reset;
+//! - every restore point is a committed checkpoint (or a start from nothing);
 //! - once faults stop, a checkpoint commits within bounded simulated time.
 //!
 //! `WEIR_SIM_SEEDS=N` runs N seeds per test shard (default 5,000, four shards: 20,000 seeds);
@@ -96,6 +99,8 @@ struct Sim {
     reports: BTreeMap<CheckpointId, BTreeMap<u32, bool>>,
     commits: Vec<CommitRecord>,
     durable_commit: Option<CommitRecord>,
+    /// Each task's latest committed id in its own meta file (survives crashes and lost records).
+    persisted: Vec<CheckpointId>,
     next_id_meta: CheckpointId,
     highest_id: CheckpointId,
     faults: bool,
@@ -117,6 +122,10 @@ struct Stats {
     injected: u64,
     discarded: u64,
     store_failures: u64,
+    /// Restarts that lost the coordinator's commit records, and how many of those restored a
+    /// consensus checkpoint (not a start from nothing).
+    records_lost: u64,
+    consensus_restores: u64,
 }
 
 const TRIGGER_TIMEOUT: u64 = 2_000;
@@ -190,6 +199,7 @@ impl Sim {
             reports: BTreeMap::new(),
             commits: Vec::new(),
             durable_commit: None,
+            persisted: vec![CheckpointId(0); n],
             next_id_meta: CheckpointId(1),
             highest_id: CheckpointId(0),
             faults: true,
@@ -213,21 +223,27 @@ impl Sim {
         self.trace.push_back(format!("t={} {s}", self.now));
     }
 
-    /// Crash and restore from the last durable commit: every task, the coordinator, the channels.
+    /// An empty model of task `i`.
+    fn empty(&self, i: usize) -> Model {
+        Model {
+            emitted: 0,
+            consumed: vec![0; self.config[i].upstreams.len()],
+            forwarded: vec![0; self.config[i].downstreams.len()],
+        }
+    }
+
+    /// Crash every task, the coordinator and the channels; sometimes the coordinator's commit
+    /// records are lost too. Each task restores when the coordinator names its restore point.
     fn restart(&mut self) {
         let n = self.n();
+        if self.faults && self.durable_commit.is_some() && self.rng.chance(300) {
+            self.durable_commit = None;
+            self.stats.records_lost += 1;
+            self.note("commit records lost".into());
+        }
         let commit = self.durable_commit.clone();
         self.machines = self.config.iter().cloned().map(TaskMachine::new).collect();
-        self.models = (0..n)
-            .map(|i| match &commit {
-                Some(c) => self.snapshots[&(i, c.id)].clone(),
-                None => Model {
-                    emitted: 0,
-                    consumed: vec![0; self.config[i].upstreams.len()],
-                    forwarded: vec![0; self.config[i].downstreams.len()],
-                },
-            })
-            .collect();
+        self.models = (0..n).map(|i| self.empty(i)).collect();
         self.closed = self.config.iter().map(|c| vec![false; c.upstreams.len()]).collect();
         self.queued_trigger = vec![None; n];
         self.uploads.clear();
@@ -243,8 +259,10 @@ impl Sim {
         let acts = self.coord.handle(start);
         self.coord_actions(acts);
         if commit.is_none() {
+            // The tasks ask with what their meta files say (the requests may be lost, late or
+            // doubled like any control message).
             for i in 0..n {
-                self.send_coord(CoordInput::Consensus { task: TaskId(i as u32), latest: CheckpointId(0) });
+                self.send_coord(CoordInput::Consensus { task: TaskId(i as u32), latest: self.persisted[i] });
             }
         }
         self.stats.restarts += 1;
@@ -319,14 +337,27 @@ impl Sim {
                 }
                 CoordAction::SendReset { task, failed, .. } => self.send(task, TaskInput::Reset { failed }),
                 CoordAction::SendRestore { task, id, version, .. } => {
-                    // The restore is applied by `restart`; the machine just learns its start. A
-                    // task restored already ignores another answer (a duplicated request), as the
+                    // A task restored already ignores another answer (a doubled request), as the
                     // runtime does.
-                    let m = &mut self.machines[task.0 as usize];
-                    if m.state() == TaskState::Uninit {
-                        let acts = m.handle(TaskInput::Restored { id, version });
-                        self.task_actions(task.0 as usize, acts);
+                    let t = task.0 as usize;
+                    if self.machines[t].state() != TaskState::Uninit {
+                        continue;
                     }
+                    self.models[t] = match id {
+                        Some(id) => {
+                            assert!(
+                                self.commits.iter().any(|c| c.id == id),
+                                "{task} told to restore {id}, which never committed"
+                            );
+                            self.snapshots[&(t, id)].clone()
+                        }
+                        None => self.empty(t),
+                    };
+                    if t == 0 && id.is_some() && self.durable_commit.as_ref().is_none_or(|c| Some(c.id) != id) {
+                        self.stats.consensus_restores += 1;
+                    }
+                    let acts = self.machines[t].handle(TaskInput::Restored { id, version });
+                    self.task_actions(t, acts);
                 }
                 CoordAction::Finished { outcome: Err(_), .. } => self.stats.failed_checkpoints += 1,
                 CoordAction::Finished { .. } | CoordAction::Health { .. } | CoordAction::RejectedReport { .. } => {}
@@ -438,9 +469,8 @@ impl Sim {
                 TaskAction::SendReport(r) => {
                     self.send_coord(CoordInput::Report { task: me, report: r });
                 }
-                TaskAction::PersistCommitted { .. }
-                | TaskAction::DeleteSnapshotsBefore(_)
-                | TaskAction::DropSnapshot(_) => {}
+                TaskAction::PersistCommitted { id, .. } => self.persisted[t] = id,
+                TaskAction::DeleteSnapshotsBefore(_) | TaskAction::DropSnapshot(_) => {}
             }
         }
     }
@@ -735,6 +765,8 @@ fn the_simulation_really_goes_through_faults() {
         total.injected += s.injected;
         total.discarded += s.discarded;
         total.store_failures += s.store_failures;
+        total.records_lost += s.records_lost;
+        total.consensus_restores += s.consensus_restores;
     }
     let t = total;
     assert!(commits > 400, "{commits} commits");
@@ -747,6 +779,8 @@ fn the_simulation_really_goes_through_faults() {
         ("retrieve requests", t.retrieves),
         ("discarded inputs", t.discarded),
         ("store failures", t.store_failures),
+        ("lost commit records", t.records_lost),
+        ("consensus restores", t.consensus_restores),
     ] {
         assert!(n > 0, "no {what} in 200 seeds: {t:?}");
     }
