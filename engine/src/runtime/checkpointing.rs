@@ -538,6 +538,8 @@ pub(crate) struct TaskCkpt {
     /// While the task waits for its restore point: when it first and last asked the coordinator.
     pub(crate) waiting_since: Option<Instant>,
     pub(crate) asked: Option<Instant>,
+    /// Warnings so far about waiting (one every 10 s).
+    pub(crate) warned: u32,
     /// The last state copy's buffer, back from the uploader (one slot).
     pub(crate) spare: (Sender<StateEntries>, Receiver<StateEntries>),
 }
@@ -598,7 +600,8 @@ impl TaskCkpt {
         let latest = local_committed(&self.data, me);
         // Nothing flows until the coordinator answers: say so loudly if it takes long (its node
         // not started, or unreachable).
-        if waiting >= Duration::from_secs(10) && (waiting.as_millis() % 10_000) < CONSENSUS_RETRY.as_millis() {
+        if waiting >= Duration::from_secs(10 * (u64::from(self.warned) + 1)) {
+            self.warned += 1;
             tracing::warn!(task = %me, coordinator = %self.coord_node, waiting_s = waiting.as_secs(), "still waiting for the restore point");
         } else {
             tracing::debug!(task = %me, latest = %latest.0, "asking the coordinator for the restore point");
@@ -614,6 +617,8 @@ impl TaskCkpt {
 
     /// Restores the coordinator's restore point into the task and makes it ready. A task restored
     /// already (the answer came twice, or it restored the commit record at start) ignores it.
+    /// Runs on the worker (a download blocks it): its other tasks wait for their restore point
+    /// too, since all of an engine's tasks start together.
     pub(crate) fn restore(
         &mut self,
         task: &mut Task,
@@ -1221,6 +1226,7 @@ impl Setup {
             restored: self.restored.clone(),
             waiting_since: None,
             asked: None,
+            warned: 0,
             spare: crossbeam_channel::bounded(1),
         })
     }
