@@ -172,8 +172,12 @@ fn checkpoints(seconds: u64, pairs: usize) {
 fn breakdown(stats: &[CheckpointStats]) {
     let committed: Vec<&CheckpointStats> = stats.iter().filter(|c| c.outcome == CheckpointOutcome::Committed).collect();
     let Some(first) = committed.first() else { return };
-    if let Some(slow) = committed.iter().max_by_key(|c| c.duration_us) {
-        println!("  slowest: {} in {:.1} ms", slow.checkpoint, slow.duration_us as f64 / 1e3);
+    let pause = |c: &CheckpointStats| c.tasks.iter().map(|e| e.stats.align_us + e.stats.snapshot_us).max().unwrap_or(0);
+    let slowest = committed.iter().max_by_key(|c| c.duration_us);
+    let longest_pause = committed.iter().max_by_key(|c| pause(c));
+    for (what, c) in [("slowest", slowest), ("longest pause", longest_pause)] {
+        let Some(slow) = c else { continue };
+        println!("  {what}: {} in {:.1} ms", slow.checkpoint, slow.duration_us as f64 / 1e3);
         for e in &slow.tasks {
             let s = &e.stats;
             let start_us = slow.started_at_ms as f64 * 1e3;
