@@ -595,7 +595,16 @@ fn worker(mut tasks: Vec<Cell>, parker: Parker, attention: &AtomicBool, shared: 
             if finished[i] {
                 continue;
             }
-            let p = match tasks[i].poll(attention) {
+            // While a checkpoint runs, a task shares its worker in small steps with one that is
+            // in the middle of it: the barrier, not the bulk of the data, is what it waits for.
+            let engine_aligning = shared.aligning.load(Ordering::Relaxed) > 0;
+            let budget =
+                if engine_aligning && tasks.iter().enumerate().any(|(j, t)| j != i && !finished[j] && t.aligning()) {
+                    task::SHARED_BUDGET
+                } else {
+                    task::BUDGET
+                };
+            let p = match tasks[i].poll(attention, budget) {
                 Ok(p) => p,
                 // Stopping: other workers drop their tasks, so channels close under us.
                 Err(_) if shared.stop.load(Ordering::Acquire) => return Ok(()),
@@ -605,7 +614,7 @@ fn worker(mut tasks: Vec<Cell>, parker: Parker, attention: &AtomicBool, shared: 
             // are waiting for this core, instead of after the scheduler's time slice: a few
             // milliseconds each time, on every hop of a checkpoint. A no-op when none waits. Not
             // while a checkpoint aligns: then the pipeline itself is what the checkpoint waits for.
-            if shared.aligning.load(Ordering::Relaxed) == 0 {
+            if !engine_aligning {
                 std::thread::yield_now();
             }
             match p {
