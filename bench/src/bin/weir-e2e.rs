@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p weir-bench --bin weir-e2e -- pipeline [seconds] [workers]
+//! cargo run --release -p weir-bench --bin weir-e2e -- two-nodes [seconds]
 //! cargo run --release -p weir-bench --bin weir-e2e -- ingest [seconds]
 //! cargo run --release -p weir-bench --bin weir-e2e -- checkpoints [seconds] [runs]
 //! cargo run --release -p weir-bench --bin weir-e2e -- jitter [seconds]
@@ -9,6 +10,8 @@
 //!
 //! `pipeline`: generator → tumbling 1 s windows (count/sum/min/max/avg) → sink, 10,000 keys, one
 //! node, as fast as possible. Prints events per second each second, peak and final RSS.
+//! `two-nodes`: the same pipeline spread over two engines (one worker each, unpinned) connected
+//! over 127.0.0.1: half the source → agg edges and one agg → sink edge are remote channels.
 //! `ingest`: appends 4,096-row batches to one partition's ingest log with group commit every
 //! 10 ms, counting only acknowledged (durable) rows.
 //! `checkpoints`: the same pipeline with checkpoints every second against runs without, `runs`
@@ -258,6 +261,41 @@ fn breakdown(stats: &[CheckpointStats]) {
     }
 }
 
+fn two_nodes(seconds: u64) {
+    use weir_engine::wire::transport::{PeerConfig, TransportConfig};
+    let (d1, d2) = (tempfile::tempdir().expect("temp dir"), tempfile::tempdir().expect("temp dir"));
+    let mut spec = StreamSpec::generator(StreamId(1), 2, 2, 1);
+    if let SourceKind::Generator { spec: g, .. } = &mut spec.source {
+        g.rows_per_ms = 10_000;
+    }
+    let placement = Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2)]);
+    let config = |node: u32, dir: &std::path::Path, peer: PeerConfig| {
+        let mut t = TransportConfig::new("bench", NodeId(node), b"weir-bench-two-nodes".to_vec());
+        t.listen = Some("127.0.0.1:0".parse().expect("addr"));
+        t.peers = vec![peer];
+        let mut cfg = EngineConfig::new(NodeId(node), dir);
+        cfg.workers = 1;
+        cfg.pin_workers = false;
+        cfg.transport = Some(t);
+        cfg
+    };
+    let e1 = Engine::start(&spec, &placement, config(1, d1.path(), PeerConfig { node: NodeId(2), addr: None }))
+        .expect("engine 1");
+    let peer = PeerConfig { node: NodeId(1), addr: e1.transport_addr() };
+    let e2 = Engine::start(&spec, &placement, config(2, d2.path(), peer)).expect("engine 2");
+    let rows =
+        || e1.stats().rows_aggregated.load(Ordering::Relaxed) + e2.stats().rows_aggregated.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_secs(1));
+    let (t0, r0) = (Instant::now(), rows());
+    std::thread::sleep(Duration::from_secs(seconds));
+    let rate = (rows() - r0) as f64 / t0.elapsed().as_secs_f64();
+    e1.stop();
+    e2.stop();
+    drop(e1.wait());
+    drop(e2.wait());
+    println!("two nodes over 127.0.0.1, one worker each, {seconds} s: {:.2} M events/s", rate / 1e6);
+}
+
 fn ingest(seconds: u64) {
     let dir = tempfile::tempdir().expect("temp dir");
     let (tx, acks) = crossbeam_channel::unbounded();
@@ -334,11 +372,12 @@ fn main() {
     match args.get(1).map(String::as_str) {
         Some("pipeline") => pipeline(num(2, 10), num(3, 2) as usize),
         Some("ingest") => ingest(num(2, 5)),
+        Some("two-nodes") => two_nodes(num(2, 5)),
         Some("checkpoints") => checkpoints(num(2, 5), num(3, 10) as usize),
         Some("jitter") => jitter(num(2, 20)),
         _ => {
             eprintln!(
-                "usage: weir-e2e pipeline [seconds] [workers] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds]"
+                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds]"
             );
             std::process::exit(2);
         }

@@ -4,7 +4,7 @@
 //! Invariants:
 //! - Every queue is bounded. A sender never blocks its worker thread: a message that does not fit
 //!   stays in the output's pending slot and the task stops producing until it drains.
-//! - Remote channels use credits: the sender holds at most `queue_capacity` frames the receiver has
+//! - Remote channels use credits: the sender holds at most `remote_credits` frames the receiver has
 //!   not consumed, so the receiving router always has room and never blocks on one channel while
 //!   others share the connection.
 //! - A consumer that frees a slot in a full local queue wakes the producer's worker; a credit grant

@@ -53,8 +53,15 @@ pub struct EngineConfig {
     pub pin_workers: bool,
     /// Where the result store, task state and ingest logs live.
     pub data_dir: PathBuf,
-    /// Messages per input queue (and credits per remote channel).
+    /// Messages per input queue between tasks of this node. Small on purpose: a checkpoint's
+    /// barrier waits behind what is queued, so this bounds alignment (16 messages of about 2,000
+    /// rows are about 1.2 ms of an agg's work; docs/benchmarks.md).
     pub queue_capacity: usize,
+    /// Credits per remote channel (frames in flight, and the receiving queue's size). Deeper than
+    /// local queues, to cover the network's round trip. Every node of a stream must use the same
+    /// value: a sender with more credits than the receiver has room for fails the receiving engine
+    /// ("overran its credits").
+    pub remote_credits: usize,
     /// Transport to the other nodes; required when the placement puts tasks elsewhere.
     pub transport: Option<TransportConfig>,
     /// Ingest log settings (ingest-log sources).
@@ -68,14 +75,16 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    /// Defaults for `node` with data under `data_dir`: 2 pinned workers, 64-message queues.
+    /// Defaults for `node` with data under `data_dir`: 2 pinned workers, 16-message local queues,
+    /// 64 credits per remote channel.
     pub fn new(node: NodeId, data_dir: impl Into<PathBuf>) -> Self {
         Self {
             node,
             workers: 2,
             pin_workers: true,
             data_dir: data_dir.into(),
-            queue_capacity: 64,
+            queue_capacity: 16,
+            remote_credits: 64,
             transport: None,
             log: LogConfig::default(),
             sync: SyncPolicy::GroupCommit(Duration::from_millis(10)),
@@ -177,8 +186,8 @@ impl Engine {
     /// Starts this node's share of `spec`.
     pub fn start(spec: &StreamSpec, placement: &Placement, cfg: EngineConfig) -> Result<Engine, EngineError> {
         spec.validate().map_err(EngineError::Config)?;
-        if cfg.workers == 0 || cfg.queue_capacity < 2 {
-            return Err(EngineError::Config("workers must be >= 1 and queue_capacity >= 2".into()));
+        if cfg.workers == 0 || cfg.queue_capacity < 2 || cfg.remote_credits < 2 {
+            return Err(EngineError::Config("workers must be >= 1, queue_capacity and remote_credits >= 2".into()));
         }
         let topo = spec.topology();
         let me = cfg.node;
@@ -222,7 +231,8 @@ impl Engine {
             for d in &t.downstreams {
                 let (from_local, to_local) = (placement.node_of(t.id) == me, placement.node_of(*d) == me);
                 if to_local {
-                    let (tx, rx) = crossbeam_channel::bounded(cfg.queue_capacity);
+                    let room = if from_local { cfg.queue_capacity } else { cfg.remote_credits };
+                    let (tx, rx) = crossbeam_channel::bounded(room);
                     rx_of.insert((t.id, *d), rx);
                     if from_local {
                         tx_of.insert((t.id, *d), Edge::Local(tx));
@@ -230,7 +240,7 @@ impl Engine {
                         router_in.insert((t.id, *d), (tx, unparkers[worker_of[d]].clone()));
                     }
                 } else if from_local {
-                    let credits = Arc::new(AtomicU32::new(cfg.queue_capacity as u32));
+                    let credits = Arc::new(AtomicU32::new(cfg.remote_credits as u32));
                     router_credits.insert((t.id, *d), (credits.clone(), unparkers[worker_of[&t.id]].clone()));
                     tx_of.insert((t.id, *d), Edge::Remote(credits));
                 }
@@ -313,7 +323,7 @@ impl Engine {
                 .collect();
             let remote_in = ins.iter().any(|i| i.remote.is_some());
             let inp =
-                Inputs::new(spec.id, t.id, ins, cfg.queue_capacity, transport.as_ref().filter(|_| remote_in).map(net));
+                Inputs::new(spec.id, t.id, ins, cfg.remote_credits, transport.as_ref().filter(|_| remote_in).map(net));
             let task = match t.kind {
                 TaskKind::Source { partition } => {
                     let feed = match &spec.source {
