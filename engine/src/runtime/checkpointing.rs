@@ -641,7 +641,10 @@ impl TaskCkpt {
             None => (fresh_state(&self.data, me)?, Version(0)),
         };
         install(task, &state, version)?;
-        tracing::info!(task = %me, ?checkpoint, ?basis, version = version.0, "restored");
+        match checkpoint {
+            Some(_) => tracing::info!(task = %me, ?checkpoint, ?basis, version = version.0, "restored"),
+            None => tracing::debug!(task = %me, "starting from the beginning"),
+        }
         self.restored.get_or_init(|| (basis, checkpoint));
         self.feed(task, TaskInput::Restored { id: checkpoint, version })
     }
@@ -965,6 +968,7 @@ impl CoordThread {
                 // one the tasks wait, ask for the consensus, and restore what the answer says.
                 let mut pending = coord.handle(CoordInput::Start { now: now(), next_id, last_commit });
                 let mut reserving: Option<Instant> = None;
+                let mut announced = None;
                 while !stop2.load(Ordering::Acquire) {
                     while let Some(a) = (!pending.is_empty()).then(|| pending.remove(0)) {
                         match a {
@@ -1000,8 +1004,9 @@ impl CoordThread {
                                     (false, Some(_)) => RestoreBasis::Consensus,
                                     (false, None) => RestoreBasis::Fresh,
                                 };
-                                if !committed {
-                                    tracing::info!(%task, checkpoint = ?id, ?basis, "restore point chosen");
+                                if !committed && announced != Some(id) {
+                                    announced = Some(id);
+                                    tracing::info!(stream = %stream, checkpoint = ?id, ?basis, "restore point chosen");
                                 }
                                 send(task, Control::Restore { checkpoint: id, version, basis })
                             }
@@ -1012,13 +1017,13 @@ impl CoordThread {
                                     Ok(()) => tracing::info!(
                                         stream = %stream,
                                         checkpoint = %id,
-                                        ms = d.as_secs_f64() * 1e3,
+                                        us = d.as_micros() as u64,
                                         upload_bytes = c.upload_bytes,
                                         max_align_us = c.max_align_us,
                                         max_snapshot_us = c.max_snapshot_us,
                                         "checkpoint committed"
                                     ),
-                                    Err(why) => tracing::warn!(stream = %stream, checkpoint = %id, ms = d.as_secs_f64() * 1e3, reason = %why, "checkpoint failed"),
+                                    Err(why) => tracing::warn!(stream = %stream, checkpoint = %id, us = d.as_micros() as u64, reason = %why, "checkpoint failed"),
                                 }
                                 for e in &c.tasks {
                                     let s = &e.stats;
@@ -1142,7 +1147,7 @@ impl Setup {
             }
             None => tracing::info!(
                 stream = %spec.id,
-                "no commit record: the tasks wait for the coordinator's consensus restore point"
+                "no commit record: the tasks ask the coordinator where to start (the consensus of what they committed, or the beginning)"
             ),
         }
         let next_id = read_next_id(store.as_ref(), spec.id);
