@@ -57,12 +57,14 @@ fn stream_split_over_two_engines_gives_the_same_results_as_one() {
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let mut c1 = EngineConfig::new(NodeId(1), d1.path());
     c1.pin_workers = false;
-    c1.remote_credits = 8; // small credit windows: flow control is exercised
+    // Small credit windows, and different on each node (each grants its own): flow control is
+    // exercised.
+    c1.remote_credits = 8;
     c1.transport = Some(transport(1, vec![PeerConfig { node: NodeId(2), addr: None }]));
     let e1 = Engine::start(&spec, &placement, c1).unwrap();
     let mut c2 = EngineConfig::new(NodeId(2), d2.path());
     c2.pin_workers = false;
-    c2.remote_credits = 8;
+    c2.remote_credits = 3;
     c2.transport = Some(transport(2, vec![PeerConfig { node: NodeId(1), addr: e1.transport_addr() }]));
     let e2 = Engine::start(&spec, &placement, c2).unwrap();
     let (h1, h2) = (std::thread::spawn(move || e1.wait()), std::thread::spawn(move || e2.wait()));

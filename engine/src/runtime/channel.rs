@@ -6,7 +6,8 @@
 //!   stays in the output's pending slot and the task stops producing until it drains.
 //! - Remote channels use credits: the sender holds at most `remote_credits` frames the receiver has
 //!   not consumed, so the receiving router always has room and never blocks on one channel while
-//!   others share the connection.
+//!   others share the connection. The sender starts with none; the receiving task grants its whole
+//!   window first, so only the receiver's setting counts.
 //! - A consumer that frees a slot in a full local queue wakes the producer's worker; a credit grant
 //!   wakes it through the router. Idle workers park; nobody spins.
 

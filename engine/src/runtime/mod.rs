@@ -57,10 +57,9 @@ pub struct EngineConfig {
     /// barrier waits behind what is queued, so this bounds alignment (16 messages of about 2,000
     /// rows are about 1.2 ms of an agg's work; docs/benchmarks.md).
     pub queue_capacity: usize,
-    /// Credits per remote channel (frames in flight, and the receiving queue's size). Deeper than
-    /// local queues, to cover the network's round trip. Every node of a stream must use the same
-    /// value: a sender with more credits than the receiver has room for fails the receiving engine
-    /// ("overran its credits").
+    /// Credits per remote channel into this node (frames in flight, and the receiving queue's
+    /// size), granted to the sender when the receiving task starts. Deeper than local queues, to
+    /// cover the network's round trip. Each node sets it for its own inputs.
     pub remote_credits: usize,
     /// Transport to the other nodes; required when the placement puts tasks elsewhere.
     pub transport: Option<TransportConfig>,
@@ -240,7 +239,9 @@ impl Engine {
                         router_in.insert((t.id, *d), (tx, unparkers[worker_of[d]].clone()));
                     }
                 } else if from_local {
-                    let credits = Arc::new(AtomicU32::new(cfg.remote_credits as u32));
+                    // No credit until the receiving task grants its window (its node's
+                    // `remote_credits`): the receiver alone decides how much it can hold.
+                    let credits = Arc::new(AtomicU32::new(0));
                     router_credits.insert((t.id, *d), (credits.clone(), unparkers[worker_of[&t.id]].clone()));
                     tx_of.insert((t.id, *d), Edge::Remote(credits));
                 }
@@ -314,7 +315,9 @@ impl Engine {
                         from: *u,
                         rx: rx_of.remove(&(*u, t.id)).expect("edge"),
                         wake_upstream: local_up.then(|| unparkers[worker_of[u]].clone()),
-                        remote: (!local_up).then(|| (placement.node_of(*u), 0)),
+                        // The whole window is owed to the sender from the start: the first
+                        // grant (sent, and retried, by the task's polls) opens the channel.
+                        remote: (!local_up).then(|| (placement.node_of(*u), cfg.remote_credits as u32)),
                         ended: false,
                         closed: false,
                         received: 0,
