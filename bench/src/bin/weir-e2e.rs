@@ -19,6 +19,9 @@
 //! `jitter`: one thread pinned to each core spins reading the clock and counts the gaps: how
 //! often, and how long, the machine takes a core away from a busy thread (nothing else of Weir
 //! runs meanwhile). A pause figure cannot be better than this machine lets it be.
+//!
+//! `WEIR_E2E_QUEUE=N` and `WEIR_E2E_CREDITS=N` set the local queue size and the remote credit
+//! window (defaults: the engine's, 16 and 64).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::sync::atomic::Ordering;
@@ -43,6 +46,20 @@ fn rss_kib() -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// The engine's defaults, with `WEIR_E2E_QUEUE` and `WEIR_E2E_CREDITS` overriding the local
+/// queue size and the remote credit window (to compare settings with the same command).
+fn config(node: NodeId, dir: &std::path::Path) -> EngineConfig {
+    let mut cfg = EngineConfig::new(node, dir);
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    if let Some(q) = var("WEIR_E2E_QUEUE") {
+        cfg.queue_capacity = q;
+    }
+    if let Some(c) = var("WEIR_E2E_CREDITS") {
+        cfg.remote_credits = c;
+    }
+    cfg
+}
+
 fn pipeline(seconds: u64, workers: usize) {
     let dir = tempfile::tempdir().expect("temp dir");
     // Two sources, two aggs, one sink: with two workers each runs a source and an agg.
@@ -52,7 +69,7 @@ fn pipeline(seconds: u64, workers: usize) {
     if let SourceKind::Generator { spec: g, .. } = &mut spec.source {
         g.rows_per_ms = 10_000;
     }
-    let mut cfg = EngineConfig::new(NodeId(1), dir.path());
+    let mut cfg = config(NodeId(1), dir.path());
     cfg.workers = workers;
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).expect("engine");
     let t0 = Instant::now();
@@ -93,7 +110,7 @@ fn checkpoints(seconds: u64, pairs: usize) {
         if let SourceKind::Generator { spec: g, .. } = &mut spec.source {
             g.rows_per_ms = 10_000;
         }
-        let mut cfg = EngineConfig::new(NodeId(1), dir.path());
+        let mut cfg = config(NodeId(1), dir.path());
         if with {
             cfg.checkpoint = Some(CheckpointSettings::every(1000, dir.path().join("remote")));
         }
@@ -273,7 +290,7 @@ fn two_nodes(seconds: u64) {
         let mut t = TransportConfig::new("bench", NodeId(node), b"weir-bench-two-nodes".to_vec());
         t.listen = Some("127.0.0.1:0".parse().expect("addr"));
         t.peers = vec![peer];
-        let mut cfg = EngineConfig::new(NodeId(node), dir);
+        let mut cfg = config(NodeId(node), dir);
         cfg.workers = 1;
         cfg.pin_workers = false;
         cfg.transport = Some(t);
