@@ -45,15 +45,19 @@ fn wait_restored(engine: &Engine) -> (weir_engine::wire::msg::RestoreBasis, Opti
 /// The latest checkpoint id each task committed, from the tasks' meta files under `dirs` (each
 /// task's file is on its own node).
 fn committed_ids(spec: &weir_engine::spec::StreamSpec, dirs: &[&std::path::Path]) -> Vec<u64> {
+    committed_ids_now(spec, dirs).expect("every task committed")
+}
+
+/// The same, `None` while some task has no meta file yet.
+fn committed_ids_now(spec: &weir_engine::spec::StreamSpec, dirs: &[&std::path::Path]) -> Option<Vec<u64>> {
     spec.topology()
         .tasks
         .iter()
         .map(|t| {
             let meta = dirs
                 .iter()
-                .find_map(|d| std::fs::read_to_string(d.join(format!("tasks/{}/committed", t.id.0))).ok())
-                .expect("every task committed");
-            meta.split_whitespace().next().unwrap().parse().unwrap()
+                .find_map(|d| std::fs::read_to_string(d.join(format!("tasks/{}/committed", t.id.0))).ok())?;
+            meta.split_whitespace().next()?.parse().ok()
         })
         .collect()
 }
@@ -338,15 +342,7 @@ fn a_manual_trigger_starts_a_checkpoint_from_the_engine_or_a_client_of_any_node(
     // Update-checkpoint-info reaches node 2's tasks over the network after the commit.
     let dirs = [d1.path(), d2.path()];
     let deadline = Instant::now() + Duration::from_secs(10);
-    let reached = |want: u64| {
-        spec.topology().tasks.iter().all(|t| {
-            dirs.iter().any(|d| {
-                std::fs::read_to_string(d.join(format!("tasks/{}/committed", t.id.0)))
-                    .is_ok_and(|m| m.split_whitespace().next() == Some(&want.to_string()))
-            })
-        })
-    };
-    while !reached(2) {
+    while committed_ids_now(&spec, &dirs).is_none_or(|ids| ids.iter().any(|id| *id != 2)) {
         assert!(Instant::now() < deadline, "the second commit did not reach every task in 10 s");
         std::thread::sleep(Duration::from_millis(10));
     }

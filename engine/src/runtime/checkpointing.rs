@@ -297,32 +297,55 @@ fn snapshot_dir(data: &Path, t: TaskId, id: CheckpointId) -> PathBuf {
     task_dir(data, t).join("snapshots").join(format!("chk-{:020}", id.0))
 }
 
-/// Restores task `t` from commit `record`: its state store and its offset. The local snapshot is
-/// used when it matches the stored manifest file by file (size and CRC32C); otherwise the files
-/// are downloaded and verified.
+/// What one task restores: a checkpoint, with what the commit record says of the task when
+/// there is one (a consensus point has no record: the manifest, checked by its own checksum,
+/// says the offset).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RestorePoint {
+    pub(crate) id: CheckpointId,
+    /// The task's offset in the commit record.
+    pub(crate) version: Option<Version>,
+    /// The checksum of the task's manifest in the commit record.
+    pub(crate) manifest_crc: Option<u32>,
+}
+
+impl RestorePoint {
+    /// Task `t`'s part of commit `record`.
+    fn of(record: &CommitRecord, t: TaskId) -> Self {
+        Self {
+            id: record.id,
+            version: record.versions.get(&t).copied(),
+            manifest_crc: record.manifests.get(&t).copied(),
+        }
+    }
+}
+
+/// Restores task `t` at `point`: its state store and its offset. The local snapshot is used when
+/// it matches the stored manifest file by file (size and CRC32C); otherwise the files are
+/// downloaded and verified.
 pub(crate) fn restore_task(
     store: &dyn Store,
     stream: StreamId,
     t: TaskId,
     data: &Path,
-    record: &CommitRecord,
+    point: RestorePoint,
 ) -> Result<(TaskStore, Version), String> {
-    let crc = record.manifests.get(&t).copied();
-    let manifest = fetch_manifest(store, stream, t, record.id, crc).map_err(|e| format!("{t}: {e}"))?;
-    let local = snapshot_dir(data, t, record.id);
+    let id = point.id;
+    let manifest = fetch_manifest(store, stream, t, id, point.manifest_crc).map_err(|e| format!("{t}: {e}"))?;
+    let local = snapshot_dir(data, t, id);
     let dl = task_dir(data, t).join("restore-download");
     let src = if local_snapshot_matches(&manifest, &local) {
-        tracing::info!(task = %t, checkpoint = %record.id, "restoring from the local snapshot");
+        tracing::info!(task = %t, checkpoint = %id, "restoring from the local snapshot");
         local
     } else {
-        tracing::info!(task = %t, checkpoint = %record.id, files = manifest.files.len(), "downloading the snapshot");
+        tracing::info!(task = %t, checkpoint = %id, files = manifest.files.len(), "downloading the snapshot");
         download_files(store, &manifest, &dl).map_err(|e| format!("{t}: {e}"))?;
         dl.clone()
     };
     let db = task_dir(data, t).join("db");
     let ts = TaskStore::open_from_snapshot(&src, &db).map_err(|e| format!("{t}: {e}"))?;
     let _ = std::fs::remove_dir_all(&dl);
-    Ok((ts, record.versions.get(&t).copied().unwrap_or(manifest.version)))
+    Ok((ts, point.version.unwrap_or(manifest.version)))
 }
 
 /// State copied at a barrier, written to the task's RocksDB store off the data path.
@@ -615,29 +638,25 @@ impl TaskCkpt {
         }
     }
 
-    /// Restores the coordinator's restore point into the task and makes it ready. A task restored
-    /// already (the answer came twice, or it restored the commit record at start) ignores it.
-    /// Runs on the worker (a download blocks it): its other tasks wait for their restore point
-    /// too, since all of an engine's tasks start together.
+    /// Restores `point` (nothing: a start from the beginning) into the task and makes it ready:
+    /// the commit record's point before the workers start, or the coordinator's answer. A task
+    /// restored already (the answer came twice, or it restored the commit record at start)
+    /// ignores it. The coordinator's answer is restored on the worker (a download blocks it): its
+    /// other tasks wait for their restore point too, since all of an engine's tasks start together.
     pub(crate) fn restore(
         &mut self,
         task: &mut Task,
-        checkpoint: Option<CheckpointId>,
-        version: Version,
+        point: Option<RestorePoint>,
         basis: RestoreBasis,
     ) -> Result<(), String> {
         let me = self.machine.setup().task;
+        let checkpoint = point.map(|p| p.id);
         if !self.uninit() {
             tracing::debug!(task = %me, ?checkpoint, "restore point for a task already restored: ignored");
             return Ok(());
         }
-        let (state, version) = match checkpoint {
-            Some(id) => {
-                // Without a record the task's own manifest (checked by its checksum) says the offset.
-                let versions = (version.0 > 0).then_some((me, version)).into_iter().collect();
-                let record = CommitRecord { id, trans: TransId(0), versions, manifests: Default::default(), ts: 0 };
-                restore_task(self.store.as_ref(), self.stream, me, &self.data, &record)?
-            }
+        let (state, version) = match point {
+            Some(p) => restore_task(self.store.as_ref(), self.stream, me, &self.data, p)?,
             None => (fresh_state(&self.data, me)?, Version(0)),
         };
         install(task, &state, version)?;
@@ -885,6 +904,11 @@ pub(crate) struct ManualTrigger {
 }
 
 impl ManualTrigger {
+    /// The trigger of an engine without checkpoints (every request refused).
+    pub(crate) fn off(stream: StreamId, node: weir_wire::NodeId) -> Self {
+        Self { stream, node, coordinator: None, inbox: None }
+    }
+
     /// Asks the coordinator to start a checkpoint of `stream` now.
     pub(crate) fn fire(&self, stream: StreamId) -> weir_wire::msg::CheckpointNowOutcome {
         use weir_wire::msg::CheckpointNowOutcome as O;
@@ -1184,14 +1208,6 @@ impl Setup {
         task: &mut Task,
         results: Arc<ResultStore>,
     ) -> Result<TaskCkpt, String> {
-        let restored_version = match &self.last {
-            Some(r) => {
-                let (state, version) = restore_task(self.store.as_ref(), self.stream, t.id, &self.data, r)?;
-                install(task, &state, version)?;
-                Some(version)
-            }
-            None => None,
-        };
         let role = match t.kind {
             crate::spec::TaskKind::Source { .. } => crate::checkpoint::Role::Source,
             crate::spec::TaskKind::Agg { .. } => crate::checkpoint::Role::Agg,
@@ -1207,12 +1223,8 @@ impl Setup {
             trigger_timeout_ms: self.settings.trigger_timeout_ms,
             ready_resend_ms: self.settings.ready_resend_ms,
         };
-        let mut machine = TaskMachine::new(setup);
-        if let Some(version) = restored_version {
-            machine.handle(TaskInput::Restored { id: self.last.as_ref().map(|r| r.id), version });
-        }
-        Ok(TaskCkpt {
-            machine,
+        let mut ck = TaskCkpt {
+            machine: TaskMachine::new(setup),
             data: self.data.clone(),
             results,
             captured: None,
@@ -1233,7 +1245,11 @@ impl Setup {
             asked: None,
             warned: 0,
             spare: crossbeam_channel::bounded(1),
-        })
+        };
+        if let Some(r) = &self.last {
+            ck.restore(task, Some(RestorePoint::of(r, t.id)), RestoreBasis::Committed)?;
+        }
+        Ok(ck)
     }
 
     fn net(&self) -> Option<ProtoNet> {

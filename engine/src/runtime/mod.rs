@@ -393,10 +393,8 @@ impl Engine {
             per_worker[worker_of[&t.id]].push(Cell { task, control, paused: false, ckpt: ck, board });
         }
         let coord_inbox = ckpt.as_ref().and_then(checkpointing::Setup::coordinator_inbox);
-        let trigger = ckpt.as_ref().map_or(
-            checkpointing::ManualTrigger { stream: spec.id, node: me, coordinator: None, inbox: None },
-            checkpointing::Setup::manual_trigger,
-        );
+        let trigger =
+            ckpt.as_ref().map_or(checkpointing::ManualTrigger::off(spec.id, me), checkpointing::Setup::manual_trigger);
         let coordinator = ckpt.map(|setup| setup.start_coordinator());
         let status = Arc::new(status::StatusBoard {
             node: me,

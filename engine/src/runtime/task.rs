@@ -389,7 +389,13 @@ impl Cell {
                 }
                 Control::Restore { checkpoint, version, basis } => {
                     if let Some(ck) = self.ckpt.as_mut() {
-                        ck.restore(&mut self.task, checkpoint, version, basis).map_err(TaskError::Checkpoint)?;
+                        // Version 0: the one in the checkpoint's manifest.
+                        let point = checkpoint.map(|id| super::checkpointing::RestorePoint {
+                            id,
+                            version: (version.0 > 0).then_some(version),
+                            manifest_crc: None,
+                        });
+                        ck.restore(&mut self.task, point, basis).map_err(TaskError::Checkpoint)?;
                     }
                 }
             }
@@ -412,8 +418,7 @@ impl Cell {
             ck.before_poll(&mut self.task).map_err(TaskError::Checkpoint)?;
             if ck.uninit() {
                 // No data before the restore point is known: it decides where sources start.
-                let m = &ck.machine;
-                self.board.publish(m.state(), m.latest(), m.failed());
+                self.publish();
                 return Ok(Poll::Idle);
             }
         }
@@ -423,10 +428,16 @@ impl Cell {
         let p = self.task.poll(attention, budget)?;
         if let Some(ck) = self.ckpt.as_mut() {
             ck.after_poll(&mut self.task).map_err(TaskError::Checkpoint)?;
-            let m = &ck.machine;
-            self.board.publish(m.state(), m.latest(), m.failed());
+            self.publish();
         }
         Ok(p)
+    }
+
+    /// Shows the checkpoint machine's state on the task's status board.
+    fn publish(&self) {
+        if let Some(m) = self.ckpt.as_ref().map(|c| &c.machine) {
+            self.board.publish(m.state(), m.latest(), m.failed());
+        }
     }
 }
 
