@@ -6,69 +6,15 @@ mod util;
 
 use std::time::{Duration, Instant};
 
-use weir_engine::operator::window::WindowSpec;
 use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig};
-use weir_engine::spec::{Placement, SourceKind};
+use weir_engine::spec::Placement;
 use weir_engine::state::ResultStore;
 use weir_engine::wire::NodeId;
 
-fn config(dir: &std::path::Path, interval_ms: u64) -> EngineConfig {
-    let mut cfg = EngineConfig::new(NodeId(1), dir);
-    cfg.pin_workers = false;
-    let mut ck = CheckpointSettings::every(interval_ms, dir.join("remote"));
-    ck.min_pause_ms = 0;
-    cfg.checkpoint = Some(ck);
-    cfg
-}
-
-/// Waits (at most 30 s) until `engine`'s coordinator has committed `n` checkpoints.
-fn wait_for_commits(engine: &Engine, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while engine.checkpoints().unwrap().totals().0 < n {
-        assert!(Instant::now() < deadline, "fewer than {n} checkpoints committed in 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits (at most 30 s) until `engine`'s tasks know their restore point; returns it.
-fn wait_restored(engine: &Engine) -> (weir_engine::wire::msg::RestoreBasis, Option<weir_engine::wire::CheckpointId>) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(r) = engine.restored() {
-            return r;
-        }
-        assert!(Instant::now() < deadline, "no restore point in 30 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// The latest checkpoint id each task committed, from the tasks' meta files under `dirs` (each
-/// task's file is on its own node).
-fn committed_ids(spec: &weir_engine::spec::StreamSpec, dirs: &[&std::path::Path]) -> Vec<u64> {
-    committed_ids_now(spec, dirs).expect("every task committed")
-}
-
-/// The same, `None` while some task has no meta file yet.
-fn committed_ids_now(spec: &weir_engine::spec::StreamSpec, dirs: &[&std::path::Path]) -> Option<Vec<u64>> {
-    spec.topology()
-        .tasks
-        .iter()
-        .map(|t| {
-            let meta = dirs
-                .iter()
-                .find_map(|d| std::fs::read_to_string(d.join(format!("tasks/{}/committed", t.id.0))).ok())?;
-            meta.split_whitespace().next()?.parse().ok()
-        })
-        .collect()
-}
-
-fn spec(rows: u64) -> weir_engine::spec::StreamSpec {
-    let mut spec = util::bounded_spec(2, 2, 2, rows, WindowSpec::tumbling(100));
-    if let SourceKind::Generator { rate, .. } = &mut spec.source {
-        *rate = Some(rows / 2); // about two seconds per run: time for checkpoints
-    }
-    spec
-}
+use util::ckpt::{
+    committed_ids, committed_ids_now, config, spec, stop_both, transport, two_engines, two_engines_every,
+    wait_for_commits, wait_restored,
+};
 
 #[test]
 fn checkpoints_commit_while_the_stream_runs_and_results_stay_exact() {
@@ -109,63 +55,6 @@ fn an_engine_stopped_midway_restores_the_last_commit_and_ends_with_the_same_resu
     engine.wait().unwrap();
     let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
-}
-
-fn transport(
-    node: u32,
-    peers: Vec<weir_engine::wire::transport::PeerConfig>,
-) -> weir_engine::wire::transport::TransportConfig {
-    let mut t =
-        weir_engine::wire::transport::TransportConfig::new("ck-test", NodeId(node), b"checkpoint-test-secret".to_vec());
-    t.listen = Some("127.0.0.1:0".parse().unwrap());
-    t.peers = peers;
-    t
-}
-
-/// Starts the two engines of a stream spread over nodes 1 and 2, sharing one store, with
-/// checkpoints every 100 ms.
-fn two_engines(
-    spec: &weir_engine::spec::StreamSpec,
-    d1: &std::path::Path,
-    d2: &std::path::Path,
-    remote: &std::path::Path,
-) -> (Engine, Engine) {
-    two_engines_every(spec, d1, d2, remote, 100)
-}
-
-fn two_engines_every(
-    spec: &weir_engine::spec::StreamSpec,
-    d1: &std::path::Path,
-    d2: &std::path::Path,
-    remote: &std::path::Path,
-    interval_ms: u64,
-) -> (Engine, Engine) {
-    use weir_engine::wire::transport::PeerConfig;
-    let placement = Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2)]);
-    let settings = |_| {
-        let mut ck = CheckpointSettings::every(interval_ms, remote);
-        ck.min_pause_ms = 0;
-        ck
-    };
-    let mut c1 = EngineConfig::new(NodeId(1), d1);
-    c1.pin_workers = false;
-    c1.checkpoint = Some(settings(1));
-    c1.transport = Some(transport(1, vec![PeerConfig { node: NodeId(2), addr: None }]));
-    let e1 = Engine::start(spec, &placement, c1).unwrap();
-    let mut c2 = EngineConfig::new(NodeId(2), d2);
-    c2.pin_workers = false;
-    c2.checkpoint = Some(settings(2));
-    c2.transport = Some(transport(2, vec![PeerConfig { node: NodeId(1), addr: e1.transport_addr() }]));
-    let e2 = Engine::start(spec, &placement, c2).unwrap();
-    (e1, e2)
-}
-
-/// Stops both engines mid-stream.
-fn stop_both(e1: Engine, e2: Engine) {
-    e1.stop();
-    e2.stop();
-    e1.wait().unwrap();
-    e2.wait().unwrap();
 }
 
 /// Lets both engines finish the stream; returns the results of both nodes, in (key, start) order.

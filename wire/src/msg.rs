@@ -580,6 +580,8 @@ archived! {
         pub latest: CheckpointId,
         /// Its source offset.
         pub latest_version: Version,
+        /// The request (unique per start of the task), echoed by the [`Restore`] answering it.
+        pub request: u64,
     }
 }
 
@@ -606,8 +608,11 @@ archived! {
         pub checkpoint: Option<CheckpointId>,
         /// How it was chosen.
         pub basis: RestoreBasis,
-        /// Source offset to replay from.
-        pub version: Version,
+        /// Source offset to replay from, when the commit record names it (none: the one in the
+        /// task's manifest).
+        pub version: Option<Version>,
+        /// The [`ConsensusReq`] this answers.
+        pub request: u64,
     }
 }
 

@@ -116,10 +116,11 @@ roundtrip! {
     };
     roundtrip_consensus_req: ConsensusReq = ConsensusReq {
         stream: StreamId(1), task: TaskId(5), node: NodeId(2), latest: CheckpointId(7), latest_version: Version(70),
+        request: 12,
     };
     roundtrip_restore: Restore = Restore {
         stream: StreamId(1), task: TaskId(5), checkpoint: Some(CheckpointId(7)), basis: RestoreBasis::Consensus,
-        version: Version(70),
+        version: Some(Version(70)), request: 12,
     };
     roundtrip_status_req: StatusReq = StatusReq { request: 5 };
     roundtrip_checkpoint_now_req: CheckpointNowReq = CheckpointNowReq { request: 6, stream: StreamId(2) };

@@ -11,9 +11,14 @@
 //! Invariants: a manifest is written only after every file it names is stored; a commit record only
 //! after every manifest it names; nothing is read back without checking size and checksum. S3 and
 //! rsync backends implement the same [`Store`] trait (next issue).
+//!
+//! - [`commit`]: the coordinator's records (commit records, the id record).
+//! - [`uploader`]: the uploader pool that writes and ships snapshots off the data path.
 
+pub mod commit;
 mod local;
 mod snapshot;
+pub mod uploader;
 
 pub use local::LocalDirStore;
 pub use snapshot::{

@@ -1,13 +1,14 @@
 //! The coordinator (the seed's mnode role) as a pure state machine: it schedules checkpoints,
 //! allocates ids, collects reports, commits, fails and resets, and chooses the restore point.
 //! Like the task machine it takes inputs and returns actions; the caller executes the actions in
-//! order, and must make `PersistNextId` durable before executing anything after it.
+//! order; the completions of its writes (`PersistIds`, `WriteCommit`) come back as inputs.
 //!
 //! Invariants:
-//! - Ids only grow, and are persisted before use, so a restarted coordinator never reuses one.
-//!   They are reserved in blocks of [`ID_BLOCK`] (`PersistNextId` names the first id past the
-//!   block), so a checkpoint normally starts without a write to the store; a restart skips the
-//!   rest of the block.
+//! - Ids and transaction ids only grow, and are reserved durably before use, so a restarted
+//!   coordinator never reuses either. They are reserved in blocks of [`ID_BLOCK`] (`PersistIds`
+//!   names the first id and transaction past the block); a checkpoint that needs a new block
+//!   starts only once `IdsPersisted` confirms it, and does not start when the write fails or does
+//!   not answer. A restart skips the rest of the block.
 //! - At most one checkpoint is in flight.
 //! - Nothing commits without a successful report from every task of the stream, each matching
 //!   the checkpoint's id and transaction; the commit record is written durably (`WriteCommit`,
@@ -16,10 +17,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use weir_wire::msg::TaskCheckpointStats;
+use weir_wire::msg::{TaskCheckpointStats, TriggerKind};
 use weir_wire::{CheckpointId, NodeId, StreamId, TaskId, TransId, Version};
 
-use super::task::{Report, Role};
+use super::task::{Report, Role, SourceAnswer};
 
 /// Scheduling and failure settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +42,25 @@ pub struct CoordinatorConfig {
     pub tolerable_failures: u32,
     /// How long to wait for every task's consensus request on a restart without a commit record.
     pub consensus_wait_ms: u64,
+    /// How long a write of the id record or of a commit record may take before it counts as
+    /// failed (ms): a store that does not answer fails the checkpoint instead of stalling it.
+    pub store_timeout_ms: u64,
+}
+
+/// The coordinator's durable id record: the first checkpoint id and transaction id a restarted
+/// coordinator may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdRecord {
+    /// First unreserved checkpoint id.
+    pub next_id: CheckpointId,
+    /// First unreserved transaction id.
+    pub next_trans: TransId,
+}
+
+impl Default for IdRecord {
+    fn default() -> Self {
+        Self { next_id: CheckpointId(1), next_trans: TransId(1) }
+    }
 }
 
 /// What a commit record holds: enough to restore every task.
@@ -48,7 +68,8 @@ pub struct CoordinatorConfig {
 pub struct CommitRecord {
     /// Checkpoint.
     pub id: CheckpointId,
-    /// Transaction.
+    /// The checkpoint's transaction; 0 for a record made again for the restore point the tasks'
+    /// consensus chose (its own record was lost), which has no transaction of its own.
     pub trans: TransId,
     /// Source offsets in it, by source task.
     pub versions: BTreeMap<TaskId, Version>,
@@ -58,6 +79,19 @@ pub struct CommitRecord {
     pub ts: u64,
 }
 
+impl CommitRecord {
+    /// The record of consensus point `id`, made again at `ts`: it names no offsets or manifest
+    /// checksums (each task's manifest, checked by its own checksum, has them).
+    pub fn consensus(id: CheckpointId, ts: u64) -> Self {
+        CommitRecord { id, trans: TransId(0), versions: BTreeMap::new(), manifests: BTreeMap::new(), ts }
+    }
+
+    /// Whether this record was made again for a consensus point.
+    pub fn is_consensus(&self) -> bool {
+        self.trans == TransId(0)
+    }
+}
+
 /// Inputs of the coordinator.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CoordInput {
@@ -65,8 +99,8 @@ pub enum CoordInput {
     Start {
         /// Now (ms).
         now: u64,
-        /// Next id to allocate, as persisted (1 when new).
-        next_id: CheckpointId,
+        /// The persisted id record (the default when new).
+        ids: IdRecord,
         /// The last commit record, if any.
         last_commit: Option<CommitRecord>,
     },
@@ -77,6 +111,25 @@ pub enum CoordInput {
     },
     /// An operator asks for a checkpoint now.
     Trigger,
+    /// The id record asked for by `PersistIds` is durable.
+    IdsPersisted(IdRecord),
+    /// Writing the id record failed (or did not answer): no checkpoint starts on it.
+    IdsFailed {
+        /// Why.
+        reason: String,
+    },
+    /// A source answered its source request. Only a refusal matters here (a source that built
+    /// its part reports); it ends the checkpoint at once.
+    SourceRsp {
+        /// Source task.
+        task: TaskId,
+        /// Checkpoint of the request.
+        id: CheckpointId,
+        /// Its transaction.
+        trans: TransId,
+        /// The answer.
+        answer: SourceAnswer,
+    },
     /// A task reported.
     Report {
         /// Reporting task.
@@ -107,24 +160,33 @@ pub enum CoordInput {
         /// The node.
         node: NodeId,
     },
-    /// A restarting task says what it has (used when there is no commit record).
+    /// A starting task asks for its restore point, with what it has (which counts when there
+    /// is no commit record).
     Consensus {
         /// Task.
         task: TaskId,
         /// Its latest local checkpoint.
         latest: CheckpointId,
+        /// The request, echoed in the answer: a task takes only the answer to its own request
+        /// (an answer to an earlier incarnation of it may still be in flight).
+        request: u64,
     },
 }
 
-/// Ids reserved by one `PersistNextId`.
+/// Ids (and transaction ids) reserved by one `PersistIds`.
 pub const ID_BLOCK: u64 = 256;
 
 /// Actions of the coordinator, in order.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CoordAction {
-    /// Make this the first id a restarted coordinator may use, durably, before anything that
-    /// follows: every id below it is reserved.
-    PersistNextId(CheckpointId),
+    /// Write the id record durably; feed `IdsPersisted` (or `IdsFailed`). Every id and
+    /// transaction below it is then reserved.
+    PersistIds(IdRecord),
+    /// Ids could not be reserved: no checkpoint started.
+    IdsNotDurable {
+        /// Why.
+        reason: String,
+    },
     /// Ask source `task` to start checkpoint `id`.
     SendSourceReq {
         /// Source task.
@@ -135,6 +197,8 @@ pub enum CoordAction {
         id: CheckpointId,
         /// Transaction.
         trans: TransId,
+        /// Periodic or manual.
+        kind: TriggerKind,
         /// Expiry (ms).
         expire_at: u64,
     },
@@ -176,10 +240,13 @@ pub enum CoordAction {
         node: NodeId,
         /// Checkpoint (none: start empty).
         id: Option<CheckpointId>,
-        /// Source offset to replay from.
-        version: Version,
+        /// Source offset to replay from, when the point is a commit record (a consensus point
+        /// has none: the task's manifest says it).
+        version: Option<Version>,
         /// Whether it came from the commit record (else the consensus).
         committed: bool,
+        /// The request this answers.
+        request: u64,
     },
     /// A checkpoint ended (for statistics and logs).
     Finished {
@@ -216,8 +283,9 @@ struct Flight {
     trans: TransId,
     started: u64,
     reports: BTreeMap<TaskId, Report>,
-    /// The record being written, once every report is in.
+    /// The record being written, once every report is in, and since when.
     committing: Option<CommitRecord>,
+    committing_since: u64,
 }
 
 impl Flight {
@@ -237,8 +305,13 @@ impl Flight {
 enum Phase {
     /// Waiting for `Start`.
     Down,
-    /// Restarting without a commit record: collecting consensus until `deadline`.
-    Consensus { deadline: u64, latest: BTreeMap<TaskId, CheckpointId> },
+    /// Restarting without a commit record: collecting consensus until `deadline`, and the
+    /// requests to answer.
+    Consensus { deadline: u64, latest: BTreeMap<TaskId, CheckpointId>, asking: BTreeMap<TaskId, u64> },
+    /// The consensus chose `record`'s checkpoint; its commit record is written before any task
+    /// hears of it, so a coordinator that restarts meanwhile chooses the same point (tasks
+    /// restored already do not ask again). Written again from `retry_at` until it is durable.
+    Recording { record: CommitRecord, retry_at: u64, asking: BTreeMap<TaskId, u64> },
     /// Running.
     Running,
 }
@@ -250,9 +323,14 @@ pub struct Coordinator {
     phase: Phase,
     now: u64,
     next_id: CheckpointId,
-    /// Ids below this are reserved durably.
-    reserved: CheckpointId,
     next_trans: TransId,
+    /// Ids and transactions below these are reserved durably.
+    reserved: IdRecord,
+    /// Since when a `PersistIds` is waiting for its answer (no checkpoint starts meanwhile).
+    reserving: Option<u64>,
+    /// A commit whose write did not answer in time: it may still become visible, so a late
+    /// `CommitDurable` makes it the last commit.
+    unknown: Option<CommitRecord>,
     flight: Option<Flight>,
     /// When the last checkpoint started / ended.
     last_start: Option<u64>,
@@ -278,8 +356,10 @@ impl Coordinator {
             phase: Phase::Down,
             now: 0,
             next_id: CheckpointId(1),
-            reserved: CheckpointId(1),
             next_trans: TransId(1),
+            reserved: IdRecord::default(),
+            reserving: None,
+            unknown: None,
             flight: None,
             last_start: None,
             last_end: None,
@@ -317,59 +397,67 @@ impl Coordinator {
         self.cfg.tasks.iter().find(|(id, _, _)| *id == t).map_or(NodeId(0), |(_, n, _)| *n)
     }
 
-    fn restore_all(&mut self, id: Option<CheckpointId>, committed: bool) -> Vec<CoordAction> {
+    /// Chooses the restore point and answers the tasks that asked.
+    fn choose(&mut self, id: Option<CheckpointId>, committed: bool, asking: BTreeMap<TaskId, u64>) -> Vec<CoordAction> {
+        self.phase = Phase::Running;
         self.restore_point = Some((id, committed));
-        let tasks: Vec<TaskId> = self.tasks();
-        tasks.into_iter().filter_map(|t| self.restore_one(t)).collect()
+        asking.into_iter().filter_map(|(t, request)| self.restore_one(t, request)).collect()
     }
 
-    /// The `SendRestore` of task `t` for the chosen restore point (none before it is chosen).
-    fn restore_one(&self, task: TaskId) -> Option<CoordAction> {
+    /// The `SendRestore` answering task `t`'s `request` (none before the point is chosen).
+    fn restore_one(&self, task: TaskId, request: u64) -> Option<CoordAction> {
         let (id, committed) = self.restore_point?;
-        // A consensus point has no record: the task takes the offset from its own manifest.
-        let version = self
-            .last_commit
-            .as_ref()
-            .filter(|c| Some(c.id) == id)
-            .and_then(|c| c.versions.get(&task).copied())
-            .unwrap_or(Version(0));
-        Some(CoordAction::SendRestore { task, node: self.node_of(task), id, version, committed })
+        // A consensus point's record names no offsets: the task takes them from its manifest.
+        let version =
+            self.last_commit.as_ref().filter(|c| Some(c.id) == id).and_then(|c| c.versions.get(&task).copied());
+        Some(CoordAction::SendRestore { task, node: self.node_of(task), id, version, committed, request })
     }
 
     /// Handles one input.
     pub fn handle(&mut self, input: CoordInput) -> Vec<CoordAction> {
         match input {
-            CoordInput::Start { now, next_id, last_commit } => {
+            CoordInput::Start { now, ids, last_commit } => {
                 self.now = now;
                 // Never below a committed id, whatever the meta says.
-                self.next_id = next_id.max(last_commit.as_ref().map_or(CheckpointId(1), |c| c.id.next()));
-                self.reserved = self.next_id;
+                self.next_id = ids.next_id.max(last_commit.as_ref().map_or(CheckpointId(1), |c| c.id.next()));
+                self.next_trans =
+                    ids.next_trans.max(last_commit.as_ref().map_or(TransId(1), |c| TransId(c.trans.0 + 1)));
+                self.reserved = IdRecord { next_id: self.next_id, next_trans: self.next_trans };
+                self.reserving = None;
                 self.flight = None;
                 self.earliest_first = now + self.cfg.first_delay_ms;
                 self.last_commit = last_commit.clone();
                 match last_commit {
-                    Some(c) => {
-                        self.phase = Phase::Running;
-                        self.restore_all(Some(c.id), true)
-                    }
+                    // Every task restores the record (the engine's before it starts; a task that
+                    // asks gets it).
+                    Some(c) => self.choose(Some(c.id), true, BTreeMap::new()),
                     None => {
-                        self.phase =
-                            Phase::Consensus { deadline: now + self.cfg.consensus_wait_ms, latest: BTreeMap::new() };
+                        self.phase = Phase::Consensus {
+                            deadline: now + self.cfg.consensus_wait_ms,
+                            latest: BTreeMap::new(),
+                            asking: BTreeMap::new(),
+                        };
                         Vec::new()
                     }
                 }
             }
-            CoordInput::Consensus { task, latest } => {
+            CoordInput::Consensus { task, latest, request } => {
                 if !self.cfg.tasks.iter().any(|(t, _, _)| *t == task) {
                     return Vec::new();
                 }
                 let done = match &mut self.phase {
-                    Phase::Consensus { latest: l, .. } => {
+                    Phase::Consensus { latest: l, asking, .. } => {
                         l.insert(task, latest);
+                        asking.insert(task, request);
                         l.len() == self.cfg.tasks.len()
                     }
+                    Phase::Recording { asking, .. } => {
+                        asking.insert(task, request);
+                        return Vec::new();
+                    }
+                    Phase::Down => return Vec::new(),
                     // Chosen already: the task asks again, and gets the same answer.
-                    _ => return self.restore_one(task).into_iter().collect(),
+                    Phase::Running => return self.restore_one(task, request).into_iter().collect(),
                 };
                 if done { self.finish_consensus() } else { Vec::new() }
             }
@@ -379,8 +467,52 @@ impl Coordinator {
                 self.tick(self.now)
             }
             CoordInput::Report { task, report } => self.report(task, report),
-            CoordInput::CommitDurable { id } => self.commit_durable(id),
+            CoordInput::IdsPersisted(r) => {
+                // Durable, even when it answers late: everything below it is reserved.
+                self.reserved.next_id = self.reserved.next_id.max(r.next_id);
+                self.reserved.next_trans = self.reserved.next_trans.max(r.next_trans);
+                if self.reserving.take().is_none() || !self.ids_reserved() {
+                    return Vec::new();
+                }
+                self.start(self.now)
+            }
+            CoordInput::IdsFailed { reason } => {
+                if self.reserving.take().is_none() {
+                    return Vec::new();
+                }
+                self.ids_failed(reason)
+            }
+            CoordInput::SourceRsp { task, id, trans, answer } => {
+                let refused = !matches!(answer, SourceAnswer::Done(_));
+                if refused
+                    && self.flight.as_ref().is_some_and(|f| f.id == id && f.trans == trans && f.committing.is_none())
+                {
+                    return self.fail(format!("source {task} refused checkpoint {id}: {answer:?}"));
+                }
+                Vec::new()
+            }
+            CoordInput::CommitDurable { id } => {
+                if matches!(&self.phase, Phase::Recording { record, .. } if record.id == id) {
+                    return self.consensus_recorded();
+                }
+                if let Some(r) = self.unknown.take_if(|r| r.id == id) {
+                    // A commit given up as unknown turned out durable: it is a restore point.
+                    if self.last_commit.as_ref().is_none_or(|c| c.id < id) {
+                        self.last_commit = Some(r);
+                    }
+                    return Vec::new();
+                }
+                self.commit_durable(id)
+            }
             CoordInput::CommitFailed { id, reason } => {
+                if let Phase::Recording { record, retry_at, .. } = &mut self.phase
+                    && record.id == id
+                {
+                    // Tried again shortly (the tick writes it once more).
+                    *retry_at = (*retry_at).min(self.now + 100);
+                    let _ = reason;
+                    return Vec::new();
+                }
                 if self.flight.as_ref().is_some_and(|f| f.id == id && f.committing.is_some()) {
                     return self.fail(format!("writing the commit record failed: {reason}"));
                 }
@@ -407,16 +539,33 @@ impl Coordinator {
     }
 
     fn finish_consensus(&mut self) -> Vec<CoordAction> {
-        let Phase::Consensus { latest, .. } = std::mem::replace(&mut self.phase, Phase::Running) else {
+        let Phase::Consensus { latest, asking, .. } = std::mem::replace(&mut self.phase, Phase::Running) else {
             return Vec::new();
         };
         // The seed's rule: the minimum of what every task has; a task that did not answer counts
         // as having nothing.
         let all = self.cfg.tasks.iter().map(|(t, _, _)| latest.get(t).copied().unwrap_or(CheckpointId(0)));
         let min = all.min().unwrap_or(CheckpointId(0));
-        let id = (min > CheckpointId(0)).then_some(min);
         self.next_id = self.next_id.max(min.next());
-        self.restore_all(id, false)
+        if min == CheckpointId(0) {
+            // Nothing to record: a coordinator that restarts finds no record either and every
+            // task that asks starts from nothing.
+            return self.choose(None, false, asking);
+        }
+        let record = CommitRecord::consensus(min, self.now);
+        self.phase =
+            Phase::Recording { record: record.clone(), retry_at: self.now + self.cfg.store_timeout_ms, asking };
+        vec![CoordAction::WriteCommit(record)]
+    }
+
+    /// The consensus point's record is durable: answer the tasks.
+    fn consensus_recorded(&mut self) -> Vec<CoordAction> {
+        let Phase::Recording { record, asking, .. } = std::mem::replace(&mut self.phase, Phase::Running) else {
+            return Vec::new();
+        };
+        let id = record.id;
+        self.last_commit = Some(record);
+        self.choose(Some(id), false, asking)
     }
 
     fn tick(&mut self, now: u64) -> Vec<CoordAction> {
@@ -430,12 +579,36 @@ impl Coordinator {
                 }
                 return Vec::new();
             }
+            Phase::Recording { record, retry_at, .. } => {
+                if now < *retry_at {
+                    return Vec::new();
+                }
+                let record = record.clone();
+                if let Phase::Recording { retry_at, .. } = &mut self.phase {
+                    *retry_at = now + self.cfg.store_timeout_ms;
+                }
+                return vec![CoordAction::WriteCommit(record)];
+            }
             Phase::Running => {}
         }
         if let Some(f) = &self.flight {
             if f.committing.is_none() && now.saturating_sub(f.started) >= self.cfg.timeout_ms {
                 let why = format!("timed out after {} ms", now - f.started);
                 return self.fail(why);
+            }
+            if f.committing.is_some() && now.saturating_sub(f.committing_since) >= self.cfg.store_timeout_ms {
+                // The record may still appear: it stays a possible restore point, and the tasks
+                // keep every snapshot it names (a reset deletes none).
+                self.unknown = f.committing.clone();
+                let why = format!("writing the commit record: no answer within {} ms", self.cfg.store_timeout_ms);
+                return self.fail(why);
+            }
+            return Vec::new();
+        }
+        if let Some(since) = self.reserving {
+            if now.saturating_sub(since) >= self.cfg.store_timeout_ms {
+                self.reserving = None;
+                return self.ids_failed(format!("no answer within {} ms", self.cfg.store_timeout_ms));
             }
             return Vec::new();
         }
@@ -447,22 +620,53 @@ impl Coordinator {
         if !(paused && due) {
             return Vec::new();
         }
-        self.manual = false;
+        if !self.ids_reserved() {
+            // Reserve first; the checkpoint starts when the record is durable.
+            self.reserving = Some(now);
+            let next = IdRecord {
+                next_id: CheckpointId(self.next_id.0 + ID_BLOCK),
+                next_trans: TransId(self.next_trans.0 + ID_BLOCK),
+            };
+            return vec![CoordAction::PersistIds(next)];
+        }
         self.start(now)
     }
 
+    /// Whether the next id and transaction are reserved durably.
+    fn ids_reserved(&self) -> bool {
+        self.next_id < self.reserved.next_id && self.next_trans < self.reserved.next_trans
+    }
+
+    /// No checkpoint could start: it counts as a failure for the stream's health, and the next
+    /// attempt waits for the minimum pause.
+    fn ids_failed(&mut self, reason: String) -> Vec<CoordAction> {
+        self.last_end = Some(self.now);
+        self.consecutive_failures += 1;
+        let mut out = vec![CoordAction::IdsNotDurable { reason }];
+        out.extend(self.health_after_failure());
+        out
+    }
+
+    fn health_after_failure(&mut self) -> Option<CoordAction> {
+        let healthy = self.consecutive_failures <= self.cfg.tolerable_failures;
+        if healthy != self.healthy || !healthy {
+            self.healthy = healthy;
+            return Some(CoordAction::Health { healthy, consecutive_failures: self.consecutive_failures });
+        }
+        None
+    }
+
     fn start(&mut self, now: u64) -> Vec<CoordAction> {
+        debug_assert!(self.ids_reserved());
+        let kind = if std::mem::take(&mut self.manual) { TriggerKind::Manual } else { TriggerKind::Periodic };
         let id = self.next_id;
         let trans = self.next_trans;
         self.next_id = id.next();
         self.next_trans = TransId(trans.0 + 1);
         self.last_start = Some(now);
-        self.flight = Some(Flight { id, trans, started: now, reports: BTreeMap::new(), committing: None });
+        self.flight =
+            Some(Flight { id, trans, started: now, reports: BTreeMap::new(), committing: None, committing_since: 0 });
         let mut out = Vec::new();
-        if id >= self.reserved {
-            self.reserved = CheckpointId(id.0 + ID_BLOCK);
-            out.push(CoordAction::PersistNextId(self.reserved));
-        }
         if let Some(n) = self.down.first() {
             let why = format!("node {n} is down");
             out.extend(self.fail(why));
@@ -471,7 +675,14 @@ impl Coordinator {
         let expire_at = now + self.cfg.timeout_ms;
         for (task, node, role) in &self.cfg.tasks {
             if *role == Role::Source {
-                out.push(CoordAction::SendSourceReq { task: *task, node: *node, id, trans, expire_at });
+                out.push(CoordAction::SendSourceReq {
+                    task: *task,
+                    node: *node,
+                    id,
+                    trans,
+                    kind: kind.clone(),
+                    expire_at,
+                });
             }
         }
         out
@@ -517,6 +728,7 @@ impl Coordinator {
             ts: self.now,
         };
         f.committing = Some(record.clone());
+        f.committing_since = self.now;
         vec![CoordAction::WriteCommit(record)]
     }
 
@@ -565,11 +777,7 @@ impl Coordinator {
             })
             .collect();
         out.push(f.finished(self.now, Err(why)));
-        let healthy = self.consecutive_failures <= self.cfg.tolerable_failures;
-        if healthy != self.healthy || !healthy {
-            self.healthy = healthy;
-            out.push(CoordAction::Health { healthy, consecutive_failures: self.consecutive_failures });
-        }
+        out.extend(self.health_after_failure());
         out
     }
 

@@ -13,7 +13,9 @@
 //! - After a failure or a reset the task is back in `Ready` with every input open and the failed id
 //!   remembered; nothing at or below a failed id is acted on again.
 
-use weir_wire::msg::{TaskCheckpointStats, TriggerRspCode};
+use weir_wire::msg::{TaskCheckpointStats, TriggerKind, TriggerRspCode};
+
+use super::CheckpointError;
 use weir_wire::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
 
 /// A task's role in the graph.
@@ -133,6 +135,8 @@ pub enum TaskInput {
         id: CheckpointId,
         /// Transaction.
         trans: TransId,
+        /// Periodic or manual.
+        kind: TriggerKind,
         /// Past this time the request is stale.
         expire_at: u64,
     },
@@ -157,7 +161,7 @@ pub enum TaskInput {
         /// Checkpoint.
         id: CheckpointId,
         /// Error, if any.
-        result: Result<(), String>,
+        result: Result<(), CheckpointError>,
     },
     /// The trigger went out on the channel to `to` (it is in the queue or on the wire).
     TriggerDispatched {
@@ -171,7 +175,7 @@ pub enum TaskInput {
         /// Checkpoint.
         id: CheckpointId,
         /// What was stored, or why not.
-        result: Result<UploadDone, String>,
+        result: Result<UploadDone, CheckpointError>,
     },
     /// Upstream `from` ended its stream: it will send no trigger again.
     UpstreamEnded {
@@ -200,7 +204,7 @@ pub enum TaskInput {
         id: CheckpointId,
     },
     /// Upstream `from` answered our retrieve request. `next_seq` is the next sequence number this
-    /// task expects on that channel (from the runtime).
+    /// task expects on that channel, filled in by the driver on arrival (`None`: not known).
     TriggerRsp {
         /// Upstream.
         from: TaskId,
@@ -213,7 +217,7 @@ pub enum TaskInput {
         /// The trigger's sequence number on the channel.
         trigger_seq: Seq,
         /// The next sequence number expected on the channel here.
-        next_seq: Seq,
+        next_seq: Option<Seq>,
     },
     /// Checkpoint `id` is committed.
     Update {
@@ -359,7 +363,7 @@ struct Active {
     snapshot_taken: bool,
     /// Per downstream: the sequence number our trigger had on that channel, once dispatched.
     dispatched: Vec<Option<Seq>>,
-    upload: Option<Result<UploadDone, String>>,
+    upload: Option<Result<UploadDone, CheckpointError>>,
     /// Per downstream: it is ready.
     downstream_ready: Vec<bool>,
     /// Ready sent upstream (or source rsp and report sent).
@@ -409,6 +413,8 @@ pub struct TaskMachine {
     pub started: u64,
     /// Inputs discarded.
     pub discarded: u64,
+    /// Triggers injected after a successful retrieve.
+    pub injected: u64,
 }
 
 impl TaskMachine {
@@ -425,6 +431,7 @@ impl TaskMachine {
             now: 0,
             started: 0,
             discarded: 0,
+            injected: 0,
         }
     }
 
@@ -508,8 +515,14 @@ impl TaskMachine {
                 self.state = TaskState::Ready;
                 vec![TaskAction::ReopenAllInputs]
             }
+            // A checkpoint may fail before this task has restored: it must not take part in it
+            // afterwards (a barrier of it may still be on the way).
+            TaskInput::Reset { failed } if self.state == TaskState::Uninit => {
+                self.failed = Some(self.failed.map_or(failed, |f| f.max(failed)));
+                Vec::new()
+            }
             _ if self.state == TaskState::Uninit => Vec::new(),
-            TaskInput::SourceReq { id, trans, expire_at } => self.source_req(id, trans, expire_at),
+            TaskInput::SourceReq { id, trans, expire_at, .. } => self.source_req(id, trans, expire_at),
             TaskInput::SourceReachedTrigger { id, offset } => match &mut self.active {
                 Some(a) if a.id == id && a.source_req && !a.snapshot_taken => {
                     a.offset = offset;
@@ -651,7 +664,7 @@ impl TaskMachine {
         out
     }
 
-    fn snapshot_taken(&mut self, id: CheckpointId, result: Result<(), String>) -> Vec<TaskAction> {
+    fn snapshot_taken(&mut self, id: CheckpointId, result: Result<(), CheckpointError>) -> Vec<TaskAction> {
         match &mut self.active {
             Some(a) if a.id == id && !a.snapshot_taken => {
                 if let Err(e) = result {
@@ -710,14 +723,20 @@ impl TaskMachine {
 
     fn retrieve(&mut self, from: TaskId, id: CheckpointId) -> Vec<TaskAction> {
         let Some(i) = self.downstream_index(from) else { return self.discard(Discard::Misdirected) };
-        let (code, trans, seq) = match &self.active {
+        let not_over = id > self.latest && self.failed.is_none_or(|f| id > f);
+        let (code, id, trans, seq) = match &self.active {
             Some(a) if a.id == id => match a.dispatched[i] {
-                Some(seq) => (TriggerRspCode::Success, a.trans, seq),
-                None => (TriggerRspCode::InProgress, a.trans, Seq(0)),
+                Some(seq) => (TriggerRspCode::Success, id, a.trans, seq),
+                None => (TriggerRspCode::InProgress, id, a.trans, Seq(0)),
             },
-            _ => (TriggerRspCode::Invalid, TransId(0), Seq(0)),
+            // Not there yet (this task is behind, or its request is on the way): "in progress",
+            // and the downstream asks again at its next timeout.
+            Some(a) if a.id < id && not_over => (TriggerRspCode::InProgress, id, TransId(0), Seq(0)),
+            None if not_over => (TriggerRspCode::InProgress, id, TransId(0), Seq(0)),
+            // A real mismatch: `id` is over here (completed, failed, or overtaken by a newer one).
+            Some(a) => (TriggerRspCode::Invalid, a.id, a.trans, Seq(0)),
+            None => (TriggerRspCode::Invalid, id, TransId(0), Seq(0)),
         };
-        let id = self.active.as_ref().map_or(id, |a| a.id);
         vec![TaskAction::SendTriggerRsp { to: from, id, trans, code, trigger_seq: seq }]
     }
 
@@ -728,7 +747,7 @@ impl TaskMachine {
         trans: TransId,
         code: TriggerRspCode,
         trigger_seq: Seq,
-        next_seq: Seq,
+        next_seq: Option<Seq>,
     ) -> Vec<TaskAction> {
         let Some(i) = self.upstream_index(from) else { return self.discard(Discard::Misdirected) };
         let Some(a) = self.active.as_ref() else { return self.discard(Discard::Invalid) };
@@ -739,14 +758,18 @@ impl TaskMachine {
             TriggerRspCode::InProgress => Vec::new(),
             TriggerRspCode::Invalid => self.fail(format!("upstream {from} is not in checkpoint {id}")),
             // Injecting is safe only if everything before the trigger on that channel is here.
-            TriggerRspCode::Success if next_seq == trigger_seq => {
+            TriggerRspCode::Success if next_seq == Some(trigger_seq) => {
+                self.injected += 1;
                 let mut out = vec![TaskAction::InjectTrigger { from }];
                 out.extend(self.trigger(from, id, trans));
                 out
             }
-            TriggerRspCode::Success => self.fail(format!(
-                "trigger from {from} was frame {trigger_seq} but frame {next_seq} is next here: data before it is missing"
-            )),
+            TriggerRspCode::Success => self.fail(match next_seq {
+                Some(next) => format!(
+                    "trigger from {from} was frame {trigger_seq} but frame {next} is next here: data before it is missing"
+                ),
+                None => format!("trigger from {from}: the channel's position here is unknown"),
+            }),
         }
     }
 
@@ -774,11 +797,12 @@ impl TaskMachine {
         }
         self.failed = Some(self.failed.map_or(failed, |f| f.max(failed)));
         match &self.active {
+            // The snapshot stays: the coordinator may have given up on a commit whose record
+            // still became visible. The next commit's `DeleteSnapshotsBefore` collects it.
             Some(a) if a.id <= failed => {
-                let id = a.id;
                 self.active = None;
                 self.state = TaskState::Ready;
-                vec![TaskAction::DropSnapshot(id), TaskAction::ReopenAllInputs]
+                vec![TaskAction::ReopenAllInputs]
             }
             // A late reset of an older checkpoint must not reopen a newer one's aligned inputs.
             Some(_) => Vec::new(),

@@ -1,8 +1,10 @@
 //! One test per protocol scenario, named after it.
 
+use weir_wire::msg::TriggerKind::Periodic;
 use weir_wire::msg::TriggerRspCode;
 use weir_wire::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
 
+use super::CheckpointError;
 use super::coordinator::*;
 use super::task::*;
 
@@ -63,7 +65,7 @@ fn complete(m: &mut TaskMachine, id: CheckpointId) {
 #[test]
 fn source_request_to_a_non_source_is_refused() {
     let mut m = agg();
-    let out = m.handle(TaskInput::SourceReq { id: C1, trans: T1, expire_at: 100 });
+    let out = m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
     assert_eq!(out, vec![TaskAction::SendSourceRsp { id: C1, trans: T1, answer: SourceAnswer::NotSource }]);
     assert_eq!(m.state(), TaskState::Ready);
 }
@@ -71,7 +73,7 @@ fn source_request_to_a_non_source_is_refused() {
 #[test]
 fn source_enters_checkpointing_and_queues_the_trigger_behind_its_data() {
     let mut m = source();
-    let out = m.handle(TaskInput::SourceReq { id: C1, trans: T1, expire_at: 100 });
+    let out = m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
     assert_eq!(out, vec![TaskAction::QueueSourceTrigger { id: C1, trans: T1 }]);
     assert_eq!(m.state(), TaskState::Checkpointing(C1));
     assert_eq!(m.started, 1);
@@ -83,7 +85,7 @@ fn source_enters_checkpointing_and_queues_the_trigger_behind_its_data() {
 fn request_at_or_below_the_completed_id_is_answered_not_acted_on() {
     let mut m = source();
     m.handle(TaskInput::Update { id: C2, version: Version(10), ts: 0 });
-    let out = m.handle(TaskInput::SourceReq { id: C2, trans: T1, expire_at: 100 });
+    let out = m.handle(TaskInput::SourceReq { id: C2, trans: T1, kind: Periodic, expire_at: 100 });
     assert_eq!(out, vec![TaskAction::SendSourceRsp { id: C2, trans: T1, answer: SourceAnswer::AlreadyCompleted(C2) }]);
     assert_eq!(m.state(), TaskState::Ready);
 }
@@ -92,7 +94,7 @@ fn request_at_or_below_the_completed_id_is_answered_not_acted_on() {
 fn request_at_or_below_the_failed_id_is_answered_not_acted_on() {
     let mut m = source();
     m.handle(TaskInput::Reset { failed: C2 });
-    let out = m.handle(TaskInput::SourceReq { id: C1.next(), trans: T1, expire_at: 100 });
+    let out = m.handle(TaskInput::SourceReq { id: C1.next(), trans: T1, kind: Periodic, expire_at: 100 });
     assert_eq!(out, vec![TaskAction::SendSourceRsp { id: C2, trans: T1, answer: SourceAnswer::AlreadyFailed(C2) }]);
     assert_eq!(m.state(), TaskState::Ready);
 }
@@ -102,7 +104,7 @@ fn stale_source_request_is_discarded() {
     let mut m = source();
     m.handle(TaskInput::Tick { now: 500 });
     assert_eq!(
-        m.handle(TaskInput::SourceReq { id: C1, trans: T1, expire_at: 100 }),
+        m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 }),
         vec![TaskAction::Discarded(Discard::Stale)]
     );
     assert_eq!(m.state(), TaskState::Ready);
@@ -227,7 +229,7 @@ fn ready_waits_for_a_durable_upload_and_every_downstream() {
 #[test]
 fn a_source_answers_the_coordinator_instead_of_sending_ready() {
     let mut m = source();
-    m.handle(TaskInput::SourceReq { id: C1, trans: T1, expire_at: 100 });
+    m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
     m.handle(TaskInput::SourceReachedTrigger { id: C1, offset: Version(77) });
     m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
     m.handle(TaskInput::Uploaded { id: C1, result: Ok(up(1, 2)) });
@@ -299,7 +301,6 @@ fn missing_trigger_is_retrieved_after_timeout() {
 fn retrieve_is_answered_success_in_progress_or_invalid() {
     let mut m = agg();
     let ask = |m: &mut TaskMachine, id| m.handle(TaskInput::RetrieveTrigger { from: TaskId(21), id });
-    assert!(matches!(&ask(&mut m, C1)[0], TaskAction::SendTriggerRsp { code: TriggerRspCode::Invalid, .. }));
     m.handle(trig(1, C1));
     assert!(matches!(&ask(&mut m, C1)[0], TaskAction::SendTriggerRsp { code: TriggerRspCode::InProgress, .. }));
     m.handle(trig(2, C1));
@@ -315,7 +316,45 @@ fn retrieve_is_answered_success_in_progress_or_invalid() {
             trigger_seq: Seq(41)
         }]
     );
-    assert!(matches!(&ask(&mut m, C2)[0], TaskAction::SendTriggerRsp { code: TriggerRspCode::Invalid, id: C1, .. }));
+    // Over here: completed, or overtaken by a newer checkpoint.
+    complete(&mut m, C1);
+    assert!(matches!(&ask(&mut m, C1)[0], TaskAction::SendTriggerRsp { code: TriggerRspCode::Invalid, id: C1, .. }));
+    m.handle(trig(1, C3));
+    assert!(matches!(&ask(&mut m, C2)[0], TaskAction::SendTriggerRsp { code: TriggerRspCode::Invalid, id: C3, .. }));
+}
+
+#[test]
+fn an_upstream_that_has_not_reached_the_id_answers_not_yet() {
+    let mut m = agg();
+    let ask = |m: &mut TaskMachine, id| m.handle(TaskInput::RetrieveTrigger { from: TaskId(21), id });
+    // Nothing started here yet, or an older checkpoint still running: the barrier will come.
+    let not_yet = |out: Vec<TaskAction>| {
+        matches!(&out[..], [TaskAction::SendTriggerRsp { code: TriggerRspCode::InProgress, id: C2, .. }])
+    };
+    assert!(not_yet(ask(&mut m, C2)), "{:?}", ask(&mut m, C2));
+    m.handle(trig(1, C1));
+    assert!(not_yet(ask(&mut m, C2)));
+    assert_eq!(m.state(), TaskState::Checkpointing(C1), "answering changes nothing here");
+}
+
+#[test]
+fn a_slow_upstream_is_asked_again_at_every_timeout_and_never_fails_the_checkpoint() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    for round in 1..=3u64 {
+        let out = m.handle(TaskInput::Tick { now: round * 10_000 });
+        assert!(out.contains(&TaskAction::SendRetrieveTrigger { to: TaskId(2), node: NodeId(1), id: C1 }), "{out:?}");
+        let rsp = TaskInput::TriggerRsp {
+            from: TaskId(2),
+            id: C1,
+            trans: TransId(0),
+            code: TriggerRspCode::InProgress,
+            trigger_seq: Seq(0),
+            next_seq: Some(Seq(3)),
+        };
+        assert!(m.handle(rsp).is_empty());
+        assert_eq!(m.state(), TaskState::Checkpointing(C1));
+    }
 }
 
 #[test]
@@ -328,7 +367,7 @@ fn retrieved_trigger_is_injected_when_everything_before_it_arrived() {
         trans: T1,
         code: TriggerRspCode::Success,
         trigger_seq: Seq(9),
-        next_seq: Seq(9),
+        next_seq: Some(Seq(9)),
     };
     let out = m.handle(rsp);
     assert_eq!(out[0], TaskAction::InjectTrigger { from: TaskId(2) });
@@ -345,7 +384,7 @@ fn retrieved_trigger_with_data_missing_before_it_fails_the_checkpoint() {
         trans: T1,
         code: TriggerRspCode::Success,
         trigger_seq: Seq(9),
-        next_seq: Seq(7),
+        next_seq: Some(Seq(7)),
     };
     let out = m.handle(rsp);
     assert!(matches!(&out[0], TaskAction::SendReport(r) if r.outcome.is_err()));
@@ -363,7 +402,7 @@ fn retrieve_answered_in_progress_waits_for_the_next_timeout() {
         trans: T1,
         code: TriggerRspCode::InProgress,
         trigger_seq: Seq(0),
-        next_seq: Seq(3),
+        next_seq: Some(Seq(3)),
     };
     assert!(m.handle(rsp).is_empty());
     assert_eq!(m.state(), TaskState::Checkpointing(C1));
@@ -383,7 +422,7 @@ fn update_at_or_below_the_current_id_is_ignored() {
 #[test]
 fn update_persists_the_commit_and_returns_to_ready() {
     let mut m = source();
-    m.handle(TaskInput::SourceReq { id: C1, trans: T1, expire_at: 100 });
+    m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
     let out = m.handle(TaskInput::Update { id: C1, version: Version(55), ts: 9 });
     assert_eq!(
         out,
@@ -397,11 +436,15 @@ fn update_persists_the_commit_and_returns_to_ready() {
 }
 
 #[test]
-fn reset_records_the_failed_id_drops_the_snapshot_and_returns_to_ready() {
+fn reset_records_the_failed_id_keeps_the_snapshot_a_commit_may_name_and_returns_to_ready() {
     let mut m = agg();
     m.handle(trig(1, C1));
+    m.handle(trig(2, C1));
+    m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
+    // The coordinator gave up on the commit (its write did not answer): the record may still
+    // appear, so the snapshot it names stays until a later commit collects it.
     let out = m.handle(TaskInput::Reset { failed: C1 });
-    assert_eq!(out, vec![TaskAction::DropSnapshot(C1), TaskAction::ReopenAllInputs]);
+    assert_eq!(out, vec![TaskAction::ReopenAllInputs]);
     assert_eq!((m.state(), m.failed()), (TaskState::Ready, Some(C1)));
     // The next checkpoint goes ahead.
     assert_eq!(m.handle(trig(1, C2)), vec![TaskAction::CloseInput(0)]);
@@ -413,7 +456,15 @@ fn upload_failure_fails_the_checkpoint_and_reports_why() {
     m.handle(trig(1, C1));
     m.handle(trig(2, C1));
     m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
-    let out = m.handle(TaskInput::Uploaded { id: C1, result: Err("store unreachable".into()) });
+    let out = m.handle(TaskInput::Uploaded {
+        id: C1,
+        result: Err(CheckpointError::Upload {
+            task: TaskId(10),
+            id: C1,
+            reason: "store unreachable".into(),
+            retryable: true,
+        }),
+    });
     assert!(
         matches!(&out[0], TaskAction::SendReport(r) if r.outcome.as_ref().unwrap_err().contains("store unreachable"))
     );
@@ -423,9 +474,12 @@ fn upload_failure_fails_the_checkpoint_and_reports_why() {
 #[test]
 fn a_failed_source_says_so_to_the_coordinator() {
     let mut m = source();
-    m.handle(TaskInput::SourceReq { id: C1, trans: T1, expire_at: 100 });
+    m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
     m.handle(TaskInput::SourceReachedTrigger { id: C1, offset: Version(1) });
-    let out = m.handle(TaskInput::SnapshotTaken { id: C1, result: Err("disk full".into()) });
+    let out = m.handle(TaskInput::SnapshotTaken {
+        id: C1,
+        result: Err(CheckpointError::Snapshot { task: TaskId(1), id: C1, reason: "disk full".into() }),
+    });
     assert!(
         matches!(&out[0], TaskAction::SendSourceRsp { answer: SourceAnswer::Failed(w), .. } if w.contains("disk full"))
     );
@@ -447,14 +501,34 @@ fn coord_cfg() -> CoordinatorConfig {
         first_delay_ms: 300,
         tolerable_failures: 1,
         consensus_wait_ms: 2_000,
+        store_timeout_ms: 1_000,
     }
+}
+
+/// Feeds `input`; a `PersistIds` among the actions is answered at once (the store is quick).
+fn step(c: &mut Coordinator, input: CoordInput) -> Vec<CoordAction> {
+    let mut out = c.handle(input);
+    let persisted: Vec<IdRecord> =
+        out.iter().filter_map(|a| if let CoordAction::PersistIds(r) = a { Some(*r) } else { None }).collect();
+    for r in persisted {
+        out.extend(c.handle(CoordInput::IdsPersisted(r)));
+    }
+    out
+}
+
+fn tick(c: &mut Coordinator, now: u64) -> Vec<CoordAction> {
+    step(c, CoordInput::Tick { now })
+}
+
+fn trigger(c: &mut Coordinator) -> Vec<CoordAction> {
+    step(c, CoordInput::Trigger)
 }
 
 fn started() -> Coordinator {
     let mut c = Coordinator::new(coord_cfg());
-    c.handle(CoordInput::Start { now: 0, next_id: C1, last_commit: None });
+    c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
     for t in [1, 10, 20] {
-        c.handle(CoordInput::Consensus { task: TaskId(t), latest: CheckpointId(0) });
+        c.handle(CoordInput::Consensus { task: TaskId(t), latest: CheckpointId(0), request: 1 });
     }
     c
 }
@@ -466,12 +540,20 @@ fn ok_report(id: CheckpointId, trans: TransId, v: u64) -> Report {
 #[test]
 fn first_checkpoint_waits_for_the_start_delay_then_persists_the_id_before_asking_sources() {
     let mut c = started();
-    assert!(c.handle(CoordInput::Tick { now: 299 }).is_empty());
-    let out = c.handle(CoordInput::Tick { now: 300 });
-    assert_eq!(out[0], CoordAction::PersistNextId(CheckpointId(1 + ID_BLOCK)));
+    assert!(tick(&mut c, 299).is_empty());
+    let out = tick(&mut c, 300);
+    let reserved = IdRecord { next_id: CheckpointId(1 + ID_BLOCK), next_trans: TransId(1 + ID_BLOCK) };
+    assert_eq!(out[0], CoordAction::PersistIds(reserved));
     assert_eq!(
         out[1],
-        CoordAction::SendSourceReq { task: TaskId(1), node: NodeId(1), id: C1, trans: T1, expire_at: 5_300 }
+        CoordAction::SendSourceReq {
+            task: TaskId(1),
+            node: NodeId(1),
+            id: C1,
+            trans: T1,
+            kind: weir_wire::msg::TriggerKind::Periodic,
+            expire_at: 5_300
+        }
     );
     assert_eq!(out.len(), 2, "only sources get the request");
 }
@@ -479,16 +561,16 @@ fn first_checkpoint_waits_for_the_start_delay_then_persists_the_id_before_asking
 #[test]
 fn at_most_one_checkpoint_is_in_flight() {
     let mut c = started();
-    c.handle(CoordInput::Tick { now: 300 });
-    assert!(c.handle(CoordInput::Tick { now: 2_000 }).is_empty());
-    assert!(c.handle(CoordInput::Trigger).is_empty());
+    tick(&mut c, 300);
+    assert!(tick(&mut c, 2_000).is_empty());
+    assert!(trigger(&mut c).is_empty());
     assert_eq!(c.in_flight(), Some(C1));
 }
 
 #[test]
 fn report_with_another_id_or_transaction_is_rejected() {
     let mut c = started();
-    c.handle(CoordInput::Tick { now: 300 });
+    tick(&mut c, 300);
     let out = c.handle(CoordInput::Report { task: TaskId(1), report: ok_report(C2, T1, 5) });
     assert!(matches!(&out[0], CoordAction::RejectedReport { task: TaskId(1), .. }));
     let out = c.handle(CoordInput::Report { task: TaskId(1), report: ok_report(C1, TransId(9), 5) });
@@ -498,7 +580,7 @@ fn report_with_another_id_or_transaction_is_rejected() {
 #[test]
 fn commit_is_written_durably_before_any_task_hears_of_it() {
     let mut c = started();
-    c.handle(CoordInput::Tick { now: 300 });
+    tick(&mut c, 300);
     assert!(c.handle(CoordInput::Report { task: TaskId(20), report: ok_report(C1, T1, 0) }).is_empty());
     assert!(c.handle(CoordInput::Report { task: TaskId(10), report: ok_report(C1, T1, 0) }).is_empty());
     let out = c.handle(CoordInput::Report { task: TaskId(1), report: ok_report(C1, T1, 4096) });
@@ -528,7 +610,7 @@ fn commit_is_written_durably_before_any_task_hears_of_it() {
 #[test]
 fn nothing_commits_without_every_report() {
     let mut c = started();
-    c.handle(CoordInput::Tick { now: 300 });
+    tick(&mut c, 300);
     c.handle(CoordInput::Report { task: TaskId(1), report: ok_report(C1, T1, 1) });
     c.handle(CoordInput::Report { task: TaskId(1), report: ok_report(C1, T1, 1) }); // resent
     let out = c.handle(CoordInput::Report { task: TaskId(10), report: ok_report(C1, T1, 0) });
@@ -538,7 +620,7 @@ fn nothing_commits_without_every_report() {
 #[test]
 fn failure_report_resets_every_task_and_the_next_checkpoint_goes_ahead() {
     let mut c = started();
-    c.handle(CoordInput::Tick { now: 300 });
+    tick(&mut c, 300);
     let mut bad = ok_report(C1, T1, 0);
     bad.outcome = Err("upload failed".into());
     let out = c.handle(CoordInput::Report { task: TaskId(10), report: bad });
@@ -546,41 +628,41 @@ fn failure_report_resets_every_task_and_the_next_checkpoint_goes_ahead() {
     assert_eq!(resets, 3);
     assert!(out.iter().any(|a| matches!(a, CoordAction::Finished { id: C1, outcome: Err(_), .. })));
     assert_eq!(c.in_flight(), None);
-    assert!(c.handle(CoordInput::Tick { now: 400 }).is_empty(), "the minimum pause holds");
-    let out = c.handle(CoordInput::Tick { now: 1_300 });
-    assert!(!out.iter().any(|a| matches!(a, CoordAction::PersistNextId(_))), "id 2 is in the reserved block");
+    assert!(tick(&mut c, 400).is_empty(), "the minimum pause holds");
+    let out = tick(&mut c, 1_300);
+    assert!(!out.iter().any(|a| matches!(a, CoordAction::PersistIds(_))), "id 2 is in the reserved block");
     assert!(out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C2, .. })));
 }
 
 #[test]
 fn ids_are_reserved_in_blocks_and_a_restart_never_reuses_one() {
     let mut c = started();
-    let mut persisted = CheckpointId(1);
+    let mut persisted = IdRecord::default();
     let mut last = CheckpointId(0);
     for n in 0..(ID_BLOCK + 5) {
-        let mut out = c.handle(CoordInput::Tick { now: 1_000 + n * 10_000 });
-        out.extend(c.handle(CoordInput::Trigger));
+        let mut out = tick(&mut c, 1_000 + n * 10_000);
+        out.extend(trigger(&mut c));
         let id = out.iter().find_map(|a| match a {
             CoordAction::SendSourceReq { id, .. } => Some(*id),
             _ => None,
         });
         let id = id.expect("a checkpoint starts");
-        if let Some(CoordAction::PersistNextId(p)) = out.first() {
+        if let Some(CoordAction::PersistIds(p)) = out.first() {
             persisted = *p;
         }
-        assert!(id > last && id < persisted, "id {id} used before it was reserved (reserved below {persisted})");
+        assert!(id > last && id < persisted.next_id, "id {id} used before it was reserved ({persisted:?})");
         last = id;
         // End it so the next one can start.
-        c.handle(CoordInput::Tick { now: 1_000 + n * 10_000 + 6_000 });
+        tick(&mut c, 1_000 + n * 10_000 + 6_000);
     }
     // A restart from the persisted value starts past every id used.
     let mut r = Coordinator::new(coord_cfg());
-    r.handle(CoordInput::Start { now: 0, next_id: persisted, last_commit: None });
+    r.handle(CoordInput::Start { now: 0, ids: persisted, last_commit: None });
     for t in [TaskId(1), TaskId(10), TaskId(20)] {
-        r.handle(CoordInput::Consensus { task: t, latest: CheckpointId(0) });
+        r.handle(CoordInput::Consensus { task: t, latest: CheckpointId(0), request: 1 });
     }
-    let mut out = r.handle(CoordInput::Tick { now: 1_000 });
-    out.extend(r.handle(CoordInput::Trigger));
+    let mut out = tick(&mut r, 1_000);
+    out.extend(trigger(&mut r));
     let id = out.iter().find_map(|a| match a {
         CoordAction::SendSourceReq { id, .. } => Some(*id),
         _ => None,
@@ -591,16 +673,16 @@ fn ids_are_reserved_in_blocks_and_a_restart_never_reuses_one() {
 #[test]
 fn checkpoint_running_past_the_timeout_fails() {
     let mut c = started();
-    c.handle(CoordInput::Tick { now: 300 });
-    assert!(c.handle(CoordInput::Tick { now: 5_299 }).is_empty());
-    let out = c.handle(CoordInput::Tick { now: 5_300 });
+    tick(&mut c, 300);
+    assert!(tick(&mut c, 5_299).is_empty());
+    let out = tick(&mut c, 5_300);
     assert!(out.iter().any(|a| matches!(a, CoordAction::Finished { outcome: Err(w), .. } if w.contains("timed out"))));
 }
 
 #[test]
 fn losing_a_node_fails_the_checkpoint() {
     let mut c = started();
-    c.handle(CoordInput::Tick { now: 300 });
+    tick(&mut c, 300);
     let out = c.handle(CoordInput::NodeLost { node: NodeId(2) });
     assert!(out.iter().any(|a| matches!(a, CoordAction::SendReset { .. })));
     assert!(c.handle(CoordInput::NodeLost { node: NodeId(3) }).is_empty());
@@ -610,7 +692,7 @@ fn losing_a_node_fails_the_checkpoint() {
 fn a_checkpoint_due_while_a_node_is_down_fails_at_once_until_the_node_is_back() {
     let mut c = started();
     assert!(c.handle(CoordInput::NodeLost { node: NodeId(2) }).is_empty(), "nothing in flight to fail");
-    let out = c.handle(CoordInput::Tick { now: 300 });
+    let out = tick(&mut c, 300);
     assert!(!out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { .. })), "{out:?}");
     assert!(
         out.iter().any(|a| matches!(a, CoordAction::Finished { id: C1, outcome: Err(w), .. } if w.contains("down"))),
@@ -620,7 +702,7 @@ fn a_checkpoint_due_while_a_node_is_down_fails_at_once_until_the_node_is_back() 
     // A client going away is not a member going away.
     c.handle(CoordInput::NodeLost { node: NodeId(900) });
     c.handle(CoordInput::NodeUp { node: NodeId(2) });
-    let out = c.handle(CoordInput::Tick { now: 1_300 });
+    let out = tick(&mut c, 1_300);
     assert!(out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C2, .. })), "{out:?}");
 }
 
@@ -629,7 +711,7 @@ fn consecutive_failures_past_the_limit_make_the_stream_unhealthy_until_a_commit(
     let mut c = started();
     let mut now = 300;
     for i in 0..2u64 {
-        c.handle(CoordInput::Tick { now });
+        tick(&mut c, now);
         let out = c.handle(CoordInput::NodeLost { node: NodeId(1) });
         c.handle(CoordInput::NodeUp { node: NodeId(1) }); // back at once: only this checkpoint fails
         let health = out.iter().find_map(|a| match a {
@@ -640,7 +722,7 @@ fn consecutive_failures_past_the_limit_make_the_stream_unhealthy_until_a_commit(
         now += 1_000;
     }
     assert!(!c.healthy());
-    c.handle(CoordInput::Tick { now });
+    tick(&mut c, now);
     let id = c.in_flight().unwrap();
     let trans = TransId(3);
     for t in [1, 10, 20] {
@@ -653,8 +735,13 @@ fn consecutive_failures_past_the_limit_make_the_stream_unhealthy_until_a_commit(
 #[test]
 fn manual_trigger_starts_a_checkpoint_now() {
     let mut c = started();
-    let out = c.handle(CoordInput::Trigger);
+    let out = trigger(&mut c);
     assert!(out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C1, .. })));
+}
+
+/// Task `t` asks for its restore point with what it has; its request is `100 + t`.
+fn ask(c: &mut Coordinator, t: u32, latest: u64) -> Vec<CoordAction> {
+    c.handle(CoordInput::Consensus { task: TaskId(t), latest: CheckpointId(latest), request: 100 + u64::from(t) })
 }
 
 #[test]
@@ -667,74 +754,99 @@ fn restart_restores_the_last_commit_and_never_reuses_an_id() {
         manifests: Default::default(),
         ts: 1,
     };
-    let out = c.handle(CoordInput::Start { now: 0, next_id: CheckpointId(5), last_commit: Some(record) });
-    assert_eq!(out.len(), 3);
-    assert!(out.contains(&CoordAction::SendRestore {
-        task: TaskId(1),
-        node: NodeId(1),
-        id: Some(CheckpointId(7)),
-        version: Version(900),
-        committed: true
-    }));
-    let out = c.handle(CoordInput::Trigger);
+    let ids = IdRecord { next_id: CheckpointId(5), next_trans: TransId(5) };
+    // The tasks restore the record themselves; one that asks gets it, with its offset.
+    assert!(c.handle(CoordInput::Start { now: 0, ids, last_commit: Some(record) }).is_empty());
+    assert_eq!(
+        ask(&mut c, 1, 3),
+        vec![CoordAction::SendRestore {
+            task: TaskId(1),
+            node: NodeId(1),
+            id: Some(CheckpointId(7)),
+            version: Some(Version(900)),
+            committed: true,
+            request: 101
+        }]
+    );
+    let out = trigger(&mut c);
     assert!(out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: CheckpointId(8), .. })));
 }
 
 #[test]
 fn restart_without_a_commit_record_uses_the_minimum_of_the_tasks_latest_ids() {
     let mut c = Coordinator::new(coord_cfg());
-    assert!(c.handle(CoordInput::Start { now: 0, next_id: C1, last_commit: None }).is_empty());
-    c.handle(CoordInput::Consensus { task: TaskId(1), latest: CheckpointId(4) });
-    c.handle(CoordInput::Consensus { task: TaskId(10), latest: CheckpointId(3) });
-    let out = c.handle(CoordInput::Consensus { task: TaskId(20), latest: CheckpointId(4) });
-    assert!(
-        out.iter().all(|a| matches!(a, CoordAction::SendRestore { id: Some(CheckpointId(3)), committed: false, .. }))
-    );
+    assert!(c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None }).is_empty());
+    ask(&mut c, 1, 4);
+    ask(&mut c, 10, 3);
+    // The choice is recorded before any task hears of it: a coordinator that restarts before
+    // every task restored finds it, instead of choosing again without the restored tasks.
+    let out = ask(&mut c, 20, 4);
+    assert_eq!(out, vec![CoordAction::WriteCommit(CommitRecord::consensus(CheckpointId(3), 0))]);
+    assert!(c.handle(CoordInput::CommitFailed { id: CheckpointId(3), reason: "store down".into() }).is_empty());
+    assert!(tick(&mut c, 50).is_empty());
+    assert_eq!(tick(&mut c, 100), vec![CoordAction::WriteCommit(CommitRecord::consensus(CheckpointId(3), 0))]);
+    let out = c.handle(CoordInput::CommitDurable { id: CheckpointId(3) });
     assert_eq!(out.len(), 3);
+    for (t, request) in [(1, 101), (10, 110), (20, 120)] {
+        assert!(
+            out.contains(&CoordAction::SendRestore {
+                task: TaskId(t),
+                node: c.task_node(TaskId(t)),
+                id: Some(CheckpointId(3)),
+                version: None,
+                committed: false,
+                request
+            }),
+            "{out:?}"
+        );
+    }
+    assert_eq!(c.last_commit().map(|r| r.id), Some(CheckpointId(3)));
 }
 
 #[test]
 fn consensus_gives_up_waiting_and_counts_silent_tasks_as_empty() {
     let mut c = Coordinator::new(coord_cfg());
-    c.handle(CoordInput::Start { now: 0, next_id: C1, last_commit: None });
-    c.handle(CoordInput::Consensus { task: TaskId(1), latest: CheckpointId(4) });
-    let out = c.handle(CoordInput::Tick { now: 2_000 });
-    assert!(out.iter().all(|a| matches!(a, CoordAction::SendRestore { id: None, .. })));
+    c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
+    ask(&mut c, 1, 4);
+    let out = tick(&mut c, 2_000);
+    assert!(matches!(out[..], [CoordAction::SendRestore { id: None, request: 101, .. }]), "{out:?}");
 }
 
 #[test]
 fn a_task_that_asks_again_gets_the_restore_point_already_chosen() {
     let mut c = Coordinator::new(coord_cfg());
-    c.handle(CoordInput::Start { now: 0, next_id: C1, last_commit: None });
+    c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
     for (t, l) in [(1, 4), (10, 3), (20, 4)] {
-        c.handle(CoordInput::Consensus { task: TaskId(t), latest: CheckpointId(l) });
+        ask(&mut c, t, l);
     }
+    c.handle(CoordInput::CommitDurable { id: CheckpointId(3) });
     // Its answer was lost: the task asks again with what it has, and the choice stands.
-    let out = c.handle(CoordInput::Consensus { task: TaskId(10), latest: CheckpointId(3) });
+    let again = CoordInput::Consensus { task: TaskId(10), latest: CheckpointId(3), request: 7 };
     assert_eq!(
-        out,
+        c.handle(again),
         vec![CoordAction::SendRestore {
             task: TaskId(10),
             node: NodeId(1),
             id: Some(CheckpointId(3)),
-            version: Version(0),
-            committed: false
+            version: None,
+            committed: false,
+            request: 7
         }]
     );
-    assert!(c.handle(CoordInput::Consensus { task: TaskId(99), latest: C1 }).is_empty(), "not a task of the stream");
+    assert!(ask(&mut c, 99, 1).is_empty(), "not a task of the stream");
 }
 
 #[test]
 fn a_task_asking_after_the_wait_gets_the_same_restore_point_as_the_others() {
     let mut c = Coordinator::new(coord_cfg());
-    assert!(c.handle(CoordInput::Consensus { task: TaskId(1), latest: C2 }).is_empty(), "before start: ask again");
-    c.handle(CoordInput::Start { now: 0, next_id: C1, last_commit: None });
-    c.handle(CoordInput::Consensus { task: TaskId(1), latest: CheckpointId(4) });
-    c.handle(CoordInput::Consensus { task: TaskId(10), latest: CheckpointId(4) });
-    let out = c.handle(CoordInput::Tick { now: 2_000 });
-    assert_eq!(out.len(), 3);
+    assert!(ask(&mut c, 1, 2).is_empty(), "before start: ask again");
+    c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
+    ask(&mut c, 1, 4);
+    ask(&mut c, 10, 4);
+    let out = tick(&mut c, 2_000);
+    assert_eq!(out.len(), 2, "the two that asked: {out:?}");
     // Task 20 comes late, with a checkpoint: it starts empty like the others, or the cut breaks.
-    let out = c.handle(CoordInput::Consensus { task: TaskId(20), latest: CheckpointId(4) });
+    let out = ask(&mut c, 20, 4);
     assert!(matches!(out[..], [CoordAction::SendRestore { task: TaskId(20), id: None, .. }]), "{out:?}");
 }
 
@@ -795,8 +907,8 @@ fn trigger_for_a_newer_id_ends_the_abandoned_checkpoint_and_starts_the_new_one()
 #[test]
 fn source_request_for_a_newer_id_ends_the_abandoned_checkpoint() {
     let mut m = source();
-    m.handle(TaskInput::SourceReq { id: C1, trans: T1, expire_at: 100 });
-    let out = m.handle(TaskInput::SourceReq { id: C2, trans: TransId(2), expire_at: 100 });
+    m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
+    let out = m.handle(TaskInput::SourceReq { id: C2, trans: TransId(2), kind: Periodic, expire_at: 100 });
     assert_eq!(out, vec![TaskAction::ReopenAllInputs, TaskAction::QueueSourceTrigger { id: C2, trans: TransId(2) }]);
     assert_eq!(m.state(), TaskState::Checkpointing(C2));
 }
@@ -804,9 +916,118 @@ fn source_request_for_a_newer_id_ends_the_abandoned_checkpoint() {
 #[test]
 fn request_older_than_the_active_checkpoint_says_busy() {
     let mut m = source();
-    m.handle(TaskInput::SourceReq { id: C3, trans: T1, expire_at: 100 });
-    let out = m.handle(TaskInput::SourceReq { id: C2, trans: TransId(3), expire_at: 100 });
+    m.handle(TaskInput::SourceReq { id: C3, trans: T1, kind: Periodic, expire_at: 100 });
+    let out = m.handle(TaskInput::SourceReq { id: C2, trans: TransId(3), kind: Periodic, expire_at: 100 });
     assert_eq!(out, vec![TaskAction::SendSourceRsp { id: C2, trans: TransId(3), answer: SourceAnswer::Busy(C3) }]);
-    let again = m.handle(TaskInput::SourceReq { id: C3, trans: T1, expire_at: 100 });
+    let again = m.handle(TaskInput::SourceReq { id: C3, trans: T1, kind: Periodic, expire_at: 100 });
     assert_eq!(again, vec![TaskAction::Discarded(Discard::Duplicate)]);
+}
+
+// ---- durable ids, source answers, store timeouts ---------------------------------------------
+
+#[test]
+fn a_checkpoint_never_starts_when_its_ids_could_not_be_made_durable() {
+    let mut c = started();
+    let out = c.handle(CoordInput::Tick { now: 300 });
+    assert!(matches!(out[..], [CoordAction::PersistIds(_)]), "only the reservation: {out:?}");
+    assert_eq!(c.in_flight(), None, "nothing starts before the ids are durable");
+    let out = c.handle(CoordInput::IdsFailed { reason: "store down".into() });
+    assert!(matches!(&out[0], CoordAction::IdsNotDurable { .. }), "{out:?}");
+    assert!(!out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { .. })));
+    assert_eq!(c.in_flight(), None);
+    // The next attempt reserves again (after the pause), and starts once the record is durable.
+    assert!(c.handle(CoordInput::Tick { now: 400 }).is_empty(), "the minimum pause holds");
+    let out = c.handle(CoordInput::Tick { now: 600 });
+    let CoordAction::PersistIds(r) = out[0] else { panic!("{out:?}") };
+    let out = c.handle(CoordInput::IdsPersisted(r));
+    assert!(out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C1, trans: T1, .. })), "{out:?}");
+}
+
+#[test]
+fn an_id_record_write_that_never_answers_fails_after_the_store_timeout() {
+    let mut c = started();
+    c.handle(CoordInput::Tick { now: 300 });
+    assert!(c.handle(CoordInput::Tick { now: 1_299 }).is_empty());
+    let out = c.handle(CoordInput::Tick { now: 1_300 });
+    assert!(matches!(&out[0], CoordAction::IdsNotDurable { .. }), "{out:?}");
+    assert_eq!(c.in_flight(), None);
+}
+
+#[test]
+fn transaction_ids_survive_restarts() {
+    let mut c = started();
+    let out = tick(&mut c, 300);
+    let reserved = out
+        .iter()
+        .find_map(|a| if let CoordAction::PersistIds(r) = a { Some(*r) } else { None })
+        .expect("a reservation");
+    // Restarted from the durable record: both the id and the transaction come from past it.
+    let mut r = Coordinator::new(coord_cfg());
+    r.handle(CoordInput::Start { now: 0, ids: reserved, last_commit: None });
+    for t in [1, 10, 20] {
+        r.handle(CoordInput::Consensus { task: TaskId(t), latest: CheckpointId(0), request: 1 });
+    }
+    let out = trigger(&mut r);
+    let started = out.iter().find_map(|a| match a {
+        CoordAction::SendSourceReq { id, trans, .. } => Some((*id, *trans)),
+        _ => None,
+    });
+    let (id, trans) = started.expect("a checkpoint starts");
+    assert!(id >= reserved.next_id && trans >= reserved.next_trans, "({id}, {trans}) reused below {reserved:?}");
+}
+
+#[test]
+fn a_source_refusal_ends_the_checkpoint_at_once() {
+    for answer in [
+        SourceAnswer::Busy(C3),
+        SourceAnswer::AlreadyCompleted(C2),
+        SourceAnswer::AlreadyFailed(C2),
+        SourceAnswer::NotSource,
+        SourceAnswer::Failed("disk full".into()),
+    ] {
+        let mut c = started();
+        tick(&mut c, 300);
+        let done = CoordInput::SourceRsp { task: TaskId(1), id: C1, trans: T1, answer: SourceAnswer::Done(Version(5)) };
+        assert!(c.handle(done).is_empty(), "a source that built its part reports");
+        let stale = CoordInput::SourceRsp { task: TaskId(1), id: C2, trans: T1, answer: answer.clone() };
+        assert!(c.handle(stale).is_empty(), "an answer for another checkpoint changes nothing");
+        let out = c.handle(CoordInput::SourceRsp { task: TaskId(1), id: C1, trans: T1, answer: answer.clone() });
+        assert!(
+            out.iter()
+                .any(|a| matches!(a, CoordAction::Finished { id: C1, outcome: Err(w), .. } if w.contains("refused"))),
+            "{answer:?}: {out:?}"
+        );
+        assert_eq!(out.iter().filter(|a| matches!(a, CoordAction::SendReset { failed: C1, .. })).count(), 3);
+        assert_eq!(c.in_flight(), None);
+    }
+}
+
+#[test]
+fn a_commit_write_that_never_answers_fails_and_a_late_answer_makes_it_the_last_commit() {
+    let mut c = started();
+    tick(&mut c, 300);
+    for t in [1, 10, 20] {
+        c.handle(CoordInput::Report { task: TaskId(t), report: ok_report(C1, T1, 7) });
+    }
+    assert!(tick(&mut c, 1_299).is_empty());
+    let out = tick(&mut c, 1_300);
+    assert!(
+        out.iter()
+            .any(|a| matches!(a, CoordAction::Finished { id: C1, outcome: Err(w), .. } if w.contains("no answer"))),
+        "{out:?}"
+    );
+    assert!(c.last_commit().is_none());
+    // The record did become visible: it is a restore point, though no task heard of it.
+    assert!(c.handle(CoordInput::CommitDurable { id: C1 }).is_empty());
+    assert_eq!(c.last_commit().map(|r| r.id), Some(C1));
+}
+
+#[test]
+fn a_reset_before_the_task_restored_is_remembered() {
+    let mut m = TaskMachine::new(setup(10, Role::Agg, &[1, 2], &[20, 21]));
+    assert!(m.handle(TaskInput::Reset { failed: C2 }).is_empty());
+    m.handle(TaskInput::Restored { id: Some(C1), version: Version(0) });
+    // A barrier of the failed checkpoint, still on its way, is not acted on.
+    assert_eq!(m.handle(trig(1, C2)), vec![TaskAction::Discarded(Discard::Failed)]);
+    assert_eq!(m.state(), TaskState::Ready);
 }

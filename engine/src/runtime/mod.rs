@@ -10,13 +10,16 @@
 //!   sequence numbers, hands frames to the destination task's queue (credits guarantee room), and
 //!   returns credits to local senders.
 
+mod board;
 mod channel;
 mod checkpointing;
+mod control;
 mod protocol_wire;
 mod router;
 mod sched;
 mod status;
 mod task;
+mod worker;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -31,10 +34,13 @@ use weir_wire::{Batch, FrameEncoder, NodeId, TaskId};
 
 pub use channel::{ChannelError, Inputs, Msg, Outputs, Rows};
 use channel::{Input, Link, Net, Output};
-pub use checkpointing::{CheckpointLog, CheckpointSettings};
+pub use checkpointing::{CheckpointLog, CheckpointSettings, Remote};
+pub use control::Control;
+use control::ControlHandle;
 pub use router::IngestToken;
-use task::{AggTask, Cell, ControlHandle, Feed, SinkTask, SourceTask, Task};
-pub use task::{Control, Poll, TaskError};
+use task::{AggTask, Feed, SinkTask, SourceTask, Task};
+pub use task::{Poll, Polled, TaskError};
+use worker::Cell;
 
 use crate::ingest::{IngestService, LogConfig, SyncPolicy};
 use crate::operator::generator::Generator;
@@ -126,6 +132,18 @@ pub enum EngineError {
     /// A task failed.
     #[error(transparent)]
     Task(#[from] TaskError),
+    /// The remote store could not be read at start (retryable once it is back).
+    #[error("remote store: {0}")]
+    Store(String),
+    /// A checkpoint request could not be served (not the coordinator, no checkpoints).
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// A worker thread panicked (fatal: its tasks' state is gone with it).
+    #[error("worker {worker} panicked")]
+    WorkerPanicked {
+        /// The worker's index.
+        worker: usize,
+    },
     /// The engine stopped because of a fault (lost data on a channel, a protocol violation).
     #[error("engine failed: {0}")]
     Failed(String),
@@ -135,9 +153,14 @@ pub enum EngineError {
 }
 
 impl EngineError {
-    /// Whether restarting may help (it does for I/O; not for configuration).
+    /// Whether restarting may help (it does for I/O; not for configuration or a panic).
     pub fn is_retryable(&self) -> bool {
-        !matches!(self, EngineError::Config(_))
+        match self {
+            EngineError::Config(_) | EngineError::WorkerPanicked { .. } => false,
+            EngineError::Checkpoint(e) => e.is_retryable(),
+            EngineError::Task(TaskError::Checkpoint(e)) => e.is_retryable(),
+            _ => true,
+        }
     }
 }
 
@@ -173,6 +196,8 @@ pub struct Engine {
     controls: HashMap<TaskId, ControlHandle>,
     coordinator: Option<checkpointing::Running>,
     status: Arc<status::StatusBoard>,
+    /// Each worker's kernel thread id, once it runs (0 until then, or where there is none).
+    worker_tids: Arc<[AtomicU32]>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -260,8 +285,8 @@ impl Engine {
         };
 
         let net = |t: &Transport| Net { sender: t.sender(), encoder: FrameEncoder::new() };
-        let boards: HashMap<TaskId, Arc<status::TaskBoard>> =
-            local.iter().map(|t| (t.id, status::TaskBoard::new(t.id))).collect();
+        let boards: HashMap<TaskId, Arc<board::TaskBoard>> =
+            local.iter().map(|t| (t.id, board::TaskBoard::new(t.id))).collect();
         let mut per_worker: Vec<Vec<Cell>> = (0..cfg.workers).map(|_| Vec::new()).collect();
         // Control queues first: the checkpoint side of every task needs its peers' queues.
         let mut control_rx = HashMap::new();
@@ -368,8 +393,6 @@ impl Engine {
                     ended: false,
                     stats: stats.clone(),
                     board: boards[&t.id].clone(),
-                    barriers: Vec::new(),
-                    ended_inputs: Vec::new(),
                 })),
                 TaskKind::Sink { .. } => Task::Sink(Box::new(SinkTask {
                     id: t.id,
@@ -379,13 +402,11 @@ impl Engine {
                     throttle: cfg.sink_throttle,
                     stats: stats.clone(),
                     board: boards[&t.id].clone(),
-                    barriers: Vec::new(),
-                    ended_inputs: Vec::new(),
                 })),
             };
             let mut task = task;
             let ck = match &ckpt {
-                Some(setup) => Some(Box::new(setup.task(t, &mut task, results.clone()).map_err(EngineError::Failed)?)),
+                Some(setup) => Some(Box::new(setup.task(t, &mut task, results.clone())?)),
                 None => None,
             };
             let control = control_rx.remove(&t.id).expect("control queue");
@@ -393,9 +414,10 @@ impl Engine {
             per_worker[worker_of[&t.id]].push(Cell { task, control, paused: false, ckpt: ck, board });
         }
         let coord_inbox = ckpt.as_ref().and_then(checkpointing::Setup::coordinator_inbox);
-        let trigger =
-            ckpt.as_ref().map_or(checkpointing::ManualTrigger::off(spec.id, me), checkpointing::Setup::manual_trigger);
-        let coordinator = ckpt.map(|setup| setup.start_coordinator());
+        let trigger = ckpt
+            .as_ref()
+            .map_or(checkpointing::coordinator::ManualTrigger::off(spec.id, me), checkpointing::Setup::manual_trigger);
+        let coordinator = ckpt.map(checkpointing::Setup::start_coordinator).transpose()?;
         let status = Arc::new(status::StatusBoard {
             node: me,
             stream: spec.id,
@@ -419,19 +441,29 @@ impl Engine {
             None => (None, ingest.as_ref().map(|_| ack_rx)),
         };
         let cores = if cfg.pin_workers { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+        let worker_tids: Arc<[AtomicU32]> = (0..cfg.workers).map(|_| AtomicU32::new(0)).collect();
         let mut workers = Vec::new();
         for (i, ((tasks, parker), attention)) in per_worker.into_iter().zip(parkers).zip(attention).enumerate() {
             let shared = shared.clone();
+            let tids = worker_tids.clone();
             let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
             let h = std::thread::Builder::new()
                 .name(format!("weir-worker-{i}"))
                 .spawn(move || {
+                    tids[i].store(current_tid().unwrap_or(0), Ordering::Relaxed);
                     if let Some(c) = core
                         && !core_affinity::set_for_current(c)
                     {
                         tracing::warn!(worker = i, core = c.id, "could not pin worker");
                     }
-                    worker(tasks, parker, &attention, &shared)
+                    let _panic = worker::PanicGuard { worker: i, shared: &shared };
+                    let r = worker::run(tasks, parker, &attention, &shared);
+                    if let Err(e) = &r {
+                        // A task the protocol cannot keep going stops the engine: its other
+                        // tasks would only wait for it.
+                        shared.fail(format!("worker {i}: {e}"));
+                    }
+                    r
                 })
                 .map_err(EngineError::Thread)?;
             workers.push(h);
@@ -449,7 +481,14 @@ impl Engine {
             controls,
             coordinator,
             status,
+            worker_tids,
         })
+    }
+
+    /// The kernel thread ids of the engine's worker threads (Linux; empty elsewhere), for
+    /// per-thread tools (`top -H`, `perf -t`) and for measuring the engine's own CPU time.
+    pub fn worker_threads(&self) -> Vec<u32> {
+        self.worker_tids.iter().map(|t| t.load(Ordering::Relaxed)).filter(|t| *t != 0).collect()
     }
 
     /// This node's status: its tasks' protocol state and counters and, on the coordinator's
@@ -500,14 +539,7 @@ impl Engine {
     /// waits for the one in flight and the minimum pause. Clients send `CheckpointNowReq` to any
     /// node instead.
     pub fn trigger_checkpoint(&self) -> Result<(), EngineError> {
-        use weir_wire::msg::CheckpointNowOutcome as O;
-        match self.status.trigger.fire(self.status.stream) {
-            O::Accepted => Ok(()),
-            O::NotCoordinator { coordinator } => {
-                Err(EngineError::Config(format!("{coordinator} coordinates this stream, not this node")))
-            }
-            O::Refused { reason } => Err(EngineError::Config(reason)),
-        }
+        Ok(self.status.trigger.fire(self.status.stream)?)
     }
 
     /// Statistics of finished checkpoints (engines with checkpoints).
@@ -538,7 +570,7 @@ impl Engine {
     /// router and transport down.
     pub fn wait(mut self) -> Result<(), EngineError> {
         let mut first_err = None;
-        for w in self.workers.drain(..) {
+        for (worker, w) in self.workers.drain(..).enumerate() {
             match w.join() {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
@@ -546,7 +578,8 @@ impl Engine {
                     first_err.get_or_insert(EngineError::Task(e));
                 }
                 Err(_) => {
-                    first_err.get_or_insert(EngineError::Failed("a worker thread panicked".into()));
+                    self.shared.fail(format!("worker {worker} panicked"));
+                    first_err.get_or_insert(EngineError::WorkerPanicked { worker });
                 }
             }
         }
@@ -587,60 +620,8 @@ enum Edge {
     Remote(Arc<AtomicU32>),
 }
 
-fn worker(mut tasks: Vec<Cell>, parker: Parker, attention: &AtomicBool, shared: &Shared) -> Result<(), TaskError> {
-    let mut finished = vec![false; tasks.len()];
-    loop {
-        if shared.stop.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let mut busy = false;
-        for i in 0..tasks.len() {
-            // Control messages first, for every task of this worker (see `ControlHandle`).
-            if attention.swap(false, Ordering::AcqRel) {
-                for (j, t) in tasks.iter_mut().enumerate() {
-                    if !finished[j] && t.handle_control()? {
-                        finished[j] = true;
-                    }
-                }
-            }
-            if finished[i] {
-                continue;
-            }
-            // While a checkpoint runs, a task shares its worker in small steps with one that is
-            // in the middle of it: the barrier, not the bulk of the data, is what it waits for.
-            let engine_aligning = shared.aligning.load(Ordering::Relaxed) > 0;
-            let budget =
-                if engine_aligning && tasks.iter().enumerate().any(|(j, t)| j != i && !finished[j] && t.aligning()) {
-                    task::SHARED_BUDGET
-                } else {
-                    task::BUDGET
-                };
-            let p = match tasks[i].poll(attention, budget) {
-                Ok(p) => p,
-                // Stopping: other workers drop their tasks, so channels close under us.
-                Err(_) if shared.stop.load(Ordering::Acquire) => return Ok(()),
-                Err(e) => return Err(e),
-            };
-            // Let the engine's other threads (coordinator, uploaders, network) run now if they
-            // are waiting for this core, instead of after the scheduler's time slice: a few
-            // milliseconds each time, on every hop of a checkpoint. A no-op when none waits. Not
-            // while a checkpoint aligns: then the pipeline itself is what the checkpoint waits for.
-            if !engine_aligning {
-                std::thread::yield_now();
-            }
-            match p {
-                Poll::Busy => busy = true,
-                Poll::Finished => finished[i] = true,
-                Poll::Idle | Poll::Blocked => {}
-            }
-        }
-        if finished.iter().all(|f| *f) {
-            return Ok(());
-        }
-        if !busy {
-            // Woken by new input, freed room or credit; the timeout covers rate limits and grants
-            // that had to wait for the transport.
-            parker.park_timeout(Duration::from_millis(2));
-        }
-    }
+/// The calling thread's kernel id, from `/proc/thread-self` (a link to `<pid>/task/<tid>`).
+fn current_tid() -> Option<u32> {
+    let link = std::fs::read_link("/proc/thread-self").ok()?;
+    link.file_name()?.to_str()?.parse().ok()
 }

@@ -2,14 +2,13 @@
 //! nodes those travel as the protocol's rkyv messages. This module converts both ways.
 
 use weir_wire::msg::{
-    CheckpointReady, CheckpointReadyRsp, CheckpointReport, CheckpointSourceReq, ConsensusReq, ReportOutcome, Restore,
-    RestoreBasis, RetrieveTriggerReq, TaskReset, TriggerKind, TriggerRsp, UpdateCheckpointInfo,
+    CheckpointReady, CheckpointReadyRsp, CheckpointReport, CheckpointSourceReq, CheckpointSourceRsp, ConsensusReq,
+    ReportOutcome, Restore, RestoreBasis, RetrieveTriggerReq, SourceOutcome, TaskReset, TriggerRsp,
+    UpdateCheckpointInfo,
 };
-use weir_wire::{
-    CheckpointId, EncodedFrame, Frame, FrameEncoder, Kind, NodeId, Seq, StreamId, TaskId, TransId, Version,
-};
+use weir_wire::{CheckpointId, EncodedFrame, Frame, FrameEncoder, Kind, NodeId, StreamId, TaskId, TransId, Version};
 
-use crate::checkpoint::{CoordInput, Report, TaskInput};
+use crate::checkpoint::{CoordInput, Report, SourceAnswer, TaskInput};
 
 /// Where a received protocol frame goes.
 #[derive(Debug)]
@@ -24,10 +23,12 @@ pub(crate) enum Routed {
         task: TaskId,
         /// Checkpoint (none: start empty).
         checkpoint: Option<CheckpointId>,
-        /// Source offset (0: the one in the checkpoint's manifest).
-        version: Version,
+        /// Source offset (none: the one in the checkpoint's manifest).
+        version: Option<Version>,
         /// How it was chosen.
         basis: RestoreBasis,
+        /// The task's request it answers.
+        request: u64,
     },
 }
 
@@ -65,13 +66,13 @@ pub(crate) fn encode_task_input(
         TaskInput::TriggerRsp { from, id, trans, code, trigger_seq, .. } => {
             enc.encode(&TriggerRsp { stream, checkpoint: id, trans, upstream: from, downstream: to, code, trigger_seq })
         }
-        TaskInput::SourceReq { id, trans, expire_at } => enc.encode(&CheckpointSourceReq {
+        TaskInput::SourceReq { id, trans, kind, expire_at } => enc.encode(&CheckpointSourceReq {
             stream,
             checkpoint: id,
             trans,
             task: to,
             node: to_node,
-            kind: TriggerKind::Periodic,
+            kind,
             expire_at_ms: expire_at,
         }),
         TaskInput::Update { id, version, ts } => enc.encode(&UpdateCheckpointInfo {
@@ -90,8 +91,45 @@ pub(crate) fn encode_task_input(
     r.map_err(|e| tracing::error!(error = %e, "cannot encode a protocol message")).ok()
 }
 
+/// Encodes a task's message for the coordinator (a report, a source's answer, a consensus
+/// request), sent from this node. `None` for inputs that never cross nodes.
+pub(crate) fn encode_coord_input(
+    enc: &mut FrameEncoder,
+    stream: StreamId,
+    me: NodeId,
+    input: &CoordInput,
+) -> Option<EncodedFrame> {
+    match input {
+        CoordInput::Report { task, report } => encode_report(enc, stream, *task, me, report),
+        CoordInput::Consensus { task, latest, request } => {
+            let msg = ConsensusReq {
+                stream,
+                task: *task,
+                node: me,
+                latest: *latest,
+                latest_version: Version(0),
+                request: *request,
+            };
+            enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a consensus request")).ok()
+        }
+        CoordInput::SourceRsp { task, id, trans, answer } => {
+            let outcome = match answer.clone() {
+                SourceAnswer::Done(version) => SourceOutcome::Done { version },
+                SourceAnswer::NotSource => SourceOutcome::NotSource,
+                SourceAnswer::AlreadyCompleted(latest) => SourceOutcome::AlreadyCompleted { latest },
+                SourceAnswer::AlreadyFailed(failed) => SourceOutcome::AlreadyFailed { failed },
+                SourceAnswer::Busy(active) => SourceOutcome::Busy { active },
+                SourceAnswer::Failed(reason) => SourceOutcome::Failed { reason },
+            };
+            let msg = CheckpointSourceRsp { stream, checkpoint: *id, trans: *trans, task: *task, node: me, outcome };
+            enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a source answer")).ok()
+        }
+        _ => None,
+    }
+}
+
 /// Encodes a task's report for the coordinator.
-pub(crate) fn encode_report(
+fn encode_report(
     enc: &mut FrameEncoder,
     stream: StreamId,
     task: TaskId,
@@ -117,28 +155,17 @@ pub(crate) fn encode_report(
     enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a report")).ok()
 }
 
-/// Encodes a starting task's consensus request: what it has committed locally.
-pub(crate) fn encode_consensus(
-    enc: &mut FrameEncoder,
-    stream: StreamId,
-    task: TaskId,
-    node: NodeId,
-    latest: (CheckpointId, Version),
-) -> Option<EncodedFrame> {
-    let msg = ConsensusReq { stream, task, node, latest: latest.0, latest_version: latest.1 };
-    enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a consensus request")).ok()
-}
-
 /// Encodes the coordinator's restore point for `task`.
 pub(crate) fn encode_restore(
     enc: &mut FrameEncoder,
     stream: StreamId,
     task: TaskId,
     checkpoint: Option<CheckpointId>,
-    version: Version,
+    version: Option<Version>,
     basis: RestoreBasis,
+    request: u64,
 ) -> Option<EncodedFrame> {
-    let msg = Restore { stream, task, checkpoint, basis, version };
+    let msg = Restore { stream, task, checkpoint, basis, version, request };
     enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a restore message")).ok()
 }
 
@@ -165,13 +192,27 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
                 trans: m.trans,
                 code: m.code,
                 trigger_seq: m.trigger_seq,
-                next_seq: Seq(u64::MAX), // filled in by the receiving task
+                next_seq: None, // filled in by the receiving task's driver
             };
             Routed::ToTask(m.downstream, input)
         }
         Kind::CheckpointSourceReq => {
             let m = frame.to_owned::<CheckpointSourceReq>().ok()?;
-            Routed::ToTask(m.task, TaskInput::SourceReq { id: m.checkpoint, trans: m.trans, expire_at: m.expire_at_ms })
+            let input =
+                TaskInput::SourceReq { id: m.checkpoint, trans: m.trans, kind: m.kind, expire_at: m.expire_at_ms };
+            Routed::ToTask(m.task, input)
+        }
+        Kind::CheckpointSourceRsp => {
+            let m = frame.to_owned::<CheckpointSourceRsp>().ok()?;
+            let answer = match m.outcome {
+                SourceOutcome::Done { version } => SourceAnswer::Done(version),
+                SourceOutcome::NotSource => SourceAnswer::NotSource,
+                SourceOutcome::AlreadyCompleted { latest } => SourceAnswer::AlreadyCompleted(latest),
+                SourceOutcome::AlreadyFailed { failed } => SourceAnswer::AlreadyFailed(failed),
+                SourceOutcome::Busy { active } => SourceAnswer::Busy(active),
+                SourceOutcome::Failed { reason } => SourceAnswer::Failed(reason),
+            };
+            Routed::ToCoord(CoordInput::SourceRsp { task: m.task, id: m.checkpoint, trans: m.trans, answer })
         }
         Kind::UpdateCheckpointInfo => {
             let m = frame.to_owned::<UpdateCheckpointInfo>().ok()?;
@@ -193,11 +234,17 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
         }
         Kind::ConsensusReq => {
             let m = frame.to_owned::<ConsensusReq>().ok()?;
-            Routed::ToCoord(CoordInput::Consensus { task: m.task, latest: m.latest })
+            Routed::ToCoord(CoordInput::Consensus { task: m.task, latest: m.latest, request: m.request })
         }
         Kind::Restore => {
             let m = frame.to_owned::<Restore>().ok()?;
-            Routed::Restore { task: m.task, checkpoint: m.checkpoint, version: m.version, basis: m.basis }
+            Routed::Restore {
+                task: m.task,
+                checkpoint: m.checkpoint,
+                version: m.version,
+                basis: m.basis,
+                request: m.request,
+            }
         }
         _ => return None,
     };
@@ -206,7 +253,8 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
 
 #[cfg(test)]
 mod tests {
-    use weir_wire::msg::{TaskCheckpointStats, TriggerRspCode};
+    use weir_wire::Seq;
+    use weir_wire::msg::{TaskCheckpointStats, TriggerKind, TriggerRspCode};
 
     use super::*;
 
@@ -218,7 +266,7 @@ mod tests {
             (TaskId(3), TaskInput::Ready { from: TaskId(5), id: c }),
             (TaskId(5), TaskInput::ReadyRsp { from: TaskId(3), id: c }),
             (TaskId(3), TaskInput::RetrieveTrigger { from: TaskId(5), id: c }),
-            (TaskId(5), TaskInput::SourceReq { id: c, trans: TransId(2), expire_at: 99 }),
+            (TaskId(5), TaskInput::SourceReq { id: c, trans: TransId(2), kind: TriggerKind::Manual, expire_at: 99 }),
             (TaskId(5), TaskInput::Update { id: c, version: Version(4), ts: 8 }),
             (TaskId(5), TaskInput::Reset { failed: c }),
             (
@@ -229,7 +277,7 @@ mod tests {
                     trans: TransId(2),
                     code: TriggerRspCode::Success,
                     trigger_seq: Seq(11),
-                    next_seq: Seq(u64::MAX),
+                    next_seq: None,
                 },
             ),
         ];
@@ -256,22 +304,38 @@ mod tests {
                 reported_at_us: 9_000,
             },
         };
-        let f = encode_report(&mut enc, StreamId(1), TaskId(4), NodeId(2), &r).unwrap();
-        match decode(&weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()) {
-            Some(Routed::ToCoord(CoordInput::Report { task, report })) => assert_eq!((task, report), (TaskId(4), r)),
-            other => panic!("{other:?}"),
+        let to_coord = vec![
+            CoordInput::Report { task: TaskId(4), report: r },
+            CoordInput::Consensus { task: TaskId(4), latest: c, request: 77 },
+            CoordInput::SourceRsp {
+                task: TaskId(4),
+                id: c,
+                trans: TransId(2),
+                answer: SourceAnswer::Busy(CheckpointId(9)),
+            },
+            CoordInput::SourceRsp { task: TaskId(4), id: c, trans: TransId(2), answer: SourceAnswer::Done(Version(5)) },
+            CoordInput::SourceRsp {
+                task: TaskId(4),
+                id: c,
+                trans: TransId(2),
+                answer: SourceAnswer::Failed("disk full".into()),
+            },
+        ];
+        for input in to_coord {
+            let f = encode_coord_input(&mut enc, StreamId(1), NodeId(2), &input).unwrap();
+            match decode(&weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()) {
+                Some(Routed::ToCoord(back)) => assert_eq!(back, input),
+                other => panic!("{other:?}"),
+            }
         }
-        let f = encode_consensus(&mut enc, StreamId(1), TaskId(4), NodeId(2), (c, Version(3))).unwrap();
+        let f =
+            encode_restore(&mut enc, StreamId(1), TaskId(4), Some(c), Some(Version(8)), RestoreBasis::Consensus, 77)
+                .unwrap();
         match decode(&weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()) {
-            Some(Routed::ToCoord(CoordInput::Consensus { task, latest })) => assert_eq!((task, latest), (TaskId(4), c)),
-            other => panic!("{other:?}"),
-        }
-        let f = encode_restore(&mut enc, StreamId(1), TaskId(4), Some(c), Version(8), RestoreBasis::Consensus).unwrap();
-        match decode(&weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()) {
-            Some(Routed::Restore { task, checkpoint, version, basis }) => {
+            Some(Routed::Restore { task, checkpoint, version, basis, request }) => {
                 assert_eq!(
-                    (task, checkpoint, version, basis),
-                    (TaskId(4), Some(c), Version(8), RestoreBasis::Consensus)
+                    (task, checkpoint, version, basis, request),
+                    (TaskId(4), Some(c), Some(Version(8)), RestoreBasis::Consensus, 77)
                 )
             }
             other => panic!("{other:?}"),

@@ -32,7 +32,7 @@ pub struct IngestToken {
 
 /// Local tasks' control queues and, on the coordinator's node, its inbox.
 pub(crate) type ProtoSide =
-    (Arc<HashMap<TaskId, super::task::ControlHandle>>, Option<Sender<crate::checkpoint::CoordInput>>);
+    (Arc<HashMap<TaskId, super::control::ControlHandle>>, Option<Sender<crate::checkpoint::CoordInput>>);
 
 /// The ingest writer and the acknowledgements it produces.
 pub(crate) type IngestSide = (Arc<IngestService<IngestToken>>, Receiver<Appended<IngestToken>>);
@@ -195,7 +195,7 @@ impl Run {
             Kind::Ingest => self.on_ingest(node, &frame),
             Kind::CheckpointNowReq => {
                 let Ok(req) = frame.to_owned::<weir_wire::msg::CheckpointNowReq>() else { return };
-                let outcome = self.status.trigger.fire(req.stream);
+                let outcome = self.status.trigger.answer(req.stream);
                 let rsp = weir_wire::msg::CheckpointNowRsp { request: req.request, node: self.status.node, outcome };
                 match self.encoder.encode(&rsp) {
                     Ok(f) => {
@@ -220,7 +220,7 @@ impl Run {
             other => match super::protocol_wire::decode(&frame) {
                 Some(super::protocol_wire::Routed::ToTask(t, input)) => match self.proto.0.get(&t) {
                     Some(h) => {
-                        h.try_send(super::task::Control::Protocol(input));
+                        h.try_send(super::control::Control::Protocol(input));
                     }
                     None => tracing::warn!(task = %t, %node, "protocol message for a task not on this node"),
                 },
@@ -230,10 +230,10 @@ impl Run {
                     }
                     None => tracing::warn!(%node, "report for a coordinator not on this node"),
                 },
-                Some(super::protocol_wire::Routed::Restore { task, checkpoint, version, basis }) => {
+                Some(super::protocol_wire::Routed::Restore { task, checkpoint, version, basis, request }) => {
                     match self.proto.0.get(&task) {
                         Some(h) => {
-                            h.try_send(super::task::Control::Restore { checkpoint, version, basis });
+                            h.try_send(super::control::Control::Restore { checkpoint, version, basis, request });
                         }
                         None => tracing::warn!(%task, %node, "restore point for a task not on this node"),
                     }

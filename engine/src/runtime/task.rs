@@ -1,18 +1,19 @@
 //! The three task kinds. A task is polled by its worker: it does a bounded amount of work and
-//! says whether it made progress, so one worker can interleave many tasks without blocking.
+//! says whether it made progress, so one worker can interleave many tasks without blocking. What
+//! the checkpoint protocol must hear of (a barrier, an ended input, a source reaching its queued
+//! trigger) comes back from the poll as a [`Signal`]; a poll stops right behind it, so the
+//! protocol decides before anything after it is taken.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crossbeam_channel::Sender;
-use crossbeam_utils::sync::Unparker;
-
-use weir_wire::{Batch, CheckpointId, StreamId, TaskId, TransId};
+use weir_wire::{Batch, CheckpointId, StreamId, TaskId, Version};
 
 use super::EngineStats;
+use super::board::TaskBoard;
 use super::channel::{ChannelError, Inputs, Msg, Outputs, Rows};
-use super::status::TaskBoard;
+use crate::checkpoint::driver::Signal;
 use crate::ingest::LogReader;
 use crate::operator::generator::Generator;
 use crate::operator::window::{WindowAgg, WindowResult};
@@ -32,6 +33,21 @@ pub enum Poll {
     Finished,
 }
 
+/// What a poll achieved, and what the checkpoint protocol must hear of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Polled {
+    /// Progress.
+    pub poll: Poll,
+    /// A barrier, an ended input or a reached trigger.
+    pub signal: Option<Signal>,
+}
+
+impl From<Poll> for Polled {
+    fn from(poll: Poll) -> Self {
+        Polled { poll, signal: None }
+    }
+}
+
 /// Errors that stop a task.
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
@@ -47,9 +63,10 @@ pub enum TaskError {
         #[source]
         source: crate::state::StateError,
     },
-    /// The checkpoint side failed in a way the protocol cannot absorb (its state store broke).
-    #[error("checkpoint: {0}")]
-    Checkpoint(String),
+    /// The checkpoint side failed in a way the protocol cannot absorb (its meta record or its
+    /// restore).
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// The ingest log failed.
     #[error("task {task}: {source}")]
     Log {
@@ -97,16 +114,17 @@ pub(crate) struct SourceTask {
 }
 
 impl SourceTask {
-    fn poll(&mut self) -> Result<Poll, TaskError> {
+    fn poll(&mut self) -> Result<Polled, TaskError> {
         if !self.out.flush()? {
-            return Ok(Poll::Blocked);
+            return Ok(Poll::Blocked.into());
         }
-        if self.queued_trigger.is_some() {
+        if let Some(id) = self.queued_trigger.take() {
             // Reached: the checkpoint machine records the offset and snapshots before more rows.
-            return Ok(Poll::Busy);
+            let signal = Some(Signal::ReachedTrigger { id, offset: Version(self.offset) });
+            return Ok(Polled { poll: Poll::Busy, signal });
         }
         if self.ended {
-            return Ok(Poll::Finished);
+            return Ok(Poll::Finished.into());
         }
         let n_out = self.out.len();
         let rows = match &mut self.feed {
@@ -123,14 +141,14 @@ impl SourceTask {
                     let allowed = base + (t0.elapsed().as_secs_f64() * *r as f64) as u64;
                     n = n.min(allowed.saturating_sub(self.offset));
                     if n == 0 && limit.is_none_or(|l| self.offset < l) {
-                        return Ok(Poll::Idle);
+                        return Ok(Poll::Idle.into());
                     }
                 }
                 if n == 0 {
                     self.ended = true;
                     self.out.broadcast(|| Msg::End);
                     self.out.flush()?;
-                    return Ok(Poll::Busy);
+                    return Ok(Poll::Busy.into());
                 }
                 for o in self.offset..self.offset + n {
                     let (ts, key, value) = generator.row(o);
@@ -145,7 +163,7 @@ impl SourceTask {
                     .read(self.batch_rows, &mut self.scratch)
                     .map_err(|source| TaskError::Log { task: self.id, source })?;
                 if n == 0 {
-                    return Ok(Poll::Idle);
+                    return Ok(Poll::Idle.into());
                 }
                 for r in self.scratch.rows() {
                     self.max_ts = self.max_ts.max(r.ts);
@@ -167,7 +185,7 @@ impl SourceTask {
         let max_ts = self.max_ts;
         self.out.broadcast(|| Msg::Progress(max_ts));
         self.out.flush()?;
-        Ok(Poll::Busy)
+        Ok(Poll::Busy.into())
     }
 }
 
@@ -180,23 +198,20 @@ pub(crate) struct AggTask {
     pub(crate) ended: bool,
     pub(crate) stats: Arc<EngineStats>,
     pub(crate) board: Arc<TaskBoard>,
-    /// Barriers taken from the inputs, for the checkpoint machine: (input, id, trans).
-    pub(crate) barriers: Vec<(usize, CheckpointId, TransId)>,
-    /// Inputs whose end of stream was taken, for the checkpoint machine.
-    pub(crate) ended_inputs: Vec<usize>,
 }
 
 impl AggTask {
-    fn poll(&mut self, attention: &AtomicBool, budget: usize) -> Result<Poll, TaskError> {
+    fn poll(&mut self, attention: &AtomicBool, budget: usize) -> Result<Polled, TaskError> {
         if !self.out.flush()? {
-            return Ok(Poll::Blocked);
+            return Ok(Poll::Blocked.into());
         }
         if self.ended {
-            return Ok(Poll::Finished);
+            return Ok(Poll::Finished.into());
         }
         self.inp.retry_grants();
         let n_out = self.out.len();
         let mut worked = false;
+        let mut signal = None;
         for _ in 0..budget {
             if attention.load(Ordering::Relaxed) {
                 break;
@@ -215,13 +230,14 @@ impl AggTask {
                 Msg::Progress(ts) => self.agg.advance(i, ts, |r| builders[dispatch.pick(r.key, n_out)].push(r)),
                 Msg::End => {
                     self.agg.advance(i, i64::MAX, |r| builders[dispatch.pick(r.key, n_out)].push(r));
-                    self.ended_inputs.push(i);
+                    signal = Some(Signal::UpstreamEnded { from: self.inp.source_of(i) });
+                    break;
                 }
                 Msg::Results(_) => tracing::error!("agg received window results; ignored"),
                 Msg::Trigger { id, trans } => {
                     // Stop here: the checkpoint machine decides (close this input, or snapshot)
                     // before anything after the barrier is taken.
-                    self.barriers.push((i, id, trans));
+                    signal = Some(Signal::Barrier { from: self.inp.source_of(i), id, trans });
                     break;
                 }
             }
@@ -253,7 +269,7 @@ impl AggTask {
             self.out.broadcast(|| Msg::End);
         }
         self.out.flush()?;
-        Ok(if worked { Poll::Busy } else { Poll::Idle })
+        Ok(Polled { poll: if worked { Poll::Busy } else { Poll::Idle }, signal })
     }
 }
 
@@ -265,19 +281,16 @@ pub(crate) struct SinkTask {
     pub(crate) throttle: Option<std::time::Duration>,
     pub(crate) stats: Arc<EngineStats>,
     pub(crate) board: Arc<TaskBoard>,
-    /// Barriers taken from the inputs: (input, id, trans).
-    pub(crate) barriers: Vec<(usize, CheckpointId, TransId)>,
-    /// Inputs whose end of stream was taken.
-    pub(crate) ended_inputs: Vec<usize>,
 }
 
 impl SinkTask {
-    fn poll(&mut self, attention: &AtomicBool, budget: usize) -> Result<Poll, TaskError> {
+    fn poll(&mut self, attention: &AtomicBool, budget: usize) -> Result<Polled, TaskError> {
         if self.inp.all_ended() {
-            return Ok(Poll::Finished);
+            return Ok(Poll::Finished.into());
         }
         self.inp.retry_grants();
         let mut worked = false;
+        let mut signal = None;
         for _ in 0..budget {
             if attention.load(Ordering::Relaxed) {
                 break;
@@ -285,11 +298,12 @@ impl SinkTask {
             let Some((i, m)) = self.inp.next_msg() else { break };
             worked = true;
             if let Msg::Trigger { id, trans } = m {
-                self.barriers.push((i, id, trans));
+                signal = Some(Signal::Barrier { from: self.inp.source_of(i), id, trans });
                 break;
             }
             if let Msg::End = m {
-                self.ended_inputs.push(i);
+                signal = Some(Signal::UpstreamEnded { from: self.inp.source_of(i) });
+                break;
             }
             if let Msg::Results(rs) = m {
                 if let Some(d) = self.throttle {
@@ -300,144 +314,7 @@ impl SinkTask {
                 self.board.rows_in.fetch_add(rs.len() as u64, Ordering::Relaxed);
             }
         }
-        Ok(if worked { Poll::Busy } else { Poll::Idle })
-    }
-}
-
-/// Commands to one task through its control queue, handled before its data.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Control {
-    /// Stop taking input (queues fill and push back upstream) until resumed.
-    Pause,
-    /// Take input again.
-    Resume,
-    /// Finish now.
-    Stop,
-    /// A checkpoint-protocol message or completion for the task's machine.
-    Protocol(crate::checkpoint::TaskInput),
-    /// The coordinator's restore point for a task that started without a commit record (ignored
-    /// by a task already restored).
-    Restore {
-        /// Checkpoint to restore (none: start empty).
-        checkpoint: Option<weir_wire::CheckpointId>,
-        /// Source offset (0: the one in the checkpoint's manifest).
-        version: weir_wire::Version,
-        /// How it was chosen.
-        basis: weir_wire::msg::RestoreBasis,
-    },
-}
-
-/// How others reach a task's control queue. Sending also raises the owning worker's attention
-/// flag, which cuts the data budget of whatever task that worker is polling short: control
-/// messages (barrier answers, ready messages, upload completions) wait at most one message of
-/// data work, not a whole round over the worker's tasks. That is what keeps the checkpoint's
-/// ready chain, several hops long, within milliseconds while the workers run flat out.
-#[derive(Clone, Debug)]
-pub(crate) struct ControlHandle {
-    tx: Sender<Control>,
-    wake: Unparker,
-    attention: Arc<AtomicBool>,
-}
-
-impl ControlHandle {
-    pub(crate) fn new(tx: Sender<Control>, wake: Unparker, attention: Arc<AtomicBool>) -> Self {
-        Self { tx, wake, attention }
-    }
-
-    fn notify(&self) {
-        self.attention.store(true, Ordering::Release);
-        self.wake.unpark();
-    }
-
-    /// Queues `c` unless the queue is full (a lost protocol message is resent or times out).
-    pub(crate) fn try_send(&self, c: Control) -> bool {
-        let ok = self.tx.try_send(c).is_ok();
-        self.notify();
-        ok
-    }
-
-    /// Queues `c`, waiting up to `timeout` for room.
-    pub(crate) fn send_timeout(&self, c: Control, timeout: Duration) -> bool {
-        let ok = self.tx.send_timeout(c, timeout).is_ok();
-        self.notify();
-        ok
-    }
-}
-
-/// A task with its control queue (and its checkpoint side), as a worker holds it.
-pub(crate) struct Cell {
-    pub(crate) task: Task,
-    pub(crate) control: crossbeam_channel::Receiver<Control>,
-    pub(crate) paused: bool,
-    pub(crate) ckpt: Option<Box<super::checkpointing::TaskCkpt>>,
-    pub(crate) board: Arc<TaskBoard>,
-}
-
-impl Cell {
-    /// Handles the queued control messages; `Ok(true)` when told to stop.
-    pub(crate) fn handle_control(&mut self) -> Result<bool, TaskError> {
-        while let Ok(c) = self.control.try_recv() {
-            match c {
-                Control::Pause => self.paused = true,
-                Control::Resume => self.paused = false,
-                Control::Stop => return Ok(true),
-                Control::Protocol(input) => {
-                    if let Some(ck) = self.ckpt.as_mut() {
-                        let input = ck.prepare(&self.task, input);
-                        ck.feed(&mut self.task, input).map_err(TaskError::Checkpoint)?;
-                    }
-                }
-                Control::Restore { checkpoint, version, basis } => {
-                    if let Some(ck) = self.ckpt.as_mut() {
-                        // Version 0: the one in the checkpoint's manifest.
-                        let point = checkpoint.map(|id| super::checkpointing::RestorePoint {
-                            id,
-                            version: (version.0 > 0).then_some(version),
-                            manifest_crc: None,
-                        });
-                        ck.restore(&mut self.task, point, basis).map_err(TaskError::Checkpoint)?;
-                    }
-                }
-            }
-        }
-        Ok(false)
-    }
-
-    /// Whether the task is between a checkpoint's start and its snapshot.
-    pub(crate) fn aligning(&self) -> bool {
-        self.ckpt.as_ref().is_some_and(|c| c.aligning)
-    }
-
-    /// Handles control messages, then does at most `budget` messages of data work (cut short
-    /// when `attention` rises).
-    pub(crate) fn poll(&mut self, attention: &AtomicBool, budget: usize) -> Result<Poll, TaskError> {
-        if self.handle_control()? {
-            return Ok(Poll::Finished);
-        }
-        if let Some(ck) = self.ckpt.as_mut() {
-            ck.before_poll(&mut self.task).map_err(TaskError::Checkpoint)?;
-            if ck.uninit() {
-                // No data before the restore point is known: it decides where sources start.
-                self.publish();
-                return Ok(Poll::Idle);
-            }
-        }
-        if self.paused {
-            return Ok(Poll::Idle);
-        }
-        let p = self.task.poll(attention, budget)?;
-        if let Some(ck) = self.ckpt.as_mut() {
-            ck.after_poll(&mut self.task).map_err(TaskError::Checkpoint)?;
-            self.publish();
-        }
-        Ok(p)
-    }
-
-    /// Shows the checkpoint machine's state on the task's status board.
-    fn publish(&self) {
-        if let Some(m) = self.ckpt.as_ref().map(|c| &c.machine) {
-            self.board.publish(m.state(), m.latest(), m.failed());
-        }
+        Ok(Polled { poll: if worked { Poll::Busy } else { Poll::Idle }, signal })
     }
 }
 
@@ -449,11 +326,29 @@ pub(crate) enum Task {
 }
 
 impl Task {
-    pub(crate) fn poll(&mut self, attention: &AtomicBool, budget: usize) -> Result<Poll, TaskError> {
+    pub(crate) fn poll(&mut self, attention: &AtomicBool, budget: usize) -> Result<Polled, TaskError> {
         match self {
             Task::Source(t) => t.poll(),
             Task::Agg(t) => t.poll(attention, budget),
             Task::Sink(t) => t.poll(attention, budget),
+        }
+    }
+
+    /// The task's inputs (aggs and sinks).
+    pub(crate) fn inputs(&mut self) -> Option<&mut Inputs> {
+        match self {
+            Task::Agg(a) => Some(&mut a.inp),
+            Task::Sink(s) => Some(&mut s.inp),
+            Task::Source(_) => None,
+        }
+    }
+
+    /// The task's outputs (sources and aggs).
+    pub(crate) fn outputs(&mut self) -> Option<&mut Outputs> {
+        match self {
+            Task::Source(s) => Some(&mut s.out),
+            Task::Agg(a) => Some(&mut a.out),
+            Task::Sink(_) => None,
         }
     }
 }

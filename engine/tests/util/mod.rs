@@ -1,6 +1,8 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)]
 
+pub mod ckpt;
+
 use std::collections::BTreeMap;
 
 use weir_engine::operator::generator::{Generator, GeneratorSpec};

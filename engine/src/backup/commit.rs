@@ -1,0 +1,209 @@
+//! The coordinator's records in the store: commit records (`<stream>/checkpoints/<id>.commit`)
+//! and the id record (`<stream>/coordinator/ids`), both sealed text with their own checksum.
+//!
+//! Invariants:
+//! - [`write_commit`] reports a commit durable only when the record reads back as written, and
+//!   failed only when it is not there: a put that reported an error although the object became
+//!   visible (a lost answer, a failed sync after the rename) counts as durable, since a restart
+//!   would restore it.
+//! - [`read_ids`] returns the default record only when there is none; an unreadable or damaged
+//!   record is an error (starting again at id 1 would reuse ids).
+
+use weir_wire::{CheckpointId, StreamId, TaskId, TransId, Version};
+
+use super::{Store, StoreError, seal, unseal};
+use crate::checkpoint::{CommitRecord, IdRecord};
+
+/// Key of the commit record of `id`.
+pub fn commit_key(stream: StreamId, id: CheckpointId) -> String {
+    format!("{}/checkpoints/{:020}.commit", stream.0, id.0)
+}
+
+/// Key of the coordinator's id record.
+pub fn ids_key(stream: StreamId) -> String {
+    format!("{}/coordinator/ids", stream.0)
+}
+
+/// Encodes a commit record (text, with a CRC line).
+pub fn encode_commit(r: &CommitRecord) -> String {
+    let mut s = format!("weir-commit 1\nid {}\ntrans {}\nts {}\n", r.id.0, r.trans.0, r.ts);
+    for (t, v) in &r.versions {
+        s.push_str(&format!("version {} {}\n", t.0, v.0));
+    }
+    for (t, c) in &r.manifests {
+        s.push_str(&format!("manifest {} {c:08x}\n", t.0));
+    }
+    seal(s)
+}
+
+/// Decodes and checks a commit record.
+pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError> {
+    let bad = |why: &str| StoreError::Corrupt { key: key.into(), reason: why.into() };
+    let body = unseal(key, bytes)?;
+    let mut lines = body.lines();
+    if lines.next() != Some("weir-commit 1") {
+        return Err(bad("not a commit record"));
+    }
+    let (mut id, mut trans, mut ts) = (None, None, None);
+    let mut r = CommitRecord {
+        id: CheckpointId(0),
+        trans: TransId(0),
+        versions: Default::default(),
+        manifests: Default::default(),
+        ts: 0,
+    };
+    for l in lines {
+        let p: Vec<&str> = l.split(' ').collect();
+        let n = |i: usize| p.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| bad("bad number"));
+        match p[0] {
+            "id" => id = Some(CheckpointId(n(1)?)),
+            "trans" => trans = Some(TransId(n(1)?)),
+            "ts" => ts = Some(n(1)?),
+            "version" => {
+                r.versions.insert(TaskId(n(1)? as u32), Version(n(2)?));
+            }
+            "manifest" => {
+                let crc = p.get(2).and_then(|c| u32::from_str_radix(c, 16).ok()).ok_or_else(|| bad("bad crc"))?;
+                r.manifests.insert(TaskId(n(1)? as u32), crc);
+            }
+            _ => return Err(bad("unknown line")),
+        }
+    }
+    match (id, trans, ts) {
+        (Some(id), Some(trans), Some(ts)) => Ok(CommitRecord { id, trans, ts, ..r }),
+        _ => Err(bad("id, trans or ts missing")),
+    }
+}
+
+/// The last durable commit of `stream` in `store` (the highest id whose record verifies).
+pub fn last_commit(store: &dyn Store, stream: StreamId) -> Result<Option<CommitRecord>, StoreError> {
+    let keys = store.list(&format!("{}/checkpoints/", stream.0))?;
+    for key in keys.iter().rev() {
+        match decode_commit(key, &store.get(key)?) {
+            Ok(r) => return Ok(Some(r)),
+            // A damaged record is skipped, loudly: the previous one is still a valid restore point.
+            Err(e) => tracing::error!(%key, error = %e, "skipping a damaged commit record"),
+        }
+    }
+    Ok(None)
+}
+
+/// What became of a commit record's write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CommitWrite {
+    /// The record is in the store, as written.
+    Durable,
+    /// The record is not in the store.
+    Failed(String),
+}
+
+/// Writes the commit record, and reads it back when the put reports an error: the record may
+/// be visible although the put failed, and a visible record is a restore point.
+pub fn write_commit(store: &dyn Store, stream: StreamId, record: &CommitRecord) -> CommitWrite {
+    let key = commit_key(stream, record.id);
+    let text = encode_commit(record);
+    let Err(put) = store.put(&key, text.as_bytes()) else { return CommitWrite::Durable };
+    match store.get(&key) {
+        Ok(bytes) if bytes == text.as_bytes() => {
+            tracing::warn!(%key, error = %put, "the commit record's write reported an error, but it is stored");
+            CommitWrite::Durable
+        }
+        Ok(_) | Err(StoreError::NotFound { .. }) => CommitWrite::Failed(put.to_string()),
+        // Neither written for sure nor absent for sure: the commit fails here, and whatever it
+        // names stays (a reset deletes no snapshot a commit may name).
+        Err(get) => CommitWrite::Failed(format!("{put}; reading it back: {get}")),
+    }
+}
+
+/// Encodes the id record.
+pub fn encode_ids(r: &IdRecord) -> String {
+    seal(format!("weir-ids 1\nnext-id {}\nnext-trans {}\n", r.next_id.0, r.next_trans.0))
+}
+
+/// Decodes and checks the id record.
+pub fn decode_ids(key: &str, bytes: &[u8]) -> Result<IdRecord, StoreError> {
+    let bad = |why: &str| StoreError::Corrupt { key: key.into(), reason: why.into() };
+    let body = unseal(key, bytes)?;
+    let mut lines = body.lines();
+    if lines.next() != Some("weir-ids 1") {
+        return Err(bad("not an id record"));
+    }
+    let mut field = |name: &str| -> Result<u64, StoreError> {
+        let l = lines.next().ok_or_else(|| bad("truncated"))?;
+        l.strip_prefix(name).and_then(|v| v.trim().parse().ok()).ok_or_else(|| bad("bad field"))
+    };
+    Ok(IdRecord { next_id: CheckpointId(field("next-id ")?), next_trans: TransId(field("next-trans ")?) })
+}
+
+/// The coordinator's id record: the default when there is none, an error when it cannot be read.
+pub fn read_ids(store: &dyn Store, stream: StreamId) -> Result<IdRecord, StoreError> {
+    let key = ids_key(stream);
+    match store.get(&key) {
+        Ok(bytes) => decode_ids(&key, &bytes),
+        Err(StoreError::NotFound { .. }) => Ok(IdRecord::default()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes the id record durably.
+pub fn write_ids(store: &dyn Store, stream: StreamId, r: &IdRecord) -> Result<(), StoreError> {
+    store.put(&ids_key(stream), encode_ids(r).as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backup::LocalDirStore;
+
+    fn rec(id: u64) -> CommitRecord {
+        CommitRecord {
+            id: CheckpointId(id),
+            trans: TransId(id),
+            versions: Default::default(),
+            manifests: Default::default(),
+            ts: 0,
+        }
+    }
+
+    #[test]
+    fn commit_records_roundtrip_and_damage_is_refused() {
+        let r = CommitRecord {
+            id: CheckpointId(12),
+            trans: TransId(5),
+            versions: [(TaskId(0), Version(4096)), (TaskId(1), Version(77))].into_iter().collect(),
+            manifests: [(TaskId(0), 0xdead_beef), (TaskId(2), 7)].into_iter().collect(),
+            ts: 1_700_000_000_000,
+        };
+        let text = encode_commit(&r);
+        assert_eq!(decode_commit("k", text.as_bytes()).unwrap(), r);
+        let edited = text.replace("version 0 4096", "version 0 4097");
+        assert!(matches!(decode_commit("k", edited.as_bytes()), Err(StoreError::Corrupt { .. })));
+        assert!(decode_commit("k", &text.as_bytes()[..text.len() - 3]).is_err());
+        let without_id = seal("weir-commit 1\ntrans 5\nts 1\n".into());
+        assert!(decode_commit("k", without_id.as_bytes()).is_err(), "a record without an id is not id 0");
+    }
+
+    #[test]
+    fn the_last_commit_skips_a_damaged_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirStore::new(dir.path());
+        store.put(&commit_key(StreamId(1), CheckpointId(1)), encode_commit(&rec(1)).as_bytes()).unwrap();
+        store.put(&commit_key(StreamId(1), CheckpointId(2)), encode_commit(&rec(2)).as_bytes()).unwrap();
+        assert_eq!(last_commit(&store, StreamId(1)).unwrap().map(|r| r.id), Some(CheckpointId(2)));
+        store.put(&commit_key(StreamId(1), CheckpointId(2)), b"garbage").unwrap();
+        assert_eq!(last_commit(&store, StreamId(1)).unwrap().map(|r| r.id), Some(CheckpointId(1)));
+        assert_eq!(last_commit(&store, StreamId(9)).unwrap(), None);
+    }
+
+    #[test]
+    fn a_damaged_id_record_is_an_error_not_a_start_at_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirStore::new(dir.path());
+        assert_eq!(read_ids(&store, StreamId(1)).unwrap(), IdRecord::default(), "no record: start at 1");
+        let r = IdRecord { next_id: CheckpointId(513), next_trans: TransId(600) };
+        write_ids(&store, StreamId(1), &r).unwrap();
+        assert_eq!(read_ids(&store, StreamId(1)).unwrap(), r);
+        store.put(&ids_key(StreamId(1)), b"513").unwrap();
+        assert!(matches!(read_ids(&store, StreamId(1)), Err(StoreError::Corrupt { .. })));
+    }
+}

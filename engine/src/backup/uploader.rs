@@ -1,0 +1,149 @@
+//! The uploader pool: threads that turn the state a task captured at a barrier into a snapshot
+//! directory (an SST file of window state, the result store made durable, or nothing but the
+//! offset), upload it with [`upload_snapshot`], and hand the outcome to the job's completion. A
+//! task never waits for it.
+//!
+//! Invariants: every job's completion runs exactly once, with the captured state handed back (its
+//! buffer is reused by the task's next copy); a storage error is a failed upload, never a panic.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use weir_wire::{CheckpointId, StreamId, TaskId, Version};
+
+use super::{Store, upload_snapshot};
+use crate::checkpoint::{CheckpointError, UploadDone};
+use crate::state::{ResultStore, StateError, WindowStateCopy};
+
+/// State copied at a barrier.
+#[derive(Debug)]
+pub enum Captured {
+    /// An agg's open windows.
+    Window(WindowStateCopy),
+    /// A source's state is its offset, which the manifest (and the commit record) carry.
+    Offset,
+    /// A sink's effect is the result store: made durable up to the barrier.
+    Sink(Arc<ResultStore>),
+}
+
+/// What runs when an upload ends: its outcome, and the captured state back.
+pub type Completion = Box<dyn FnOnce(Result<UploadDone, CheckpointError>, Captured) + Send>;
+
+/// One snapshot to write and ship.
+pub struct UploadJob {
+    /// Task.
+    pub task: TaskId,
+    /// Checkpoint.
+    pub id: CheckpointId,
+    /// The source offset in it.
+    pub version: Version,
+    /// The local snapshot directory to write (replaced).
+    pub dir: PathBuf,
+    /// The state.
+    pub captured: Captured,
+    /// Runs once the upload ended.
+    pub done: Completion,
+}
+
+impl std::fmt::Debug for UploadJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UploadJob").field("task", &self.task).field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+impl UploadJob {
+    fn run(&self, store: &dyn Store, stream: StreamId) -> Result<UploadDone, CheckpointError> {
+        let t0 = Instant::now();
+        let (task, id) = (self.task, self.id);
+        let failed = |reason: String, retryable: bool| CheckpointError::Upload { task, id, reason, retryable };
+        let state = |e: StateError| failed(e.to_string(), e.is_retryable());
+        let io = |e: std::io::Error| failed(format!("{}: {e}", self.dir.display()), true);
+        let _ = std::fs::remove_dir_all(&self.dir);
+        std::fs::create_dir_all(&self.dir).map_err(io)?;
+        match &self.captured {
+            Captured::Window(copy) => {
+                // Named by checkpoint: SST names are keys in the store, shared by checkpoints.
+                let sst = self.dir.join(format!("state-{:020}.sst", id.0));
+                let bytes = crate::state::write_window_snapshot(copy, &sst).map_err(state)?;
+                tracing::debug!(task = %task, entries = copy.entries.len(), bytes, write_us = t0.elapsed().as_micros() as u64, "state snapshot written");
+            }
+            Captured::Offset => {}
+            Captured::Sink(results) => results.sync().map_err(state)?,
+        }
+        let up = upload_snapshot(store, stream, task, id, self.version, &self.dir)
+            .map_err(|e| failed(e.to_string(), e.is_retryable()))?;
+        Ok(UploadDone {
+            manifest_crc: up.manifest_crc,
+            bytes: up.bytes,
+            files: up.files,
+            upload_us: t0.elapsed().as_micros() as u64,
+        })
+    }
+}
+
+/// The longest an upload waits for the engine's tasks to finish aligning.
+const ALIGNMENT_WAIT: Duration = Duration::from_millis(20);
+
+/// Waits (at most `ALIGNMENT_WAIT`) until no task of the engine is between a checkpoint's start
+/// and its snapshot. The first task to snapshot would otherwise write its state file on a core
+/// that another task is aligning or copying state on: milliseconds of pause on two cores, for
+/// work that can as well start a millisecond later.
+fn wait_for_alignment(aligning: &AtomicUsize) {
+    let t0 = Instant::now();
+    while aligning.load(Ordering::Relaxed) > 0 && t0.elapsed() < ALIGNMENT_WAIT {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// The pool's threads and its job queue.
+#[derive(Debug)]
+pub struct UploaderPool {
+    jobs: Sender<UploadJob>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl UploaderPool {
+    /// Starts `n` threads shipping into `store`; each runs `init` first (its scheduling class)
+    /// and holds its jobs while `aligning` is above zero, for at most 20 ms.
+    pub fn start(n: usize, store: Arc<dyn Store>, stream: StreamId, aligning: Arc<AtomicUsize>, init: fn()) -> Self {
+        let (jobs, rx): (Sender<UploadJob>, Receiver<UploadJob>) = crossbeam_channel::unbounded();
+        let threads = (0..n.max(1))
+            .map(|i| {
+                let (rx, store, aligning) = (rx.clone(), store.clone(), aligning.clone());
+                std::thread::Builder::new()
+                    .name(format!("weir-upload-{i}"))
+                    .spawn(move || {
+                        init();
+                        for job in rx {
+                            wait_for_alignment(&aligning);
+                            let result = job.run(store.as_ref(), stream);
+                            match &result {
+                                Ok(u) => tracing::debug!(task = %job.task, checkpoint = %job.id, us = u.upload_us, bytes = u.bytes, files = u.files, "snapshot uploaded"),
+                                Err(e) => tracing::warn!(task = %job.task, checkpoint = %job.id, error = %e, "snapshot upload failed"),
+                            }
+                            (job.done)(result, job.captured);
+                        }
+                    })
+                    .expect("spawn uploader")
+            })
+            .collect();
+        Self { jobs, threads }
+    }
+
+    /// The job queue (the pool ends once every sender is dropped and the queue is empty).
+    pub fn jobs(&self) -> Sender<UploadJob> {
+        self.jobs.clone()
+    }
+
+    /// Waits for the queued jobs; call once every other job sender is dropped.
+    pub fn join(self) {
+        drop(self.jobs);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}

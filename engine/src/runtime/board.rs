@@ -1,0 +1,69 @@
+//! [`TaskBoard`]: what one task publishes for status responses, without a lock its worker could
+//! wait on: row counters (relaxed atomics, per batch) and the checkpoint machine's view (one
+//! atomic cell, per protocol input), read by the router or `Engine::status`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crossbeam_utils::atomic::AtomicCell;
+use weir_wire::msg::{TaskState as WireState, TaskStatus};
+use weir_wire::{CheckpointId, StreamId, TaskId};
+
+use crate::checkpoint::TaskState;
+
+/// The checkpoint machine's view, published as one value so a reader never mixes two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Published {
+    state: TaskState,
+    latest: CheckpointId,
+    failed: Option<CheckpointId>,
+}
+
+/// One task's published status.
+#[derive(Debug)]
+pub(crate) struct TaskBoard {
+    task: TaskId,
+    published: AtomicCell<Published>,
+    pub(crate) rows_in: AtomicU64,
+    pub(crate) rows_out: AtomicU64,
+}
+
+impl TaskBoard {
+    pub(crate) fn new(task: TaskId) -> Arc<Self> {
+        Arc::new(Self {
+            task,
+            published: AtomicCell::new(Published { state: TaskState::Ready, latest: CheckpointId(0), failed: None }),
+            rows_in: AtomicU64::new(0),
+            rows_out: AtomicU64::new(0),
+        })
+    }
+
+    /// Publishes the checkpoint machine's view.
+    pub(crate) fn publish(&self, state: TaskState, latest: CheckpointId, failed: Option<CheckpointId>) {
+        let p = Published { state, latest, failed };
+        // Most polls change nothing: a load is cheaper than a store on the shared line.
+        if self.published.load() != p {
+            self.published.store(p);
+        }
+    }
+
+    pub(crate) fn read(&self, stream: StreamId) -> TaskStatus {
+        let p = self.published.load();
+        let (state, active) = match p.state {
+            TaskState::Uninit => (WireState::Uninit, None),
+            TaskState::Ready => (WireState::Ready, None),
+            TaskState::Checkpointing(id) => (WireState::Checkpointing, Some(id)),
+            TaskState::Stopped => (WireState::Stopped, None),
+        };
+        TaskStatus {
+            stream,
+            task: self.task,
+            state,
+            latest: p.latest,
+            active,
+            failed: p.failed,
+            rows_in: self.rows_in.load(Ordering::Relaxed),
+            rows_out: self.rows_out.load(Ordering::Relaxed),
+        }
+    }
+}

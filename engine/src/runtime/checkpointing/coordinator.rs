@@ -1,0 +1,245 @@
+//! The coordinator on the engine: a thread that runs the [`CoordDriver`] with [`EngineCoordFx`]
+//! (control queues and the transport to the tasks, a store thread for its records), and the
+//! manual trigger that clients and the engine's owner reach it by.
+//!
+//! Invariants:
+//! - The coordinator thread never waits for the store: its writes run on the store thread,
+//!   whose answers come back through the inbox, so a store that hangs fails the checkpoint on
+//!   time while ticks, reports, manual triggers and status requests go on.
+//! - Stopping waits for the store thread at most the store timeout.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use weir_wire::msg::{CheckpointNowOutcome, CheckpointStats, RestoreBasis};
+use weir_wire::{CheckpointId, NodeId, StreamId, TaskId, Version};
+
+use super::net::ProtoNet;
+use super::port::EngineClock;
+use super::stats::CheckpointLog;
+use crate::backup::Store;
+use crate::backup::commit::{CommitWrite, write_commit, write_ids};
+use crate::checkpoint::driver::{Clock, CoordDriver, CoordEffects};
+use crate::checkpoint::{CheckpointError, CommitRecord, CoordInput, Coordinator, IdRecord, TaskInput};
+use crate::runtime::control::{Control, ControlHandle};
+
+/// A write of the coordinator's, for the store thread.
+enum StoreJob {
+    Ids(IdRecord),
+    Commit(CommitRecord),
+}
+
+/// The coordinator's effects on the engine.
+struct EngineCoordFx {
+    clock: EngineClock,
+    peers: Arc<HashMap<TaskId, ControlHandle>>,
+    net: Option<ProtoNet>,
+    store_jobs: Sender<StoreJob>,
+    log: Arc<CheckpointLog>,
+}
+
+impl Clock for EngineCoordFx {
+    fn wall_us(&self) -> u64 {
+        self.clock.wall_us()
+    }
+
+    fn mono_us(&self) -> u64 {
+        self.clock.mono_us()
+    }
+}
+
+impl CoordEffects for EngineCoordFx {
+    fn send_task(&mut self, to: TaskId, input: TaskInput) {
+        if let Some(h) = self.peers.get(&to) {
+            h.try_send(Control::Protocol(input));
+        } else if let Some(net) = self.net.as_mut() {
+            net.send_task(to, &input);
+        }
+    }
+
+    fn send_restore(
+        &mut self,
+        to: TaskId,
+        id: Option<CheckpointId>,
+        version: Option<Version>,
+        basis: RestoreBasis,
+        request: u64,
+    ) {
+        if let Some(h) = self.peers.get(&to) {
+            h.try_send(Control::Restore { checkpoint: id, version, basis, request });
+        } else if let Some(net) = self.net.as_mut() {
+            net.send_restore(to, id, version, basis, request);
+        }
+    }
+
+    fn persist_ids(&mut self, ids: IdRecord) {
+        let _ = self.store_jobs.send(StoreJob::Ids(ids));
+    }
+
+    fn write_commit(&mut self, record: CommitRecord) {
+        let _ = self.store_jobs.send(StoreJob::Commit(record));
+    }
+
+    fn finished(&mut self, stats: CheckpointStats) {
+        self.log.push_finished(stats);
+    }
+
+    fn health(&mut self, healthy: bool, _consecutive_failures: u32) {
+        self.log.unhealthy.store(!healthy, Ordering::Relaxed);
+    }
+}
+
+/// Runs the coordinator's store writes one after another; each answer goes to the inbox.
+fn store_thread(store: Arc<dyn Store>, stream: StreamId, jobs: Receiver<StoreJob>, inbox: Sender<CoordInput>) {
+    for job in jobs {
+        let answer = match job {
+            StoreJob::Ids(ids) => match write_ids(store.as_ref(), stream, &ids) {
+                Ok(()) => CoordInput::IdsPersisted(ids),
+                Err(e) => {
+                    tracing::error!(stream = %stream, error = %e, "cannot persist the checkpoint id record");
+                    CoordInput::IdsFailed { reason: e.to_string() }
+                }
+            },
+            StoreJob::Commit(record) => match write_commit(store.as_ref(), stream, &record) {
+                CommitWrite::Durable => CoordInput::CommitDurable { id: record.id },
+                CommitWrite::Failed(reason) => {
+                    tracing::warn!(stream = %stream, checkpoint = %record.id, %reason, "cannot write the commit record");
+                    CoordInput::CommitFailed { id: record.id, reason }
+                }
+            },
+        };
+        if inbox.send(answer).is_err() {
+            return;
+        }
+    }
+}
+
+/// What the coordinator thread starts from.
+pub(crate) struct CoordStart {
+    pub(crate) coordinator: Coordinator,
+    pub(crate) stream: StreamId,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) inbox: (Sender<CoordInput>, Receiver<CoordInput>),
+    pub(crate) peers: Arc<HashMap<TaskId, ControlHandle>>,
+    pub(crate) last_commit: Option<CommitRecord>,
+    pub(crate) ids: IdRecord,
+    pub(crate) log: Arc<CheckpointLog>,
+    pub(crate) net: Option<ProtoNet>,
+    pub(crate) store_timeout: Duration,
+}
+
+/// The coordinator thread and its store thread.
+pub(crate) struct CoordThread {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    store_done: Receiver<()>,
+    store_timeout: Duration,
+}
+
+impl CoordThread {
+    pub(crate) fn start(s: CoordStart) -> Result<Self, std::io::Error> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
+        let (done_tx, store_done) = crossbeam_channel::bounded(1);
+        let (store, stream, inbox_tx) = (s.store.clone(), s.stream, s.inbox.0.clone());
+        std::thread::Builder::new().name("weir-coord-store".into()).spawn(move || {
+            store_thread(store, stream, jobs_rx, inbox_tx);
+            let _ = done_tx.send(());
+        })?;
+        let stop2 = stop.clone();
+        let inbox = s.inbox.1;
+        let thread = std::thread::Builder::new().name("weir-coordinator".into()).spawn(move || {
+            let mut fx = EngineCoordFx {
+                clock: EngineClock::new(),
+                peers: s.peers,
+                net: s.net,
+                store_jobs: jobs_tx,
+                log: s.log,
+            };
+            let mut driver = CoordDriver::new(s.coordinator, s.stream);
+            // With a commit record every task restored it before the workers started; without
+            // one the tasks wait, ask for the consensus, and restore what the answer says.
+            let start = CoordInput::Start { now: fx.now_ms(), ids: s.ids, last_commit: s.last_commit };
+            driver.handle(&mut fx, start);
+            while !stop2.load(Ordering::Acquire) {
+                match inbox.recv_timeout(Duration::from_millis(20)) {
+                    Ok(input) => driver.handle(&mut fx, input),
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+                }
+                let now = fx.now_ms();
+                driver.handle(&mut fx, CoordInput::Tick { now });
+            }
+        })?;
+        Ok(Self { stop, thread: Some(thread), store_done, store_timeout: s.store_timeout })
+    }
+
+    pub(crate) fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+            // The coordinator dropped the job queue: the store thread ends after the write in
+            // flight, unless the store hangs.
+            if self.store_done.recv_timeout(self.store_timeout).is_err() {
+                tracing::warn!("the coordinator's store write did not finish; not waiting for it");
+            }
+        }
+    }
+}
+
+impl Drop for CoordThread {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The coordinator's manual trigger, as clients and the engine's owner reach it.
+#[derive(Clone, Debug)]
+pub(crate) struct ManualTrigger {
+    pub(crate) stream: StreamId,
+    pub(crate) node: NodeId,
+    /// The stream's coordinator node (`None`: no checkpoints).
+    pub(crate) coordinator: Option<NodeId>,
+    /// Its inbox, when it runs here.
+    pub(crate) inbox: Option<Sender<CoordInput>>,
+}
+
+impl ManualTrigger {
+    /// The trigger of an engine without checkpoints (every request refused).
+    pub(crate) fn off(stream: StreamId, node: NodeId) -> Self {
+        Self { stream, node, coordinator: None, inbox: None }
+    }
+
+    /// Asks the coordinator to start a checkpoint of `stream` now (it waits for the one in
+    /// flight and the minimum pause).
+    pub(crate) fn fire(&self, stream: StreamId) -> Result<(), CheckpointError> {
+        if stream != self.stream {
+            let reason = format!("does not run on node {}", self.node);
+            return Err(CheckpointError::Unavailable { stream, reason });
+        }
+        match (&self.inbox, self.coordinator) {
+            (_, None) => Err(CheckpointError::Unavailable { stream, reason: "runs without checkpoints".into() }),
+            (Some(inbox), _) if inbox.send(CoordInput::Trigger).is_ok() => {
+                tracing::info!(stream = %stream, "checkpoint requested");
+                Ok(())
+            }
+            (Some(_), _) => Err(CheckpointError::Unavailable { stream, reason: "the coordinator has stopped".into() }),
+            (None, Some(coordinator)) => Err(CheckpointError::NotCoordinator { stream, coordinator }),
+        }
+    }
+
+    /// The answer to a client's `CheckpointNowReq`.
+    pub(crate) fn answer(&self, stream: StreamId) -> CheckpointNowOutcome {
+        match self.fire(stream) {
+            Ok(()) => CheckpointNowOutcome::Accepted,
+            Err(CheckpointError::NotCoordinator { coordinator, .. }) => {
+                CheckpointNowOutcome::NotCoordinator { coordinator }
+            }
+            Err(e) => CheckpointNowOutcome::Refused { reason: e.to_string() },
+        }
+    }
+}

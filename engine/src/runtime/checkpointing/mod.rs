@@ -1,0 +1,301 @@
+//! The checkpoint protocol on the engine: the effects of [`crate::checkpoint::driver`] made real.
+//!
+//! - [`settings`]: [`CheckpointSettings`], the remote store.
+//! - [`port`]: a task's [`TaskDriver`](crate::checkpoint::driver::TaskDriver) on its worker
+//!   ([`TaskCheckpointing`]): the task as the port, the queues, transport, uploader pool and meta
+//!   record as its effects.
+//! - [`coordinator`]: the coordinator thread with its store thread, and the manual trigger.
+//! - [`restore`]: a task's files on its node (state, local snapshots, meta record) and restoring.
+//! - [`net`]: protocol messages to other nodes.
+//! - [`stats`]: [`CheckpointLog`], the statistics of finished checkpoints.
+//!
+//! Messages between tasks and the coordinator travel through the tasks' control queues, and to
+//! other nodes as the protocol's wire messages (`protocol_wire.rs`), which the receiving router
+//! hands to the task's control queue or the coordinator's inbox. The coordinator runs on the
+//! lowest node of the stream; every engine restores its own tasks from the shared store. This
+//! module only sets them up ([`Setup`]) and stops them ([`Running`]).
+
+pub(crate) mod coordinator;
+mod net;
+pub(crate) mod port;
+pub(crate) mod restore;
+mod settings;
+mod stats;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use weir_wire::msg::RestoreBasis;
+use weir_wire::{CheckpointId, NodeId, StreamId, TaskId};
+
+pub use settings::{CheckpointSettings, Remote};
+pub use stats::CheckpointLog;
+
+use self::coordinator::{CoordStart, CoordThread, ManualTrigger};
+use self::net::ProtoNet;
+use self::port::{EngineClock, EngineTaskFx, PortCtx, TaskCheckpointing};
+use super::control::ControlHandle;
+use super::task::Task;
+use super::{EngineConfig, EngineError};
+use crate::backup::Store;
+use crate::backup::commit::{last_commit, read_ids};
+use crate::backup::uploader::UploaderPool;
+use crate::checkpoint::driver::{RestorePoint, TaskDriver};
+use crate::checkpoint::{CommitRecord, CoordInput, Coordinator, IdRecord, Role, TaskMachine, TaskSetup};
+use crate::spec::{Placement, StreamSpec, TaskDesc, TaskKind, Topology};
+use crate::state::ResultStore;
+
+fn role(k: &TaskKind) -> Role {
+    match k {
+        TaskKind::Source { .. } => Role::Source,
+        TaskKind::Agg { .. } => Role::Agg,
+        TaskKind::Sink { .. } => Role::Sink,
+    }
+}
+
+/// A number that tells this start of task `t` from every other (the consensus request's id).
+fn start_token(t: TaskId) -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    now ^ (u64::from(std::process::id()) << 32) ^ u64::from(t.0).rotate_left(48)
+}
+
+/// What the engine needs to give every task its checkpoint side and start the coordinator.
+pub(crate) struct Setup {
+    aligning: Arc<AtomicUsize>,
+    stream: StreamId,
+    data: PathBuf,
+    store: Arc<dyn Store>,
+    settings: CheckpointSettings,
+    /// The last commit record, which every task restores before the workers start; without
+    /// one, tasks start `Uninit` and restore the coordinator's consensus when it answers.
+    last: Option<CommitRecord>,
+    restored: Arc<OnceLock<(RestoreBasis, Option<CheckpointId>)>>,
+    ids: IdRecord,
+    peers: Arc<HashMap<TaskId, ControlHandle>>,
+    coord_tx: Sender<CoordInput>,
+    coord_rx: Receiver<CoordInput>,
+    uploaders: UploaderPool,
+    log: Arc<CheckpointLog>,
+    topo: Topology,
+    node: NodeId,
+    node_of: Arc<HashMap<TaskId, NodeId>>,
+    coord_node: NodeId,
+    sender: Option<weir_wire::transport::TransportSender>,
+}
+
+impl Setup {
+    pub(crate) fn new(
+        spec: &StreamSpec,
+        placement: &Placement,
+        cfg: &EngineConfig,
+        settings: &CheckpointSettings,
+        peers: Arc<HashMap<TaskId, ControlHandle>>,
+        sender: Option<weir_wire::transport::TransportSender>,
+        aligning: Arc<AtomicUsize>,
+    ) -> Result<Setup, EngineError> {
+        let topo = spec.topology();
+        let node_of: HashMap<TaskId, NodeId> = topo.tasks.iter().map(|t| (t.id, placement.node_of(t.id))).collect();
+        // The coordinator runs on the lowest node of the stream; every engine reads the same store.
+        let coord_node = node_of.values().min().copied().unwrap_or(cfg.node);
+        let store = settings.open_store();
+        let restored = Arc::new(OnceLock::new());
+        let last = last_commit(store.as_ref(), spec.id).map_err(|e| EngineError::Store(e.to_string()))?;
+        match &last {
+            Some(r) => {
+                tracing::info!(stream = %spec.id, checkpoint = %r.id, "restoring from the last commit");
+                let _ = restored.set((RestoreBasis::Committed, Some(r.id)));
+            }
+            None => tracing::info!(
+                stream = %spec.id,
+                "no commit record: the tasks ask the coordinator where to start (the consensus of what they committed, or the beginning)"
+            ),
+        }
+        // Only the coordinator allocates ids; a record it cannot read must stop it rather than
+        // start again at 1.
+        let ids = if coord_node == cfg.node {
+            read_ids(store.as_ref(), spec.id)
+                .map_err(|e| EngineError::Store(format!("the checkpoint id record: {e}")))?
+        } else {
+            IdRecord::default()
+        };
+        let (coord_tx, coord_rx) = crossbeam_channel::unbounded();
+        let uploaders = UploaderPool::start(
+            settings.uploaders,
+            store.clone(),
+            spec.id,
+            aligning.clone(),
+            super::sched::background_thread,
+        );
+        Ok(Setup {
+            aligning,
+            stream: spec.id,
+            data: cfg.data_dir.clone(),
+            store,
+            settings: settings.clone(),
+            last,
+            restored,
+            ids,
+            peers,
+            coord_tx,
+            coord_rx,
+            uploaders,
+            log: Arc::new(CheckpointLog::default()),
+            topo,
+            node: cfg.node,
+            node_of: Arc::new(node_of),
+            coord_node,
+            sender,
+        })
+    }
+
+    /// The checkpoint side of task `t`: restored from the last commit record, or (without one)
+    /// `Uninit`, waiting for the coordinator's restore point.
+    pub(crate) fn task(
+        &self,
+        t: &TaskDesc,
+        task: &mut Task,
+        results: Arc<ResultStore>,
+    ) -> Result<TaskCheckpointing, EngineError> {
+        let setup = TaskSetup {
+            stream: self.stream,
+            task: t.id,
+            node: self.node,
+            role: role(&t.kind),
+            upstreams: t.upstreams.iter().map(|u| (*u, self.node_of[u])).collect(),
+            downstreams: t.downstreams.iter().map(|d| (*d, self.node_of[d])).collect(),
+            trigger_timeout_ms: self.settings.trigger_timeout_ms,
+            ready_resend_ms: self.settings.ready_resend_ms,
+        };
+        let (spare_tx, spare_rx) = crossbeam_channel::bounded(1);
+        let mut ck = TaskCheckpointing {
+            driver: TaskDriver::new(TaskMachine::new(setup), start_token(t.id)),
+            fx: EngineTaskFx {
+                task: t.id,
+                node: self.node,
+                clock: EngineClock::new(),
+                data: self.data.clone(),
+                peers: self.peers.clone(),
+                coord: self.coord_tx.clone(),
+                coord_node: self.coord_node,
+                net: self.net(),
+                uploads: self.uploaders.jobs(),
+                log: self.log.clone(),
+                engine_aligning: self.aligning.clone(),
+                restored: self.restored.clone(),
+                spare: spare_tx,
+            },
+            ctx: PortCtx {
+                task: t.id,
+                stream: self.stream,
+                data: self.data.clone(),
+                store: self.store.clone(),
+                results,
+                spare: spare_rx,
+            },
+        };
+        if let Some(r) = &self.last {
+            let point = RestorePoint {
+                id: r.id,
+                version: r.versions.get(&t.id).copied(),
+                manifest_crc: r.manifests.get(&t.id).copied(),
+            };
+            ck.restore(task, Some(point), RestoreBasis::Committed, None)?;
+        }
+        Ok(ck)
+    }
+
+    fn net(&self) -> Option<ProtoNet> {
+        self.sender.clone().map(|sender| ProtoNet {
+            sender,
+            enc: weir_wire::FrameEncoder::new(),
+            me: self.node,
+            stream: self.stream,
+            node_of: self.node_of.clone(),
+        })
+    }
+
+    /// The manual trigger of this node.
+    pub(crate) fn manual_trigger(&self) -> ManualTrigger {
+        ManualTrigger {
+            stream: self.stream,
+            node: self.node,
+            coordinator: Some(self.coord_node),
+            inbox: self.coordinator_inbox(),
+        }
+    }
+
+    /// Where reports go (the coordinator's inbox), when the coordinator runs here.
+    pub(crate) fn coordinator_inbox(&self) -> Option<Sender<CoordInput>> {
+        (self.coord_node == self.node).then(|| self.coord_tx.clone())
+    }
+
+    /// Starts the coordinator if it runs on this node; returns it with the statistics log and the
+    /// uploader pool (which ends once every task has dropped its job queue: join it after the
+    /// workers).
+    pub(crate) fn start_coordinator(self) -> Result<Running, EngineError> {
+        let cfg = crate::checkpoint::CoordinatorConfig {
+            stream: self.stream,
+            tasks: self.topo.tasks.iter().map(|t| (t.id, self.node_of[&t.id], role(&t.kind))).collect(),
+            interval_ms: self.settings.interval_ms,
+            min_pause_ms: self.settings.min_pause_ms,
+            timeout_ms: self.settings.timeout_ms,
+            // Up to half an interval, so engines started together do not checkpoint in lockstep.
+            first_delay_ms: (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos() as u64))
+                % (self.settings.interval_ms / 2).max(1),
+            tolerable_failures: self.settings.tolerable_failures,
+            consensus_wait_ms: self.settings.consensus_wait_ms,
+            store_timeout_ms: self.settings.store_timeout_ms,
+        };
+        let (log, restored, uploaders) = (self.log.clone(), self.restored.clone(), self.uploaders);
+        if self.coord_node != self.node {
+            return Ok(Running { restored, coordinator: None, log, uploaders });
+        }
+        let net = self.sender.clone().map(|sender| ProtoNet {
+            sender,
+            enc: weir_wire::FrameEncoder::new(),
+            me: self.node,
+            stream: self.stream,
+            node_of: self.node_of.clone(),
+        });
+        let t = CoordThread::start(CoordStart {
+            coordinator: Coordinator::new(cfg),
+            stream: self.stream,
+            store: self.store,
+            inbox: (self.coord_tx, self.coord_rx),
+            peers: self.peers,
+            last_commit: self.last,
+            ids: self.ids,
+            log: self.log,
+            net,
+            store_timeout: Duration::from_millis(self.settings.store_timeout_ms),
+        })
+        .map_err(EngineError::Thread)?;
+        Ok(Running { restored, coordinator: Some(t), log, uploaders })
+    }
+}
+
+/// The checkpoint machinery of a running engine: the coordinator (on its node), the statistics,
+/// the uploader pool.
+pub(crate) struct Running {
+    /// What the engine restored at start, once its tasks have restored.
+    pub(crate) restored: Arc<OnceLock<(RestoreBasis, Option<CheckpointId>)>>,
+    pub(crate) coordinator: Option<CoordThread>,
+    pub(crate) log: Arc<CheckpointLog>,
+    pub(crate) uploaders: UploaderPool,
+}
+
+impl Running {
+    /// Stops the coordinator and waits for the uploads in flight (call after the workers ended).
+    pub(crate) fn stop(self) {
+        if let Some(mut c) = self.coordinator {
+            c.stop();
+        }
+        self.uploaders.join();
+    }
+}

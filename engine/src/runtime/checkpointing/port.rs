@@ -1,0 +1,299 @@
+//! The engine's side of a task's [`TaskDriver`]: [`EnginePort`] (the running task as a
+//! [`TaskPort`]) and [`EngineTaskFx`] (control queues, the transport, the uploader pool, the meta
+//! record, the clock as [`TaskEffects`]). [`TaskCheckpointing`] holds the three for one task,
+//! owned by the task's worker: no lock.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use weir_wire::msg::RestoreBasis;
+use weir_wire::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
+
+use super::net::ProtoNet;
+use super::restore::{self, snapshot_dir};
+use super::stats::CheckpointLog;
+use crate::backup::Store;
+use crate::backup::uploader::{Captured, UploadJob};
+use crate::checkpoint::driver::{Clock, RestorePoint, Signal, TaskDriver, TaskEffects, TaskPort, UploadRequest};
+use crate::checkpoint::{CheckpointError, CoordInput, TaskInput};
+use crate::runtime::control::{Control, ControlHandle};
+use crate::runtime::task::{Feed, Task};
+use crate::state::{ResultStore, WindowStateCopy};
+
+/// The buffer of an agg's state copy, handed back by the uploader for the next copy.
+type StateEntries = Vec<(i64, u64, crate::operator::window::Acc)>;
+
+/// What the port needs besides the task.
+pub(crate) struct PortCtx {
+    pub(crate) task: TaskId,
+    pub(crate) stream: StreamId,
+    pub(crate) data: PathBuf,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) results: Arc<ResultStore>,
+    /// The last state copy's buffer, back from the uploader (one slot).
+    pub(crate) spare: Receiver<StateEntries>,
+}
+
+/// A running task as the driver sees it.
+pub(crate) struct EnginePort<'a> {
+    pub(crate) task: &'a mut Task,
+    pub(crate) ctx: &'a PortCtx,
+}
+
+impl TaskPort for EnginePort<'_> {
+    type Captured = Captured;
+
+    fn close_input(&mut self, i: usize) {
+        if let Some(inp) = self.task.inputs() {
+            inp.close(i)
+        }
+    }
+
+    fn reopen_input(&mut self, i: usize) {
+        if let Some(inp) = self.task.inputs() {
+            inp.reopen(i)
+        }
+    }
+
+    fn reopen_all_inputs(&mut self) {
+        if let Some(inp) = self.task.inputs() {
+            inp.reopen_all()
+        }
+    }
+
+    fn queue_source_trigger(&mut self, id: CheckpointId) {
+        if let Task::Source(s) = self.task {
+            s.queued_trigger = Some(id);
+        }
+    }
+
+    fn capture(&mut self, _id: CheckpointId) -> Result<Captured, CheckpointError> {
+        Ok(match self.task {
+            Task::Agg(a) => {
+                Captured::Window(WindowStateCopy::reusing(&a.agg, self.ctx.spare.try_recv().unwrap_or_default()))
+            }
+            Task::Source(_) => Captured::Offset,
+            Task::Sink(_) => Captured::Sink(self.ctx.results.clone()),
+        })
+    }
+
+    fn forward_trigger(&mut self, id: CheckpointId, trans: TransId) -> Result<Vec<(TaskId, Seq)>, CheckpointError> {
+        let Some(out) = self.task.outputs() else { return Ok(Vec::new()) };
+        let mut sent = Vec::with_capacity(out.len());
+        for i in 0..out.len() {
+            let seq = out.push(i, crate::runtime::Msg::Trigger { id, trans });
+            sent.push((out.target(i), seq));
+        }
+        out.flush().map_err(|e| CheckpointError::Snapshot { task: self.ctx.task, id, reason: e.to_string() })?;
+        Ok(sent)
+    }
+
+    fn next_seq(&self, from: TaskId) -> Option<Seq> {
+        let inp = match &*self.task {
+            Task::Agg(a) => &a.inp,
+            Task::Sink(s) => &s.inp,
+            Task::Source(_) => return None,
+        };
+        inp.index_of(from).map(|i| inp.next_seq(i))
+    }
+
+    fn restore(&mut self, point: Option<RestorePoint>) -> Result<Version, CheckpointError> {
+        let c = self.ctx;
+        let (state, version) = match point {
+            Some(p) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p)?,
+            None => (restore::fresh_state(&c.data, c.task)?, Version(0)),
+        };
+        match self.task {
+            Task::Source(s) => {
+                s.offset = version.0;
+                if let Feed::Log(r) = &mut s.feed {
+                    *r = r.reopen_at(version);
+                }
+            }
+            Task::Agg(a) => crate::state::load_window_state(&state, &mut a.agg).map(|_| ()).map_err(|e| {
+                CheckpointError::Restore { task: c.task, id: point.map(|p| p.id), reason: e.to_string() }
+            })?,
+            Task::Sink(_) => {}
+        }
+        Ok(version)
+    }
+}
+
+/// Milliseconds and microseconds of the engine's clocks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EngineClock {
+    base: Instant,
+}
+
+impl EngineClock {
+    pub(crate) fn new() -> Self {
+        Self { base: Instant::now() }
+    }
+}
+
+impl Clock for EngineClock {
+    fn wall_us(&self) -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+    }
+
+    fn mono_us(&self) -> u64 {
+        self.base.elapsed().as_micros() as u64
+    }
+}
+
+/// A task's effects on the engine.
+pub(crate) struct EngineTaskFx {
+    pub(crate) task: TaskId,
+    pub(crate) node: NodeId,
+    pub(crate) clock: EngineClock,
+    pub(crate) data: PathBuf,
+    /// Control queues of this node's tasks (this task's own included: upload completions).
+    pub(crate) peers: Arc<HashMap<TaskId, ControlHandle>>,
+    /// The coordinator's inbox (when it runs here) and its node.
+    pub(crate) coord: Sender<CoordInput>,
+    pub(crate) coord_node: NodeId,
+    pub(crate) net: Option<ProtoNet>,
+    pub(crate) uploads: Sender<UploadJob>,
+    pub(crate) log: Arc<CheckpointLog>,
+    /// Tasks of the engine between a checkpoint's start and their snapshot (workers do not yield
+    /// the core to background threads while any is).
+    pub(crate) engine_aligning: Arc<AtomicUsize>,
+    /// What the engine restored (set by the first task to restore).
+    pub(crate) restored: Arc<OnceLock<(RestoreBasis, Option<CheckpointId>)>>,
+    /// Where the uploader hands the state copy's buffer back.
+    pub(crate) spare: Sender<StateEntries>,
+}
+
+impl Clock for EngineTaskFx {
+    fn wall_us(&self) -> u64 {
+        self.clock.wall_us()
+    }
+
+    fn mono_us(&self) -> u64 {
+        self.clock.mono_us()
+    }
+}
+
+impl TaskEffects<Captured> for EngineTaskFx {
+    fn send_task(&mut self, to: TaskId, input: TaskInput) {
+        if let Some(h) = self.peers.get(&to) {
+            h.try_send(Control::Protocol(input));
+        } else if let Some(net) = self.net.as_mut() {
+            net.send_task(to, &input);
+        }
+    }
+
+    fn send_coord(&mut self, input: CoordInput) {
+        match self.net.as_mut() {
+            Some(net) if self.coord_node != self.node => net.send_coord(self.coord_node, &input),
+            _ => {
+                let _ = self.coord.send(input);
+            }
+        }
+    }
+
+    fn upload(&mut self, job: UploadRequest<Captured>) {
+        let Some(reply) = self.peers.get(&self.task).cloned() else { return };
+        let (id, spare) = (job.id, self.spare.clone());
+        let done = Box::new(move |result, captured| {
+            // Waits for room: a lost completion would stall the checkpoint until it times out.
+            reply.send_timeout(Control::Protocol(TaskInput::Uploaded { id, result }), Duration::from_secs(60));
+            if let Captured::Window(copy) = captured {
+                let _ = spare.try_send(copy.entries);
+            }
+        });
+        let job = UploadJob {
+            task: self.task,
+            id,
+            version: job.version,
+            dir: snapshot_dir(&self.data, self.task, id),
+            captured: job.captured,
+            done,
+        };
+        if let Err(e) = self.uploads.send(job) {
+            // The pool is gone (the engine stops): the checkpoint fails here.
+            let reason = "the uploader pool has stopped".to_string();
+            let result = Err(CheckpointError::Upload { task: self.task, id, reason, retryable: true });
+            (e.0.done)(result, e.0.captured);
+        }
+    }
+
+    fn read_committed(&mut self) -> Result<Option<(CheckpointId, Version)>, CheckpointError> {
+        restore::read_committed(&self.data, self.task)
+    }
+
+    fn persist_committed(&mut self, id: CheckpointId, version: Version, _ts: u64) -> Result<(), CheckpointError> {
+        restore::write_committed(&self.data, self.task, id, version)
+    }
+
+    fn delete_snapshots_before(&mut self, id: CheckpointId) {
+        restore::delete_snapshots_before(&self.data, self.task, id)
+    }
+
+    fn drop_snapshot(&mut self, id: CheckpointId) {
+        let _ = std::fs::remove_dir_all(snapshot_dir(&self.data, self.task, id));
+    }
+
+    fn paused(&mut self, _id: CheckpointId, pause_us: u64) {
+        self.log.push_pause(pause_us);
+    }
+
+    fn aligning(&mut self, on: bool) {
+        if on {
+            self.engine_aligning.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.engine_aligning.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn restored(&mut self, basis: RestoreBasis, id: Option<CheckpointId>) {
+        self.restored.get_or_init(|| (basis, id));
+    }
+}
+
+/// A task's checkpoint side, owned by its worker.
+pub(crate) struct TaskCheckpointing {
+    pub(crate) driver: TaskDriver<Captured>,
+    pub(crate) fx: EngineTaskFx,
+    pub(crate) ctx: PortCtx,
+}
+
+impl TaskCheckpointing {
+    /// A protocol message or completion.
+    pub(crate) fn handle(&mut self, task: &mut Task, input: TaskInput) -> Result<(), CheckpointError> {
+        self.driver.handle(&mut EnginePort { task, ctx: &self.ctx }, &mut self.fx, input)
+    }
+
+    /// What the task's poll saw.
+    pub(crate) fn signal(&mut self, task: &mut Task, s: Signal) -> Result<(), CheckpointError> {
+        self.driver.signal(&mut EnginePort { task, ctx: &self.ctx }, &mut self.fx, s)
+    }
+
+    /// Before the task's data work; `false` while it waits for its restore point.
+    pub(crate) fn poll(&mut self, task: &mut Task) -> Result<bool, CheckpointError> {
+        self.driver.poll(&mut EnginePort { task, ctx: &self.ctx }, &mut self.fx)
+    }
+
+    /// Restores `point` (the commit record's, or the coordinator's answer).
+    pub(crate) fn restore(
+        &mut self,
+        task: &mut Task,
+        point: Option<RestorePoint>,
+        basis: RestoreBasis,
+        request: Option<u64>,
+    ) -> Result<(), CheckpointError> {
+        self.driver.restore(&mut EnginePort { task, ctx: &self.ctx }, &mut self.fx, point, basis, request)
+    }
+}
+
+impl Drop for TaskCheckpointing {
+    fn drop(&mut self) {
+        if self.driver.aligning() {
+            self.fx.engine_aligning.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! A task's files on its node and how they come back: where a task keeps its state store and
+//! local snapshots, its meta record (the committed id), and restoring a checkpoint local-first.
+//!
+//! Invariants:
+//! - The meta record is replaced atomically (temporary file, fsync, rename, fsync of the
+//!   directory): a crash leaves the old record or the new one. A record that exists but cannot be
+//!   read is an error naming the file, never "nothing committed" (which would make the consensus
+//!   restore start every task from nothing).
+//! - A local snapshot is used only when it matches the stored manifest file by file (size and
+//!   CRC32C); otherwise the files are downloaded and verified.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use weir_wire::{CheckpointId, StreamId, TaskId, Version};
+
+use crate::backup::{Store, download_files, fetch_manifest, local_snapshot_matches};
+use crate::checkpoint::CheckpointError;
+use crate::checkpoint::driver::RestorePoint;
+use crate::state::TaskStore;
+
+/// Where a task keeps its state and snapshots.
+pub(crate) fn task_dir(data: &Path, t: TaskId) -> PathBuf {
+    data.join("tasks").join(t.0.to_string())
+}
+
+/// The local snapshot of checkpoint `id` of task `t`.
+pub(crate) fn snapshot_dir(data: &Path, t: TaskId, id: CheckpointId) -> PathBuf {
+    task_dir(data, t).join("snapshots").join(format!("chk-{:020}", id.0))
+}
+
+fn meta_path(data: &Path, t: TaskId) -> PathBuf {
+    task_dir(data, t).join("committed")
+}
+
+/// What task `t` last committed, from its meta record: what it brings to the consensus when
+/// there is no commit record. `None` when it has no record.
+pub(crate) fn read_committed(data: &Path, t: TaskId) -> Result<Option<(CheckpointId, Version)>, CheckpointError> {
+    let path = meta_path(data, t);
+    let err = |reason: String| CheckpointError::Meta { task: t, path: path.display().to_string(), reason };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(err(e.to_string())),
+    };
+    let mut parts = text.split_whitespace().map(|v| v.parse::<u64>().ok());
+    match (parts.next().flatten(), parts.next().flatten(), parts.next()) {
+        (Some(id), Some(v), None) => Ok(Some((CheckpointId(id), Version(v)))),
+        _ => Err(err(format!("not a committed-id record: {:?}", text.chars().take(40).collect::<String>()))),
+    }
+}
+
+/// Records that task `t` committed `id` at offset `version`, atomically.
+pub(crate) fn write_committed(
+    data: &Path,
+    t: TaskId,
+    id: CheckpointId,
+    version: Version,
+) -> Result<(), CheckpointError> {
+    let path = meta_path(data, t);
+    let err =
+        |e: std::io::Error| CheckpointError::Meta { task: t, path: path.display().to_string(), reason: e.to_string() };
+    write_atomically(&path, format!("{} {}\n", id.0, version.0).as_bytes()).map_err(err)
+}
+
+/// Replaces the file at `path` with `bytes`: a crash leaves the old file or the new one.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// A task's empty state, for a start from nothing: older state and snapshots are dropped.
+pub(crate) fn fresh_state(data: &Path, t: TaskId) -> Result<TaskStore, CheckpointError> {
+    let db = task_dir(data, t).join("db");
+    let _ = std::fs::remove_dir_all(&db);
+    let _ = std::fs::remove_dir_all(task_dir(data, t).join("snapshots"));
+    TaskStore::open(&db).map_err(|e| CheckpointError::Restore { task: t, id: None, reason: e.to_string() })
+}
+
+/// Restores task `t` at `point`: its state store and its offset.
+pub(crate) fn restore_task(
+    store: &dyn Store,
+    stream: StreamId,
+    t: TaskId,
+    data: &Path,
+    point: RestorePoint,
+) -> Result<(TaskStore, Version), CheckpointError> {
+    let id = point.id;
+    let failed = |reason: String| CheckpointError::Restore { task: t, id: Some(id), reason };
+    let manifest = fetch_manifest(store, stream, t, id, point.manifest_crc).map_err(|e| failed(e.to_string()))?;
+    let local = snapshot_dir(data, t, id);
+    let dl = task_dir(data, t).join("restore-download");
+    let src = if local_snapshot_matches(&manifest, &local) {
+        tracing::info!(task = %t, checkpoint = %id, "restoring from the local snapshot");
+        local
+    } else {
+        tracing::info!(task = %t, checkpoint = %id, files = manifest.files.len(), "downloading the snapshot");
+        download_files(store, &manifest, &dl).map_err(|e| failed(e.to_string()))?;
+        dl.clone()
+    };
+    let db = task_dir(data, t).join("db");
+    let ts = TaskStore::open_from_snapshot(&src, &db).map_err(|e| failed(e.to_string()))?;
+    let _ = std::fs::remove_dir_all(&dl);
+    Ok((ts, point.version.unwrap_or(manifest.version)))
+}
+
+/// Deletes task `t`'s local snapshots older than `id`.
+pub(crate) fn delete_snapshots_before(data: &Path, t: TaskId, id: CheckpointId) {
+    let Ok(entries) = std::fs::read_dir(task_dir(data, t).join("snapshots")) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if let Some(n) = name.strip_prefix("chk-").and_then(|n| n.parse::<u64>().ok())
+            && n < id.0
+        {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_committed_record_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = TaskId(3);
+        assert_eq!(read_committed(dir.path(), t).unwrap(), None, "no record: nothing committed");
+        write_committed(dir.path(), t, CheckpointId(7), Version(70)).unwrap();
+        assert_eq!(read_committed(dir.path(), t).unwrap(), Some((CheckpointId(7), Version(70))));
+        std::fs::write(meta_path(dir.path(), t), "7 7").unwrap();
+        assert_eq!(read_committed(dir.path(), t).unwrap(), Some((CheckpointId(7), Version(7))));
+        for garbage in ["", "7", "x 7", "7 7 7", "\u{0}\u{0}"] {
+            std::fs::write(meta_path(dir.path(), t), garbage).unwrap();
+            match read_committed(dir.path(), t) {
+                Err(CheckpointError::Meta { task, path, .. }) => {
+                    assert_eq!(task, t);
+                    assert!(path.ends_with("tasks/3/committed"), "{path}");
+                }
+                other => panic!("{garbage:?} read as {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_committed_record_is_replaced_through_a_synced_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = TaskId(1);
+        write_committed(dir.path(), t, CheckpointId(1), Version(10)).unwrap();
+        // A temporary file left by a crash mid-write does not change what is read.
+        std::fs::write(meta_path(dir.path(), t).with_extension("tmp"), "99 99 garbage").unwrap();
+        assert_eq!(read_committed(dir.path(), t).unwrap(), Some((CheckpointId(1), Version(10))));
+        write_committed(dir.path(), t, CheckpointId(2), Version(20)).unwrap();
+        assert_eq!(read_committed(dir.path(), t).unwrap(), Some((CheckpointId(2), Version(20))));
+        let left: Vec<_> =
+            std::fs::read_dir(task_dir(dir.path(), t)).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("committed")], "no temporary file stays behind");
+    }
+}

@@ -1,0 +1,272 @@
+//! The simulator's side of the drivers' traits: [`SimPort`] (a model task on simulated channels),
+//! [`SimTaskFx`] and [`SimCoordFx`] (the scheduler, the faulty store, the task's meta record).
+//! Each holds the world through a `RefCell`, borrowed for the length of one call.
+
+use std::cell::RefCell;
+
+use weir_engine::backup::Store;
+use weir_engine::backup::commit::{CommitWrite, last_commit, write_commit, write_ids};
+use weir_engine::checkpoint::driver::{Clock, CoordEffects, RestorePoint, TaskEffects, TaskPort, UploadRequest};
+use weir_engine::checkpoint::{CheckpointError, CommitRecord, CoordInput, IdRecord, TaskInput};
+use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats, RestoreBasis};
+use weir_engine::wire::{CheckpointId, Seq, StreamId, TaskId, TransId, Version};
+
+use super::World;
+use super::world::{Ctl, Item, Model, snapshot_key};
+
+pub const STREAM: StreamId = StreamId(1);
+
+/// A model task as its driver's port.
+pub struct SimPort<'a> {
+    pub w: &'a RefCell<World>,
+    pub t: usize,
+}
+
+impl TaskPort for SimPort<'_> {
+    type Captured = Model;
+
+    fn close_input(&mut self, i: usize) {
+        self.w.borrow_mut().closed[self.t][i] = true;
+    }
+
+    fn reopen_input(&mut self, i: usize) {
+        self.w.borrow_mut().closed[self.t][i] = false;
+    }
+
+    fn reopen_all_inputs(&mut self) {
+        self.w.borrow_mut().closed[self.t].iter_mut().for_each(|c| *c = false);
+    }
+
+    fn queue_source_trigger(&mut self, id: CheckpointId) {
+        self.w.borrow_mut().queued_trigger[self.t] = Some(id);
+    }
+
+    fn capture(&mut self, id: CheckpointId) -> Result<Model, CheckpointError> {
+        let mut w = self.w.borrow_mut();
+        if w.faults && w.rng.chance(15) {
+            w.stats.snapshot_failures += 1;
+            return Err(CheckpointError::Snapshot { task: TaskId(self.t as u32), id, reason: "disk full".into() });
+        }
+        Ok(w.models[self.t].clone())
+    }
+
+    fn forward_trigger(&mut self, id: CheckpointId, trans: TransId) -> Result<Vec<(TaskId, Seq)>, CheckpointError> {
+        let mut w = self.w.borrow_mut();
+        let downs = w.topo.downstreams(self.t);
+        Ok(downs.into_iter().map(|d| (TaskId(d as u32), w.push(self.t, d, Item::Trigger { id, trans }))).collect())
+    }
+
+    fn next_seq(&self, from: TaskId) -> Option<Seq> {
+        let w = self.w.borrow();
+        w.chan_of.get(&(from.0 as usize, self.t)).map(|ci| Seq(w.channels[*ci].expected))
+    }
+
+    fn restore(&mut self, point: Option<RestorePoint>) -> Result<Version, CheckpointError> {
+        let mut w = self.w.borrow_mut();
+        let t = self.t;
+        let Some(p) = point else {
+            w.models[t] = w.empty(t);
+            return Ok(Version(0));
+        };
+        assert!(w.commits.iter().any(|c| c.id == p.id), "t{t} told to restore {}, which never committed", p.id);
+        let key = snapshot_key(t, p.id);
+        let failed = |reason: String| CheckpointError::Restore { task: TaskId(t as u32), id: Some(p.id), reason };
+        w.stats.restores_from_store += 1;
+        let bytes = w.store.get(&key).map_err(|e| failed(e.to_string()));
+        let bytes = match bytes {
+            Ok(b) => b,
+            Err(e) => {
+                w.stats.restore_failures += 1;
+                return Err(e);
+            }
+        };
+        let (m, version) = Model::decode(&bytes).unwrap_or_else(|| panic!("{key} does not decode"));
+        w.models[t] = m;
+        Ok(p.version.unwrap_or(version))
+    }
+}
+
+/// A task's effects in the simulation.
+pub struct SimTaskFx<'a> {
+    pub w: &'a RefCell<World>,
+    pub t: usize,
+}
+
+impl Clock for SimTaskFx<'_> {
+    fn wall_us(&self) -> u64 {
+        self.w.borrow().now * 1000
+    }
+
+    fn mono_us(&self) -> u64 {
+        self.w.borrow().now * 1000
+    }
+}
+
+impl TaskEffects<Model> for SimTaskFx<'_> {
+    fn send_task(&mut self, to: TaskId, input: TaskInput) {
+        let mut w = self.w.borrow_mut();
+        if matches!(input, TaskInput::RetrieveTrigger { .. }) {
+            w.stats.retrieves += 1;
+        }
+        let (from, to_i) = (self.t, to.0 as usize);
+        w.post(Some((from, to_i)), Ctl::ToTask(to, input));
+    }
+
+    fn send_coord(&mut self, input: CoordInput) {
+        let mut w = self.w.borrow_mut();
+        let t = self.t;
+        w.post(Some((t, super::COORD)), Ctl::ToCoord(input));
+    }
+
+    fn upload(&mut self, job: UploadRequest<Model>) {
+        let mut w = self.w.borrow_mut();
+        if w.faults && w.rng.chance(5) {
+            w.stats.store_hangs += 1;
+            return; // the store never answers: the checkpoint times out
+        }
+        let due = w.now + 1 + w.rng.below(300);
+        w.uploads.push((due, self.t, job));
+    }
+
+    fn read_committed(&mut self) -> Result<Option<(CheckpointId, Version)>, CheckpointError> {
+        Ok(self.w.borrow().persisted[self.t])
+    }
+
+    fn persist_committed(&mut self, id: CheckpointId, version: Version, _ts: u64) -> Result<(), CheckpointError> {
+        self.w.borrow_mut().persisted[self.t] = Some((id, version));
+        Ok(())
+    }
+
+    fn delete_snapshots_before(&mut self, _id: CheckpointId) {}
+
+    fn drop_snapshot(&mut self, id: CheckpointId) {
+        // A snapshot a visible commit names is a restore point: it must never be deleted.
+        let w = self.w.borrow();
+        assert!(
+            !w.commits.iter().any(|c| c.id == id),
+            "t{} dropped its snapshot of {id}, which a commit names",
+            self.t
+        );
+    }
+}
+
+/// The coordinator's effects in the simulation.
+pub struct SimCoordFx<'a> {
+    pub w: &'a RefCell<World>,
+}
+
+impl Clock for SimCoordFx<'_> {
+    fn wall_us(&self) -> u64 {
+        self.w.borrow().now * 1000
+    }
+
+    fn mono_us(&self) -> u64 {
+        self.w.borrow().now * 1000
+    }
+}
+
+impl SimCoordFx<'_> {
+    /// Schedules the answer of a store write (never lost; sometimes it never comes).
+    fn answer(w: &mut World, input: CoordInput) {
+        if w.faults && w.rng.chance(20) {
+            w.stats.store_hangs += 1;
+            return;
+        }
+        let at = w.now + 1 + w.rng.below(if w.faults { 200 } else { 20 });
+        let n = w.coord_incarnation;
+        w.ctl.push((at, Ctl::StoreDone(n, input)));
+    }
+}
+
+impl CoordEffects for SimCoordFx<'_> {
+    fn send_task(&mut self, to: TaskId, input: TaskInput) {
+        let mut w = self.w.borrow_mut();
+        if let TaskInput::SourceReq { id, trans, .. } = input {
+            w.check_issued(id, trans);
+        }
+        w.post(Some((super::COORD, to.0 as usize)), Ctl::ToTask(to, input));
+    }
+
+    fn send_restore(
+        &mut self,
+        to: TaskId,
+        id: Option<CheckpointId>,
+        version: Option<Version>,
+        basis: RestoreBasis,
+        request: u64,
+    ) {
+        let point = id.map(|id| RestorePoint { id, version, manifest_crc: None });
+        self.w.borrow_mut().post(Some((super::COORD, to.0 as usize)), Ctl::Restore(to, point, basis, request));
+    }
+
+    fn persist_ids(&mut self, ids: IdRecord) {
+        let mut w = self.w.borrow_mut();
+        let answer = match write_ids(&*w.store, STREAM, &ids) {
+            Ok(()) => CoordInput::IdsPersisted(ids),
+            Err(e) => {
+                w.stats.id_record_failures += 1;
+                CoordInput::IdsFailed { reason: e.to_string() }
+            }
+        };
+        Self::answer(&mut w, answer);
+    }
+
+    fn write_commit(&mut self, record: CommitRecord) {
+        let mut w = self.w.borrow_mut();
+        if record.is_consensus() {
+            // The consensus point's record, made again: it must name a checkpoint that committed.
+            assert!(
+                w.commits.iter().any(|c| c.id == record.id),
+                "consensus record of {}, which never committed",
+                record.id
+            );
+        } else {
+            w.check_reports(&record);
+        }
+        let outcome = write_commit(&*w.store, STREAM, &record);
+        // What counts is what a restart would read: the record visible in the store.
+        if w.store.peek(&weir_engine::backup::commit::commit_key(STREAM, record.id)).is_some() {
+            w.check_consistent(&record);
+            if !record.is_consensus() {
+                assert!(w.commits.iter().all(|c| c.id < record.id), "commit ids must grow");
+                w.commits.push(record.clone());
+            }
+            w.note(format!("commit {} visible", record.id));
+        }
+        let answer = match outcome {
+            CommitWrite::Durable => CoordInput::CommitDurable { id: record.id },
+            CommitWrite::Failed(reason) => {
+                w.stats.commit_write_failures += 1;
+                CoordInput::CommitFailed { id: record.id, reason }
+            }
+        };
+        if w.faults && w.rng.chance(30) {
+            // The coordinator dies right after the write, before it tells any task.
+            w.stats.crashes_after_commit_write += 1;
+            w.crash_coordinator = true;
+            return;
+        }
+        Self::answer(&mut w, answer);
+    }
+
+    fn finished(&mut self, stats: CheckpointStats) {
+        let mut w = self.w.borrow_mut();
+        if let CheckpointOutcome::Failed { reason } = &stats.outcome {
+            w.note(format!("checkpoint {} failed: {reason}", stats.checkpoint));
+            w.stats.failed_checkpoints += 1;
+            if reason.contains("refused") {
+                w.stats.refusals += 1;
+            }
+        }
+        let now = w.now;
+        w.ended.push((stats.checkpoint, now));
+    }
+}
+
+/// The last commit in the store and the id record, as a restarting coordinator reads them
+/// (either read may fail: the coordinator then stays down and tries again).
+pub fn coordinator_start(w: &World) -> Result<(Option<CommitRecord>, IdRecord), String> {
+    let last = last_commit(&*w.store, STREAM).map_err(|e| e.to_string())?;
+    let ids = weir_engine::backup::commit::read_ids(&*w.store, STREAM).map_err(|e| e.to_string())?;
+    Ok((last, ids))
+}

@@ -1,0 +1,391 @@
+//! The simulated world the drivers run in: a seeded random source, the topology and its routing,
+//! model tasks on FIFO channels, the control-message scheduler, and a faulty in-memory store that
+//! holds the remote state (snapshots, commit records, the id record) through the real codecs.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+
+use weir_engine::backup::{Store, StoreError};
+use weir_engine::checkpoint::driver::{RestorePoint, TaskDriver};
+use weir_engine::checkpoint::{CoordInput, TaskInput};
+use weir_engine::wire::msg::RestoreBasis;
+use weir_engine::wire::{CheckpointId, NodeId, Seq, TaskId, TransId, Version};
+
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+}
+
+/// How one level sends to the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dispatch {
+    /// Each task to one downstream (`i % n`).
+    Fixed,
+    /// Each row by its offset.
+    Shuffle,
+}
+
+/// The shape of the simulated stream.
+#[derive(Clone, Debug)]
+pub struct Topology {
+    pub sources: usize,
+    pub aggs: usize,
+    pub sinks: usize,
+    pub source_dispatch: Dispatch,
+    pub agg_dispatch: Dispatch,
+    /// Rows each source emits before it ends.
+    pub limit: u64,
+}
+
+impl Topology {
+    pub fn random(rng: &mut Rng) -> Self {
+        let sources = 1 + rng.below(3) as usize;
+        let source_dispatch = if rng.chance(300) { Dispatch::Fixed } else { Dispatch::Shuffle };
+        // Fixed dispatch needs every downstream to have an upstream.
+        let max_aggs = if source_dispatch == Dispatch::Fixed { sources } else { 3 };
+        let aggs = 1 + rng.below(max_aggs as u64) as usize;
+        let agg_dispatch = if rng.chance(300) { Dispatch::Fixed } else { Dispatch::Shuffle };
+        let max_sinks = if agg_dispatch == Dispatch::Fixed { aggs.min(2) } else { 2 };
+        let sinks = 1 + rng.below(max_sinks as u64) as usize;
+        Topology { sources, aggs, sinks, source_dispatch, agg_dispatch, limit: 300 + rng.below(1_200) }
+    }
+
+    pub fn n(&self) -> usize {
+        self.sources + self.aggs + self.sinks
+    }
+
+    /// The agg (index within its level) that row `o` of source `s` goes to.
+    pub fn agg_of(&self, s: usize, o: u64) -> usize {
+        match self.source_dispatch {
+            Dispatch::Fixed => s % self.aggs,
+            Dispatch::Shuffle => ((o + s as u64) % self.aggs as u64) as usize,
+        }
+    }
+
+    /// The sink (index within its level) that agg `a` sends row `o` to.
+    pub fn sink_of(&self, a: usize, o: u64) -> usize {
+        match self.agg_dispatch {
+            Dispatch::Fixed => a % self.sinks,
+            Dispatch::Shuffle => (o % self.sinks as u64) as usize,
+        }
+    }
+
+    /// Downstream task indices of task `i`.
+    pub fn downstreams(&self, i: usize) -> Vec<usize> {
+        let (s, a) = (self.sources, self.aggs);
+        if i < s {
+            match self.source_dispatch {
+                Dispatch::Fixed => vec![s + i % a],
+                Dispatch::Shuffle => (s..s + a).collect(),
+            }
+        } else if i < s + a {
+            match self.agg_dispatch {
+                Dispatch::Fixed => vec![s + a + (i - s) % self.sinks],
+                Dispatch::Shuffle => (s + a..self.n()).collect(),
+            }
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Upstream task indices of task `i`, in input order.
+    pub fn upstreams(&self, i: usize) -> Vec<usize> {
+        (0..self.n()).filter(|u| self.downstreams(*u).contains(&i)).collect()
+    }
+
+    pub fn node(&self, i: usize) -> NodeId {
+        NodeId(1 + (i % 2) as u32)
+    }
+}
+
+/// Model state of a task: what it has consumed and emitted (the "operator state").
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Model {
+    /// Source: rows emitted.
+    pub emitted: u64,
+    /// Rows consumed per input.
+    pub consumed: Vec<u64>,
+    /// Agg: rows forwarded per output.
+    pub forwarded: Vec<u64>,
+    /// Sink: rows seen per (input, source): each result's value is its rank there, so a row
+    /// seen twice or missed shifts every later result.
+    pub ranks: BTreeMap<(usize, usize), u64>,
+}
+
+fn list(v: &[u64]) -> String {
+    v.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn parse_list(s: &str) -> Option<Vec<u64>> {
+    if s.is_empty() {
+        return Some(Vec::new());
+    }
+    s.split(',').map(|v| v.parse().ok()).collect()
+}
+
+impl Model {
+    pub fn encode(&self, version: Version) -> Vec<u8> {
+        let ranks: Vec<String> = self.ranks.iter().map(|((i, s), n)| format!("{i}:{s}:{n}")).collect();
+        format!("{}|{}|{}|{}|{}", version.0, self.emitted, list(&self.consumed), list(&self.forwarded), ranks.join(","))
+            .into_bytes()
+    }
+
+    pub fn decode(b: &[u8]) -> Option<(Model, Version)> {
+        let s = std::str::from_utf8(b).ok()?;
+        let p: Vec<&str> = s.split('|').collect();
+        if p.len() != 5 {
+            return None;
+        }
+        let mut ranks = BTreeMap::new();
+        for r in p[4].split(',').filter(|r| !r.is_empty()) {
+            let q: Vec<u64> = r.split(':').map(|v| v.parse().ok()).collect::<Option<_>>()?;
+            ranks.insert((q[0] as usize, q[1] as usize), q[2]);
+        }
+        let m = Model { emitted: p[1].parse().ok()?, consumed: parse_list(p[2])?, forwarded: parse_list(p[3])?, ranks };
+        Some((m, Version(p[0].parse().ok()?)))
+    }
+}
+
+/// Key of task `t`'s snapshot of checkpoint `id` in the store.
+pub fn snapshot_key(t: usize, id: CheckpointId) -> String {
+    format!("1/tasks/{t}/chk-{}/state", id.0)
+}
+
+#[derive(Clone, Debug)]
+pub enum Item {
+    /// Row `o` of source `s`.
+    Row {
+        s: usize,
+        o: u64,
+    },
+    Trigger {
+        id: CheckpointId,
+        trans: TransId,
+    },
+    End,
+}
+
+/// Control traffic and completions, delivered at a time.
+#[derive(Clone, Debug)]
+pub enum Ctl {
+    ToTask(TaskId, TaskInput),
+    ToCoord(CoordInput),
+    /// The coordinator's restore point for a task, answering its request.
+    Restore(TaskId, Option<RestorePoint>, RestoreBasis, u64),
+    /// A store write's answer to coordinator incarnation `n`.
+    StoreDone(u64, CoordInput),
+}
+
+pub struct Channel {
+    pub from: usize,
+    pub to: usize,
+    pub q: VecDeque<(Item, Seq)>,
+    pub sent: u64,
+    /// The next sequence number the receiver expects.
+    pub expected: u64,
+    /// The receiver takes nothing from it before then.
+    pub stalled_until: u64,
+}
+
+/// What a run went through, to show the faults really happen.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    pub steps: u64,
+    pub restarts: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub failed_checkpoints: u64,
+    pub retrieves: u64,
+    pub injected: u64,
+    pub discarded: u64,
+    pub upload_failures: u64,
+    pub snapshot_failures: u64,
+    pub records_lost: u64,
+    pub consensus_restores: u64,
+    pub data_lost: u64,
+    pub data_duplicated: u64,
+    pub gaps_detected: u64,
+    pub coordinator_crashes: u64,
+    pub crashes_after_commit_write: u64,
+    pub store_hangs: u64,
+    pub put_failures: u64,
+    pub visible_despite_error: u64,
+    pub id_record_failures: u64,
+    pub commit_write_failures: u64,
+    pub partitions: u64,
+    pub restore_failures: u64,
+    pub restores_from_store: u64,
+    pub refusals: u64,
+    pub ended_streams: u64,
+}
+
+impl Stats {
+    pub fn add(&mut self, o: &Stats) {
+        macro_rules! add { ($($f:ident),*) => { $( self.$f += o.$f; )* } }
+        add!(
+            steps,
+            restarts,
+            lost,
+            duplicated,
+            failed_checkpoints,
+            retrieves,
+            injected,
+            discarded,
+            upload_failures,
+            snapshot_failures,
+            records_lost,
+            consensus_restores,
+            data_lost,
+            data_duplicated,
+            gaps_detected,
+            coordinator_crashes,
+            crashes_after_commit_write,
+            store_hangs,
+            put_failures,
+            visible_despite_error,
+            id_record_failures,
+            commit_write_failures,
+            partitions,
+            restore_failures,
+            restores_from_store,
+            refusals,
+            ended_streams
+        );
+    }
+}
+
+/// What the store does with one put.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PutFault {
+    None,
+    /// Not stored; an error.
+    Fail,
+    /// Stored, but the answer says it failed.
+    FailAfterWrite,
+}
+
+#[derive(Debug, Default)]
+struct StoreState {
+    objects: BTreeMap<String, Vec<u8>>,
+    rng: u64,
+    faults: bool,
+    put_failures: u64,
+    visible_despite_error: u64,
+    get_failures: u64,
+}
+
+/// An in-memory store that injects faults when asked to: puts that fail, puts that fail after
+/// storing, gets that fail. Deterministic (its own seeded random source).
+#[derive(Debug)]
+pub struct FaultyStore {
+    state: Mutex<StoreState>,
+}
+
+impl FaultyStore {
+    pub fn new(seed: u64) -> Self {
+        Self { state: Mutex::new(StoreState { rng: seed | 1, ..StoreState::default() }) }
+    }
+
+    pub fn set_faults(&self, on: bool) {
+        self.state.lock().unwrap().faults = on;
+    }
+
+    /// The object under `key`, without faults (for the checker).
+    pub fn peek(&self, key: &str) -> Option<Vec<u8>> {
+        self.state.lock().unwrap().objects.get(key).cloned()
+    }
+
+    /// Keys under `prefix`, without faults (for the checker).
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        self.state.lock().unwrap().objects.keys().filter(|k| k.starts_with(prefix)).cloned().collect()
+    }
+
+    /// Removes every key under `prefix` (a lost disk).
+    pub fn wipe(&self, prefix: &str) {
+        self.state.lock().unwrap().objects.retain(|k, _| !k.starts_with(prefix));
+    }
+
+    /// (put failures, stored despite an error, get failures) so far.
+    pub fn counts(&self) -> (u64, u64, u64) {
+        let s = self.state.lock().unwrap();
+        (s.put_failures, s.visible_despite_error, s.get_failures)
+    }
+
+    fn roll(s: &mut StoreState, per_mille: u64) -> bool {
+        let mut r = Rng(s.rng);
+        let hit = s.faults && r.chance(per_mille);
+        s.rng = r.0;
+        hit
+    }
+}
+
+impl Store for FaultyStore {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        let mut s = self.state.lock().unwrap();
+        let fault = if Self::roll(&mut s, 30) {
+            PutFault::Fail
+        } else if Self::roll(&mut s, 20) {
+            PutFault::FailAfterWrite
+        } else {
+            PutFault::None
+        };
+        if fault != PutFault::Fail {
+            s.objects.insert(key.to_string(), bytes.to_vec());
+        }
+        match fault {
+            PutFault::None => Ok(()),
+            PutFault::Fail => {
+                s.put_failures += 1;
+                Err(StoreError::Unavailable { op: "put", key: key.into(), reason: "injected".into() })
+            }
+            PutFault::FailAfterWrite => {
+                s.visible_despite_error += 1;
+                Err(StoreError::Unavailable { op: "put", key: key.into(), reason: "answer lost".into() })
+            }
+        }
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+        let mut s = self.state.lock().unwrap();
+        if Self::roll(&mut s, 50) {
+            s.get_failures += 1;
+            return Err(StoreError::Unavailable { op: "get", key: key.into(), reason: "injected".into() });
+        }
+        s.objects.get(key).cloned().ok_or_else(|| StoreError::NotFound { key: key.into() })
+    }
+
+    fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
+        Ok(self.state.lock().unwrap().objects.get(key).map(|v| v.len() as u64))
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        Ok(self.keys(prefix))
+    }
+
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.state.lock().unwrap().objects.remove(key);
+        Ok(())
+    }
+}
+
+/// A simulated task: its driver and what it did.
+pub struct SimTask {
+    pub driver: TaskDriver<Model>,
+    /// Ended for good (sent its end of stream downstream): it takes nothing any more.
+    pub finished: bool,
+    /// The highest checkpoint this incarnation was told to reset: it must never checkpoint an id
+    /// at or below it again.
+    pub reset_upto: Option<CheckpointId>,
+}
