@@ -11,7 +11,7 @@ use weir_engine::checkpoint::{CheckpointError, CommitRecord, CoordInput, IdRecor
 use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats, RestoreBasis};
 use weir_engine::wire::{CheckpointId, Seq, StreamId, TaskId, TransId, Version};
 
-use super::World;
+use super::world::World;
 use super::world::{Ctl, Item, Model, snapshot_key};
 
 pub const STREAM: StreamId = StreamId(1);

@@ -2,11 +2,14 @@
 //! model tasks on FIFO channels, the control-message scheduler, and a faulty in-memory store that
 //! holds the remote state (snapshots, commit records, the id record) through the real codecs.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 use std::sync::Mutex;
 
 use weir_engine::backup::{Store, StoreError};
+use weir_engine::checkpoint::driver::UploadRequest;
 use weir_engine::checkpoint::driver::{RestorePoint, TaskDriver};
+use weir_engine::checkpoint::{CommitRecord, TaskSetup};
 use weir_engine::checkpoint::{CoordInput, TaskInput};
 use weir_engine::wire::msg::RestoreBasis;
 use weir_engine::wire::{CheckpointId, NodeId, Seq, TaskId, TransId, Version};
@@ -388,4 +391,100 @@ pub struct SimTask {
     /// The highest checkpoint this incarnation was told to reset: it must never checkpoint an id
     /// at or below it again.
     pub reset_upto: Option<CheckpointId>,
+}
+
+/// Everything but the drivers.
+pub struct World {
+    pub rng: Rng,
+    pub now: u64,
+    pub faults: bool,
+    pub topo: Topology,
+    pub setups: Vec<TaskSetup>,
+    pub models: Vec<Model>,
+    pub closed: Vec<Vec<bool>>,
+    pub queued_trigger: Vec<Option<CheckpointId>>,
+    pub channels: Vec<Channel>,
+    pub chan_of: BTreeMap<(usize, usize), usize>,
+    pub ctl: Vec<(u64, Ctl)>,
+    pub uploads: Vec<(u64, usize, UploadRequest<Model>)>,
+    pub store: Arc<FaultyStore>,
+    /// Each task's meta record (survives crashes).
+    pub persisted: Vec<Option<(CheckpointId, Version)>>,
+    /// The sinks' result store: (source, offset) → value; survives crashes, like the engine's.
+    pub results: BTreeMap<(usize, u64), u64>,
+    /// Every commit record that became visible in the store.
+    pub commits: Vec<CommitRecord>,
+    /// Reports the coordinator received, by checkpoint: task → ok.
+    pub reports: BTreeMap<CheckpointId, BTreeMap<usize, bool>>,
+    /// (id, transaction) pairs of started checkpoints, with the coordinator call that started them.
+    pub issued: BTreeMap<(CheckpointId, TransId), u64>,
+    pub coord_call: u64,
+    pub coord_incarnation: u64,
+    pub crash_coordinator: bool,
+    /// Node 2 cut off until then.
+    pub partition_until: Option<u64>,
+    /// Checkpoints the coordinator ended, and when.
+    pub ended: Vec<(CheckpointId, u64)>,
+    /// Inputs (task, input) whose end of stream arrived, in this incarnation.
+    pub ended_inputs: BTreeSet<(usize, usize)>,
+    /// When the faults stopped.
+    pub quiet_since: Option<u64>,
+    pub trace: VecDeque<String>,
+    pub stats: Stats,
+}
+
+impl World {
+    pub fn note(&mut self, s: String) {
+        if self.trace.len() == 4000 {
+            self.trace.pop_front();
+        }
+        self.trace.push_back(format!("t={} {s}", self.now));
+    }
+
+    pub fn empty(&self, i: usize) -> Model {
+        Model {
+            emitted: 0,
+            consumed: vec![0; self.setups[i].upstreams.len()],
+            forwarded: vec![0; self.setups[i].downstreams.len()],
+            ranks: BTreeMap::new(),
+        }
+    }
+
+    pub fn partitioned(&self, a: usize, b: usize) -> bool {
+        let node = |i: usize| if i == super::COORD { NodeId(1) } else { self.topo.node(i) };
+        self.partition_until.is_some() && node(a) != node(b)
+    }
+
+    /// Posts a control message between endpoints `ends` (sender, receiver), with the faults.
+    pub fn post(&mut self, ends: Option<(usize, usize)>, c: Ctl) {
+        if let Some((a, b)) = ends
+            && self.partitioned(a, b)
+        {
+            self.stats.lost += 1;
+            return;
+        }
+        if self.faults && self.rng.chance(30) {
+            self.stats.lost += 1;
+            return;
+        }
+        let at = self.delay();
+        if self.faults && self.rng.chance(30) {
+            self.stats.duplicated += 1;
+            let at2 = self.delay();
+            self.ctl.push((at2, c.clone()));
+        }
+        self.ctl.push((at, c));
+    }
+
+    pub fn delay(&mut self) -> u64 {
+        self.now + 1 + self.rng.below(if self.faults { 400 } else { 50 })
+    }
+
+    pub fn push(&mut self, from: usize, to: usize, item: Item) -> Seq {
+        let ch = &mut self.channels[self.chan_of[&(from, to)]];
+        let seq = Seq(ch.sent);
+        ch.sent += 1;
+        ch.q.push_back((item, seq));
+        seq
+    }
 }

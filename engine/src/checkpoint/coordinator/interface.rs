@@ -1,0 +1,264 @@
+//! What the coordinator takes ([`CoordInput`]) and returns ([`CoordAction`]), its settings, and
+//! the records it keeps durable ([`CommitRecord`], [`IdRecord`]).
+
+use std::collections::BTreeMap;
+
+use weir_wire::msg::{TaskCheckpointStats, TriggerKind};
+use weir_wire::{CheckpointId, NodeId, StreamId, TaskId, TransId, Version};
+
+use crate::checkpoint::task::{Report, Role, SourceAnswer};
+
+/// Scheduling and failure settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoordinatorConfig {
+    /// Stream.
+    pub stream: StreamId,
+    /// Every task of the stream with its node and role.
+    pub tasks: Vec<(TaskId, NodeId, Role)>,
+    /// Time between checkpoint starts (ms); 0 disables periodic checkpoints.
+    pub interval_ms: u64,
+    /// Minimum time from the end of one checkpoint to the start of the next (ms).
+    pub min_pause_ms: u64,
+    /// A checkpoint running longer fails (ms).
+    pub timeout_ms: u64,
+    /// Extra delay before the first checkpoint after start (ms), so nodes started together do not
+    /// checkpoint in lockstep; the caller picks it at random.
+    pub first_delay_ms: u64,
+    /// Consecutive failures tolerated before the stream is reported unhealthy.
+    pub tolerable_failures: u32,
+    /// How long to wait for every task's consensus request on a restart without a commit record.
+    pub consensus_wait_ms: u64,
+    /// How long a write of the id record or of a commit record may take before it counts as
+    /// failed (ms): a store that does not answer fails the checkpoint instead of stalling it.
+    pub store_timeout_ms: u64,
+}
+
+/// The coordinator's durable id record: the first checkpoint id and transaction id a restarted
+/// coordinator may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdRecord {
+    /// First unreserved checkpoint id.
+    pub next_id: CheckpointId,
+    /// First unreserved transaction id.
+    pub next_trans: TransId,
+}
+
+impl Default for IdRecord {
+    fn default() -> Self {
+        Self { next_id: CheckpointId(1), next_trans: TransId(1) }
+    }
+}
+
+/// What a commit record holds: enough to restore every task.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CommitRecord {
+    /// Checkpoint.
+    pub id: CheckpointId,
+    /// The checkpoint's transaction; 0 for a record made again for the restore point the tasks'
+    /// consensus chose (its own record was lost), which has no transaction of its own.
+    pub trans: TransId,
+    /// Source offsets in it, by source task.
+    pub versions: BTreeMap<TaskId, Version>,
+    /// Manifest checksums by task: the commit names exactly what was uploaded.
+    pub manifests: BTreeMap<TaskId, u32>,
+    /// Commit time (ms).
+    pub ts: u64,
+}
+
+impl CommitRecord {
+    /// The record of consensus point `id`, made again at `ts`: it names no offsets or manifest
+    /// checksums (each task's manifest, checked by its own checksum, has them).
+    pub fn consensus(id: CheckpointId, ts: u64) -> Self {
+        CommitRecord { id, trans: TransId(0), versions: BTreeMap::new(), manifests: BTreeMap::new(), ts }
+    }
+
+    /// Whether this record was made again for a consensus point.
+    pub fn is_consensus(&self) -> bool {
+        self.trans == TransId(0)
+    }
+}
+
+/// Inputs of the coordinator.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CoordInput {
+    /// Start (or restart) with what the durable meta holds.
+    Start {
+        /// Now (ms).
+        now: u64,
+        /// The persisted id record (the default when new).
+        ids: IdRecord,
+        /// The last commit record, if any.
+        last_commit: Option<CommitRecord>,
+    },
+    /// Time passes.
+    Tick {
+        /// Now (ms).
+        now: u64,
+    },
+    /// An operator asks for a checkpoint now.
+    Trigger,
+    /// The id record asked for by `PersistIds` is durable.
+    IdsPersisted(IdRecord),
+    /// Writing the id record failed (or did not answer): no checkpoint starts on it.
+    IdsFailed {
+        /// Why.
+        reason: String,
+    },
+    /// A source answered its source request. Only a refusal matters here (a source that built
+    /// its part reports); it ends the checkpoint at once.
+    SourceRsp {
+        /// Source task.
+        task: TaskId,
+        /// Checkpoint of the request.
+        id: CheckpointId,
+        /// Its transaction.
+        trans: TransId,
+        /// The answer.
+        answer: SourceAnswer,
+    },
+    /// A task reported.
+    Report {
+        /// Reporting task.
+        task: TaskId,
+        /// The report.
+        report: Report,
+    },
+    /// The commit record of `id` is durable.
+    CommitDurable {
+        /// Checkpoint.
+        id: CheckpointId,
+    },
+    /// Writing the commit record of `id` failed.
+    CommitFailed {
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Why.
+        reason: String,
+    },
+    /// A node was lost (its tasks cannot finish the checkpoint, nor any later one until it is
+    /// back).
+    NodeLost {
+        /// The node.
+        node: NodeId,
+    },
+    /// A lost node is reachable again.
+    NodeUp {
+        /// The node.
+        node: NodeId,
+    },
+    /// A starting task asks for its restore point, with what it has (which counts when there
+    /// is no commit record).
+    Consensus {
+        /// Task.
+        task: TaskId,
+        /// Its latest local checkpoint.
+        latest: CheckpointId,
+        /// The request, echoed in the answer: a task takes only the answer to its own request
+        /// (an answer to an earlier incarnation of it may still be in flight).
+        request: u64,
+    },
+}
+
+/// Ids (and transaction ids) reserved by one `PersistIds`.
+pub const ID_BLOCK: u64 = 256;
+
+/// Actions of the coordinator, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CoordAction {
+    /// Write the id record durably; feed `IdsPersisted` (or `IdsFailed`). Every id and
+    /// transaction below it is then reserved.
+    PersistIds(IdRecord),
+    /// Ids could not be reserved: no checkpoint started.
+    IdsNotDurable {
+        /// Why.
+        reason: String,
+    },
+    /// Ask source `task` to start checkpoint `id`.
+    SendSourceReq {
+        /// Source task.
+        task: TaskId,
+        /// Its node.
+        node: NodeId,
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Transaction.
+        trans: TransId,
+        /// Periodic or manual.
+        kind: TriggerKind,
+        /// Expiry (ms).
+        expire_at: u64,
+    },
+    /// Write the commit record durably (remote store and meta); feed `CommitDurable`.
+    WriteCommit(CommitRecord),
+    /// Tell `task` that `id` committed.
+    SendUpdate {
+        /// Task.
+        task: TaskId,
+        /// Its node.
+        node: NodeId,
+        /// Checkpoint.
+        id: CheckpointId,
+        /// Transaction.
+        trans: TransId,
+        /// The task's source offset in it.
+        version: Version,
+        /// Commit time.
+        ts: u64,
+    },
+    /// Tell `task` that `failed` is abandoned.
+    SendReset {
+        /// Task.
+        task: TaskId,
+        /// Its node.
+        node: NodeId,
+        /// Failed checkpoint.
+        failed: CheckpointId,
+        /// Its transaction.
+        trans: TransId,
+        /// Why.
+        reason: String,
+    },
+    /// Tell `task` which checkpoint to restore.
+    SendRestore {
+        /// Task.
+        task: TaskId,
+        /// Its node.
+        node: NodeId,
+        /// Checkpoint (none: start empty).
+        id: Option<CheckpointId>,
+        /// Source offset to replay from, when the point is a commit record (a consensus point
+        /// has none: the task's manifest says it).
+        version: Option<Version>,
+        /// Whether it came from the commit record (else the consensus).
+        committed: bool,
+        /// The request this answers.
+        request: u64,
+    },
+    /// A checkpoint ended (for statistics and logs).
+    Finished {
+        /// Checkpoint.
+        id: CheckpointId,
+        /// When it started (the coordinator's clock, ms).
+        started_at: u64,
+        /// Start to end (ms).
+        duration_ms: u64,
+        /// `Ok` if committed, else why it failed.
+        outcome: Result<(), String>,
+        /// The statistics of every task that reported, in task order.
+        tasks: Vec<(TaskId, TaskCheckpointStats)>,
+    },
+    /// The stream's health changed (unhealthy past the tolerable failures).
+    Health {
+        /// Whether healthy.
+        healthy: bool,
+        /// Consecutive failures.
+        consecutive_failures: u32,
+    },
+    /// A report was refused.
+    RejectedReport {
+        /// Reporting task.
+        task: TaskId,
+        /// Why.
+        reason: String,
+    },
+}

@@ -1,0 +1,463 @@
+//! The coordinator.
+
+use super::*;
+
+fn coord_cfg() -> CoordinatorConfig {
+    CoordinatorConfig {
+        stream: StreamId(1),
+        tasks: vec![
+            (TaskId(1), NodeId(1), Role::Source),
+            (TaskId(10), NodeId(1), Role::Agg),
+            (TaskId(20), NodeId(2), Role::Sink),
+        ],
+        interval_ms: 1_000,
+        min_pause_ms: 200,
+        timeout_ms: 5_000,
+        first_delay_ms: 300,
+        tolerable_failures: 1,
+        consensus_wait_ms: 2_000,
+        store_timeout_ms: 1_000,
+    }
+}
+
+/// Feeds `input`; a `PersistIds` among the actions is answered at once (the store is quick).
+fn step(c: &mut Coordinator, input: CoordInput) -> Vec<CoordAction> {
+    let mut out = c.handle(input);
+    let persisted: Vec<IdRecord> =
+        out.iter().filter_map(|a| if let CoordAction::PersistIds(r) = a { Some(*r) } else { None }).collect();
+    for r in persisted {
+        out.extend(c.handle(CoordInput::IdsPersisted(r)));
+    }
+    out
+}
+
+fn tick(c: &mut Coordinator, now: u64) -> Vec<CoordAction> {
+    step(c, CoordInput::Tick { now })
+}
+
+fn trigger(c: &mut Coordinator) -> Vec<CoordAction> {
+    step(c, CoordInput::Trigger)
+}
+
+fn started() -> Coordinator {
+    let mut c = Coordinator::new(coord_cfg());
+    c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
+    for t in [1, 10, 20] {
+        c.handle(CoordInput::Consensus { task: TaskId(t), latest: CheckpointId(0), request: 1 });
+    }
+    c
+}
+
+fn ok_report(id: CheckpointId, trans: TransId, v: u64) -> Report {
+    Report { id, trans, outcome: Ok(Version(v)), manifest_crc: 1, stats: Default::default() }
+}
+
+#[test]
+fn first_checkpoint_waits_for_the_start_delay_then_persists_the_id_before_asking_sources() {
+    let mut c = started();
+    assert!(tick(&mut c, 299).is_empty());
+    let out = tick(&mut c, 300);
+    let reserved = IdRecord { next_id: CheckpointId(1 + ID_BLOCK), next_trans: TransId(1 + ID_BLOCK) };
+    assert_eq!(out[0], CoordAction::PersistIds(reserved));
+    assert_eq!(
+        out[1],
+        CoordAction::SendSourceReq {
+            task: TaskId(1),
+            node: NodeId(1),
+            id: C1,
+            trans: T1,
+            kind: weir_wire::msg::TriggerKind::Periodic,
+            expire_at: 5_300
+        }
+    );
+    assert_eq!(out.len(), 2, "only sources get the request");
+}
+
+#[test]
+fn at_most_one_checkpoint_is_in_flight() {
+    let mut c = started();
+    tick(&mut c, 300);
+    assert!(tick(&mut c, 2_000).is_empty());
+    assert!(trigger(&mut c).is_empty());
+    assert_eq!(c.in_flight(), Some(C1));
+}
+
+#[test]
+fn report_with_another_id_or_transaction_is_rejected() {
+    let mut c = started();
+    tick(&mut c, 300);
+    let out = c.handle(CoordInput::Report { task: TaskId(1), report: ok_report(C2, T1, 5) });
+    assert!(matches!(&out[0], CoordAction::RejectedReport { task: TaskId(1), .. }));
+    let out = c.handle(CoordInput::Report { task: TaskId(1), report: ok_report(C1, TransId(9), 5) });
+    assert!(matches!(&out[0], CoordAction::RejectedReport { .. }));
+}
+
+#[test]
+fn commit_is_written_durably_before_any_task_hears_of_it() {
+    let mut c = started();
+    tick(&mut c, 300);
+    assert!(c.handle(CoordInput::Report { task: TaskId(20), report: ok_report(C1, T1, 0) }).is_empty());
+    assert!(c.handle(CoordInput::Report { task: TaskId(10), report: ok_report(C1, T1, 0) }).is_empty());
+    let out = c.handle(CoordInput::Report { task: TaskId(1), report: ok_report(C1, T1, 4096) });
+    match &out[..] {
+        [CoordAction::WriteCommit(r)] => {
+            assert_eq!(r.id, C1);
+            assert_eq!(r.versions.get(&TaskId(1)), Some(&Version(4096)));
+            assert_eq!(r.manifests.len(), 3);
+        }
+        other => panic!("expected only WriteCommit, got {other:?}"),
+    }
+    assert!(c.last_commit().is_none());
+    let out = c.handle(CoordInput::CommitDurable { id: C1 });
+    let updates = out.iter().filter(|a| matches!(a, CoordAction::SendUpdate { .. })).count();
+    assert_eq!(updates, 3);
+    assert!(out.contains(&CoordAction::SendUpdate {
+        task: TaskId(1),
+        node: NodeId(1),
+        id: C1,
+        trans: T1,
+        version: Version(4096),
+        ts: 300
+    }));
+    assert_eq!(c.last_commit().map(|r| r.id), Some(C1));
+}
+
+#[test]
+fn nothing_commits_without_every_report() {
+    let mut c = started();
+    tick(&mut c, 300);
+    c.handle(CoordInput::Report { task: TaskId(1), report: ok_report(C1, T1, 1) });
+    c.handle(CoordInput::Report { task: TaskId(1), report: ok_report(C1, T1, 1) }); // resent
+    let out = c.handle(CoordInput::Report { task: TaskId(10), report: ok_report(C1, T1, 0) });
+    assert!(out.is_empty());
+}
+
+#[test]
+fn failure_report_resets_every_task_and_the_next_checkpoint_goes_ahead() {
+    let mut c = started();
+    tick(&mut c, 300);
+    let mut bad = ok_report(C1, T1, 0);
+    bad.outcome = Err("upload failed".into());
+    let out = c.handle(CoordInput::Report { task: TaskId(10), report: bad });
+    let resets = out.iter().filter(|a| matches!(a, CoordAction::SendReset { failed: C1, .. })).count();
+    assert_eq!(resets, 3);
+    assert!(out.iter().any(|a| matches!(a, CoordAction::Finished { id: C1, outcome: Err(_), .. })));
+    assert_eq!(c.in_flight(), None);
+    assert!(tick(&mut c, 400).is_empty(), "the minimum pause holds");
+    let out = tick(&mut c, 1_300);
+    assert!(!out.iter().any(|a| matches!(a, CoordAction::PersistIds(_))), "id 2 is in the reserved block");
+    assert!(out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C2, .. })));
+}
+
+#[test]
+fn ids_are_reserved_in_blocks_and_a_restart_never_reuses_one() {
+    let mut c = started();
+    let mut persisted = IdRecord::default();
+    let mut last = CheckpointId(0);
+    for n in 0..(ID_BLOCK + 5) {
+        let mut out = tick(&mut c, 1_000 + n * 10_000);
+        out.extend(trigger(&mut c));
+        let id = out.iter().find_map(|a| match a {
+            CoordAction::SendSourceReq { id, .. } => Some(*id),
+            _ => None,
+        });
+        let id = id.expect("a checkpoint starts");
+        if let Some(CoordAction::PersistIds(p)) = out.first() {
+            persisted = *p;
+        }
+        assert!(id > last && id < persisted.next_id, "id {id} used before it was reserved ({persisted:?})");
+        last = id;
+        // End it so the next one can start.
+        tick(&mut c, 1_000 + n * 10_000 + 6_000);
+    }
+    // A restart from the persisted value starts past every id used.
+    let mut r = Coordinator::new(coord_cfg());
+    r.handle(CoordInput::Start { now: 0, ids: persisted, last_commit: None });
+    for t in [TaskId(1), TaskId(10), TaskId(20)] {
+        r.handle(CoordInput::Consensus { task: t, latest: CheckpointId(0), request: 1 });
+    }
+    let mut out = tick(&mut r, 1_000);
+    out.extend(trigger(&mut r));
+    let id = out.iter().find_map(|a| match a {
+        CoordAction::SendSourceReq { id, .. } => Some(*id),
+        _ => None,
+    });
+    assert!(id.expect("a checkpoint starts") > last);
+}
+
+#[test]
+fn checkpoint_running_past_the_timeout_fails() {
+    let mut c = started();
+    tick(&mut c, 300);
+    assert!(tick(&mut c, 5_299).is_empty());
+    let out = tick(&mut c, 5_300);
+    assert!(out.iter().any(|a| matches!(a, CoordAction::Finished { outcome: Err(w), .. } if w.contains("timed out"))));
+}
+
+#[test]
+fn losing_a_node_fails_the_checkpoint() {
+    let mut c = started();
+    tick(&mut c, 300);
+    let out = c.handle(CoordInput::NodeLost { node: NodeId(2) });
+    assert!(out.iter().any(|a| matches!(a, CoordAction::SendReset { .. })));
+    assert!(c.handle(CoordInput::NodeLost { node: NodeId(3) }).is_empty());
+}
+
+#[test]
+fn a_checkpoint_due_while_a_node_is_down_fails_at_once_until_the_node_is_back() {
+    let mut c = started();
+    assert!(c.handle(CoordInput::NodeLost { node: NodeId(2) }).is_empty(), "nothing in flight to fail");
+    let out = tick(&mut c, 300);
+    assert!(!out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { .. })), "{out:?}");
+    assert!(
+        out.iter().any(|a| matches!(a, CoordAction::Finished { id: C1, outcome: Err(w), .. } if w.contains("down"))),
+        "{out:?}"
+    );
+    assert_eq!(c.in_flight(), None);
+    // A client going away is not a member going away.
+    c.handle(CoordInput::NodeLost { node: NodeId(900) });
+    c.handle(CoordInput::NodeUp { node: NodeId(2) });
+    let out = tick(&mut c, 1_300);
+    assert!(out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C2, .. })), "{out:?}");
+}
+
+#[test]
+fn consecutive_failures_past_the_limit_make_the_stream_unhealthy_until_a_commit() {
+    let mut c = started();
+    let mut now = 300;
+    for i in 0..2u64 {
+        tick(&mut c, now);
+        let out = c.handle(CoordInput::NodeLost { node: NodeId(1) });
+        c.handle(CoordInput::NodeUp { node: NodeId(1) }); // back at once: only this checkpoint fails
+        let health = out.iter().find_map(|a| match a {
+            CoordAction::Health { healthy, .. } => Some(*healthy),
+            _ => None,
+        });
+        assert_eq!(health, if i == 0 { None } else { Some(false) });
+        now += 1_000;
+    }
+    assert!(!c.healthy());
+    tick(&mut c, now);
+    let id = c.in_flight().unwrap();
+    let trans = TransId(3);
+    for t in [1, 10, 20] {
+        c.handle(CoordInput::Report { task: TaskId(t), report: ok_report(id, trans, 0) });
+    }
+    let out = c.handle(CoordInput::CommitDurable { id });
+    assert!(out.contains(&CoordAction::Health { healthy: true, consecutive_failures: 0 }));
+}
+
+#[test]
+fn manual_trigger_starts_a_checkpoint_now() {
+    let mut c = started();
+    let out = trigger(&mut c);
+    assert!(out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C1, .. })));
+}
+
+/// Task `t` asks for its restore point with what it has; its request is `100 + t`.
+fn ask(c: &mut Coordinator, t: u32, latest: u64) -> Vec<CoordAction> {
+    c.handle(CoordInput::Consensus { task: TaskId(t), latest: CheckpointId(latest), request: 100 + u64::from(t) })
+}
+
+#[test]
+fn restart_restores_the_last_commit_and_never_reuses_an_id() {
+    let mut c = Coordinator::new(coord_cfg());
+    let record = CommitRecord {
+        id: CheckpointId(7),
+        trans: TransId(7),
+        versions: [(TaskId(1), Version(900))].into_iter().collect(),
+        manifests: Default::default(),
+        ts: 1,
+    };
+    let ids = IdRecord { next_id: CheckpointId(5), next_trans: TransId(5) };
+    // The tasks restore the record themselves; one that asks gets it, with its offset.
+    assert!(c.handle(CoordInput::Start { now: 0, ids, last_commit: Some(record) }).is_empty());
+    assert_eq!(
+        ask(&mut c, 1, 3),
+        vec![CoordAction::SendRestore {
+            task: TaskId(1),
+            node: NodeId(1),
+            id: Some(CheckpointId(7)),
+            version: Some(Version(900)),
+            committed: true,
+            request: 101
+        }]
+    );
+    let out = trigger(&mut c);
+    assert!(out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: CheckpointId(8), .. })));
+}
+
+#[test]
+fn restart_without_a_commit_record_uses_the_minimum_of_the_tasks_latest_ids() {
+    let mut c = Coordinator::new(coord_cfg());
+    assert!(c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None }).is_empty());
+    ask(&mut c, 1, 4);
+    ask(&mut c, 10, 3);
+    // The choice is recorded before any task hears of it: a coordinator that restarts before
+    // every task restored finds it, instead of choosing again without the restored tasks.
+    let out = ask(&mut c, 20, 4);
+    assert_eq!(out, vec![CoordAction::WriteCommit(CommitRecord::consensus(CheckpointId(3), 0))]);
+    assert!(c.handle(CoordInput::CommitFailed { id: CheckpointId(3), reason: "store down".into() }).is_empty());
+    assert!(tick(&mut c, 50).is_empty());
+    assert_eq!(tick(&mut c, 100), vec![CoordAction::WriteCommit(CommitRecord::consensus(CheckpointId(3), 0))]);
+    let out = c.handle(CoordInput::CommitDurable { id: CheckpointId(3) });
+    assert_eq!(out.len(), 3);
+    for (t, request) in [(1, 101), (10, 110), (20, 120)] {
+        assert!(
+            out.contains(&CoordAction::SendRestore {
+                task: TaskId(t),
+                node: c.task_node(TaskId(t)),
+                id: Some(CheckpointId(3)),
+                version: None,
+                committed: false,
+                request
+            }),
+            "{out:?}"
+        );
+    }
+    assert_eq!(c.last_commit().map(|r| r.id), Some(CheckpointId(3)));
+}
+
+#[test]
+fn consensus_gives_up_waiting_and_counts_silent_tasks_as_empty() {
+    let mut c = Coordinator::new(coord_cfg());
+    c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
+    ask(&mut c, 1, 4);
+    let out = tick(&mut c, 2_000);
+    assert!(matches!(out[..], [CoordAction::SendRestore { id: None, request: 101, .. }]), "{out:?}");
+}
+
+#[test]
+fn a_task_that_asks_again_gets_the_restore_point_already_chosen() {
+    let mut c = Coordinator::new(coord_cfg());
+    c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
+    for (t, l) in [(1, 4), (10, 3), (20, 4)] {
+        ask(&mut c, t, l);
+    }
+    c.handle(CoordInput::CommitDurable { id: CheckpointId(3) });
+    // Its answer was lost: the task asks again with what it has, and the choice stands.
+    let again = CoordInput::Consensus { task: TaskId(10), latest: CheckpointId(3), request: 7 };
+    assert_eq!(
+        c.handle(again),
+        vec![CoordAction::SendRestore {
+            task: TaskId(10),
+            node: NodeId(1),
+            id: Some(CheckpointId(3)),
+            version: None,
+            committed: false,
+            request: 7
+        }]
+    );
+    assert!(ask(&mut c, 99, 1).is_empty(), "not a task of the stream");
+}
+
+#[test]
+fn a_task_asking_after_the_wait_gets_the_same_restore_point_as_the_others() {
+    let mut c = Coordinator::new(coord_cfg());
+    assert!(ask(&mut c, 1, 2).is_empty(), "before start: ask again");
+    c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
+    ask(&mut c, 1, 4);
+    ask(&mut c, 10, 4);
+    let out = tick(&mut c, 2_000);
+    assert_eq!(out.len(), 2, "the two that asked: {out:?}");
+    // Task 20 comes late, with a checkpoint: it starts empty like the others, or the cut breaks.
+    let out = ask(&mut c, 20, 4);
+    assert!(matches!(out[..], [CoordAction::SendRestore { task: TaskId(20), id: None, .. }]), "{out:?}");
+}
+
+#[test]
+fn a_checkpoint_never_starts_when_its_ids_could_not_be_made_durable() {
+    let mut c = started();
+    let out = c.handle(CoordInput::Tick { now: 300 });
+    assert!(matches!(out[..], [CoordAction::PersistIds(_)]), "only the reservation: {out:?}");
+    assert_eq!(c.in_flight(), None, "nothing starts before the ids are durable");
+    let out = c.handle(CoordInput::IdsFailed { reason: "store down".into() });
+    assert!(matches!(&out[0], CoordAction::IdsNotDurable { .. }), "{out:?}");
+    assert!(!out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { .. })));
+    assert_eq!(c.in_flight(), None);
+    // The next attempt reserves again (after the pause), and starts once the record is durable.
+    assert!(c.handle(CoordInput::Tick { now: 400 }).is_empty(), "the minimum pause holds");
+    let out = c.handle(CoordInput::Tick { now: 600 });
+    let CoordAction::PersistIds(r) = out[0] else { panic!("{out:?}") };
+    let out = c.handle(CoordInput::IdsPersisted(r));
+    assert!(out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C1, trans: T1, .. })), "{out:?}");
+}
+
+#[test]
+fn an_id_record_write_that_never_answers_fails_after_the_store_timeout() {
+    let mut c = started();
+    c.handle(CoordInput::Tick { now: 300 });
+    assert!(c.handle(CoordInput::Tick { now: 1_299 }).is_empty());
+    let out = c.handle(CoordInput::Tick { now: 1_300 });
+    assert!(matches!(&out[0], CoordAction::IdsNotDurable { .. }), "{out:?}");
+    assert_eq!(c.in_flight(), None);
+}
+
+#[test]
+fn transaction_ids_survive_restarts() {
+    let mut c = started();
+    let out = tick(&mut c, 300);
+    let reserved = out
+        .iter()
+        .find_map(|a| if let CoordAction::PersistIds(r) = a { Some(*r) } else { None })
+        .expect("a reservation");
+    // Restarted from the durable record: both the id and the transaction come from past it.
+    let mut r = Coordinator::new(coord_cfg());
+    r.handle(CoordInput::Start { now: 0, ids: reserved, last_commit: None });
+    for t in [1, 10, 20] {
+        r.handle(CoordInput::Consensus { task: TaskId(t), latest: CheckpointId(0), request: 1 });
+    }
+    let out = trigger(&mut r);
+    let started = out.iter().find_map(|a| match a {
+        CoordAction::SendSourceReq { id, trans, .. } => Some((*id, *trans)),
+        _ => None,
+    });
+    let (id, trans) = started.expect("a checkpoint starts");
+    assert!(id >= reserved.next_id && trans >= reserved.next_trans, "({id}, {trans}) reused below {reserved:?}");
+}
+
+#[test]
+fn a_source_refusal_ends_the_checkpoint_at_once() {
+    for answer in [
+        SourceAnswer::Busy(C3),
+        SourceAnswer::AlreadyCompleted(C2),
+        SourceAnswer::AlreadyFailed(C2),
+        SourceAnswer::NotSource,
+        SourceAnswer::Failed("disk full".into()),
+    ] {
+        let mut c = started();
+        tick(&mut c, 300);
+        let done = CoordInput::SourceRsp { task: TaskId(1), id: C1, trans: T1, answer: SourceAnswer::Done(Version(5)) };
+        assert!(c.handle(done).is_empty(), "a source that built its part reports");
+        let stale = CoordInput::SourceRsp { task: TaskId(1), id: C2, trans: T1, answer: answer.clone() };
+        assert!(c.handle(stale).is_empty(), "an answer for another checkpoint changes nothing");
+        let out = c.handle(CoordInput::SourceRsp { task: TaskId(1), id: C1, trans: T1, answer: answer.clone() });
+        assert!(
+            out.iter()
+                .any(|a| matches!(a, CoordAction::Finished { id: C1, outcome: Err(w), .. } if w.contains("refused"))),
+            "{answer:?}: {out:?}"
+        );
+        assert_eq!(out.iter().filter(|a| matches!(a, CoordAction::SendReset { failed: C1, .. })).count(), 3);
+        assert_eq!(c.in_flight(), None);
+    }
+}
+
+#[test]
+fn a_commit_write_that_never_answers_fails_and_a_late_answer_makes_it_the_last_commit() {
+    let mut c = started();
+    tick(&mut c, 300);
+    for t in [1, 10, 20] {
+        c.handle(CoordInput::Report { task: TaskId(t), report: ok_report(C1, T1, 7) });
+    }
+    assert!(tick(&mut c, 1_299).is_empty());
+    let out = tick(&mut c, 1_300);
+    assert!(
+        out.iter()
+            .any(|a| matches!(a, CoordAction::Finished { id: C1, outcome: Err(w), .. } if w.contains("no answer"))),
+        "{out:?}"
+    );
+    assert!(c.last_commit().is_none());
+    // The record did become visible: it is a restore point, though no task heard of it.
+    assert!(c.handle(CoordInput::CommitDurable { id: C1 }).is_empty());
+    assert_eq!(c.last_commit().map(|r| r.id), Some(C1));
+}

@@ -1,0 +1,72 @@
+//! One test per protocol scenario, named after it: the task machine's in `task.rs`, the
+//! coordinator's in `coordinator.rs`; shared setups here.
+
+mod coordinator;
+mod task;
+
+use weir_wire::msg::TriggerKind::Periodic;
+
+use weir_wire::msg::TriggerRspCode;
+
+use weir_wire::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
+
+use super::CheckpointError;
+
+use super::coordinator::*;
+
+use super::task::*;
+
+const C1: CheckpointId = CheckpointId(1);
+
+const C2: CheckpointId = CheckpointId(2);
+
+const C3: CheckpointId = CheckpointId(3);
+
+const T1: TransId = TransId(1);
+
+fn setup(task: u32, role: Role, ups: &[u32], downs: &[u32]) -> TaskSetup {
+    TaskSetup {
+        stream: StreamId(1),
+        task: TaskId(task),
+        node: NodeId(1),
+        role,
+        upstreams: ups.iter().map(|u| (TaskId(*u), NodeId(1))).collect(),
+        downstreams: downs.iter().map(|d| (TaskId(*d), NodeId(1))).collect(),
+        trigger_timeout_ms: 10_000,
+        ready_resend_ms: 1_000,
+    }
+}
+
+fn ready(m: TaskMachine) -> TaskMachine {
+    let mut m = m;
+    m.handle(TaskInput::Restored { id: None, version: Version(0) });
+    m
+}
+
+/// An agg (task 10) with upstreams 1 and 2 and downstreams 20 and 21.
+fn agg() -> TaskMachine {
+    ready(TaskMachine::new(setup(10, Role::Agg, &[1, 2], &[20, 21])))
+}
+
+fn source() -> TaskMachine {
+    ready(TaskMachine::new(setup(1, Role::Source, &[], &[10])))
+}
+
+fn up(manifest_crc: u32, bytes: u64) -> UploadDone {
+    UploadDone { manifest_crc, bytes, files: 3, upload_us: 1000 }
+}
+
+fn trig(from: u32, id: CheckpointId) -> TaskInput {
+    TaskInput::Trigger { from: TaskId(from), id, trans: T1 }
+}
+
+/// Drives an agg through checkpoint `id` to the commit.
+fn complete(m: &mut TaskMachine, id: CheckpointId) {
+    m.handle(trig(1, id));
+    m.handle(trig(2, id));
+    m.handle(TaskInput::SnapshotTaken { id, result: Ok(()) });
+    m.handle(TaskInput::Uploaded { id, result: Ok(up(7, 100)) });
+    m.handle(TaskInput::Ready { from: TaskId(20), id });
+    m.handle(TaskInput::Ready { from: TaskId(21), id });
+    m.handle(TaskInput::Update { id, version: Version(0), ts: 5 });
+}

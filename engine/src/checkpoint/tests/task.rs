@@ -1,0 +1,501 @@
+//! The task machine.
+
+use super::*;
+
+#[test]
+fn source_request_to_a_non_source_is_refused() {
+    let mut m = agg();
+    let out = m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
+    assert_eq!(out, vec![TaskAction::SendSourceRsp { id: C1, trans: T1, answer: SourceAnswer::NotSource }]);
+    assert_eq!(m.state(), TaskState::Ready);
+}
+
+#[test]
+fn source_enters_checkpointing_and_queues_the_trigger_behind_its_data() {
+    let mut m = source();
+    let out = m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
+    assert_eq!(out, vec![TaskAction::QueueSourceTrigger { id: C1, trans: T1 }]);
+    assert_eq!(m.state(), TaskState::Checkpointing(C1));
+    assert_eq!(m.started, 1);
+    let out = m.handle(TaskInput::SourceReachedTrigger { id: C1, offset: Version(4096) });
+    assert_eq!(out, vec![TaskAction::Snapshot { id: C1, trans: T1, offset: Version(4096) }]);
+}
+
+#[test]
+fn request_at_or_below_the_completed_id_is_answered_not_acted_on() {
+    let mut m = source();
+    m.handle(TaskInput::Update { id: C2, version: Version(10), ts: 0 });
+    let out = m.handle(TaskInput::SourceReq { id: C2, trans: T1, kind: Periodic, expire_at: 100 });
+    assert_eq!(out, vec![TaskAction::SendSourceRsp { id: C2, trans: T1, answer: SourceAnswer::AlreadyCompleted(C2) }]);
+    assert_eq!(m.state(), TaskState::Ready);
+}
+
+#[test]
+fn request_at_or_below_the_failed_id_is_answered_not_acted_on() {
+    let mut m = source();
+    m.handle(TaskInput::Reset { failed: C2 });
+    let out = m.handle(TaskInput::SourceReq { id: C1.next(), trans: T1, kind: Periodic, expire_at: 100 });
+    assert_eq!(out, vec![TaskAction::SendSourceRsp { id: C2, trans: T1, answer: SourceAnswer::AlreadyFailed(C2) }]);
+    assert_eq!(m.state(), TaskState::Ready);
+}
+
+#[test]
+fn stale_source_request_is_discarded() {
+    let mut m = source();
+    m.handle(TaskInput::Tick { now: 500 });
+    assert_eq!(
+        m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 }),
+        vec![TaskAction::Discarded(Discard::Stale)]
+    );
+    assert_eq!(m.state(), TaskState::Ready);
+}
+
+#[test]
+fn expired_trigger_is_discarded() {
+    let mut m = agg();
+    complete(&mut m, C2);
+    assert_eq!(m.handle(trig(1, C1)), vec![TaskAction::Discarded(Discard::Expired)]);
+    assert_eq!(m.state(), TaskState::Ready);
+}
+
+#[test]
+fn trigger_at_or_below_the_failed_id_is_discarded() {
+    let mut m = agg();
+    m.handle(TaskInput::Reset { failed: C2 });
+    assert_eq!(m.handle(trig(1, C2)), vec![TaskAction::Discarded(Discard::Failed)]);
+    assert_eq!(m.handle(trig(1, C1)), vec![TaskAction::Discarded(Discard::Failed)]);
+    assert_eq!(m.state(), TaskState::Ready, "a discarded trigger is not processed");
+}
+
+#[test]
+fn trigger_for_the_completed_id_resends_ready_and_reopens_the_input() {
+    let mut m = agg();
+    complete(&mut m, C1);
+    let out = m.handle(trig(2, C1));
+    assert_eq!(
+        out,
+        vec![TaskAction::SendReady { to: TaskId(2), node: NodeId(1), id: C1, trans: T1 }, TaskAction::ReopenInput(1)]
+    );
+    assert_eq!(m.state(), TaskState::Ready);
+}
+
+#[test]
+fn second_trigger_from_the_same_upstream_is_a_duplicate() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    assert_eq!(m.handle(trig(1, C1)), vec![TaskAction::Discarded(Discard::Duplicate)]);
+    m.handle(trig(2, C1));
+    assert_eq!(m.handle(trig(2, C1)), vec![TaskAction::Discarded(Discard::Duplicate)], "all triggers are in");
+    assert_eq!(m.discarded, 2);
+}
+
+#[test]
+fn trigger_from_a_task_that_is_not_an_upstream_is_discarded() {
+    let mut m = agg();
+    assert_eq!(m.handle(trig(99, C1)), vec![TaskAction::Discarded(Discard::Misdirected)]);
+    assert_eq!(m.state(), TaskState::Ready);
+}
+
+#[test]
+fn alignment_closes_inputs_until_every_trigger_arrived_then_snapshots() {
+    let mut m = agg();
+    assert_eq!(m.handle(trig(2, C1)), vec![TaskAction::CloseInput(1)]);
+    assert_eq!(m.state(), TaskState::Checkpointing(C1));
+    assert_eq!(
+        m.handle(trig(1, C1)),
+        vec![TaskAction::CloseInput(0), TaskAction::Snapshot { id: C1, trans: T1, offset: Version(0) }]
+    );
+}
+
+#[test]
+fn an_upstream_that_ended_counts_as_aligned_now_and_in_later_checkpoints() {
+    let mut m = agg();
+    // Waiting for upstream 2's trigger when it ends instead: the alignment is complete.
+    m.handle(trig(1, C1));
+    assert_eq!(
+        m.handle(TaskInput::UpstreamEnded { from: TaskId(2) }),
+        vec![TaskAction::Snapshot { id: C1, trans: T1, offset: Version(0) }]
+    );
+    // The next checkpoint needs upstream 1 only.
+    let mut m = agg();
+    assert!(m.handle(TaskInput::UpstreamEnded { from: TaskId(2) }).is_empty());
+    assert_eq!(
+        m.handle(trig(1, C1)),
+        vec![TaskAction::CloseInput(0), TaskAction::Snapshot { id: C1, trans: T1, offset: Version(0) }]
+    );
+    assert_eq!(
+        m.handle(TaskInput::UpstreamEnded { from: TaskId(7) }),
+        vec![TaskAction::Discarded(Discard::Misdirected)]
+    );
+}
+
+#[test]
+fn snapshot_reopens_every_input_at_once_and_uploads_in_the_background() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    m.handle(trig(2, C1));
+    let out = m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
+    assert_eq!(out, vec![TaskAction::ReopenAllInputs, TaskAction::Upload { id: C1 }]);
+    assert_eq!(m.state(), TaskState::Checkpointing(C1), "the checkpoint goes on, the pipeline does not wait");
+}
+
+#[test]
+fn ready_waits_for_a_durable_upload_and_every_downstream() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    m.handle(trig(2, C1));
+    m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
+    assert_eq!(
+        m.handle(TaskInput::Ready { from: TaskId(20), id: C1 }),
+        vec![TaskAction::SendReadyRsp { to: TaskId(20), id: C1 }]
+    );
+    assert!(m.handle(TaskInput::Uploaded { id: C1, result: Ok(up(7, 100)) }).is_empty(), "21 is not ready yet");
+    let out = m.handle(TaskInput::Ready { from: TaskId(21), id: C1 });
+    assert_eq!(out[0], TaskAction::SendReadyRsp { to: TaskId(21), id: C1 });
+    assert_eq!(out[1], TaskAction::SendReady { to: TaskId(1), node: NodeId(1), id: C1, trans: T1 });
+    assert_eq!(out[2], TaskAction::SendReady { to: TaskId(2), node: NodeId(1), id: C1, trans: T1 });
+    match &out[3] {
+        TaskAction::SendReport(r) => {
+            assert_eq!((r.id, r.manifest_crc, r.stats.upload_bytes, r.outcome.clone()), (C1, 7, 100, Ok(Version(0))))
+        }
+        other => panic!("expected a report, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_source_answers_the_coordinator_instead_of_sending_ready() {
+    let mut m = source();
+    m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
+    m.handle(TaskInput::SourceReachedTrigger { id: C1, offset: Version(77) });
+    m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
+    m.handle(TaskInput::Uploaded { id: C1, result: Ok(up(1, 2)) });
+    let out = m.handle(TaskInput::Ready { from: TaskId(10), id: C1 });
+    assert_eq!(out[1], TaskAction::SendSourceRsp { id: C1, trans: T1, answer: SourceAnswer::Done(Version(77)) });
+    assert!(matches!(&out[2], TaskAction::SendReport(r) if r.outcome == Ok(Version(77))));
+}
+
+#[test]
+fn ready_messages_are_matched_by_task_not_node() {
+    // Both downstreams run on the same node: one's ready must not count for the other.
+    let mut m = agg();
+    complete_until_upload(&mut m, C1);
+    m.handle(TaskInput::Ready { from: TaskId(20), id: C1 });
+    m.handle(TaskInput::Ready { from: TaskId(20), id: C1 });
+    assert_eq!(m.state(), TaskState::Checkpointing(C1));
+    let out = m.handle(TaskInput::Ready { from: TaskId(21), id: C1 });
+    assert!(out.iter().any(|a| matches!(a, TaskAction::SendReport(_))));
+}
+
+fn complete_until_upload(m: &mut TaskMachine, id: CheckpointId) {
+    m.handle(trig(1, id));
+    m.handle(trig(2, id));
+    m.handle(TaskInput::SnapshotTaken { id, result: Ok(()) });
+    m.handle(TaskInput::Uploaded { id, result: Ok(up(7, 100)) });
+}
+
+#[test]
+fn duplicate_ready_is_confirmed_and_otherwise_ignored() {
+    let mut m = agg();
+    complete_until_upload(&mut m, C1);
+    m.handle(TaskInput::Ready { from: TaskId(20), id: C1 });
+    let out = m.handle(TaskInput::Ready { from: TaskId(20), id: C1 });
+    assert_eq!(out, vec![TaskAction::SendReadyRsp { to: TaskId(20), id: C1 }]);
+}
+
+#[test]
+fn unconfirmed_ready_is_resent_until_confirmed() {
+    let mut m = agg();
+    complete_until_upload(&mut m, C1);
+    m.handle(TaskInput::Ready { from: TaskId(20), id: C1 });
+    m.handle(TaskInput::Ready { from: TaskId(21), id: C1 });
+    m.handle(TaskInput::ReadyRsp { from: TaskId(1), id: C1 });
+    let out = m.handle(TaskInput::Tick { now: 1_000 });
+    assert!(out.contains(&TaskAction::SendReady { to: TaskId(2), node: NodeId(1), id: C1, trans: T1 }));
+    assert!(!out.iter().any(|a| matches!(a, TaskAction::SendReady { to: TaskId(1), .. })), "1 confirmed");
+    m.handle(TaskInput::ReadyRsp { from: TaskId(2), id: C1 });
+    let out = m.handle(TaskInput::Tick { now: 2_000 });
+    assert!(!out.iter().any(|a| matches!(a, TaskAction::SendReady { .. })));
+    m.handle(TaskInput::Update { id: C1, version: Version(0), ts: 0 });
+    assert!(m.handle(TaskInput::Tick { now: 3_000 }).is_empty(), "the checkpoint ended: nothing more is resent");
+}
+
+#[test]
+fn missing_trigger_is_retrieved_after_timeout() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    assert!(m.handle(TaskInput::Tick { now: 9_999 }).is_empty());
+    let out = m.handle(TaskInput::Tick { now: 10_000 });
+    assert_eq!(
+        out,
+        vec![TaskAction::ReopenInput(1), TaskAction::SendRetrieveTrigger { to: TaskId(2), node: NodeId(1), id: C1 }]
+    );
+}
+
+#[test]
+fn retrieve_is_answered_success_in_progress_or_invalid() {
+    let mut m = agg();
+    let ask = |m: &mut TaskMachine, id| m.handle(TaskInput::RetrieveTrigger { from: TaskId(21), id });
+    m.handle(trig(1, C1));
+    assert!(matches!(&ask(&mut m, C1)[0], TaskAction::SendTriggerRsp { code: TriggerRspCode::InProgress, .. }));
+    m.handle(trig(2, C1));
+    m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
+    m.handle(TaskInput::TriggerDispatched { to: TaskId(21), seq: Seq(41) });
+    assert_eq!(
+        ask(&mut m, C1),
+        vec![TaskAction::SendTriggerRsp {
+            to: TaskId(21),
+            id: C1,
+            trans: T1,
+            code: TriggerRspCode::Success,
+            trigger_seq: Seq(41)
+        }]
+    );
+    // Over here: completed, or overtaken by a newer checkpoint.
+    complete(&mut m, C1);
+    assert!(matches!(&ask(&mut m, C1)[0], TaskAction::SendTriggerRsp { code: TriggerRspCode::Invalid, id: C1, .. }));
+    m.handle(trig(1, C3));
+    assert!(matches!(&ask(&mut m, C2)[0], TaskAction::SendTriggerRsp { code: TriggerRspCode::Invalid, id: C3, .. }));
+}
+
+#[test]
+fn an_upstream_that_has_not_reached_the_id_answers_not_yet() {
+    let mut m = agg();
+    let ask = |m: &mut TaskMachine, id| m.handle(TaskInput::RetrieveTrigger { from: TaskId(21), id });
+    // Nothing started here yet, or an older checkpoint still running: the barrier will come.
+    let not_yet = |out: Vec<TaskAction>| {
+        matches!(&out[..], [TaskAction::SendTriggerRsp { code: TriggerRspCode::InProgress, id: C2, .. }])
+    };
+    assert!(not_yet(ask(&mut m, C2)), "{:?}", ask(&mut m, C2));
+    m.handle(trig(1, C1));
+    assert!(not_yet(ask(&mut m, C2)));
+    assert_eq!(m.state(), TaskState::Checkpointing(C1), "answering changes nothing here");
+}
+
+#[test]
+fn a_slow_upstream_is_asked_again_at_every_timeout_and_never_fails_the_checkpoint() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    for round in 1..=3u64 {
+        let out = m.handle(TaskInput::Tick { now: round * 10_000 });
+        assert!(out.contains(&TaskAction::SendRetrieveTrigger { to: TaskId(2), node: NodeId(1), id: C1 }), "{out:?}");
+        let rsp = TaskInput::TriggerRsp {
+            from: TaskId(2),
+            id: C1,
+            trans: TransId(0),
+            code: TriggerRspCode::InProgress,
+            trigger_seq: Seq(0),
+            next_seq: Some(Seq(3)),
+        };
+        assert!(m.handle(rsp).is_empty());
+        assert_eq!(m.state(), TaskState::Checkpointing(C1));
+    }
+}
+
+#[test]
+fn retrieved_trigger_is_injected_when_everything_before_it_arrived() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    let rsp = TaskInput::TriggerRsp {
+        from: TaskId(2),
+        id: C1,
+        trans: T1,
+        code: TriggerRspCode::Success,
+        trigger_seq: Seq(9),
+        next_seq: Some(Seq(9)),
+    };
+    let out = m.handle(rsp);
+    assert_eq!(out[0], TaskAction::InjectTrigger { from: TaskId(2) });
+    assert!(out.contains(&TaskAction::Snapshot { id: C1, trans: T1, offset: Version(0) }));
+}
+
+#[test]
+fn retrieved_trigger_with_data_missing_before_it_fails_the_checkpoint() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    let rsp = TaskInput::TriggerRsp {
+        from: TaskId(2),
+        id: C1,
+        trans: T1,
+        code: TriggerRspCode::Success,
+        trigger_seq: Seq(9),
+        next_seq: Some(Seq(7)),
+    };
+    let out = m.handle(rsp);
+    assert!(matches!(&out[0], TaskAction::SendReport(r) if r.outcome.is_err()));
+    assert_eq!(m.state(), TaskState::Ready);
+    assert_eq!(m.failed(), Some(C1));
+}
+
+#[test]
+fn retrieve_answered_in_progress_waits_for_the_next_timeout() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    let rsp = TaskInput::TriggerRsp {
+        from: TaskId(2),
+        id: C1,
+        trans: T1,
+        code: TriggerRspCode::InProgress,
+        trigger_seq: Seq(0),
+        next_seq: Some(Seq(3)),
+    };
+    assert!(m.handle(rsp).is_empty());
+    assert_eq!(m.state(), TaskState::Checkpointing(C1));
+}
+
+#[test]
+fn update_at_or_below_the_current_id_is_ignored() {
+    let mut m = agg();
+    complete(&mut m, C2);
+    assert!(m.handle(TaskInput::Update { id: C2, version: Version(0), ts: 9 }).is_empty());
+    assert!(m.handle(TaskInput::Update { id: C1, version: Version(0), ts: 9 }).is_empty());
+    assert_eq!(m.latest(), C2);
+}
+
+#[test]
+fn update_persists_the_commit_and_returns_to_ready() {
+    let mut m = source();
+    m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
+    let out = m.handle(TaskInput::Update { id: C1, version: Version(55), ts: 9 });
+    assert_eq!(
+        out,
+        vec![
+            TaskAction::PersistCommitted { id: C1, version: Version(55), ts: 9 },
+            TaskAction::ReopenAllInputs,
+            TaskAction::DeleteSnapshotsBefore(C1)
+        ]
+    );
+    assert_eq!((m.state(), m.latest(), m.latest_version()), (TaskState::Ready, C1, Version(55)));
+}
+
+#[test]
+fn reset_records_the_failed_id_keeps_the_snapshot_a_commit_may_name_and_returns_to_ready() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    m.handle(trig(2, C1));
+    m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
+    // The coordinator gave up on the commit (its write did not answer): the record may still
+    // appear, so the snapshot it names stays until a later commit collects it.
+    let out = m.handle(TaskInput::Reset { failed: C1 });
+    assert_eq!(out, vec![TaskAction::ReopenAllInputs]);
+    assert_eq!((m.state(), m.failed()), (TaskState::Ready, Some(C1)));
+    // The next checkpoint goes ahead.
+    assert_eq!(m.handle(trig(1, C2)), vec![TaskAction::CloseInput(0)]);
+}
+
+#[test]
+fn upload_failure_fails_the_checkpoint_and_reports_why() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    m.handle(trig(2, C1));
+    m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
+    let out = m.handle(TaskInput::Uploaded {
+        id: C1,
+        result: Err(CheckpointError::Upload {
+            task: TaskId(10),
+            id: C1,
+            reason: "store unreachable".into(),
+            retryable: true,
+        }),
+    });
+    assert!(
+        matches!(&out[0], TaskAction::SendReport(r) if r.outcome.as_ref().unwrap_err().contains("store unreachable"))
+    );
+    assert_eq!((m.state(), m.failed()), (TaskState::Ready, Some(C1)));
+}
+
+#[test]
+fn a_failed_source_says_so_to_the_coordinator() {
+    let mut m = source();
+    m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
+    m.handle(TaskInput::SourceReachedTrigger { id: C1, offset: Version(1) });
+    let out = m.handle(TaskInput::SnapshotTaken {
+        id: C1,
+        result: Err(CheckpointError::Snapshot { task: TaskId(1), id: C1, reason: "disk full".into() }),
+    });
+    assert!(
+        matches!(&out[0], TaskAction::SendSourceRsp { answer: SourceAnswer::Failed(w), .. } if w.contains("disk full"))
+    );
+}
+
+#[test]
+fn late_reset_of_an_older_checkpoint_leaves_a_newer_alignment_alone() {
+    let mut m = agg();
+    m.handle(trig(1, C2));
+    assert!(m.handle(TaskInput::Reset { failed: C1 }).is_empty(), "input 0 must stay closed");
+    assert_eq!(m.state(), TaskState::Checkpointing(C2));
+    assert_eq!(m.failed(), Some(C1));
+}
+
+#[test]
+fn late_update_of_an_older_checkpoint_leaves_a_newer_alignment_alone() {
+    let mut m = agg();
+    m.handle(trig(1, C2));
+    let out = m.handle(TaskInput::Update { id: C1, version: Version(0), ts: 0 });
+    assert_eq!(
+        out,
+        vec![
+            TaskAction::PersistCommitted { id: C1, version: Version(0), ts: 0 },
+            TaskAction::DeleteSnapshotsBefore(C1)
+        ]
+    );
+    assert_eq!((m.state(), m.latest()), (TaskState::Checkpointing(C2), C1));
+}
+
+#[test]
+fn trigger_for_the_completed_id_keeps_an_input_held_for_a_newer_alignment() {
+    let mut m = agg();
+    complete(&mut m, C1);
+    m.handle(trig(2, C2));
+    let out = m.handle(trig(2, C1));
+    assert_eq!(out, vec![TaskAction::SendReady { to: TaskId(2), node: NodeId(1), id: C1, trans: T1 }]);
+}
+
+#[test]
+fn trigger_for_an_older_id_than_the_active_one_is_invalid_and_discarded() {
+    let mut m = agg();
+    m.handle(trig(1, C3));
+    assert_eq!(m.handle(trig(2, C2)), vec![TaskAction::Discarded(Discard::Invalid)]);
+    assert_eq!(m.state(), TaskState::Checkpointing(C3));
+}
+
+#[test]
+fn trigger_for_a_newer_id_ends_the_abandoned_checkpoint_and_starts_the_new_one() {
+    // The reset of C2 was overtaken by C3's trigger.
+    let mut m = agg();
+    m.handle(trig(1, C2));
+    let out = m.handle(trig(2, C3));
+    assert_eq!(out, vec![TaskAction::ReopenAllInputs, TaskAction::CloseInput(1)]);
+    assert_eq!((m.state(), m.failed()), (TaskState::Checkpointing(C3), Some(C2)));
+    // The late reset changes nothing, and C2's own late trigger is discarded.
+    assert!(m.handle(TaskInput::Reset { failed: C2 }).is_empty());
+    assert_eq!(m.handle(trig(1, C2)), vec![TaskAction::Discarded(Discard::Failed)]);
+}
+
+#[test]
+fn source_request_for_a_newer_id_ends_the_abandoned_checkpoint() {
+    let mut m = source();
+    m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
+    let out = m.handle(TaskInput::SourceReq { id: C2, trans: TransId(2), kind: Periodic, expire_at: 100 });
+    assert_eq!(out, vec![TaskAction::ReopenAllInputs, TaskAction::QueueSourceTrigger { id: C2, trans: TransId(2) }]);
+    assert_eq!(m.state(), TaskState::Checkpointing(C2));
+}
+
+#[test]
+fn request_older_than_the_active_checkpoint_says_busy() {
+    let mut m = source();
+    m.handle(TaskInput::SourceReq { id: C3, trans: T1, kind: Periodic, expire_at: 100 });
+    let out = m.handle(TaskInput::SourceReq { id: C2, trans: TransId(3), kind: Periodic, expire_at: 100 });
+    assert_eq!(out, vec![TaskAction::SendSourceRsp { id: C2, trans: TransId(3), answer: SourceAnswer::Busy(C3) }]);
+    let again = m.handle(TaskInput::SourceReq { id: C3, trans: T1, kind: Periodic, expire_at: 100 });
+    assert_eq!(again, vec![TaskAction::Discarded(Discard::Duplicate)]);
+}
+
+#[test]
+fn a_reset_before_the_task_restored_is_remembered() {
+    let mut m = TaskMachine::new(setup(10, Role::Agg, &[1, 2], &[20, 21]));
+    assert!(m.handle(TaskInput::Reset { failed: C2 }).is_empty());
+    m.handle(TaskInput::Restored { id: Some(C1), version: Version(0) });
+    // A barrier of the failed checkpoint, still on its way, is not acted on.
+    assert_eq!(m.handle(trig(1, C2)), vec![TaskAction::Discarded(Discard::Failed)]);
+    assert_eq!(m.state(), TaskState::Ready);
+}
