@@ -107,6 +107,27 @@ fn checkpoints_commit_across_two_engines_and_both_restore_from_them() {
 }
 
 #[test]
+fn heartbeats_tell_each_node_the_other_nodes_tasks_committed_ids() {
+    let (d1, d2, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let spec = spec(1_000_000);
+    let (e1, e2) = two_engines(&spec, d1.path(), d2.path(), remote.path());
+    wait_for_commits(&e1, 2);
+    let on_node_2: Vec<_> = e2.status().tasks.iter().map(|t| t.task).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let heard = e1.peer_tasks();
+        let known: Vec<_> =
+            heard.iter().filter(|(n, h)| *n == NodeId(2) && h.latest.0 >= 1).map(|(_, h)| h.task).collect();
+        if known == on_node_2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node 1 heard {heard:?}, node 2 runs {on_node_2:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop_both(e1, e2);
+}
+
+#[test]
 fn status_responses_carry_task_state_and_per_task_checkpoint_statistics() {
     use weir_engine::wire::msg::{CheckpointOutcome, StatusReq, StatusRsp};
 

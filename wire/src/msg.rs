@@ -92,7 +92,7 @@ archived! {
         pub latest: CheckpointId,
         /// Source offset of that checkpoint.
         pub latest_version: Version,
-        /// When it committed (ms since the epoch).
+        /// When it committed (ms since the epoch; 0: not known, as for a restored checkpoint).
         pub latest_ts_ms: u64,
         /// Checkpoint in progress, if any.
         pub active: Option<CheckpointId>,

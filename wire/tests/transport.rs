@@ -289,6 +289,31 @@ fn heartbeats_keep_an_idle_link_alive() {
 }
 
 #[test]
+fn heartbeats_carry_the_senders_task_summaries() {
+    let summary = TaskHeartbeat {
+        stream: StreamId(3),
+        task: TaskId(9),
+        latest: CheckpointId(41),
+        latest_version: Version(4096),
+        latest_ts_ms: 1_700_000_000_000,
+        active: Some(CheckpointId(42)),
+        failed: Some(CheckpointId(40)),
+    };
+    let mut a_cfg = config(1);
+    a_cfg.peers.push(PeerConfig { node: NodeId(2), addr: None });
+    let a = Transport::start(a_cfg).unwrap();
+    let mut b_cfg = config(2);
+    b_cfg.peers.push(PeerConfig { node: NodeId(1), addr: a.local_addr() });
+    let s = summary.clone();
+    b_cfg.heartbeat_tasks = Some(std::sync::Arc::new(move || vec![s.clone()]));
+    let _b = Transport::start(b_cfg).unwrap();
+    match wait_for(&a, |e| matches!(e, Event::Heartbeat { .. })) {
+        Event::Heartbeat { from, tasks } => assert_eq!((from, tasks), (NodeId(2), vec![summary])),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn full_send_queue_hands_the_frame_back() {
     let mut cfg = config(1);
     cfg.send_queue = 8;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::atomic::AtomicCell;
-use weir_wire::msg::{TaskState as WireState, TaskStatus};
-use weir_wire::{CheckpointId, StreamId, TaskId};
+use weir_wire::msg::{TaskHeartbeat, TaskState as WireState, TaskStatus};
+use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
 use crate::checkpoint::TaskState;
 
@@ -16,6 +16,8 @@ use crate::checkpoint::TaskState;
 struct Published {
     state: TaskState,
     latest: CheckpointId,
+    latest_version: Version,
+    latest_ts_ms: u64,
     failed: Option<CheckpointId>,
 }
 
@@ -32,18 +34,47 @@ impl TaskBoard {
     pub(crate) fn new(task: TaskId) -> Arc<Self> {
         Arc::new(Self {
             task,
-            published: AtomicCell::new(Published { state: TaskState::Ready, latest: CheckpointId(0), failed: None }),
+            published: AtomicCell::new(Published {
+                state: TaskState::Ready,
+                latest: CheckpointId(0),
+                latest_version: Version(0),
+                latest_ts_ms: 0,
+                failed: None,
+            }),
             rows_in: AtomicU64::new(0),
             rows_out: AtomicU64::new(0),
         })
     }
 
     /// Publishes the checkpoint machine's view.
-    pub(crate) fn publish(&self, state: TaskState, latest: CheckpointId, failed: Option<CheckpointId>) {
-        let p = Published { state, latest, failed };
+    pub(crate) fn publish(&self, m: &crate::checkpoint::TaskMachine) {
+        let p = Published {
+            state: m.state(),
+            latest: m.latest(),
+            latest_version: m.latest_version(),
+            latest_ts_ms: m.latest_ts().unwrap_or(0),
+            failed: m.failed(),
+        };
         // Most polls change nothing: a load is cheaper than a store on the shared line.
         if self.published.load() != p {
             self.published.store(p);
+        }
+    }
+
+    /// The task's summary in this node's heartbeats.
+    pub(crate) fn heartbeat(&self, stream: StreamId) -> TaskHeartbeat {
+        let p = self.published.load();
+        TaskHeartbeat {
+            stream,
+            task: self.task,
+            latest: p.latest,
+            latest_version: p.latest_version,
+            latest_ts_ms: p.latest_ts_ms,
+            active: match p.state {
+                TaskState::Checkpointing(id) => Some(id),
+                _ => None,
+            },
+            failed: p.failed,
         }
     }
 

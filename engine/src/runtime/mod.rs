@@ -223,10 +223,17 @@ impl Engine {
             .tasks
             .iter()
             .any(|t| t.downstreams.iter().any(|d| (placement.node_of(t.id) == me) != (placement.node_of(*d) == me)));
+        let boards: HashMap<TaskId, Arc<board::TaskBoard>> =
+            local.iter().map(|t| (t.id, board::TaskBoard::new(t.id))).collect();
         // A configured transport always starts: besides remote channels it serves clients
-        // (`weir load` ingest, status).
+        // (`weir load` ingest, status). Its heartbeats carry the local tasks' checkpoint summary.
         let transport = match (&cfg.transport, needs_net) {
-            (Some(tc), _) => Some(Transport::start(tc.clone())?),
+            (Some(tc), _) => {
+                let mut tc = tc.clone();
+                let (mine, stream): (Vec<_>, _) = (local.iter().map(|t| boards[&t.id].clone()).collect(), spec.id);
+                tc.heartbeat_tasks = Some(Arc::new(move || mine.iter().map(|b| b.heartbeat(stream)).collect()));
+                Some(Transport::start(tc)?)
+            }
             (None, true) => return Err(EngineError::Config("tasks on other nodes need a transport config".into())),
             (None, false) => None,
         };
@@ -285,8 +292,6 @@ impl Engine {
         };
 
         let net = |t: &Transport| Net { sender: t.sender(), encoder: FrameEncoder::new() };
-        let boards: HashMap<TaskId, Arc<board::TaskBoard>> =
-            local.iter().map(|t| (t.id, board::TaskBoard::new(t.id))).collect();
         let mut per_worker: Vec<Vec<Cell>> = (0..cfg.workers).map(|_| Vec::new()).collect();
         // Control queues first: the checkpoint side of every task needs its peers' queues.
         let mut control_rx = HashMap::new();
@@ -426,6 +431,7 @@ impl Engine {
             checkpoints: coordinator.as_ref().map(|c| c.log.clone()),
             coordinates: coordinator.as_ref().is_some_and(|c| c.coordinator.is_some()),
             trigger,
+            peer_tasks: Default::default(),
         });
 
         // With a transport, the router acknowledges ingest requests to their clients; without
@@ -496,6 +502,12 @@ impl Engine {
     /// transport by sending a `StatusReq`.
     pub fn status(&self) -> weir_wire::msg::StatusRsp {
         self.status.response(0)
+    }
+
+    /// What the other nodes' heartbeats last said of their tasks of this stream (latest, active
+    /// and failed checkpoint each), with the node each came from, in task order.
+    pub fn peer_tasks(&self) -> Vec<(weir_wire::NodeId, weir_wire::msg::TaskHeartbeat)> {
+        self.status.peer_tasks.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
 
     /// Counters.

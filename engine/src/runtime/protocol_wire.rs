@@ -6,7 +6,7 @@ use weir_wire::msg::{
     ReportOutcome, Restore, RestoreBasis, RetrieveTriggerReq, SourceOutcome, TaskReset, TriggerRsp,
     UpdateCheckpointInfo,
 };
-use weir_wire::{CheckpointId, EncodedFrame, Frame, FrameEncoder, Kind, NodeId, StreamId, TaskId, TransId, Version};
+use weir_wire::{CheckpointId, EncodedFrame, Frame, FrameEncoder, Kind, NodeId, StreamId, TaskId, Version};
 
 use crate::checkpoint::{CoordInput, Report, SourceAnswer, TaskInput};
 
@@ -43,10 +43,10 @@ pub(crate) fn encode_task_input(
     input: &TaskInput,
 ) -> Option<EncodedFrame> {
     let r = match input.clone() {
-        TaskInput::Ready { from, id } => enc.encode(&CheckpointReady {
+        TaskInput::Ready { from, id, trans } => enc.encode(&CheckpointReady {
             stream,
             checkpoint: id,
-            trans: TransId(0),
+            trans,
             downstream: from,
             downstream_node: me,
             upstream: to,
@@ -75,16 +75,11 @@ pub(crate) fn encode_task_input(
             kind,
             expire_at_ms: expire_at,
         }),
-        TaskInput::Update { id, version, ts } => enc.encode(&UpdateCheckpointInfo {
-            stream,
-            task: to,
-            checkpoint: id,
-            trans: TransId(0),
-            version,
-            checkpoint_ts_ms: ts,
-        }),
-        TaskInput::Reset { failed } => {
-            enc.encode(&TaskReset { stream, task: to, failed, trans: TransId(0), reason: String::new() })
+        TaskInput::Update { id, trans, version, ts } => {
+            enc.encode(&UpdateCheckpointInfo { stream, task: to, checkpoint: id, trans, version, checkpoint_ts_ms: ts })
+        }
+        TaskInput::Reset { failed, trans, reason } => {
+            enc.encode(&TaskReset { stream, task: to, failed, trans, reason })
         }
         _ => return None,
     };
@@ -174,7 +169,7 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
     let routed = match frame.kind() {
         Kind::CheckpointReady => {
             let m = frame.to_owned::<CheckpointReady>().ok()?;
-            Routed::ToTask(m.upstream, TaskInput::Ready { from: m.downstream, id: m.checkpoint })
+            Routed::ToTask(m.upstream, TaskInput::Ready { from: m.downstream, id: m.checkpoint, trans: m.trans })
         }
         Kind::CheckpointReadyRsp => {
             let m = frame.to_owned::<CheckpointReadyRsp>().ok()?;
@@ -216,11 +211,13 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
         }
         Kind::UpdateCheckpointInfo => {
             let m = frame.to_owned::<UpdateCheckpointInfo>().ok()?;
-            Routed::ToTask(m.task, TaskInput::Update { id: m.checkpoint, version: m.version, ts: m.checkpoint_ts_ms })
+            let input =
+                TaskInput::Update { id: m.checkpoint, trans: m.trans, version: m.version, ts: m.checkpoint_ts_ms };
+            Routed::ToTask(m.task, input)
         }
         Kind::TaskReset => {
             let m = frame.to_owned::<TaskReset>().ok()?;
-            Routed::ToTask(m.task, TaskInput::Reset { failed: m.failed })
+            Routed::ToTask(m.task, TaskInput::Reset { failed: m.failed, trans: m.trans, reason: m.reason })
         }
         Kind::CheckpointReport => {
             let m = frame.to_owned::<CheckpointReport>().ok()?;
@@ -253,8 +250,8 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
 
 #[cfg(test)]
 mod tests {
-    use weir_wire::Seq;
     use weir_wire::msg::{TaskCheckpointStats, TriggerKind, TriggerRspCode};
+    use weir_wire::{Seq, TransId};
 
     use super::*;
 
@@ -263,12 +260,12 @@ mod tests {
         let mut enc = FrameEncoder::new();
         let c = CheckpointId(7);
         let cases = vec![
-            (TaskId(3), TaskInput::Ready { from: TaskId(5), id: c }),
+            (TaskId(3), TaskInput::Ready { from: TaskId(5), id: c, trans: TransId(2) }),
             (TaskId(5), TaskInput::ReadyRsp { from: TaskId(3), id: c }),
             (TaskId(3), TaskInput::RetrieveTrigger { from: TaskId(5), id: c }),
             (TaskId(5), TaskInput::SourceReq { id: c, trans: TransId(2), kind: TriggerKind::Manual, expire_at: 99 }),
-            (TaskId(5), TaskInput::Update { id: c, version: Version(4), ts: 8 }),
-            (TaskId(5), TaskInput::Reset { failed: c }),
+            (TaskId(5), TaskInput::Update { id: c, trans: TransId(2), version: Version(4), ts: 8 }),
+            (TaskId(5), TaskInput::Reset { failed: c, trans: TransId(2), reason: "node n2 was lost".into() }),
             (
                 TaskId(5),
                 TaskInput::TriggerRsp {

@@ -117,6 +117,7 @@ impl Run {
                         }
                     }
                     Ok(Event::Refused { reason, .. }) => tracing::warn!(%reason, "connection refused"),
+                    Ok(Event::Heartbeat { from, tasks }) => self.status.heard(from, tasks),
                     Err(_) => return,
                 },
                 recv(acks) -> a => if let Ok(a) = a { self.ack(a) },

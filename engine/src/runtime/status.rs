@@ -2,11 +2,12 @@
 //! row counters (from its [`TaskBoard`]), and the coordinator's recent checkpoints with their
 //! per-task statistics.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use weir_wire::msg::{StatusRsp, StreamHealth};
-use weir_wire::{NodeId, StreamId};
+use weir_wire::msg::{StatusRsp, StreamHealth, TaskHeartbeat};
+use weir_wire::{NodeId, StreamId, TaskId};
 
 use super::board::TaskBoard;
 use super::checkpointing::CheckpointLog;
@@ -29,9 +30,19 @@ pub(crate) struct StatusBoard {
     pub(crate) coordinates: bool,
     /// The coordinator's manual trigger (clients' `CheckpointNowReq`).
     pub(crate) trigger: ManualTrigger,
+    /// What the other nodes' heartbeats last said of their tasks (written by the router).
+    pub(crate) peer_tasks: Mutex<BTreeMap<TaskId, (NodeId, TaskHeartbeat)>>,
 }
 
 impl StatusBoard {
+    /// A heartbeat from node `from` with its tasks' summaries.
+    pub(crate) fn heard(&self, from: NodeId, tasks: Vec<TaskHeartbeat>) {
+        let mut p = self.peer_tasks.lock().unwrap_or_else(|e| e.into_inner());
+        for t in tasks.into_iter().filter(|t| t.stream == self.stream) {
+            p.insert(t.task, (from, t));
+        }
+    }
+
     /// The status response to `request`.
     pub(crate) fn response(&self, request: u64) -> StatusRsp {
         StatusRsp {

@@ -86,7 +86,7 @@ impl Cell {
     /// Shows the checkpoint machine's state on the task's status board.
     fn publish(&self) {
         if let Some(m) = self.ckpt.as_ref().map(|c| c.driver.machine()) {
-            self.board.publish(m.state(), m.latest(), m.failed());
+            self.board.publish(m);
         }
     }
 }

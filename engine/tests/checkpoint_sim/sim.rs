@@ -231,7 +231,7 @@ impl Sim {
                 if self.tasks[ti].finished {
                     return;
                 }
-                if let TaskInput::Reset { failed } = input {
+                if let TaskInput::Reset { failed, .. } = input {
                     let r = &mut self.tasks[ti].reset_upto;
                     *r = Some(r.map_or(failed, |x| x.max(failed)));
                 }

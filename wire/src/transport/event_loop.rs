@@ -430,8 +430,13 @@ impl EventLoop {
             Phase::Established { peer } => {
                 conn.phase = Phase::Established { peer };
                 if frame.kind() == Kind::Heartbeat {
-                    return match frame.access::<Heartbeat>() {
-                        Ok(_) => true,
+                    return match frame.to_owned::<Heartbeat>() {
+                        Ok(hb) => {
+                            if !hb.tasks.is_empty() {
+                                self.emit(Event::Heartbeat { from: peer, tasks: hb.tasks });
+                            }
+                            true
+                        }
                         Err(e) => self.bad(token, e.to_string()),
                     };
                 }
@@ -821,7 +826,8 @@ impl EventLoop {
             self.end(t, e);
         }
         if !beats.is_empty() {
-            let hb = Heartbeat { node: self.cfg.node, sent_at_ms: now_ms(), tasks: Vec::new() };
+            let tasks = self.cfg.heartbeat_tasks.as_ref().map(|f| f()).unwrap_or_default();
+            let hb = Heartbeat { node: self.cfg.node, sent_at_ms: now_ms(), tasks };
             for t in beats {
                 if let Some(c) = self.conns.get_mut(&t) {
                     c.last_heartbeat = now;

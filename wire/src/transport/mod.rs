@@ -75,7 +75,14 @@ pub struct TransportConfig {
     pub reconnect_min: Duration,
     /// Largest reconnect delay (default 5 s).
     pub reconnect_max: Duration,
+    /// What every heartbeat says of this node's tasks (the seed's heartbeat content: latest,
+    /// active and failed checkpoint per task); `None` sends plain heartbeats.
+    pub heartbeat_tasks: Option<HeartbeatTasks>,
 }
+
+/// Reads this node's task summaries when a heartbeat goes out (called on the transport's thread:
+/// it must not block).
+pub type HeartbeatTasks = std::sync::Arc<dyn Fn() -> Vec<crate::msg::TaskHeartbeat> + Send + Sync>;
 
 impl std::fmt::Debug for TransportConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -93,6 +100,7 @@ impl std::fmt::Debug for TransportConfig {
             .field("handshake_timeout", &self.handshake_timeout)
             .field("reconnect_min", &self.reconnect_min)
             .field("reconnect_max", &self.reconnect_max)
+            .field("heartbeat_tasks", &self.heartbeat_tasks.is_some())
             .finish()
     }
 }
@@ -114,6 +122,7 @@ impl TransportConfig {
             handshake_timeout: Duration::from_secs(5),
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(5),
+            heartbeat_tasks: None,
         }
     }
 
@@ -187,6 +196,14 @@ pub enum Event {
         by_peer: bool,
         /// Detail.
         reason: String,
+    },
+    /// A peer's heartbeat said what its tasks' checkpoints are (only heartbeats that carry task
+    /// summaries become events).
+    Heartbeat {
+        /// The peer.
+        from: NodeId,
+        /// Its tasks.
+        tasks: Vec<crate::msg::TaskHeartbeat>,
     },
 }
 

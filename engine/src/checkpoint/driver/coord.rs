@@ -92,10 +92,12 @@ impl CoordDriver {
                 fx.send_task(task, TaskInput::SourceReq { id, trans, kind, expire_at });
             }
             CoordAction::WriteCommit(record) => fx.write_commit(record),
-            CoordAction::SendUpdate { task, id, version, ts, .. } => {
-                fx.send_task(task, TaskInput::Update { id, version, ts })
+            CoordAction::SendUpdate { task, id, trans, version, ts, .. } => {
+                fx.send_task(task, TaskInput::Update { id, trans, version, ts })
             }
-            CoordAction::SendReset { task, failed, .. } => fx.send_task(task, TaskInput::Reset { failed }),
+            CoordAction::SendReset { task, failed, trans, reason, .. } => {
+                fx.send_task(task, TaskInput::Reset { failed, trans, reason })
+            }
             CoordAction::SendRestore { task, id, version, committed, request, .. } => {
                 let basis = match (committed, id) {
                     (true, _) => RestoreBasis::Committed,

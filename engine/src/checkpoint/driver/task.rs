@@ -343,7 +343,9 @@ impl<C> TaskDriver<C> {
                         self.feed(port, fx, TaskInput::Uploaded { id, result: Err(e) })?;
                     }
                 },
-                TaskAction::SendReady { to, id, .. } => fx.send_task(to, TaskInput::Ready { from: me, id }),
+                TaskAction::SendReady { to, id, trans, .. } => {
+                    fx.send_task(to, TaskInput::Ready { from: me, id, trans })
+                }
                 TaskAction::SendReadyRsp { to, id } => fx.send_task(to, TaskInput::ReadyRsp { from: me, id }),
                 TaskAction::SendRetrieveTrigger { to, id, .. } => {
                     fx.send_task(to, TaskInput::RetrieveTrigger { from: me, id })

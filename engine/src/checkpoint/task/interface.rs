@@ -176,6 +176,8 @@ pub enum TaskInput {
         from: TaskId,
         /// Checkpoint.
         id: CheckpointId,
+        /// Its transaction.
+        trans: TransId,
     },
     /// Upstream `from` confirmed our ready message for `id`.
     ReadyRsp {
@@ -211,6 +213,8 @@ pub enum TaskInput {
     Update {
         /// Checkpoint.
         id: CheckpointId,
+        /// Its transaction.
+        trans: TransId,
         /// Source offset in it (sources).
         version: Version,
         /// Commit time.
@@ -220,6 +224,10 @@ pub enum TaskInput {
     Reset {
         /// The failed checkpoint.
         failed: CheckpointId,
+        /// Its transaction.
+        trans: TransId,
+        /// Why it failed.
+        reason: String,
     },
     /// The task starts from checkpoint `id` (or from nothing).
     Restored {

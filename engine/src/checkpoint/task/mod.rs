@@ -21,36 +21,52 @@ use weir_wire::{CheckpointId, Seq, TaskId, TransId, Version};
 
 use super::CheckpointError;
 
+/// Where a task is in its checkpoint.
+#[derive(Clone, Debug)]
+enum Stage {
+    /// Collecting barriers (a source: until it reaches its queued trigger).
+    Aligning,
+    /// The snapshot is taken and the task runs again; the upload runs in the background.
+    Uploading,
+    /// The snapshot is durable; waiting until every downstream is ready.
+    Durable(UploadDone),
+    /// Ready sent upstream (a source answered the coordinator) and reported, last at
+    /// `last_sent`; until the checkpoint ends, unconfirmed ready messages and the report are
+    /// resent (the coordinator ignores duplicates), so a lost one cannot stall it.
+    Reported { report: Report, last_sent: u64 },
+}
+
 #[derive(Clone, Debug)]
 struct Active {
     id: CheckpointId,
     trans: TransId,
+    stage: Stage,
     /// Per upstream: its trigger is in.
     triggers: Vec<bool>,
     /// The source request to answer (sources).
     source_req: bool,
     offset: Version,
-    snapshot_taken: bool,
     /// Per downstream: the sequence number our trigger had on that channel, once dispatched.
     dispatched: Vec<Option<Seq>>,
-    upload: Option<Result<UploadDone, CheckpointError>>,
     /// Per downstream: it is ready.
     downstream_ready: Vec<bool>,
-    /// Ready sent upstream (or source rsp and report sent).
-    done: bool,
     /// Per upstream: our ready was confirmed.
     ready_confirmed: Vec<bool>,
-    last_ready_sent: u64,
     last_retrieve_at: u64,
-    /// The report sent, resent with unconfirmed ready messages until the checkpoint ends (the
-    /// coordinator ignores duplicates), so a lost report cannot stall the checkpoint.
-    report: Option<Report>,
 }
 
 impl Active {
+    fn snapshot_taken(&self) -> bool {
+        !matches!(self.stage, Stage::Aligning)
+    }
+
     /// The report of this checkpoint with `outcome` (upload figures once durable, else zero).
     fn report(&self, outcome: Result<Version, String>) -> Report {
-        let up = self.upload.clone().and_then(Result::ok).unwrap_or_default();
+        let up = match &self.stage {
+            Stage::Durable(up) => up.clone(),
+            Stage::Reported { report, .. } => return Report { outcome, ..report.clone() },
+            Stage::Aligning | Stage::Uploading => UploadDone::default(),
+        };
         Report {
             id: self.id,
             trans: self.trans,
@@ -73,6 +89,7 @@ pub struct TaskMachine {
     state: TaskState,
     latest: CheckpointId,
     latest_version: Version,
+    latest_ts: Option<u64>,
     failed: Option<CheckpointId>,
     active: Option<Active>,
     /// Per upstream: it sent its end of stream, so no trigger will ever come from it: it counts
@@ -96,6 +113,7 @@ impl TaskMachine {
             state: TaskState::Uninit,
             latest: CheckpointId(0),
             latest_version: Version(0),
+            latest_ts: None,
             failed: None,
             active: None,
             now: 0,
@@ -125,6 +143,12 @@ impl TaskMachine {
         self.latest_version
     }
 
+    /// When the last committed checkpoint committed (ms), when this task heard of the commit
+    /// (not for a restored one).
+    pub fn latest_ts(&self) -> Option<u64> {
+        self.latest_ts
+    }
+
     /// Last failed checkpoint.
     pub fn failed(&self) -> Option<CheckpointId> {
         self.failed
@@ -133,7 +157,7 @@ impl TaskMachine {
     /// Whether the task is between the start of a checkpoint (its first trigger, or a source's
     /// request) and its snapshot: the part of a checkpoint the pipeline waits for.
     pub fn aligning(&self) -> bool {
-        self.active.as_ref().is_some_and(|a| !a.snapshot_taken)
+        self.active.as_ref().is_some_and(|a| !a.snapshot_taken())
     }
 
     fn upstream_index(&self, t: TaskId) -> Option<usize> {
@@ -154,15 +178,11 @@ impl TaskMachine {
             triggers: self.ended.clone(),
             source_req,
             offset: Version(0),
-            snapshot_taken: false,
+            stage: Stage::Aligning,
             dispatched: vec![None; self.setup.downstreams.len()],
-            upload: None,
             downstream_ready: vec![false; self.setup.downstreams.len()],
-            done: false,
             ready_confirmed: vec![false; self.setup.upstreams.len()],
-            last_ready_sent: 0,
             last_retrieve_at: now,
-            report: None,
         });
     }
 
@@ -187,14 +207,14 @@ impl TaskMachine {
             }
             // A checkpoint may fail before this task has restored: it must not take part in it
             // afterwards (a barrier of it may still be on the way).
-            TaskInput::Reset { failed } if self.state == TaskState::Uninit => {
+            TaskInput::Reset { failed, .. } if self.state == TaskState::Uninit => {
                 self.failed = Some(self.failed.map_or(failed, |f| f.max(failed)));
                 Vec::new()
             }
             _ if self.state == TaskState::Uninit => Vec::new(),
             TaskInput::SourceReq { id, trans, expire_at, .. } => self.source_req(id, trans, expire_at),
             TaskInput::SourceReachedTrigger { id, offset } => match &mut self.active {
-                Some(a) if a.id == id && a.source_req && !a.snapshot_taken => {
+                Some(a) if a.id == id && a.source_req && !a.snapshot_taken() => {
                     a.offset = offset;
                     vec![TaskAction::Snapshot { id, trans: a.trans, offset }]
                 }
@@ -208,7 +228,7 @@ impl TaskMachine {
                     // An alignment waiting for this upstream is complete without it.
                     Some(a) if !a.triggers[i] => {
                         a.triggers[i] = true;
-                        if a.triggers.iter().all(|t| *t) && !a.snapshot_taken {
+                        if a.triggers.iter().all(|t| *t) && !a.snapshot_taken() {
                             return vec![TaskAction::Snapshot { id: a.id, trans: a.trans, offset: Version(0) }];
                         }
                         Vec::new()
@@ -220,24 +240,23 @@ impl TaskMachine {
             TaskInput::TriggerDispatched { to, seq } => {
                 let i = self.downstream_index(to);
                 if let (Some(a), Some(i)) = (self.active.as_mut(), i)
-                    && a.snapshot_taken
+                    && a.snapshot_taken()
                 {
                     a.dispatched[i] = Some(seq);
                 }
                 Vec::new()
             }
             TaskInput::Uploaded { id, result } => match &mut self.active {
-                Some(a) if a.id == id && a.upload.is_none() => {
-                    if let Err(e) = &result {
-                        let why = format!("upload failed: {e}");
-                        return self.fail(why);
+                Some(a) if a.id == id && matches!(a.stage, Stage::Uploading) => match result {
+                    Ok(up) => {
+                        a.stage = Stage::Durable(up);
+                        self.try_ready()
                     }
-                    a.upload = Some(result);
-                    self.try_ready()
-                }
+                    Err(e) => self.fail(format!("upload failed: {e}")),
+                },
                 _ => Vec::new(),
             },
-            TaskInput::Ready { from, id } => self.ready(from, id),
+            TaskInput::Ready { from, id, trans } => self.ready(from, id, trans),
             TaskInput::ReadyRsp { from, id } => {
                 let i = self.upstream_index(from);
                 if let (Some(a), Some(i)) = (self.active.as_mut(), i)
@@ -251,8 +270,8 @@ impl TaskMachine {
             TaskInput::TriggerRsp { from, id, trans, code, trigger_seq, next_seq } => {
                 self.trigger_rsp(from, id, trans, code, trigger_seq, next_seq)
             }
-            TaskInput::Update { id, version, ts } => self.update(id, version, ts),
-            TaskInput::Reset { failed } => self.reset(failed),
+            TaskInput::Update { id, version, ts, .. } => self.update(id, version, ts),
+            TaskInput::Reset { failed, .. } => self.reset(failed),
         }
     }
 
@@ -336,11 +355,11 @@ impl TaskMachine {
 
     fn snapshot_taken(&mut self, id: CheckpointId, result: Result<(), CheckpointError>) -> Vec<TaskAction> {
         match &mut self.active {
-            Some(a) if a.id == id && !a.snapshot_taken => {
+            Some(a) if a.id == id && !a.snapshot_taken() => {
                 if let Err(e) = result {
                     return self.fail(format!("snapshot failed: {e}"));
                 }
-                a.snapshot_taken = true;
+                a.stage = Stage::Uploading;
                 // Resume at once: the snapshot holds the cut; the upload runs in the background.
                 vec![TaskAction::ReopenAllInputs, TaskAction::Upload { id }]
             }
@@ -348,10 +367,11 @@ impl TaskMachine {
         }
     }
 
-    fn ready(&mut self, from: TaskId, id: CheckpointId) -> Vec<TaskAction> {
+    fn ready(&mut self, from: TaskId, id: CheckpointId, trans: TransId) -> Vec<TaskAction> {
         let Some(i) = self.downstream_index(from) else { return self.discard(Discard::Misdirected) };
         let mut out = Vec::new();
         match &mut self.active {
+            Some(a) if a.id == id && a.trans != trans => return self.discard(Discard::Invalid),
             Some(a) if a.id == id => {
                 a.downstream_ready[i] = true; // a duplicate sets it again: no effect
                 out.push(TaskAction::SendReadyRsp { to: from, id });
@@ -372,12 +392,9 @@ impl TaskMachine {
         let now = self.now;
         let role = self.setup.role;
         let Some(a) = self.active.as_mut() else { return Vec::new() };
-        let durable = matches!(a.upload, Some(Ok(_)));
-        if a.done || !durable || !a.downstream_ready.iter().all(|r| *r) {
+        if !matches!(a.stage, Stage::Durable(_)) || !a.downstream_ready.iter().all(|r| *r) {
             return Vec::new();
         }
-        a.done = true;
-        a.last_ready_sent = now;
         let report = a.report(Ok(a.offset));
         let mut out = Vec::new();
         if role == Role::Source {
@@ -386,7 +403,7 @@ impl TaskMachine {
         for (to, node) in &self.setup.upstreams {
             out.push(TaskAction::SendReady { to: *to, node: *node, id: a.id, trans: a.trans });
         }
-        a.report = Some(report.clone());
+        a.stage = Stage::Reported { report: report.clone(), last_sent: now };
         out.push(TaskAction::SendReport(report));
         out
     }
@@ -449,6 +466,7 @@ impl TaskMachine {
         }
         self.latest = id;
         self.latest_version = version;
+        self.latest_ts = Some(ts);
         let mut out = vec![TaskAction::PersistCommitted { id, version, ts }];
         // A late update for an older checkpoint must not disturb a newer one in progress (its
         // alignment holds inputs closed).
@@ -513,7 +531,7 @@ impl TaskMachine {
         let mut out = Vec::new();
         // Missing triggers: reopen that input and ask the upstream.
         let timeout = self.setup.trigger_timeout_ms;
-        if !a.snapshot_taken && now.saturating_sub(a.last_retrieve_at) >= timeout {
+        if !a.snapshot_taken() && now.saturating_sub(a.last_retrieve_at) >= timeout {
             a.last_retrieve_at = now;
             for (i, got) in a.triggers.iter().enumerate() {
                 if !got {
@@ -524,8 +542,10 @@ impl TaskMachine {
             }
         }
         // Unconfirmed ready messages (and the report, and a source's answer): resend.
-        if a.done && now.saturating_sub(a.last_ready_sent) >= self.setup.ready_resend_ms {
-            a.last_ready_sent = now;
+        if let Stage::Reported { report, last_sent } = &mut a.stage
+            && now.saturating_sub(*last_sent) >= self.setup.ready_resend_ms
+        {
+            *last_sent = now;
             for (i, (to, node)) in self.setup.upstreams.iter().enumerate() {
                 if !a.ready_confirmed[i] {
                     out.push(TaskAction::SendReady { to: *to, node: *node, id: a.id, trans: a.trans });
@@ -535,9 +555,7 @@ impl TaskMachine {
                 let answer = SourceAnswer::Done(a.offset);
                 out.push(TaskAction::SendSourceRsp { id: a.id, trans: a.trans, answer });
             }
-            if let Some(r) = &a.report {
-                out.push(TaskAction::SendReport(r.clone()));
-            }
+            out.push(TaskAction::SendReport(report.clone()));
         }
         out
     }

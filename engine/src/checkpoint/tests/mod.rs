@@ -66,7 +66,7 @@ fn complete(m: &mut TaskMachine, id: CheckpointId) {
     m.handle(trig(2, id));
     m.handle(TaskInput::SnapshotTaken { id, result: Ok(()) });
     m.handle(TaskInput::Uploaded { id, result: Ok(up(7, 100)) });
-    m.handle(TaskInput::Ready { from: TaskId(20), id });
-    m.handle(TaskInput::Ready { from: TaskId(21), id });
-    m.handle(TaskInput::Update { id, version: Version(0), ts: 5 });
+    m.handle(TaskInput::Ready { from: TaskId(20), id, trans: T1 });
+    m.handle(TaskInput::Ready { from: TaskId(21), id, trans: T1 });
+    m.handle(TaskInput::Update { id, trans: T1, version: Version(0), ts: 5 });
 }

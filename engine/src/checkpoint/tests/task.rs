@@ -24,7 +24,7 @@ fn source_enters_checkpointing_and_queues_the_trigger_behind_its_data() {
 #[test]
 fn request_at_or_below_the_completed_id_is_answered_not_acted_on() {
     let mut m = source();
-    m.handle(TaskInput::Update { id: C2, version: Version(10), ts: 0 });
+    m.handle(TaskInput::Update { id: C2, trans: T1, version: Version(10), ts: 0 });
     let out = m.handle(TaskInput::SourceReq { id: C2, trans: T1, kind: Periodic, expire_at: 100 });
     assert_eq!(out, vec![TaskAction::SendSourceRsp { id: C2, trans: T1, answer: SourceAnswer::AlreadyCompleted(C2) }]);
     assert_eq!(m.state(), TaskState::Ready);
@@ -33,7 +33,7 @@ fn request_at_or_below_the_completed_id_is_answered_not_acted_on() {
 #[test]
 fn request_at_or_below_the_failed_id_is_answered_not_acted_on() {
     let mut m = source();
-    m.handle(TaskInput::Reset { failed: C2 });
+    m.handle(TaskInput::Reset { failed: C2, trans: T1, reason: String::new() });
     let out = m.handle(TaskInput::SourceReq { id: C1.next(), trans: T1, kind: Periodic, expire_at: 100 });
     assert_eq!(out, vec![TaskAction::SendSourceRsp { id: C2, trans: T1, answer: SourceAnswer::AlreadyFailed(C2) }]);
     assert_eq!(m.state(), TaskState::Ready);
@@ -61,7 +61,7 @@ fn expired_trigger_is_discarded() {
 #[test]
 fn trigger_at_or_below_the_failed_id_is_discarded() {
     let mut m = agg();
-    m.handle(TaskInput::Reset { failed: C2 });
+    m.handle(TaskInput::Reset { failed: C2, trans: T1, reason: String::new() });
     assert_eq!(m.handle(trig(1, C2)), vec![TaskAction::Discarded(Discard::Failed)]);
     assert_eq!(m.handle(trig(1, C1)), vec![TaskAction::Discarded(Discard::Failed)]);
     assert_eq!(m.state(), TaskState::Ready, "a discarded trigger is not processed");
@@ -146,11 +146,11 @@ fn ready_waits_for_a_durable_upload_and_every_downstream() {
     m.handle(trig(2, C1));
     m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
     assert_eq!(
-        m.handle(TaskInput::Ready { from: TaskId(20), id: C1 }),
+        m.handle(TaskInput::Ready { from: TaskId(20), id: C1, trans: T1 }),
         vec![TaskAction::SendReadyRsp { to: TaskId(20), id: C1 }]
     );
     assert!(m.handle(TaskInput::Uploaded { id: C1, result: Ok(up(7, 100)) }).is_empty(), "21 is not ready yet");
-    let out = m.handle(TaskInput::Ready { from: TaskId(21), id: C1 });
+    let out = m.handle(TaskInput::Ready { from: TaskId(21), id: C1, trans: T1 });
     assert_eq!(out[0], TaskAction::SendReadyRsp { to: TaskId(21), id: C1 });
     assert_eq!(out[1], TaskAction::SendReady { to: TaskId(1), node: NodeId(1), id: C1, trans: T1 });
     assert_eq!(out[2], TaskAction::SendReady { to: TaskId(2), node: NodeId(1), id: C1, trans: T1 });
@@ -169,7 +169,7 @@ fn a_source_answers_the_coordinator_instead_of_sending_ready() {
     m.handle(TaskInput::SourceReachedTrigger { id: C1, offset: Version(77) });
     m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
     m.handle(TaskInput::Uploaded { id: C1, result: Ok(up(1, 2)) });
-    let out = m.handle(TaskInput::Ready { from: TaskId(10), id: C1 });
+    let out = m.handle(TaskInput::Ready { from: TaskId(10), id: C1, trans: T1 });
     assert_eq!(out[1], TaskAction::SendSourceRsp { id: C1, trans: T1, answer: SourceAnswer::Done(Version(77)) });
     assert!(matches!(&out[2], TaskAction::SendReport(r) if r.outcome == Ok(Version(77))));
 }
@@ -179,10 +179,10 @@ fn ready_messages_are_matched_by_task_not_node() {
     // Both downstreams run on the same node: one's ready must not count for the other.
     let mut m = agg();
     complete_until_upload(&mut m, C1);
-    m.handle(TaskInput::Ready { from: TaskId(20), id: C1 });
-    m.handle(TaskInput::Ready { from: TaskId(20), id: C1 });
+    m.handle(TaskInput::Ready { from: TaskId(20), id: C1, trans: T1 });
+    m.handle(TaskInput::Ready { from: TaskId(20), id: C1, trans: T1 });
     assert_eq!(m.state(), TaskState::Checkpointing(C1));
-    let out = m.handle(TaskInput::Ready { from: TaskId(21), id: C1 });
+    let out = m.handle(TaskInput::Ready { from: TaskId(21), id: C1, trans: T1 });
     assert!(out.iter().any(|a| matches!(a, TaskAction::SendReport(_))));
 }
 
@@ -197,8 +197,8 @@ fn complete_until_upload(m: &mut TaskMachine, id: CheckpointId) {
 fn duplicate_ready_is_confirmed_and_otherwise_ignored() {
     let mut m = agg();
     complete_until_upload(&mut m, C1);
-    m.handle(TaskInput::Ready { from: TaskId(20), id: C1 });
-    let out = m.handle(TaskInput::Ready { from: TaskId(20), id: C1 });
+    m.handle(TaskInput::Ready { from: TaskId(20), id: C1, trans: T1 });
+    let out = m.handle(TaskInput::Ready { from: TaskId(20), id: C1, trans: T1 });
     assert_eq!(out, vec![TaskAction::SendReadyRsp { to: TaskId(20), id: C1 }]);
 }
 
@@ -206,8 +206,8 @@ fn duplicate_ready_is_confirmed_and_otherwise_ignored() {
 fn unconfirmed_ready_is_resent_until_confirmed() {
     let mut m = agg();
     complete_until_upload(&mut m, C1);
-    m.handle(TaskInput::Ready { from: TaskId(20), id: C1 });
-    m.handle(TaskInput::Ready { from: TaskId(21), id: C1 });
+    m.handle(TaskInput::Ready { from: TaskId(20), id: C1, trans: T1 });
+    m.handle(TaskInput::Ready { from: TaskId(21), id: C1, trans: T1 });
     m.handle(TaskInput::ReadyRsp { from: TaskId(1), id: C1 });
     let out = m.handle(TaskInput::Tick { now: 1_000 });
     assert!(out.contains(&TaskAction::SendReady { to: TaskId(2), node: NodeId(1), id: C1, trans: T1 }));
@@ -215,7 +215,7 @@ fn unconfirmed_ready_is_resent_until_confirmed() {
     m.handle(TaskInput::ReadyRsp { from: TaskId(2), id: C1 });
     let out = m.handle(TaskInput::Tick { now: 2_000 });
     assert!(!out.iter().any(|a| matches!(a, TaskAction::SendReady { .. })));
-    m.handle(TaskInput::Update { id: C1, version: Version(0), ts: 0 });
+    m.handle(TaskInput::Update { id: C1, trans: T1, version: Version(0), ts: 0 });
     assert!(m.handle(TaskInput::Tick { now: 3_000 }).is_empty(), "the checkpoint ended: nothing more is resent");
 }
 
@@ -346,8 +346,8 @@ fn retrieve_answered_in_progress_waits_for_the_next_timeout() {
 fn update_at_or_below_the_current_id_is_ignored() {
     let mut m = agg();
     complete(&mut m, C2);
-    assert!(m.handle(TaskInput::Update { id: C2, version: Version(0), ts: 9 }).is_empty());
-    assert!(m.handle(TaskInput::Update { id: C1, version: Version(0), ts: 9 }).is_empty());
+    assert!(m.handle(TaskInput::Update { id: C2, trans: T1, version: Version(0), ts: 9 }).is_empty());
+    assert!(m.handle(TaskInput::Update { id: C1, trans: T1, version: Version(0), ts: 9 }).is_empty());
     assert_eq!(m.latest(), C2);
 }
 
@@ -355,7 +355,7 @@ fn update_at_or_below_the_current_id_is_ignored() {
 fn update_persists_the_commit_and_returns_to_ready() {
     let mut m = source();
     m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
-    let out = m.handle(TaskInput::Update { id: C1, version: Version(55), ts: 9 });
+    let out = m.handle(TaskInput::Update { id: C1, trans: T1, version: Version(55), ts: 9 });
     assert_eq!(
         out,
         vec![
@@ -375,7 +375,7 @@ fn reset_records_the_failed_id_keeps_the_snapshot_a_commit_may_name_and_returns_
     m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
     // The coordinator gave up on the commit (its write did not answer): the record may still
     // appear, so the snapshot it names stays until a later commit collects it.
-    let out = m.handle(TaskInput::Reset { failed: C1 });
+    let out = m.handle(TaskInput::Reset { failed: C1, trans: T1, reason: String::new() });
     assert_eq!(out, vec![TaskAction::ReopenAllInputs]);
     assert_eq!((m.state(), m.failed()), (TaskState::Ready, Some(C1)));
     // The next checkpoint goes ahead.
@@ -421,7 +421,10 @@ fn a_failed_source_says_so_to_the_coordinator() {
 fn late_reset_of_an_older_checkpoint_leaves_a_newer_alignment_alone() {
     let mut m = agg();
     m.handle(trig(1, C2));
-    assert!(m.handle(TaskInput::Reset { failed: C1 }).is_empty(), "input 0 must stay closed");
+    assert!(
+        m.handle(TaskInput::Reset { failed: C1, trans: T1, reason: String::new() }).is_empty(),
+        "input 0 must stay closed"
+    );
     assert_eq!(m.state(), TaskState::Checkpointing(C2));
     assert_eq!(m.failed(), Some(C1));
 }
@@ -430,7 +433,7 @@ fn late_reset_of_an_older_checkpoint_leaves_a_newer_alignment_alone() {
 fn late_update_of_an_older_checkpoint_leaves_a_newer_alignment_alone() {
     let mut m = agg();
     m.handle(trig(1, C2));
-    let out = m.handle(TaskInput::Update { id: C1, version: Version(0), ts: 0 });
+    let out = m.handle(TaskInput::Update { id: C1, trans: T1, version: Version(0), ts: 0 });
     assert_eq!(
         out,
         vec![
@@ -467,7 +470,7 @@ fn trigger_for_a_newer_id_ends_the_abandoned_checkpoint_and_starts_the_new_one()
     assert_eq!(out, vec![TaskAction::ReopenAllInputs, TaskAction::CloseInput(1)]);
     assert_eq!((m.state(), m.failed()), (TaskState::Checkpointing(C3), Some(C2)));
     // The late reset changes nothing, and C2's own late trigger is discarded.
-    assert!(m.handle(TaskInput::Reset { failed: C2 }).is_empty());
+    assert!(m.handle(TaskInput::Reset { failed: C2, trans: T1, reason: String::new() }).is_empty());
     assert_eq!(m.handle(trig(1, C2)), vec![TaskAction::Discarded(Discard::Failed)]);
 }
 
@@ -493,7 +496,7 @@ fn request_older_than_the_active_checkpoint_says_busy() {
 #[test]
 fn a_reset_before_the_task_restored_is_remembered() {
     let mut m = TaskMachine::new(setup(10, Role::Agg, &[1, 2], &[20, 21]));
-    assert!(m.handle(TaskInput::Reset { failed: C2 }).is_empty());
+    assert!(m.handle(TaskInput::Reset { failed: C2, trans: T1, reason: String::new() }).is_empty());
     m.handle(TaskInput::Restored { id: Some(C1), version: Version(0) });
     // A barrier of the failed checkpoint, still on its way, is not acted on.
     assert_eq!(m.handle(trig(1, C2)), vec![TaskAction::Discarded(Discard::Failed)]);
