@@ -195,6 +195,48 @@ mod tests {
         assert_eq!(last_commit(&store, StreamId(9)).unwrap(), None);
     }
 
+    /// A store whose puts of commit records store the object and then report an error (a lost
+    /// answer), or fail outright.
+    #[derive(Debug)]
+    struct Lossy {
+        inner: LocalDirStore,
+        store_then_fail: bool,
+    }
+
+    impl Store for Lossy {
+        fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+            if self.store_then_fail {
+                self.inner.put(key, bytes)?;
+            }
+            Err(StoreError::Unavailable { op: "put", key: key.into(), reason: "connection reset".into() })
+        }
+        fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+            self.inner.get(key)
+        }
+        fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
+            self.inner.size(key)
+        }
+        fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+            self.inner.list(prefix)
+        }
+        fn delete(&self, key: &str) -> Result<(), StoreError> {
+            self.inner.delete(key)
+        }
+    }
+
+    #[test]
+    fn a_commit_record_stored_despite_an_error_counts_as_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let stored = Lossy { inner: LocalDirStore::new(dir.path().join("a")), store_then_fail: true };
+        assert_eq!(write_commit(&stored, StreamId(1), &rec(3)), CommitWrite::Durable);
+        assert_eq!(last_commit(&stored, StreamId(1)).unwrap(), Some(rec(3)));
+        let lost = Lossy { inner: LocalDirStore::new(dir.path().join("b")), store_then_fail: false };
+        assert!(
+            matches!(write_commit(&lost, StreamId(1), &rec(3)), CommitWrite::Failed(w) if w.contains("connection reset"))
+        );
+        assert_eq!(last_commit(&lost, StreamId(1)).unwrap(), None);
+    }
+
     #[test]
     fn a_damaged_id_record_is_an_error_not_a_start_at_one() {
         let dir = tempfile::tempdir().unwrap();

@@ -13,175 +13,46 @@
 mod board;
 mod channel;
 mod checkpointing;
+mod config;
 mod control;
+mod error;
 mod protocol_wire;
 mod router;
 mod sched;
+mod shared;
 mod status;
 mod task;
 mod worker;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_utils::sync::{Parker, Unparker};
-use weir_wire::transport::{Transport, TransportConfig};
-use weir_wire::{Batch, FrameEncoder, NodeId, TaskId};
+use weir_wire::transport::Transport;
+use weir_wire::{Batch, FrameEncoder, TaskId};
 
 pub use channel::{ChannelError, Inputs, Msg, Outputs, Rows};
 use channel::{Input, Link, Net, Output};
 pub use checkpointing::{CheckpointLog, CheckpointSettings, Remote};
+pub use config::EngineConfig;
 pub use control::Control;
 use control::ControlHandle;
+pub use error::EngineError;
 pub use router::IngestToken;
+pub use shared::EngineStats;
+use shared::Shared;
 use task::{AggTask, Feed, SinkTask, SourceTask, Task};
 pub use task::{Poll, Polled, TaskError};
 use worker::Cell;
 
-use crate::ingest::{IngestService, LogConfig, SyncPolicy};
+use crate::ingest::IngestService;
 use crate::operator::generator::Generator;
 use crate::operator::window::WindowAgg;
 use crate::spec::{Placement, SourceKind, StreamSpec, TaskKind};
 use crate::state::ResultStore;
-
-/// Settings of one engine (one node's share of a stream).
-#[derive(Clone, Debug)]
-pub struct EngineConfig {
-    /// This node.
-    pub node: NodeId,
-    /// Worker threads.
-    pub workers: usize,
-    /// Pin worker `i` to core `i` (modulo the cores there are).
-    pub pin_workers: bool,
-    /// Where the result store, task state and ingest logs live.
-    pub data_dir: PathBuf,
-    /// Messages per input queue between tasks of this node. Small on purpose: a checkpoint's
-    /// barrier waits behind what is queued, so this bounds alignment (16 messages of about 2,000
-    /// rows are about 1.2 ms of an agg's work; docs/benchmarks.md).
-    pub queue_capacity: usize,
-    /// Credits per remote channel into this node (frames in flight, and the receiving queue's
-    /// size), granted to the sender when the receiving task starts. Deeper than local queues, to
-    /// cover the network's round trip. Each node sets it for its own inputs.
-    pub remote_credits: usize,
-    /// Transport to the other nodes; required when the placement puts tasks elsewhere.
-    pub transport: Option<TransportConfig>,
-    /// Ingest log settings (ingest-log sources).
-    pub log: LogConfig,
-    /// When ingested rows are acknowledged.
-    pub sync: SyncPolicy,
-    /// Test and demo knob: each sink sleeps this long per result message.
-    pub sink_throttle: Option<Duration>,
-    /// Checkpoints (and restore from the last commit at start); `None` runs without.
-    pub checkpoint: Option<CheckpointSettings>,
-}
-
-impl EngineConfig {
-    /// Defaults for `node` with data under `data_dir`: 2 pinned workers, 16-message local queues,
-    /// 64 credits per remote channel.
-    pub fn new(node: NodeId, data_dir: impl Into<PathBuf>) -> Self {
-        Self {
-            node,
-            workers: 2,
-            pin_workers: true,
-            data_dir: data_dir.into(),
-            queue_capacity: 16,
-            remote_credits: 64,
-            transport: None,
-            log: LogConfig::default(),
-            sync: SyncPolicy::GroupCommit(Duration::from_millis(10)),
-            sink_throttle: None,
-            checkpoint: None,
-        }
-    }
-}
-
-/// Counters of an engine (relaxed atomics).
-#[derive(Debug, Default)]
-pub struct EngineStats {
-    /// Rows read by local sources.
-    pub rows_in: AtomicU64,
-    /// Rows processed by local aggs.
-    pub rows_aggregated: AtomicU64,
-    /// Window results emitted by local aggs.
-    pub results_emitted: AtomicU64,
-    /// Window results written by local sinks.
-    pub results_written: AtomicU64,
-    /// Late rows dropped by local aggs (added when an agg ends).
-    pub late_rows: AtomicU64,
-}
-
-/// Errors of the engine.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// The spec or config is wrong (fatal).
-    #[error("invalid configuration: {0}")]
-    Config(String),
-    /// A store could not be opened (retryable once the cause is fixed).
-    #[error(transparent)]
-    State(#[from] crate::state::StateError),
-    /// The ingest log could not be opened.
-    #[error(transparent)]
-    Log(#[from] crate::ingest::LogError),
-    /// The transport could not start.
-    #[error(transparent)]
-    Transport(#[from] weir_wire::transport::TransportError),
-    /// A task failed.
-    #[error(transparent)]
-    Task(#[from] TaskError),
-    /// The remote store could not be read at start (retryable once it is back).
-    #[error("remote store: {0}")]
-    Store(String),
-    /// A checkpoint request could not be served (not the coordinator, no checkpoints).
-    #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    /// A worker thread panicked (fatal: its tasks' state is gone with it).
-    #[error("worker {worker} panicked")]
-    WorkerPanicked {
-        /// The worker's index.
-        worker: usize,
-    },
-    /// The engine stopped because of a fault (lost data on a channel, a protocol violation).
-    #[error("engine failed: {0}")]
-    Failed(String),
-    /// A thread could not be started.
-    #[error("cannot start a thread: {0}")]
-    Thread(std::io::Error),
-}
-
-impl EngineError {
-    /// Whether restarting may help (it does for I/O; not for configuration or a panic).
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            EngineError::Config(_) | EngineError::WorkerPanicked { .. } => false,
-            EngineError::Checkpoint(e) => e.is_retryable(),
-            EngineError::Task(TaskError::Checkpoint(e)) => e.is_retryable(),
-            _ => true,
-        }
-    }
-}
-
-pub(crate) struct Shared {
-    stop: AtomicBool,
-    /// Tasks between a checkpoint's start and their snapshot.
-    aligning: Arc<AtomicUsize>,
-    failure: OnceLock<String>,
-    unparkers: Vec<Unparker>,
-}
-
-impl Shared {
-    pub(crate) fn fail(&self, why: String) {
-        tracing::error!(reason = %why, "engine failed");
-        let _ = self.failure.set(why);
-        self.stop.store(true, Ordering::Release);
-        for u in &self.unparkers {
-            u.unpark();
-        }
-    }
-}
 
 /// A running engine.
 pub struct Engine {

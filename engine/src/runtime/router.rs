@@ -14,8 +14,8 @@ use weir_wire::msg::{Credit, Data, EndOfStream, Ingest, IngestAck, IngestOutcome
 use weir_wire::transport::{Event, Transport};
 use weir_wire::{Frame, FrameEncoder, Kind, NodeId, Seq, StreamId, TaskId};
 
-use super::Shared;
 use super::channel::{Msg, Rows};
+use super::shared::Shared;
 use crate::ingest::{AppendRequest, Appended, IngestService};
 use crate::operator::window::WindowResult;
 
@@ -57,7 +57,7 @@ impl Router {
         ingest: Option<IngestSide>,
         proto: ProtoSide,
         status: Arc<super::status::StatusBoard>,
-    ) -> Result<Router, super::EngineError> {
+    ) -> Result<Router, super::error::EngineError> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let inputs = inputs.into_iter().map(|(k, (tx, wake))| (k, InChannel { tx, wake, next: Seq(0) })).collect();
@@ -69,7 +69,7 @@ impl Router {
                 r.run(&stop2);
                 r.transport
             })
-            .map_err(super::EngineError::Thread)?;
+            .map_err(super::error::EngineError::Thread)?;
         Ok(Router { stop, thread: Some(thread) })
     }
 

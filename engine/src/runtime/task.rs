@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use weir_wire::{Batch, CheckpointId, StreamId, TaskId, Version};
 
-use super::EngineStats;
 use super::board::TaskBoard;
 use super::channel::{ChannelError, Inputs, Msg, Outputs, Rows};
+use super::shared::EngineStats;
 use crate::checkpoint::driver::Signal;
 use crate::ingest::LogReader;
 use crate::operator::generator::Generator;

@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use crossbeam_utils::sync::Parker;
 
-use super::Shared;
 use super::board::TaskBoard;
 use super::checkpointing::port::TaskCheckpointing;
 use super::control::Control;
+use super::shared::Shared;
 use super::task::{self, Poll, Task, TaskError};
 use crate::checkpoint::driver::RestorePoint;
 

@@ -1,0 +1,61 @@
+//! [`EngineConfig`]: the settings of one engine (one node's share of a stream).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use weir_wire::NodeId;
+use weir_wire::transport::TransportConfig;
+
+use super::checkpointing::CheckpointSettings;
+use crate::ingest::{LogConfig, SyncPolicy};
+
+/// Settings of one engine (one node's share of a stream).
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// This node.
+    pub node: NodeId,
+    /// Worker threads.
+    pub workers: usize,
+    /// Pin worker `i` to core `i` (modulo the cores there are).
+    pub pin_workers: bool,
+    /// Where the result store, task state and ingest logs live.
+    pub data_dir: PathBuf,
+    /// Messages per input queue between tasks of this node. Small on purpose: a checkpoint's
+    /// barrier waits behind what is queued, so this bounds alignment (16 messages of about 2,000
+    /// rows are about 1.2 ms of an agg's work; docs/benchmarks.md).
+    pub queue_capacity: usize,
+    /// Credits per remote channel into this node (frames in flight, and the receiving queue's
+    /// size), granted to the sender when the receiving task starts. Deeper than local queues, to
+    /// cover the network's round trip. Each node sets it for its own inputs.
+    pub remote_credits: usize,
+    /// Transport to the other nodes; required when the placement puts tasks elsewhere.
+    pub transport: Option<TransportConfig>,
+    /// Ingest log settings (ingest-log sources).
+    pub log: LogConfig,
+    /// When ingested rows are acknowledged.
+    pub sync: SyncPolicy,
+    /// Test and demo knob: each sink sleeps this long per result message.
+    pub sink_throttle: Option<Duration>,
+    /// Checkpoints (and restore from the last commit at start); `None` runs without.
+    pub checkpoint: Option<CheckpointSettings>,
+}
+
+impl EngineConfig {
+    /// Defaults for `node` with data under `data_dir`: 2 pinned workers, 16-message local queues,
+    /// 64 credits per remote channel.
+    pub fn new(node: NodeId, data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            node,
+            workers: 2,
+            pin_workers: true,
+            data_dir: data_dir.into(),
+            queue_capacity: 16,
+            remote_credits: 64,
+            transport: None,
+            log: LogConfig::default(),
+            sync: SyncPolicy::GroupCommit(Duration::from_millis(10)),
+            sink_throttle: None,
+            checkpoint: None,
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! [`EngineError`]: why an engine could not start or stopped, retryable or fatal.
+
+use super::task::TaskError;
+
+/// Errors of the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The spec or config is wrong (fatal).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A store could not be opened (retryable once the cause is fixed).
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+    /// The ingest log could not be opened.
+    #[error(transparent)]
+    Log(#[from] crate::ingest::LogError),
+    /// The transport could not start.
+    #[error(transparent)]
+    Transport(#[from] weir_wire::transport::TransportError),
+    /// A task failed.
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    /// The remote store could not be read at start (retryable once it is back).
+    #[error("remote store: {0}")]
+    Store(String),
+    /// A checkpoint request could not be served (not the coordinator, no checkpoints).
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// A worker thread panicked (fatal: its tasks' state is gone with it).
+    #[error("worker {worker} panicked")]
+    WorkerPanicked {
+        /// The worker's index.
+        worker: usize,
+    },
+    /// The engine stopped because of a fault (lost data on a channel, a protocol violation).
+    #[error("engine failed: {0}")]
+    Failed(String),
+    /// A thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
+}
+
+impl EngineError {
+    /// Whether restarting may help (it does for I/O; not for configuration or a panic).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            EngineError::Config(_) | EngineError::WorkerPanicked { .. } => false,
+            EngineError::Checkpoint(e) => e.is_retryable(),
+            EngineError::Task(TaskError::Checkpoint(e)) => e.is_retryable(),
+            _ => true,
+        }
+    }
+}
