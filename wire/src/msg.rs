@@ -576,10 +576,9 @@ archived! {
         pub task: TaskId,
         /// Its node.
         pub node: NodeId,
-        /// Latest checkpoint the task has locally committed.
+        /// Latest checkpoint the task has locally committed (0: none); the restore point names
+        /// the offset.
         pub latest: CheckpointId,
-        /// Its source offset.
-        pub latest_version: Version,
         /// The request (unique per start of the task), echoed by the [`Restore`] answering it.
         pub request: u64,
     }

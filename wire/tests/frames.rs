@@ -115,7 +115,7 @@ roundtrip! {
         stream: StreamId(1), task: TaskId(5), failed: CheckpointId(8), trans: TransId(9), reason: "timeout".into(),
     };
     roundtrip_consensus_req: ConsensusReq = ConsensusReq {
-        stream: StreamId(1), task: TaskId(5), node: NodeId(2), latest: CheckpointId(7), latest_version: Version(70),
+        stream: StreamId(1), task: TaskId(5), node: NodeId(2), latest: CheckpointId(7),
         request: 12,
     };
     roundtrip_restore: Restore = Restore {

@@ -109,7 +109,13 @@ pub struct UploaderPool {
 impl UploaderPool {
     /// Starts `n` threads shipping into `store`; each runs `init` first (its scheduling class)
     /// and holds its jobs while `aligning` is above zero, for at most 20 ms.
-    pub fn start(n: usize, store: Arc<dyn Store>, stream: StreamId, aligning: Arc<AtomicUsize>, init: fn()) -> Self {
+    pub fn start(
+        n: usize,
+        store: Arc<dyn Store>,
+        stream: StreamId,
+        aligning: Arc<AtomicUsize>,
+        init: fn(),
+    ) -> std::io::Result<Self> {
         let (jobs, rx): (Sender<UploadJob>, Receiver<UploadJob>) = crossbeam_channel::unbounded();
         let threads = (0..n.max(1))
             .map(|i| {
@@ -128,10 +134,9 @@ impl UploaderPool {
                             (job.done)(result, job.captured);
                         }
                     })
-                    .expect("spawn uploader")
             })
-            .collect();
-        Self { jobs, threads }
+            .collect::<std::io::Result<_>>()?;
+        Ok(Self { jobs, threads })
     }
 
     /// The job queue (the pool ends once every sender is dropped and the queue is empty).

@@ -97,14 +97,7 @@ pub(crate) fn encode_coord_input(
     match input {
         CoordInput::Report { task, report } => encode_report(enc, stream, *task, me, report),
         CoordInput::Consensus { task, latest, request } => {
-            let msg = ConsensusReq {
-                stream,
-                task: *task,
-                node: me,
-                latest: *latest,
-                latest_version: Version(0),
-                request: *request,
-            };
+            let msg = ConsensusReq { stream, task: *task, node: me, latest: *latest, request: *request };
             enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a consensus request")).ok()
         }
         CoordInput::SourceRsp { task, id, trans, answer } => {

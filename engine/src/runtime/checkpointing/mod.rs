@@ -130,7 +130,8 @@ impl Setup {
             spec.id,
             aligning.clone(),
             super::sched::background_thread,
-        );
+        )
+        .map_err(EngineError::Thread)?;
         Ok(Setup {
             aligning,
             stream: spec.id,
