@@ -89,7 +89,7 @@ archived! {
         /// Task.
         pub task: TaskId,
         /// Latest checkpoint this task committed.
-        pub latest: CheckpointId,
+        pub latest: Option<CheckpointId>,
         /// Source offset of that checkpoint.
         pub latest_version: Version,
         /// When it committed (ms since the epoch; 0: not known, as for a restored checkpoint).
@@ -576,9 +576,9 @@ archived! {
         pub task: TaskId,
         /// Its node.
         pub node: NodeId,
-        /// Latest checkpoint the task has locally committed (0: none); the restore point names
+        /// Latest checkpoint the task has locally committed, if any; the restore point names
         /// the offset.
-        pub latest: CheckpointId,
+        pub latest: Option<CheckpointId>,
         /// The request (unique per start of the task), echoed by the [`Restore`] answering it.
         pub request: u64,
     }
@@ -652,7 +652,7 @@ archived! {
         /// State.
         pub state: TaskState,
         /// Latest committed checkpoint.
-        pub latest: CheckpointId,
+        pub latest: Option<CheckpointId>,
         /// Checkpoint in progress.
         pub active: Option<CheckpointId>,
         /// Last failed checkpoint.

@@ -58,7 +58,7 @@ roundtrip! {
         node: NodeId(1),
         sent_at_ms: 123,
         tasks: vec![TaskHeartbeat {
-            stream: StreamId(1), task: TaskId(2), latest: CheckpointId(3), latest_version: Version(4),
+            stream: StreamId(1), task: TaskId(2), latest: Some(CheckpointId(3)), latest_version: Version(4),
             latest_ts_ms: 5, active: Some(CheckpointId(4)), failed: None,
         }],
     };
@@ -115,7 +115,7 @@ roundtrip! {
         stream: StreamId(1), task: TaskId(5), failed: CheckpointId(8), trans: TransId(9), reason: "timeout".into(),
     };
     roundtrip_consensus_req: ConsensusReq = ConsensusReq {
-        stream: StreamId(1), task: TaskId(5), node: NodeId(2), latest: CheckpointId(7),
+        stream: StreamId(1), task: TaskId(5), node: NodeId(2), latest: Some(CheckpointId(7)),
         request: 12,
     };
     roundtrip_restore: Restore = Restore {
@@ -130,7 +130,7 @@ roundtrip! {
     roundtrip_status_rsp: StatusRsp = StatusRsp {
         request: 5, node: NodeId(1), uptime_ms: 1000,
         tasks: vec![TaskStatus {
-            stream: StreamId(1), task: TaskId(1), state: TaskState::Checkpointing, latest: CheckpointId(3),
+            stream: StreamId(1), task: TaskId(1), state: TaskState::Checkpointing, latest: Some(CheckpointId(3)),
             active: Some(CheckpointId(4)), failed: Some(CheckpointId(2)), rows_in: 10, rows_out: 9,
         }],
         checkpoints: vec![CheckpointStats {

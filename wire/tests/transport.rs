@@ -293,7 +293,7 @@ fn heartbeats_carry_the_senders_task_summaries() {
     let summary = TaskHeartbeat {
         stream: StreamId(3),
         task: TaskId(9),
-        latest: CheckpointId(41),
+        latest: Some(CheckpointId(41)),
         latest_version: Version(4096),
         latest_ts_ms: 1_700_000_000_000,
         active: Some(CheckpointId(42)),

@@ -15,7 +15,7 @@ use crate::checkpoint::TaskState;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Published {
     state: TaskState,
-    latest: CheckpointId,
+    latest: Option<CheckpointId>,
     latest_version: Version,
     latest_ts_ms: u64,
     failed: Option<CheckpointId>,
@@ -36,7 +36,7 @@ impl TaskBoard {
             task,
             published: AtomicCell::new(Published {
                 state: TaskState::Ready,
-                latest: CheckpointId(0),
+                latest: None,
                 latest_version: Version(0),
                 latest_ts_ms: 0,
                 failed: None,

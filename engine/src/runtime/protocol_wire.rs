@@ -296,7 +296,7 @@ mod tests {
         };
         let to_coord = vec![
             CoordInput::Report { task: TaskId(4), report: r },
-            CoordInput::Consensus { task: TaskId(4), latest: c, request: 77 },
+            CoordInput::Consensus { task: TaskId(4), latest: Some(c), request: 77 },
             CoordInput::SourceRsp {
                 task: TaskId(4),
                 id: c,

@@ -135,7 +135,7 @@ impl Sim {
             .map(|t| {
                 let m = self.tasks[t].driver.machine();
                 format!(
-                    "t{t}: {:?} latest {} failed {:?} closed {:?} finished {}",
+                    "t{t}: {:?} latest {:?} failed {:?} closed {:?} finished {}",
                     m.state(),
                     m.latest(),
                     m.failed(),

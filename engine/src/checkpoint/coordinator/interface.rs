@@ -151,8 +151,8 @@ pub enum CoordInput {
     Consensus {
         /// Task.
         task: TaskId,
-        /// Its latest local checkpoint.
-        latest: CheckpointId,
+        /// Its latest local checkpoint, if any.
+        latest: Option<CheckpointId>,
         /// The request, echoed in the answer: a task takes only the answer to its own request
         /// (an answer to an earlier incarnation of it may still be in flight).
         request: u64,

@@ -55,7 +55,7 @@ enum Phase {
     Down,
     /// Restarting without a commit record: collecting consensus until `deadline`, and the
     /// requests to answer.
-    Consensus { deadline: u64, latest: BTreeMap<TaskId, CheckpointId>, asking: BTreeMap<TaskId, u64> },
+    Consensus { deadline: u64, latest: BTreeMap<TaskId, Option<CheckpointId>>, asking: BTreeMap<TaskId, u64> },
     /// The consensus chose `record`'s checkpoint; its commit record is written before any task
     /// hears of it, so a coordinator that restarts meanwhile chooses the same point (tasks
     /// restored already do not ask again). Written again from `retry_at` until it is durable.
@@ -291,15 +291,14 @@ impl Coordinator {
             return Vec::new();
         };
         // The seed's rule: the minimum of what every task has; a task that did not answer counts
-        // as having nothing.
-        let all = self.cfg.tasks.iter().map(|(t, _, _)| latest.get(t).copied().unwrap_or(CheckpointId(0)));
-        let min = all.min().unwrap_or(CheckpointId(0));
-        self.next_id = self.next_id.max(min.next());
-        if min == CheckpointId(0) {
+        // as having nothing (and nothing is below every checkpoint).
+        let all = self.cfg.tasks.iter().map(|(t, _, _)| latest.get(t).copied().flatten());
+        let Some(min) = all.min().flatten() else {
             // Nothing to record: a coordinator that restarts finds no record either and every
             // task that asks starts from nothing.
             return self.choose(None, false, asking);
-        }
+        };
+        self.next_id = self.next_id.max(min.next());
         let record = CommitRecord::consensus(min, self.now);
         self.phase =
             Phase::Recording { record: record.clone(), retry_at: self.now + self.cfg.store_timeout_ms, asking };

@@ -290,14 +290,14 @@ impl<C> TaskDriver<C> {
         }
         let since = *self.waiting_since_us.get_or_insert(now);
         self.asked_us = Some(now);
-        let latest = fx.read_committed()?.map_or(CheckpointId(0), |(id, _)| id);
+        let latest = fx.read_committed()?.map(|(id, _)| id);
         let waiting = now.saturating_sub(since);
         // Nothing flows until the coordinator answers: say so loudly if it takes long.
         if waiting >= WAIT_WARNING_US * (self.warned + 1) {
             self.warned += 1;
             tracing::warn!(task = %self.task(), waiting_s = waiting / 1_000_000, "still waiting for the restore point");
         } else {
-            tracing::debug!(task = %self.task(), latest = %latest, "asking the coordinator for the restore point");
+            tracing::debug!(task = %self.task(), ?latest, "asking the coordinator for the restore point");
         }
         fx.send_coord(CoordInput::Consensus { task: self.task(), latest, request: self.start });
         Ok(())

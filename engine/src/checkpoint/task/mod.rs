@@ -87,7 +87,7 @@ impl Active {
 pub struct TaskMachine {
     setup: TaskSetup,
     state: TaskState,
-    latest: CheckpointId,
+    latest: Option<CheckpointId>,
     latest_version: Version,
     latest_ts: Option<u64>,
     failed: Option<CheckpointId>,
@@ -111,7 +111,7 @@ impl TaskMachine {
             ended: vec![false; setup.upstreams.len()],
             setup,
             state: TaskState::Uninit,
-            latest: CheckpointId(0),
+            latest: None,
             latest_version: Version(0),
             latest_ts: None,
             failed: None,
@@ -133,8 +133,8 @@ impl TaskMachine {
         self.state
     }
 
-    /// Last committed checkpoint (zero: none).
-    pub fn latest(&self) -> CheckpointId {
+    /// Last committed checkpoint, if any.
+    pub fn latest(&self) -> Option<CheckpointId> {
         self.latest
     }
 
@@ -199,7 +199,7 @@ impl TaskMachine {
         match input {
             TaskInput::Tick { now } => self.tick(now),
             TaskInput::Restored { id, version } => {
-                self.latest = id.unwrap_or(CheckpointId(0));
+                self.latest = id;
                 self.latest_version = version;
                 self.active = None;
                 self.state = TaskState::Ready;
@@ -280,8 +280,10 @@ impl TaskMachine {
         if self.setup.role != Role::Source {
             return answer(SourceAnswer::NotSource);
         }
-        if id <= self.latest {
-            return answer(SourceAnswer::AlreadyCompleted(self.latest));
+        if let Some(latest) = self.latest
+            && id <= latest
+        {
+            return answer(SourceAnswer::AlreadyCompleted(latest));
         }
         if let Some(f) = self.failed
             && id <= f
@@ -309,7 +311,7 @@ impl TaskMachine {
 
     fn trigger(&mut self, from: TaskId, id: CheckpointId, trans: TransId) -> Vec<TaskAction> {
         let Some(i) = self.upstream_index(from) else { return self.discard(Discard::Misdirected) };
-        if id < self.latest {
+        if self.latest.is_some_and(|l| id < l) {
             return self.discard(Discard::Expired);
         }
         if let Some(f) = self.failed
@@ -317,7 +319,7 @@ impl TaskMachine {
         {
             return self.discard(Discard::Failed);
         }
-        if id == self.latest {
+        if Some(id) == self.latest {
             // The checkpoint completed here; the upstream missed our ready: resend it. The input
             // stays closed if it is held for a newer checkpoint's alignment.
             let (to, node) = self.setup.upstreams[i];
@@ -378,7 +380,7 @@ impl TaskMachine {
                 out.extend(self.try_ready());
             }
             // Confirm late or repeated ready messages of finished checkpoints so they stop.
-            _ if id <= self.latest || self.failed.is_some_and(|f| id <= f) => {
+            _ if self.latest.is_some_and(|l| id <= l) || self.failed.is_some_and(|f| id <= f) => {
                 out.push(TaskAction::SendReadyRsp { to: from, id })
             }
             _ => out.push(TaskAction::Discarded(Discard::Invalid)),
@@ -410,7 +412,7 @@ impl TaskMachine {
 
     fn retrieve(&mut self, from: TaskId, id: CheckpointId) -> Vec<TaskAction> {
         let Some(i) = self.downstream_index(from) else { return self.discard(Discard::Misdirected) };
-        let not_over = id > self.latest && self.failed.is_none_or(|f| id > f);
+        let not_over = self.latest.is_none_or(|l| id > l) && self.failed.is_none_or(|f| id > f);
         let (code, id, trans, seq) = match &self.active {
             Some(a) if a.id == id => match a.dispatched[i] {
                 Some(seq) => (TriggerRspCode::Success, id, a.trans, seq),
@@ -461,10 +463,10 @@ impl TaskMachine {
     }
 
     fn update(&mut self, id: CheckpointId, version: Version, ts: u64) -> Vec<TaskAction> {
-        if id <= self.latest {
+        if self.latest.is_some_and(|l| id <= l) {
             return Vec::new();
         }
-        self.latest = id;
+        self.latest = Some(id);
         self.latest_version = version;
         self.latest_ts = Some(ts);
         let mut out = vec![TaskAction::PersistCommitted { id, version, ts }];
@@ -480,7 +482,7 @@ impl TaskMachine {
     }
 
     fn reset(&mut self, failed: CheckpointId) -> Vec<TaskAction> {
-        if failed <= self.latest {
+        if self.latest.is_some_and(|l| failed <= l) {
             return Vec::new();
         }
         self.failed = Some(self.failed.map_or(failed, |f| f.max(failed)));

@@ -43,7 +43,7 @@ fn started() -> Coordinator {
     let mut c = Coordinator::new(coord_cfg());
     c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
     for t in [1, 10, 20] {
-        c.handle(CoordInput::Consensus { task: TaskId(t), latest: CheckpointId(0), request: 1 });
+        c.handle(CoordInput::Consensus { task: TaskId(t), latest: None, request: 1 });
     }
     c
 }
@@ -174,7 +174,7 @@ fn ids_are_reserved_in_blocks_and_a_restart_never_reuses_one() {
     let mut r = Coordinator::new(coord_cfg());
     r.handle(CoordInput::Start { now: 0, ids: persisted, last_commit: None });
     for t in [TaskId(1), TaskId(10), TaskId(20)] {
-        r.handle(CoordInput::Consensus { task: t, latest: CheckpointId(0), request: 1 });
+        r.handle(CoordInput::Consensus { task: t, latest: None, request: 1 });
     }
     let mut out = tick(&mut r, 1_000);
     out.extend(trigger(&mut r));
@@ -256,7 +256,11 @@ fn manual_trigger_starts_a_checkpoint_now() {
 
 /// Task `t` asks for its restore point with what it has; its request is `100 + t`.
 fn ask(c: &mut Coordinator, t: u32, latest: u64) -> Vec<CoordAction> {
-    c.handle(CoordInput::Consensus { task: TaskId(t), latest: CheckpointId(latest), request: 100 + u64::from(t) })
+    c.handle(CoordInput::Consensus {
+        task: TaskId(t),
+        latest: (latest > 0).then_some(CheckpointId(latest)),
+        request: 100 + u64::from(t),
+    })
 }
 
 #[test]
@@ -336,7 +340,7 @@ fn a_task_that_asks_again_gets_the_restore_point_already_chosen() {
     }
     c.handle(CoordInput::CommitDurable { id: CheckpointId(3) });
     // Its answer was lost: the task asks again with what it has, and the choice stands.
-    let again = CoordInput::Consensus { task: TaskId(10), latest: CheckpointId(3), request: 7 };
+    let again = CoordInput::Consensus { task: TaskId(10), latest: Some(CheckpointId(3)), request: 7 };
     assert_eq!(
         c.handle(again),
         vec![CoordAction::SendRestore {
@@ -405,7 +409,7 @@ fn transaction_ids_survive_restarts() {
     let mut r = Coordinator::new(coord_cfg());
     r.handle(CoordInput::Start { now: 0, ids: reserved, last_commit: None });
     for t in [1, 10, 20] {
-        r.handle(CoordInput::Consensus { task: TaskId(t), latest: CheckpointId(0), request: 1 });
+        r.handle(CoordInput::Consensus { task: TaskId(t), latest: None, request: 1 });
     }
     let out = trigger(&mut r);
     let started = out.iter().find_map(|a| match a {

@@ -348,7 +348,7 @@ fn update_at_or_below_the_current_id_is_ignored() {
     complete(&mut m, C2);
     assert!(m.handle(TaskInput::Update { id: C2, trans: T1, version: Version(0), ts: 9 }).is_empty());
     assert!(m.handle(TaskInput::Update { id: C1, trans: T1, version: Version(0), ts: 9 }).is_empty());
-    assert_eq!(m.latest(), C2);
+    assert_eq!(m.latest(), Some(C2));
 }
 
 #[test]
@@ -364,7 +364,7 @@ fn update_persists_the_commit_and_returns_to_ready() {
             TaskAction::DeleteSnapshotsBefore(C1)
         ]
     );
-    assert_eq!((m.state(), m.latest(), m.latest_version()), (TaskState::Ready, C1, Version(55)));
+    assert_eq!((m.state(), m.latest(), m.latest_version()), (TaskState::Ready, Some(C1), Version(55)));
 }
 
 #[test]
@@ -441,7 +441,7 @@ fn late_update_of_an_older_checkpoint_leaves_a_newer_alignment_alone() {
             TaskAction::DeleteSnapshotsBefore(C1)
         ]
     );
-    assert_eq!((m.state(), m.latest()), (TaskState::Checkpointing(C2), C1));
+    assert_eq!((m.state(), m.latest()), (TaskState::Checkpointing(C2), Some(C1)));
 }
 
 #[test]
