@@ -1,0 +1,151 @@
+//! Data-plane messages: ingest, rows, watermarks, window results, end of stream, credit.
+
+use super::*;
+
+archived! {
+    /// Rows sent to a node's ingest log (`weir load`).
+    pub struct Ingest {
+        /// Target stream.
+        pub stream: StreamId,
+        /// Target partition (one source task each).
+        pub partition: u32,
+        /// Client's request id, echoed in the ack.
+        pub request: u64,
+        /// The rows.
+        pub batch: Batch,
+    }
+}
+
+archived! {
+    /// Result of an [`Ingest`].
+    pub enum IngestOutcome {
+        /// The rows are durable under the node's policy, at versions `first..=last`.
+        Durable {
+            /// Version of the first row.
+            first: Version,
+            /// Version of the last row.
+            last: Version,
+        },
+        /// The rows were not stored.
+        Rejected {
+            /// Why.
+            reason: String,
+            /// Whether sending again may succeed.
+            retryable: bool,
+        },
+    }
+}
+
+archived! {
+    /// Acknowledges an [`Ingest`] once its rows are durable (or refuses it).
+    pub struct IngestAck {
+        /// Stream.
+        pub stream: StreamId,
+        /// Partition.
+        pub partition: u32,
+        /// The request this answers.
+        pub request: u64,
+        /// What happened.
+        pub outcome: IngestOutcome,
+    }
+}
+
+archived! {
+    /// A batch on a channel between two tasks.
+    pub struct Data {
+        /// Stream.
+        pub stream: StreamId,
+        /// Sending task.
+        pub from: TaskId,
+        /// Receiving task.
+        pub to: TaskId,
+        /// Per-channel sequence number (shared with watermarks and triggers on that channel).
+        pub seq: Seq,
+        /// The rows.
+        pub batch: Batch,
+    }
+}
+
+archived! {
+    /// Event-time progress of an upstream on a channel.
+    pub struct Watermark {
+        /// Stream.
+        pub stream: StreamId,
+        /// Sending task.
+        pub from: TaskId,
+        /// Receiving task.
+        pub to: TaskId,
+        /// Per-channel sequence number.
+        pub seq: Seq,
+        /// No row with a smaller event time (ms) follows on this channel.
+        pub watermark_ms: i64,
+    }
+}
+
+archived! {
+    /// Window results from an agg task to a sink task (columnar).
+    pub struct WindowResults {
+        /// Stream.
+        pub stream: StreamId,
+        /// Sending agg.
+        pub from: TaskId,
+        /// Receiving sink.
+        pub to: TaskId,
+        /// Per-channel sequence number.
+        pub seq: Seq,
+        /// Series keys.
+        pub key: Vec<u64>,
+        /// Window starts (ms).
+        pub start: Vec<i64>,
+        /// Row counts.
+        pub count: Vec<u64>,
+        /// Sums.
+        pub sum: Vec<f64>,
+        /// Minimums.
+        pub min: Vec<f64>,
+        /// Maximums.
+        pub max: Vec<f64>,
+    }
+}
+
+impl ArchivedWindowResults {
+    /// All columns must have the same length.
+    pub fn check_columns(&self) -> Result<(), String> {
+        let n = self.key.len();
+        let lens = [self.start.len(), self.count.len(), self.sum.len(), self.min.len(), self.max.len()];
+        if lens.iter().all(|l| *l == n) {
+            Ok(())
+        } else {
+            Err(format!("window result columns differ in length: key {n}, others {lens:?}"))
+        }
+    }
+}
+
+archived! {
+    /// The upstream task has sent everything: its channel ends here.
+    pub struct EndOfStream {
+        /// Stream.
+        pub stream: StreamId,
+        /// Sending task.
+        pub from: TaskId,
+        /// Receiving task.
+        pub to: TaskId,
+        /// Per-channel sequence number.
+        pub seq: Seq,
+    }
+}
+
+archived! {
+    /// Receiver → sender of a remote channel: room for `credits` more frames (credit-based flow
+    /// control, so one slow channel never blocks a connection that others share).
+    pub struct Credit {
+        /// Stream.
+        pub stream: StreamId,
+        /// Sending task of the channel (who gets the credit).
+        pub from: TaskId,
+        /// Receiving task of the channel.
+        pub to: TaskId,
+        /// Frames granted.
+        pub credits: u32,
+    }
+}

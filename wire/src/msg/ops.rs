@@ -1,0 +1,173 @@
+//! Operations: status, manual checkpoints, and what they carry.
+
+use super::*;
+
+archived! {
+    /// Client → node: report your status.
+    pub struct StatusReq {
+        /// Echoed in the response.
+        pub request: u64,
+    }
+}
+
+archived! {
+    /// A task's lifecycle state.
+    pub enum TaskState {
+        /// Not started.
+        Uninit,
+        /// Processing.
+        Ready,
+        /// Taking part in a checkpoint.
+        Checkpointing,
+        /// Paused by an operator.
+        Paused,
+        /// Stopped.
+        Stopped,
+    }
+}
+
+archived! {
+    /// One task in a [`StatusRsp`].
+    pub struct TaskStatus {
+        /// Stream.
+        pub stream: StreamId,
+        /// Task.
+        pub task: TaskId,
+        /// State.
+        pub state: TaskState,
+        /// Latest committed checkpoint.
+        pub latest: Option<CheckpointId>,
+        /// Checkpoint in progress.
+        pub active: Option<CheckpointId>,
+        /// Last failed checkpoint.
+        pub failed: Option<CheckpointId>,
+        /// Rows received.
+        pub rows_in: u64,
+        /// Rows emitted.
+        pub rows_out: u64,
+    }
+}
+
+archived! {
+    /// How a checkpoint ended, as the coordinator saw it.
+    pub enum CheckpointOutcome {
+        /// Still running.
+        InProgress,
+        /// Committed.
+        Committed,
+        /// Failed.
+        Failed {
+            /// Why.
+            reason: String,
+        },
+    }
+}
+
+archived! {
+    /// One task's statistics within a [`CheckpointStats`].
+    pub struct TaskCheckpointEntry {
+        /// Task.
+        pub task: TaskId,
+        /// Its figures.
+        pub stats: TaskCheckpointStats,
+    }
+}
+
+archived! {
+    /// Statistics of one checkpoint in a [`StatusRsp`].
+    pub struct CheckpointStats {
+        /// Stream.
+        pub stream: StreamId,
+        /// Checkpoint.
+        pub checkpoint: CheckpointId,
+        /// Start (ms since the epoch).
+        pub started_at_ms: u64,
+        /// Trigger to commit (µs); zero while in progress.
+        pub duration_us: u64,
+        /// Outcome.
+        pub outcome: CheckpointOutcome,
+        /// Bytes uploaded by all tasks.
+        pub upload_bytes: u64,
+        /// Longest alignment of any task (µs).
+        pub max_align_us: u64,
+        /// Longest synchronous snapshot of any task (µs).
+        pub max_snapshot_us: u64,
+        /// Per task, as reported (empty while in progress or when the checkpoint failed early).
+        pub tasks: Vec<TaskCheckpointEntry>,
+    }
+}
+
+archived! {
+    /// A stream's checkpoint health in a [`StatusRsp`] (from its coordinator's node).
+    pub struct StreamHealth {
+        /// Stream.
+        pub stream: StreamId,
+        /// False once more consecutive checkpoints failed than tolerated, until one commits.
+        pub healthy: bool,
+        /// Checkpoints failed since the last commit.
+        pub consecutive_failures: u32,
+        /// Checkpoints committed since the node started.
+        pub committed: u64,
+        /// Checkpoints failed since the node started.
+        pub failed: u64,
+    }
+}
+
+archived! {
+    /// Node → client: status.
+    pub struct StatusRsp {
+        /// The request this answers.
+        pub request: u64,
+        /// Answering node.
+        pub node: NodeId,
+        /// Time since the node started (ms).
+        pub uptime_ms: u64,
+        /// Tasks on the node.
+        pub tasks: Vec<TaskStatus>,
+        /// Recent checkpoints (coordinator node only).
+        pub checkpoints: Vec<CheckpointStats>,
+        /// Health of the streams this node coordinates.
+        pub streams: Vec<StreamHealth>,
+    }
+}
+
+archived! {
+    /// Client → node: start a checkpoint of `stream` now (the coordinator's manual trigger).
+    pub struct CheckpointNowReq {
+        /// Echoed in the response.
+        pub request: u64,
+        /// Stream.
+        pub stream: StreamId,
+    }
+}
+
+archived! {
+    /// What became of a manual trigger.
+    pub enum CheckpointNowOutcome {
+        /// The coordinator starts a checkpoint as soon as the one in flight (if any) has ended
+        /// and the minimum pause has passed; `Engine` statistics and status show it.
+        Accepted,
+        /// This node does not coordinate the stream; ask `coordinator` (fatal here, retry there).
+        NotCoordinator {
+            /// The stream's coordinator node.
+            coordinator: NodeId,
+        },
+        /// The stream runs without checkpoints, or not on this node (fatal).
+        Refused {
+            /// Why.
+            reason: String,
+        },
+    }
+}
+
+archived! {
+    /// Node → client: the answer to a `CheckpointNowReq`.
+    pub struct CheckpointNowRsp {
+        /// The request this answers.
+        pub request: u64,
+        /// Answering node.
+        pub node: NodeId,
+        /// What became of it.
+        pub outcome: CheckpointNowOutcome,
+    }
+}
