@@ -1,0 +1,483 @@
+//! The network thread: one mio loop over the listener, every connection and the waker.
+//!
+//! mio is edge-triggered: a readiness event is a hint that says "try now". Every handler therefore
+//! works until the socket says `WouldBlock` (or until it deliberately pauses, and then it remembers
+//! to come back), and every handler tolerates spurious events.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, IoSlice, Write};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+
+mod handshake;
+mod timers;
+mod write;
+
+use super::handshake::{self as proof, Side, Transcript};
+use super::{Event, Shared, TransportConfig};
+use crate::frame::{EncodedFrame, Frame, FrameDecoder, FrameEncoder, PROTOCOL_VERSION};
+use crate::ids::NodeId;
+use crate::msg::{Auth, Challenge, Close, CloseCode, Heartbeat, Hello, Kind, Message, NONCE_LEN};
+
+pub(super) const LISTENER: Token = Token(0);
+pub(super) const WAKER: Token = Token(1);
+const FIRST_CONN: usize = 2;
+
+/// At most this many frames (or bytes) go into one vectored write.
+const WRITE_BATCH_FRAMES: usize = 64;
+const WRITE_BATCH_BYTES: usize = 1 << 20;
+/// How long a closing connection may take to deliver its `Close` frame.
+const LINGER: Duration = Duration::from_millis(500);
+
+#[derive(Debug)]
+enum Phase {
+    /// Dialer: TCP connect in progress.
+    Connecting,
+    /// Dialer: sent `Hello`, waiting for `Challenge`.
+    AwaitChallenge { nonce: [u8; NONCE_LEN] },
+    /// Acceptor: waiting for `Hello`.
+    AwaitHello,
+    /// Acceptor: sent `Challenge`, waiting for `Auth`.
+    AwaitAuth { peer: NodeId, dialer_nonce: [u8; NONCE_LEN], acceptor_nonce: [u8; NONCE_LEN] },
+    /// Authenticated; carries traffic.
+    Established { peer: NodeId },
+    /// Sent `Close`; delivering it, then dropping the socket.
+    Closing { until: Instant },
+}
+
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+    addr: SocketAddr,
+    phase: Phase,
+    /// The node that dialed this connection (known once the handshake says).
+    dialer: Option<NodeId>,
+    /// For a connection we dialed: the peer we meant to reach.
+    target: Option<NodeId>,
+    decoder: FrameDecoder,
+    /// Handshake, heartbeat and close frames, sent before more data is taken from the peer queue.
+    control: VecDeque<EncodedFrame>,
+    /// Frames being written; the first may be partly written (`written` bytes).
+    out: VecDeque<EncodedFrame>,
+    written: usize,
+    started: Instant,
+    last_recv: Instant,
+    last_heartbeat: Instant,
+    /// Reading stopped because the application is behind; resume when events drain.
+    read_paused: bool,
+}
+
+#[derive(Debug)]
+struct Peer {
+    /// Listed in the configuration (kept for good); otherwise a node that dialed us, forgotten
+    /// with its queue when its connection ends.
+    configured: bool,
+    addr: Option<SocketAddr>,
+    rx: Receiver<EncodedFrame>,
+    /// The established connection.
+    conn: Option<Token>,
+    /// A connection we are dialing.
+    dialing: Option<Token>,
+    next_dial: Instant,
+    backoff: Duration,
+}
+
+pub(super) struct EventLoop {
+    cfg: TransportConfig,
+    poll: Poll,
+    shared: Arc<Shared>,
+    listener: Option<TcpListener>,
+    conns: HashMap<Token, Conn>,
+    peers: HashMap<NodeId, Peer>,
+    events: Sender<Event>,
+    /// Events the application has no room for yet; while non-empty, no connection is read.
+    backlog: VecDeque<Event>,
+    next_token: usize,
+    encoder: FrameEncoder,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Why a connection ends.
+struct Ending {
+    code: CloseCode,
+    reason: String,
+    /// Send a `Close` frame to the peer first.
+    notify: bool,
+    /// Report as a handshake refusal (and by whom).
+    refused: Option<bool>,
+}
+
+impl Ending {
+    fn quiet(reason: impl Into<String>) -> Self {
+        Ending { code: CloseCode::Shutdown, reason: reason.into(), notify: false, refused: None }
+    }
+    fn tell(code: CloseCode, reason: impl Into<String>) -> Self {
+        Ending { code, reason: reason.into(), notify: true, refused: None }
+    }
+}
+
+impl EventLoop {
+    pub(super) fn new(
+        cfg: TransportConfig,
+        poll: Poll,
+        mut listener: Option<TcpListener>,
+        shared: Arc<Shared>,
+        events: Sender<Event>,
+        receivers: HashMap<NodeId, Receiver<EncodedFrame>>,
+    ) -> io::Result<Self> {
+        if let Some(l) = listener.as_mut() {
+            poll.registry().register(l, LISTENER, Interest::READABLE)?;
+        }
+        let now = Instant::now();
+        let peers = cfg
+            .peers
+            .iter()
+            .map(|p| {
+                let rx = receivers.get(&p.node).expect("queue per configured peer").clone();
+                let peer = Peer {
+                    configured: true,
+                    addr: p.addr,
+                    rx,
+                    conn: None,
+                    dialing: None,
+                    next_dial: now,
+                    backoff: cfg.reconnect_min,
+                };
+                (p.node, peer)
+            })
+            .collect();
+        let encoder = FrameEncoder::new().max_frame(cfg.max_frame);
+        Ok(Self {
+            cfg,
+            poll,
+            shared,
+            listener,
+            conns: HashMap::new(),
+            peers,
+            events,
+            backlog: VecDeque::new(),
+            next_token: FIRST_CONN,
+            encoder,
+        })
+    }
+
+    pub(super) fn run(&mut self) {
+        let node = self.cfg.node;
+        tracing::debug!(%node, "network thread started");
+        let mut events = Events::with_capacity(256);
+        let tick = (self.cfg.heartbeat_interval / 4).clamp(Duration::from_millis(1), Duration::from_millis(50));
+        let mut next_timers = Instant::now();
+        loop {
+            let timeout = if self.backlog.is_empty() { tick } else { Duration::from_millis(1) };
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout))
+                && e.kind() != io::ErrorKind::Interrupted
+            {
+                tracing::error!(%node, error = %e, "poll failed; network thread stops");
+                break;
+            }
+            if self.shared.shutdown.load(Ordering::Acquire) {
+                break;
+            }
+            let mut woken = false;
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTENER => self.accept(),
+                    WAKER => woken = true,
+                    t => {
+                        if ev.is_writable() {
+                            self.on_writable(t);
+                        }
+                        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                            self.on_readable(t);
+                        }
+                    }
+                }
+            }
+            if woken {
+                // Clear first: a send after this point wakes us again.
+                self.shared.wake_pending.store(false, Ordering::Release);
+                self.flush_established();
+            }
+            if !self.backlog.is_empty() {
+                self.deliver_backlog();
+            }
+            let now = Instant::now();
+            if now >= next_timers {
+                self.timers(now);
+                next_timers = now + tick;
+            }
+        }
+        self.close_all();
+        tracing::debug!(%node, "network thread stopped");
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Accepting and dialing.
+
+    fn accept(&mut self) {
+        loop {
+            let Some(listener) = self.listener.as_ref() else { return };
+            match listener.accept() {
+                Ok((stream, addr)) => {
+                    let _ = stream.set_nodelay(true);
+                    self.add_conn(stream, addr, Phase::AwaitHello, None);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // E.g. out of file descriptors: log and let the next readiness hint retry.
+                    tracing::warn!(node = %self.cfg.node, error = %e, "accept failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn add_conn(
+        &mut self,
+        mut stream: TcpStream,
+        addr: SocketAddr,
+        phase: Phase,
+        target: Option<NodeId>,
+    ) -> Option<Token> {
+        let token = Token(self.next_token);
+        self.next_token += 1;
+        if let Err(e) = self.poll.registry().register(&mut stream, token, Interest::READABLE | Interest::WRITABLE) {
+            tracing::warn!(node = %self.cfg.node, %addr, error = %e, "cannot register connection");
+            return None;
+        }
+        let now = Instant::now();
+        let dialer = if target.is_some() { Some(self.cfg.node) } else { None };
+        self.conns.insert(
+            token,
+            Conn {
+                stream,
+                addr,
+                phase,
+                dialer,
+                target,
+                decoder: FrameDecoder::new(self.cfg.max_frame),
+                control: VecDeque::new(),
+                out: VecDeque::new(),
+                written: 0,
+                started: now,
+                last_recv: now,
+                last_heartbeat: now,
+                read_paused: false,
+            },
+        );
+        Some(token)
+    }
+
+    fn dial(&mut self, node: NodeId, addr: SocketAddr) {
+        match TcpStream::connect(addr) {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                let token = self.add_conn(stream, addr, Phase::Connecting, Some(node));
+                if let Some(p) = self.peers.get_mut(&node) {
+                    p.dialing = token;
+                }
+                tracing::debug!(node = %self.cfg.node, peer = %node, %addr, "dialing");
+            }
+            Err(e) => {
+                tracing::debug!(node = %self.cfg.node, peer = %node, %addr, error = %e, "dial failed");
+                self.schedule_redial(node);
+            }
+        }
+    }
+
+    fn schedule_redial(&mut self, node: NodeId) {
+        let max = self.cfg.reconnect_max;
+        if let Some(p) = self.peers.get_mut(&node) {
+            p.dialing = None;
+            // Up to +25% jitter so peers that lost each other together do not redial in lockstep.
+            let jitter = proof::nonce().map_or(0, |n| n[0] as u32) % 64;
+            let delay = p.backoff + p.backoff * jitter / 256;
+            p.next_dial = Instant::now() + delay;
+            p.backoff = (p.backoff * 2).min(max);
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Readiness.
+
+    fn on_writable(&mut self, token: Token) {
+        let Some(conn) = self.conns.get_mut(&token) else { return };
+        if matches!(conn.phase, Phase::Connecting) {
+            if let Ok(Some(e)) | Err(e) = conn.stream.take_error() {
+                let reason = format!("connect to {} failed: {e}", conn.addr);
+                return self.end(token, Ending::quiet(reason));
+            }
+            match conn.stream.peer_addr() {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return, // spurious: not yet
+                Err(e) => return self.end(token, Ending::quiet(format!("connect failed: {e}"))),
+            }
+            let nonce = match proof::nonce() {
+                Ok(n) => n,
+                Err(e) => return self.end(token, Ending::quiet(format!("no randomness: {e}"))),
+            };
+            let hello = Hello {
+                cluster: self.cfg.cluster.clone(),
+                node: self.cfg.node,
+                protocol_version: PROTOCOL_VERSION,
+                nonce,
+            };
+            conn.phase = Phase::AwaitChallenge { nonce };
+            self.queue_control(token, &hello);
+        }
+        self.flush(token);
+    }
+
+    fn on_readable(&mut self, token: Token) {
+        loop {
+            if !self.backlog.is_empty() {
+                if let Some(c) = self.conns.get_mut(&token) {
+                    c.read_paused = true;
+                }
+                return;
+            }
+            let Some(conn) = self.conns.get_mut(&token) else { return };
+            if matches!(conn.phase, Phase::Connecting) {
+                return;
+            }
+            match conn.decoder.read_from(&mut conn.stream) {
+                Ok(0) => {
+                    let closing = matches!(conn.phase, Phase::Closing { .. });
+                    let reason = if closing { "closed" } else { "peer closed the connection" };
+                    return self.end(token, Ending::quiet(reason));
+                }
+                Ok(n) => {
+                    conn.last_recv = Instant::now();
+                    self.shared.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+                    if matches!(conn.phase, Phase::Closing { .. }) {
+                        // Discard: we only wait for the peer to read our Close and hang up.
+                        conn.decoder = FrameDecoder::new(self.cfg.max_frame);
+                        continue;
+                    }
+                    if !self.drain_frames(token) {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return self.end(token, Ending::quiet(format!("read failed: {e}"))),
+            }
+        }
+    }
+
+    /// Handles every complete frame buffered on `token`. False if the connection ended or stopped
+    /// being read.
+    fn drain_frames(&mut self, token: Token) -> bool {
+        loop {
+            let Some(conn) = self.conns.get_mut(&token) else { return false };
+            if matches!(conn.phase, Phase::Closing { .. }) {
+                return false;
+            }
+            match conn.decoder.next_frame() {
+                Ok(Some(frame)) => {
+                    if !self.on_frame(token, frame) {
+                        return false;
+                    }
+                }
+                Ok(None) => return true,
+                Err(e) => {
+                    self.shared.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
+                    let code = match e {
+                        crate::FrameError::UnsupportedVersion { .. } => CloseCode::VersionMismatch,
+                        _ => CloseCode::BadFrame,
+                    };
+                    let established = matches!(conn.phase, Phase::Established { .. });
+                    let mut ending = Ending::tell(code, format!("bad frame from {}: {e}", conn.addr));
+                    if !established {
+                        ending.refused = Some(false);
+                    }
+                    self.end(token, ending);
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// One frame from `token`. False if the connection ended.
+    fn on_frame(&mut self, token: Token, frame: Frame) -> bool {
+        let Some(conn) = self.conns.get_mut(&token) else { return false };
+        // Close is understood in every phase.
+        if frame.kind() == Kind::Close {
+            let (code, message) = match frame.access::<Close>() {
+                Ok(c) => (
+                    rkyv::deserialize::<CloseCode, rkyv::rancor::Error>(&c.code).unwrap_or(CloseCode::BadFrame),
+                    c.message.to_string(),
+                ),
+                Err(e) => (CloseCode::BadFrame, format!("unreadable close frame: {e}")),
+            };
+            let handshaking = !matches!(conn.phase, Phase::Established { .. });
+            let ending = Ending {
+                code: code.clone(),
+                reason: format!("peer closed: {code:?}: {message}"),
+                notify: false,
+                refused: handshaking.then_some(true),
+            };
+            self.end(token, ending);
+            return false;
+        }
+        match std::mem::replace(&mut conn.phase, Phase::Connecting) {
+            Phase::Established { peer } => {
+                conn.phase = Phase::Established { peer };
+                if frame.kind() == Kind::Heartbeat {
+                    return match frame.to_owned::<Heartbeat>() {
+                        Ok(hb) => {
+                            if !hb.tasks.is_empty() {
+                                self.emit(Event::Heartbeat { from: peer, tasks: hb.tasks });
+                            }
+                            true
+                        }
+                        Err(e) => self.bad(token, e.to_string()),
+                    };
+                }
+                if matches!(frame.kind(), Kind::Hello | Kind::Challenge | Kind::Auth) {
+                    self.end(token, Ending::tell(CloseCode::ProtocolViolation, "handshake frame after the handshake"));
+                    return false;
+                }
+                if let Err(e) = frame.message() {
+                    return self.bad(token, e.to_string());
+                }
+                self.shared.stats.frames_in.fetch_add(1, Ordering::Relaxed);
+                self.emit(Event::Frame { from: peer, frame });
+                true
+            }
+            Phase::AwaitHello => self.on_hello(token, &frame),
+            Phase::AwaitChallenge { nonce } => self.on_challenge(token, &frame, nonce),
+            Phase::AwaitAuth { peer, dialer_nonce, acceptor_nonce } => {
+                self.on_auth(token, &frame, peer, dialer_nonce, acceptor_nonce)
+            }
+            other => {
+                conn.phase = other;
+                true
+            }
+        }
+    }
+
+    fn bad(&mut self, token: Token, reason: String) -> bool {
+        self.shared.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
+        let addr = self.conns.get(&token).map(|c| c.addr);
+        self.end(token, Ending::tell(CloseCode::BadFrame, format!("bad frame from {addr:?}: {reason}")));
+        false
+    }
+
+    fn refuse(&mut self, token: Token, code: CloseCode, reason: String) -> bool {
+        self.shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+        let ending = Ending { code, reason, notify: true, refused: Some(false) };
+        self.end(token, ending);
+        false
+    }
+}

@@ -1,0 +1,228 @@
+//! Events to the application (bounded backlog), timers (redials, heartbeats, dead peers) and
+//! how a connection ends.
+
+use super::*;
+
+impl EventLoop {
+    // -----------------------------------------------------------------------------------------
+    // Events to the application.
+
+    pub(super) fn emit(&mut self, ev: Event) {
+        if !self.backlog.is_empty() {
+            self.backlog.push_back(ev);
+            return;
+        }
+        match self.events.try_send(ev) {
+            Ok(()) => {}
+            Err(TrySendError::Full(ev)) => self.backlog.push_back(ev),
+            Err(TrySendError::Disconnected(_)) => {} // the application is gone; shutdown follows
+        }
+    }
+
+    pub(super) fn deliver_backlog(&mut self) {
+        while let Some(ev) = self.backlog.pop_front() {
+            match self.events.try_send(ev) {
+                Ok(()) => {}
+                Err(TrySendError::Full(ev)) => {
+                    self.backlog.push_front(ev);
+                    return;
+                }
+                Err(TrySendError::Disconnected(_)) => {
+                    self.backlog.clear();
+                    break;
+                }
+            }
+        }
+        // Room again: resume the connections we stopped reading, frames already buffered first.
+        let paused: Vec<Token> = self.conns.iter().filter(|(_, c)| c.read_paused).map(|(t, _)| *t).collect();
+        for t in paused {
+            if !self.backlog.is_empty() {
+                return;
+            }
+            if let Some(c) = self.conns.get_mut(&t) {
+                c.read_paused = false;
+                c.last_recv = Instant::now();
+            }
+            if self.drain_frames(t) {
+                self.on_readable(t);
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Timers and endings.
+
+    pub(super) fn timers(&mut self, now: Instant) {
+        let due: Vec<(NodeId, SocketAddr)> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.conn.is_none() && p.dialing.is_none() && p.next_dial <= now)
+            .filter_map(|(n, p)| p.addr.map(|a| (*n, a)))
+            .collect();
+        for (n, a) in due {
+            self.dial(n, a);
+        }
+        let mut ends = Vec::new();
+        let mut beats = Vec::new();
+        for (t, c) in &self.conns {
+            match c.phase {
+                Phase::Established { .. } => {
+                    // While we hold reading back, the peer's heartbeats sit unread in the socket:
+                    // silence then is ours, not the peer's.
+                    if !c.read_paused && now.duration_since(c.last_recv) > self.cfg.dead_after {
+                        let silent = now.duration_since(c.last_recv);
+                        let reason = format!("no frame from {} for {} ms", c.addr, silent.as_millis());
+                        ends.push((*t, Ending::tell(CloseCode::Timeout, reason)));
+                    } else if now.duration_since(c.last_heartbeat) >= self.cfg.heartbeat_interval {
+                        beats.push(*t);
+                    }
+                }
+                Phase::Closing { until } => {
+                    if now >= until {
+                        ends.push((*t, Ending::quiet("closed")));
+                    }
+                }
+                _ => {
+                    if now.duration_since(c.started) > self.cfg.handshake_timeout {
+                        let reason = format!("handshake with {} not done in {:?}", c.addr, self.cfg.handshake_timeout);
+                        ends.push((*t, Ending { code: CloseCode::Timeout, reason, notify: true, refused: None }));
+                    }
+                }
+            }
+        }
+        for (t, e) in ends {
+            self.end(t, e);
+        }
+        if !beats.is_empty() {
+            let tasks = self.cfg.heartbeat_tasks.as_ref().map(|f| f()).unwrap_or_default();
+            let hb = Heartbeat { node: self.cfg.node, sent_at_ms: now_ms(), tasks };
+            for t in beats {
+                if let Some(c) = self.conns.get_mut(&t) {
+                    c.last_heartbeat = now;
+                }
+                self.queue_control(t, &hb);
+                self.flush(t);
+            }
+        }
+    }
+
+    /// Ends connection `token`: tells the peer why (if asked), reports, and schedules a redial.
+    pub(super) fn end(&mut self, token: Token, ending: Ending) {
+        let node = self.cfg.node;
+        let Some(conn) = self.conns.get_mut(&token) else { return };
+        if let Phase::Closing { .. } = conn.phase {
+            // Already told the peer; now really drop it.
+            let mut conn = self.conns.remove(&token).expect("present");
+            let _ = self.poll.registry().deregister(&mut conn.stream);
+            return;
+        }
+        let addr = conn.addr;
+        let peer = match conn.phase {
+            Phase::Established { peer } => Some(peer),
+            Phase::AwaitAuth { peer, .. } => Some(peer),
+            _ => conn.target.or(conn.dialer.filter(|d| *d != node)),
+        };
+        let was_established = matches!(conn.phase, Phase::Established { .. });
+        if let Some(by_peer) = ending.refused {
+            if by_peer {
+                self.shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            tracing::warn!(%node, ?peer, %addr, code = ?ending.code, by_peer, reason = %ending.reason, "handshake refused");
+            self.emit(Event::Refused {
+                addr,
+                node: peer,
+                code: ending.code.clone(),
+                by_peer,
+                reason: ending.reason.clone(),
+            });
+        } else if matches!(ending.code, CloseCode::BadFrame | CloseCode::ProtocolViolation | CloseCode::Timeout) {
+            tracing::warn!(%node, ?peer, %addr, code = ?ending.code, reason = %ending.reason, "closing connection");
+        } else {
+            tracing::debug!(%node, ?peer, %addr, reason = %ending.reason, "connection closed");
+        }
+        let conn = self.conns.get_mut(&token).expect("present");
+        if ending.notify {
+            // Drop unsent data (its queue keeps the rest), say why, and linger briefly so the peer
+            // can read it before the socket goes.
+            // A partly written frame must be finished first, or the peer could not parse the Close.
+            let head = if conn.written > 0 { conn.out.pop_front() } else { None };
+            conn.out.clear();
+            match head {
+                Some(h) => conn.out.push_back(h),
+                None => conn.written = 0,
+            }
+            conn.control.clear();
+            conn.phase = Phase::Closing { until: Instant::now() + LINGER };
+            let close = Close { code: ending.code.clone(), message: ending.reason.clone() };
+            self.queue_control(token, &close);
+            self.flush(token);
+            if let Some(c) = self.conns.get_mut(&token) {
+                let _ = c.stream.shutdown(std::net::Shutdown::Write);
+            }
+        } else {
+            let mut conn = self.conns.remove(&token).expect("present");
+            let _ = self.poll.registry().deregister(&mut conn.stream);
+        }
+        // Peer bookkeeping.
+        let Some(peer) = peer else { return };
+        let Some(p) = self.peers.get_mut(&peer) else { return };
+        if p.dialing == Some(token) {
+            p.dialing = None;
+            if p.conn.is_none() {
+                self.schedule_redial(peer);
+            }
+        } else if p.conn == Some(token) {
+            p.conn = None;
+            let redial = p.addr.is_some();
+            let forget = !redial && !p.configured;
+            if was_established {
+                tracing::info!(%node, %peer, reason = %ending.reason, "peer down");
+                self.emit(Event::PeerDown { node: peer, reason: ending.reason });
+            }
+            if redial {
+                self.schedule_redial(peer);
+            } else if forget {
+                // A client (or an unlisted node) went away: drop its queue so that many short-lived
+                // clients do not accumulate. Senders holding the old queue see it closed and look
+                // the node up again.
+                self.peers.remove(&peer);
+                if let Ok(mut q) = self.shared.queues.write() {
+                    q.remove(&peer);
+                }
+            }
+        }
+    }
+
+    pub(super) fn close_all(&mut self) {
+        // First deliver what is queued for connected peers (bounded in time), then say goodbye.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut events = Events::with_capacity(64);
+        loop {
+            self.flush_established();
+            let queued = self.peers.values().filter(|p| p.conn.is_some()).any(|p| {
+                !p.rx.is_empty() || p.conn.and_then(|t| self.conns.get(&t)).is_some_and(|c| !c.out.is_empty())
+            });
+            if !queued || Instant::now() >= deadline {
+                break;
+            }
+            let _ = self.poll.poll(&mut events, Some(Duration::from_millis(5)));
+        }
+        let tokens: Vec<Token> = self.conns.keys().copied().collect();
+        for t in tokens {
+            let handshaking = self.conns.get(&t).is_some_and(|c| !matches!(c.phase, Phase::Closing { .. }));
+            if handshaking {
+                self.end(t, Ending::tell(CloseCode::Shutdown, "node shutting down"));
+            }
+        }
+        // Give Close frames a moment to leave; sockets close when dropped.
+        let deadline = Instant::now() + Duration::from_millis(100);
+        while Instant::now() < deadline && self.conns.values().any(|c| !c.out.is_empty()) {
+            let tokens: Vec<Token> = self.conns.keys().copied().collect();
+            for t in tokens {
+                self.flush(t);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.conns.clear();
+    }
+}
