@@ -121,11 +121,6 @@ impl Coordinator {
         }
     }
 
-    /// Every task of the stream.
-    pub fn tasks(&self) -> Vec<TaskId> {
-        self.cfg.tasks.iter().map(|(t, _, _)| *t).collect()
-    }
-
     /// The last commit.
     pub fn last_commit(&self) -> Option<&CommitRecord> {
         self.last_commit.as_ref()
@@ -526,10 +521,5 @@ impl Coordinator {
         out.push(f.finished(self.now, Err(why)));
         out.extend(self.health_after_failure());
         out
-    }
-
-    /// The node of `task` (for callers routing messages).
-    pub fn task_node(&self, task: TaskId) -> NodeId {
-        self.node_of(task)
     }
 }

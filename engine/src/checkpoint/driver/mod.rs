@@ -48,6 +48,8 @@
 
 mod coord;
 mod task;
+#[cfg(test)]
+mod tests;
 
 pub use coord::{CoordDriver, CoordEffects};
 pub use task::{RestorePoint, Signal, TaskDriver, TaskEffects, TaskPort, UploadRequest};

@@ -191,7 +191,13 @@ fn checkpoint_running_past_the_timeout_fails() {
     tick(&mut c, 300);
     assert!(tick(&mut c, 5_299).is_empty());
     let out = tick(&mut c, 5_300);
-    assert!(out.iter().any(|a| matches!(a, CoordAction::Finished { outcome: Err(w), .. } if w.contains("timed out"))));
+    assert!(
+        out.iter().any(|a| matches!(
+            a,
+            CoordAction::Finished { started_at: 300, duration_ms: 5_000, outcome: Err(w), .. } if w.contains("timed out")
+        )),
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -224,6 +230,7 @@ fn a_checkpoint_due_while_a_node_is_down_fails_at_once_until_the_node_is_back() 
 #[test]
 fn consecutive_failures_past_the_limit_make_the_stream_unhealthy_until_a_commit() {
     let mut c = started();
+    assert!(c.healthy());
     let mut now = 300;
     for i in 0..2u64 {
         tick(&mut c, now);
@@ -245,6 +252,7 @@ fn consecutive_failures_past_the_limit_make_the_stream_unhealthy_until_a_commit(
     }
     let out = c.handle(CoordInput::CommitDurable { id });
     assert!(out.contains(&CoordAction::Health { healthy: true, consecutive_failures: 0 }));
+    assert!(c.healthy());
 }
 
 #[test]
@@ -306,11 +314,11 @@ fn restart_without_a_commit_record_uses_the_minimum_of_the_tasks_latest_ids() {
     assert_eq!(tick(&mut c, 100), vec![CoordAction::WriteCommit(CommitRecord::consensus(CheckpointId(3), 0))]);
     let out = c.handle(CoordInput::CommitDurable { id: CheckpointId(3) });
     assert_eq!(out.len(), 3);
-    for (t, request) in [(1, 101), (10, 110), (20, 120)] {
+    for (t, node, request) in [(1, 1, 101), (10, 1, 110), (20, 2, 120)] {
         assert!(
             out.contains(&CoordAction::SendRestore {
                 task: TaskId(t),
-                node: c.task_node(TaskId(t)),
+                node: NodeId(node),
                 id: Some(CheckpointId(3)),
                 version: None,
                 committed: false,
