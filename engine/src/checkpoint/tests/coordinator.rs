@@ -182,7 +182,40 @@ fn ids_are_reserved_in_blocks_and_a_restart_never_reuses_one() {
         CoordAction::SendSourceReq { id, .. } => Some(*id),
         _ => None,
     });
-    assert!(id.expect("a checkpoint starts") > last);
+    let id = id.expect("a checkpoint starts");
+    assert!(id > last);
+    // The persisted record's own ids are past the reserved block: the first start reserves.
+    assert_eq!(id, persisted.next_id);
+    assert!(matches!(out[0], CoordAction::PersistIds(r) if r.next_id > id), "{out:?}");
+}
+
+#[test]
+fn a_checkpoint_needs_its_transaction_reserved_as_well_as_its_id() {
+    let mut c = started();
+    let out = c.handle(CoordInput::Tick { now: 300 });
+    let CoordAction::PersistIds(r) = out[0] else { panic!("{out:?}") };
+    // A record that reserves ids but not transactions (as a damaged or foreign one could).
+    let half = IdRecord { next_trans: TransId(1), ..r };
+    assert!(c.handle(CoordInput::IdsPersisted(half)).is_empty(), "no checkpoint on an unreserved transaction");
+    assert_eq!(c.in_flight(), None);
+}
+
+#[test]
+fn failed_id_reservations_count_against_the_streams_health() {
+    let mut c = started();
+    let mut now = 300;
+    let mut health = Vec::new();
+    for _ in 0..3 {
+        c.handle(CoordInput::Tick { now });
+        let out = c.handle(CoordInput::IdsFailed { reason: "store down".into() });
+        health.push(out.iter().find_map(|a| match a {
+            CoordAction::Health { healthy, consecutive_failures } => Some((*healthy, *consecutive_failures)),
+            _ => None,
+        }));
+        now += 1_000;
+    }
+    assert_eq!(health, vec![None, Some((false, 2)), Some((false, 3))], "tolerable: 1");
+    assert!(!c.healthy());
 }
 
 #[test]
@@ -296,7 +329,10 @@ fn restart_restores_the_last_commit_and_never_reuses_an_id() {
         }]
     );
     let out = trigger(&mut c);
-    assert!(out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: CheckpointId(8), .. })));
+    assert!(
+        out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: CheckpointId(8), trans: TransId(8), .. })),
+        "past the commit's id and transaction: {out:?}"
+    );
 }
 
 #[test]
@@ -398,11 +434,18 @@ fn a_checkpoint_never_starts_when_its_ids_could_not_be_made_durable() {
 #[test]
 fn an_id_record_write_that_never_answers_fails_after_the_store_timeout() {
     let mut c = started();
-    c.handle(CoordInput::Tick { now: 300 });
+    let out = c.handle(CoordInput::Tick { now: 300 });
+    let CoordAction::PersistIds(r) = out[0] else { panic!("{out:?}") };
     assert!(c.handle(CoordInput::Tick { now: 1_299 }).is_empty());
     let out = c.handle(CoordInput::Tick { now: 1_300 });
     assert!(matches!(&out[0], CoordAction::IdsNotDurable { .. }), "{out:?}");
     assert_eq!(c.in_flight(), None);
+    // The write lands after all: nothing starts on the late answer, but its ids are reserved,
+    // so the next checkpoint starts without another write.
+    assert!(c.handle(CoordInput::IdsPersisted(r)).is_empty());
+    assert_eq!(c.in_flight(), None);
+    let out = c.handle(CoordInput::Tick { now: 1_600 });
+    assert!(matches!(out[..], [CoordAction::SendSourceReq { id: C1, .. }]), "{out:?}");
 }
 
 #[test]
@@ -472,4 +515,76 @@ fn a_commit_write_that_never_answers_fails_and_a_late_answer_makes_it_the_last_c
     // The record did become visible: it is a restore point, though no task heard of it.
     assert!(c.handle(CoordInput::CommitDurable { id: C1 }).is_empty());
     assert_eq!(c.last_commit().map(|r| r.id), Some(C1));
+}
+
+/// Checkpoint `id` of `c` (started) with every report in: its commit record is being written.
+fn committing(c: &mut Coordinator, now: u64) -> (CheckpointId, Vec<CoordAction>) {
+    tick(c, now);
+    let id = c.in_flight().expect("a checkpoint in flight");
+    let trans = TransId(id.0);
+    let mut out = Vec::new();
+    for t in [1, 10, 20] {
+        out = c.handle(CoordInput::Report { task: TaskId(t), report: ok_report(id, trans, 0) });
+    }
+    assert!(matches!(out[..], [CoordAction::WriteCommit(_)]), "{out:?}");
+    (id, out)
+}
+
+#[test]
+fn a_late_answer_about_an_older_commit_changes_neither_the_flight_nor_the_last_commit() {
+    let mut c = started();
+    // C1 commits.
+    let (c1, _) = committing(&mut c, 300);
+    c.handle(CoordInput::CommitDurable { id: c1 });
+    // C2's write does not answer in time: given up, outcome unknown.
+    let (c2, _) = committing(&mut c, 1_300);
+    tick(&mut c, 2_300);
+    assert_eq!(c.in_flight(), None);
+    // C3 commits; then C2's write turns out durable: C3 stays the last commit.
+    let (c3, _) = committing(&mut c, 2_600);
+    // A late failure of C2's write says nothing about C3's.
+    assert!(c.handle(CoordInput::CommitFailed { id: c2, reason: "late".into() }).is_empty());
+    assert_eq!(c.in_flight(), Some(c3));
+    c.handle(CoordInput::CommitDurable { id: c3 });
+    assert!(c.handle(CoordInput::CommitDurable { id: c2 }).is_empty());
+    assert_eq!(c.last_commit().map(|r| r.id), Some(c3));
+}
+
+#[test]
+fn a_late_answer_about_a_newer_commit_makes_it_the_last_commit() {
+    let mut c = started();
+    let (c1, _) = committing(&mut c, 300);
+    c.handle(CoordInput::CommitDurable { id: c1 });
+    let (c2, _) = committing(&mut c, 1_300);
+    tick(&mut c, 2_300); // given up
+    c.handle(CoordInput::CommitDurable { id: c2 });
+    assert_eq!(c.last_commit().map(|r| r.id), Some(c2));
+}
+
+#[test]
+fn the_consensus_record_is_written_again_while_the_store_does_not_answer() {
+    let mut c = Coordinator::new(coord_cfg());
+    c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
+    for t in [1, 10, 20] {
+        ask(&mut c, t, 4);
+    }
+    let again = vec![CoordAction::WriteCommit(CommitRecord::consensus(CheckpointId(4), 0))];
+    assert!(tick(&mut c, 999).is_empty(), "no answer yet: wait the store timeout");
+    assert_eq!(tick(&mut c, 1_000), again);
+    assert!(tick(&mut c, 1_001).is_empty());
+    assert!(tick(&mut c, 1_999).is_empty());
+    assert_eq!(tick(&mut c, 2_000), again);
+}
+
+#[test]
+fn an_interval_of_zero_turns_periodic_checkpoints_off_and_manual_ones_still_run() {
+    let mut c = Coordinator::new(CoordinatorConfig { interval_ms: 0, ..coord_cfg() });
+    c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
+    for t in [1, 10, 20] {
+        ask(&mut c, t, 0);
+    }
+    for now in [300, 1_000, 10_000, 100_000] {
+        assert!(tick(&mut c, now).is_empty(), "no checkpoint at {now}");
+    }
+    assert!(trigger(&mut c).iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C1, .. })));
 }
