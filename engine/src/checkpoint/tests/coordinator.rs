@@ -93,6 +93,17 @@ fn report_with_another_id_or_transaction_is_rejected() {
 }
 
 #[test]
+fn a_report_from_a_task_outside_the_stream_is_rejected_and_does_not_count() {
+    let mut c = started();
+    tick(&mut c, 300);
+    let out = c.handle(CoordInput::Report { task: TaskId(99), report: ok_report(C1, T1, 5) });
+    assert!(matches!(&out[0], CoordAction::RejectedReport { task: TaskId(99), .. }), "{out:?}");
+    c.handle(CoordInput::Report { task: TaskId(1), report: ok_report(C1, T1, 5) });
+    let out = c.handle(CoordInput::Report { task: TaskId(10), report: ok_report(C1, T1, 0) });
+    assert!(out.is_empty(), "two of three tasks reported: {out:?}");
+}
+
+#[test]
 fn commit_is_written_durably_before_any_task_hears_of_it() {
     let mut c = started();
     tick(&mut c, 300);
