@@ -154,10 +154,11 @@ fn a_report_carries_when_the_barrier_came_and_how_long_alignment_and_snapshot_to
     d.handle(&mut p, &mut fx, TaskInput::Ready { from: TaskId(20), id: C1, trans: T1 }).unwrap();
     let r = reports(&seen);
     assert_eq!(r.len(), 1, "{:?}", seen.to_coord.borrow());
+    assert_eq!((r[0].manifest_crc, r[0].outcome.clone()), (5, Ok(Version(0))));
     let s = &r[0].stats;
     assert_eq!(
-        (s.trigger_at_us, s.align_us, s.snapshot_us, s.reported_at_us, s.upload_us, s.upload_bytes),
-        (EPOCH_US + 1_000, 250, 40, EPOCH_US + 9_000, 3_000, 100)
+        (s.trigger_at_us, s.align_us, s.snapshot_us, s.reported_at_us, s.upload_us, s.upload_bytes, s.files),
+        (EPOCH_US + 1_000, 250, 40, EPOCH_US + 9_000, 3_000, 100, 1)
     );
     // Ready went upstream to both, with the checkpoint's transaction.
     let readies: Vec<_> = seen

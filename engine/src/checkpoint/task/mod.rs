@@ -61,11 +61,11 @@ impl Active {
     }
 
     /// The report of this checkpoint with `outcome` (upload figures once durable, else zero).
+    /// A task reports once per checkpoint: on success when durable, or on its failure before.
     fn report(&self, outcome: Result<Version, String>) -> Report {
         let up = match &self.stage {
             Stage::Durable(up) => up.clone(),
-            Stage::Reported { report, .. } => return Report { outcome, ..report.clone() },
-            Stage::Aligning | Stage::Uploading => UploadDone::default(),
+            _ => UploadDone::default(),
         };
         Report {
             id: self.id,

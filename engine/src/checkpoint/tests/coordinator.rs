@@ -599,3 +599,19 @@ fn an_interval_of_zero_turns_periodic_checkpoints_off_and_manual_ones_still_run(
     }
     assert!(trigger(&mut c).iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C1, .. })));
 }
+
+#[test]
+fn a_commit_after_failures_reports_the_stream_healthy_again_and_a_plain_commit_says_nothing() {
+    let mut c = started();
+    let (c1, _) = committing(&mut c, 300);
+    let out = c.handle(CoordInput::CommitDurable { id: c1 });
+    assert!(!out.iter().any(|a| matches!(a, CoordAction::Health { .. })), "{out:?}");
+    // One failure: still within the tolerable one, so healthy, but the count starts.
+    tick(&mut c, 1_300);
+    c.handle(CoordInput::NodeLost { node: NodeId(1) });
+    c.handle(CoordInput::NodeUp { node: NodeId(1) });
+    assert!(c.healthy());
+    let (c3, _) = committing(&mut c, 2_300);
+    let out = c.handle(CoordInput::CommitDurable { id: c3 });
+    assert!(out.contains(&CoordAction::Health { healthy: true, consecutive_failures: 0 }), "{out:?}");
+}

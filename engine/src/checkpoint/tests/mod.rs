@@ -70,3 +70,24 @@ fn complete(m: &mut TaskMachine, id: CheckpointId) {
     m.handle(TaskInput::Ready { from: TaskId(21), id, trans: T1 });
     m.handle(TaskInput::Update { id, trans: T1, version: Version(0), ts: 5 });
 }
+
+#[test]
+fn errors_say_whether_retrying_can_help() {
+    let (t, id) = (TaskId(1), C1);
+    let retryable = [
+        CheckpointError::Store { op: "put", key: "k".into(), reason: "down".into(), retryable: true },
+        CheckpointError::Timeout { op: "put", key: "k".into(), ms: 10 },
+        CheckpointError::Snapshot { task: t, id, reason: "disk full".into() },
+        CheckpointError::Upload { task: t, id, reason: "reset".into(), retryable: true },
+        CheckpointError::Unavailable { stream: StreamId(1), reason: "stopped".into() },
+    ];
+    let fatal = [
+        CheckpointError::Store { op: "get", key: "k".into(), reason: "corrupt".into(), retryable: false },
+        CheckpointError::Upload { task: t, id, reason: "corrupt".into(), retryable: false },
+        CheckpointError::Meta { task: t, path: "p".into(), reason: "garbage".into() },
+        CheckpointError::Restore { task: t, id: Some(id), reason: "no manifest".into() },
+        CheckpointError::NotCoordinator { stream: StreamId(1), coordinator: NodeId(1) },
+    ];
+    assert!(retryable.iter().all(CheckpointError::is_retryable));
+    assert!(!fatal.iter().any(CheckpointError::is_retryable));
+}

@@ -365,6 +365,8 @@ fn update_persists_the_commit_and_returns_to_ready() {
         ]
     );
     assert_eq!((m.state(), m.latest(), m.latest_version()), (TaskState::Ready, Some(C1), Version(55)));
+    assert_eq!(m.latest_ts(), Some(9));
+    assert_eq!(source().latest_ts(), None, "a start from nothing committed nothing");
 }
 
 #[test]
