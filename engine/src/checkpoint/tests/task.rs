@@ -504,3 +504,57 @@ fn a_reset_before_the_task_restored_is_remembered() {
     assert_eq!(m.handle(trig(1, C2)), vec![TaskAction::Discarded(Discard::Failed)]);
     assert_eq!(m.state(), TaskState::Ready);
 }
+
+#[test]
+fn a_stale_or_repeated_reached_trigger_is_discarded() {
+    let mut m = source();
+    m.handle(TaskInput::SourceReq { id: C2, trans: T1, kind: Periodic, expire_at: 100 });
+    let stale = m.handle(TaskInput::SourceReachedTrigger { id: C1, offset: Version(5) });
+    assert_eq!(stale, vec![TaskAction::Discarded(Discard::Invalid)], "a trigger queued for an older checkpoint");
+    m.handle(TaskInput::SourceReachedTrigger { id: C2, offset: Version(6) });
+    m.handle(TaskInput::SnapshotTaken { id: C2, result: Ok(()) });
+    let again = m.handle(TaskInput::SourceReachedTrigger { id: C2, offset: Version(9) });
+    assert_eq!(again, vec![TaskAction::Discarded(Discard::Invalid)], "the snapshot is taken already");
+    // Only a source queues triggers.
+    let mut a = agg();
+    a.handle(trig(1, C1));
+    let out = a.handle(TaskInput::SourceReachedTrigger { id: C1, offset: Version(1) });
+    assert_eq!(out, vec![TaskAction::Discarded(Discard::Invalid)]);
+}
+
+#[test]
+fn an_upstream_that_ends_after_its_barrier_or_the_snapshot_changes_nothing() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    assert!(m.handle(TaskInput::UpstreamEnded { from: TaskId(1) }).is_empty(), "its barrier is in already");
+    assert_eq!(m.state(), TaskState::Checkpointing(C1));
+    m.handle(trig(2, C1));
+    m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
+    assert!(m.handle(TaskInput::UpstreamEnded { from: TaskId(2) }).is_empty(), "no second snapshot");
+}
+
+#[test]
+fn a_stale_or_repeated_snapshot_completion_is_ignored() {
+    let mut m = agg();
+    m.handle(trig(1, C2));
+    m.handle(trig(2, C2));
+    assert!(m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) }).is_empty(), "another checkpoint's");
+    assert!(m.aligning());
+    assert_eq!(
+        m.handle(TaskInput::SnapshotTaken { id: C2, result: Ok(()) }),
+        vec![TaskAction::ReopenAllInputs, TaskAction::Upload { id: C2 }]
+    );
+    assert!(m.handle(TaskInput::SnapshotTaken { id: C2, result: Ok(()) }).is_empty(), "one upload per snapshot");
+}
+
+#[test]
+fn a_source_request_at_its_expiry_time_is_still_taken() {
+    let mut m = source();
+    m.handle(TaskInput::Tick { now: 100 });
+    let out = m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
+    assert_eq!(out, vec![TaskAction::QueueSourceTrigger { id: C1, trans: T1 }]);
+    let mut m = source();
+    m.handle(TaskInput::Tick { now: 101 });
+    let out = m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
+    assert_eq!(out, vec![TaskAction::Discarded(Discard::Stale)]);
+}
