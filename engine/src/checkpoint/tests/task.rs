@@ -558,3 +558,75 @@ fn a_source_request_at_its_expiry_time_is_still_taken() {
     let out = m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
     assert_eq!(out, vec![TaskAction::Discarded(Discard::Stale)]);
 }
+
+#[test]
+fn ready_messages_are_matched_by_id_and_transaction() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    m.handle(trig(2, C1));
+    m.handle(TaskInput::SnapshotTaken { id: C1, result: Ok(()) });
+    m.handle(TaskInput::Uploaded { id: C1, result: Ok(up(7, 100)) });
+    let other_trans = TaskInput::Ready { from: TaskId(20), id: C1, trans: TransId(9) };
+    assert_eq!(m.handle(other_trans), vec![TaskAction::Discarded(Discard::Invalid)]);
+    let other_id = TaskInput::Ready { from: TaskId(21), id: C2, trans: T1 };
+    assert_eq!(m.handle(other_id), vec![TaskAction::Discarded(Discard::Invalid)], "not started here");
+    // Neither counted: with only 21 ready, nothing goes upstream.
+    let out = m.handle(TaskInput::Ready { from: TaskId(21), id: C1, trans: T1 });
+    assert_eq!(out, vec![TaskAction::SendReadyRsp { to: TaskId(21), id: C1 }]);
+    let out = m.handle(TaskInput::Ready { from: TaskId(20), id: C1, trans: T1 });
+    assert!(out.iter().any(|a| matches!(a, TaskAction::SendReady { to: TaskId(1), id: C1, .. })), "{out:?}");
+}
+
+#[test]
+fn late_ready_messages_of_finished_checkpoints_are_confirmed_so_they_stop() {
+    let mut m = agg();
+    complete(&mut m, C2);
+    m.handle(trig(1, C3));
+    m.handle(TaskInput::Reset { failed: C3, trans: T1, reason: String::new() });
+    let ready = |id| TaskInput::Ready { from: TaskId(20), id, trans: T1 };
+    let confirmed = |id| vec![TaskAction::SendReadyRsp { to: TaskId(20), id }];
+    assert_eq!(m.handle(ready(C1)), confirmed(C1), "older than the last commit");
+    assert_eq!(m.handle(ready(C2)), confirmed(C2), "the last commit");
+    assert_eq!(m.handle(ready(C3)), confirmed(C3), "the failed one");
+    let c4 = CheckpointId(4);
+    assert_eq!(m.handle(ready(c4)), vec![TaskAction::Discarded(Discard::Invalid)], "not started here");
+}
+
+#[test]
+fn retrieve_answers_depend_on_what_is_over_here() {
+    let mut m = agg();
+    let ask = |m: &mut TaskMachine, id| match &m.handle(TaskInput::RetrieveTrigger { from: TaskId(21), id })[..] {
+        [TaskAction::SendTriggerRsp { code, .. }] => code.clone(),
+        other => panic!("{other:?}"),
+    };
+    complete(&mut m, C1);
+    assert_eq!(ask(&mut m, C1), TriggerRspCode::Invalid, "committed here");
+    assert_eq!(ask(&mut m, C2), TriggerRspCode::InProgress, "not reached yet");
+    m.handle(trig(1, C2));
+    m.handle(TaskInput::Reset { failed: C2, trans: T1, reason: String::new() });
+    assert_eq!(ask(&mut m, C2), TriggerRspCode::Invalid, "failed here");
+    assert_eq!(ask(&mut m, C3), TriggerRspCode::InProgress, "past every failed one: not yet");
+}
+
+#[test]
+fn a_trigger_response_for_a_barrier_already_in_or_another_checkpoint_is_discarded() {
+    let mut m = agg();
+    m.handle(trig(1, C1));
+    m.handle(trig(2, C1));
+    let rsp = |id, code| TaskInput::TriggerRsp {
+        from: TaskId(2),
+        id,
+        trans: T1,
+        code,
+        trigger_seq: Seq(4),
+        next_seq: Some(Seq(4)),
+    };
+    // The retrieve crossed the barrier: the answer is stale and must not fail or inject anything.
+    assert_eq!(m.handle(rsp(C1, TriggerRspCode::Invalid)), vec![TaskAction::Discarded(Discard::Invalid)]);
+    assert_eq!(m.handle(rsp(C1, TriggerRspCode::Success)), vec![TaskAction::Discarded(Discard::Invalid)]);
+    assert_eq!(m.state(), TaskState::Checkpointing(C1));
+    let mut m = agg();
+    m.handle(trig(1, C2));
+    assert_eq!(m.handle(rsp(C1, TriggerRspCode::Invalid)), vec![TaskAction::Discarded(Discard::Invalid)]);
+    assert_eq!(m.state(), TaskState::Checkpointing(C2));
+}
