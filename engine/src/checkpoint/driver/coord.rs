@@ -110,11 +110,9 @@ impl CoordDriver {
                 }
                 fx.send_restore(task, id, version, basis, request)
             }
-            CoordAction::Finished { id, started_at, duration_ms, outcome, tasks } => {
-                let duration_us = match self.started.remove(&id) {
-                    Some(t0) => fx.mono_us().saturating_sub(t0),
-                    None => duration_ms * 1000,
-                };
+            CoordAction::Finished { id, started_at, outcome, tasks, .. } => {
+                // Not started: it failed before asking any source (a node was down).
+                let duration_us = self.started.remove(&id).map_or(0, |t0| fx.mono_us().saturating_sub(t0));
                 let c = checkpoint_stats(stream, id, started_at, duration_us, &outcome, tasks);
                 log_finished(&c);
                 fx.finished(c);

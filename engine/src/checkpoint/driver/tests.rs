@@ -138,14 +138,17 @@ fn reports(seen: &Seen) -> Vec<crate::checkpoint::Report> {
 fn a_report_carries_when_the_barrier_came_and_how_long_alignment_and_snapshot_took() {
     let (mut d, mut p, mut fx, seen) = driver(setup(10, Role::Agg, &[1, 2], &[20]));
     seen.clock.set(1_000);
+    assert!(!d.aligning());
     d.signal(&mut p, &mut fx, Signal::Barrier { from: TaskId(1), id: C1, trans: T1 }).unwrap();
     assert_eq!(*seen.closed.borrow(), vec![0], "the first barrier's input is held back");
     assert_eq!(*seen.aligning.borrow(), vec![true]);
+    assert!(d.aligning());
     seen.clock.set(1_250);
     seen.capture_us.set(40);
     d.signal(&mut p, &mut fx, Signal::Barrier { from: TaskId(2), id: C1, trans: T1 }).unwrap();
     assert_eq!(*seen.forwarded.borrow(), vec![C1]);
     assert_eq!(*seen.aligning.borrow(), vec![true, false], "aligning ends with the snapshot");
+    assert!(!d.aligning());
     assert_eq!(*seen.pauses.borrow(), vec![290], "alignment 250 µs plus the 40 µs copy");
     assert_eq!(*seen.uploads.borrow(), vec![(C1, Version(0), 42)], "the captured state goes to the uploader");
     seen.clock.set(9_000);
@@ -275,4 +278,20 @@ fn the_machine_gets_a_tick_every_100_ms() {
     seen.clock.set(start + 10_000_000 + 99_999);
     d.poll(&mut p, &mut fx).unwrap();
     assert_eq!(retrieves(&seen), 1);
+}
+
+#[test]
+fn each_checkpoint_is_timed_from_its_own_first_barrier() {
+    let (mut d, mut p, mut fx, seen) = driver(setup(10, Role::Agg, &[1], &[20]));
+    let c2 = CheckpointId(2);
+    for (id, at) in [(C1, 1_000), (c2, 5_000)] {
+        seen.clock.set(at);
+        d.signal(&mut p, &mut fx, Signal::Barrier { from: TaskId(1), id, trans: T1 }).unwrap();
+        let done = UploadDone::default();
+        d.handle(&mut p, &mut fx, TaskInput::Uploaded { id, result: Ok(done) }).unwrap();
+        d.handle(&mut p, &mut fx, TaskInput::Ready { from: TaskId(20), id, trans: T1 }).unwrap();
+        d.handle(&mut p, &mut fx, TaskInput::Update { id, trans: T1, version: Version(0), ts: 0 }).unwrap();
+    }
+    let at: Vec<_> = reports(&seen).iter().map(|r| (r.id, r.stats.trigger_at_us)).collect();
+    assert_eq!(at, vec![(C1, EPOCH_US + 1_000), (c2, EPOCH_US + 5_000)]);
 }
