@@ -209,6 +209,12 @@ fn a_checkpoint_needs_its_transaction_reserved_as_well_as_its_id() {
     let half = IdRecord { next_trans: TransId(1), ..r };
     assert!(c.handle(CoordInput::IdsPersisted(half)).is_empty(), "no checkpoint on an unreserved transaction");
     assert_eq!(c.in_flight(), None);
+    // Nor the other way round.
+    let mut c = started();
+    c.handle(CoordInput::Tick { now: 300 });
+    let half = IdRecord { next_id: C1, ..r };
+    assert!(c.handle(CoordInput::IdsPersisted(half)).is_empty(), "no checkpoint on an unreserved id");
+    assert_eq!(c.in_flight(), None);
 }
 
 #[test]

@@ -630,3 +630,15 @@ fn a_trigger_response_for_a_barrier_already_in_or_another_checkpoint_is_discarde
     assert_eq!(m.handle(rsp(C1, TriggerRspCode::Invalid)), vec![TaskAction::Discarded(Discard::Invalid)]);
     assert_eq!(m.state(), TaskState::Checkpointing(C2));
 }
+
+#[test]
+fn an_ended_upstream_completes_an_alignment_only_when_every_other_barrier_is_in() {
+    let mut m = ready(TaskMachine::new(setup(10, Role::Agg, &[1, 2, 3], &[20])));
+    m.handle(trig(1, C1));
+    assert!(m.handle(TaskInput::UpstreamEnded { from: TaskId(2) }).is_empty(), "3's barrier is still due");
+    assert!(m.aligning());
+    assert_eq!(
+        m.handle(trig(3, C1)),
+        vec![TaskAction::CloseInput(2), TaskAction::Snapshot { id: C1, trans: T1, offset: Version(0) }]
+    );
+}

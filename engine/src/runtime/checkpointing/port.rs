@@ -197,7 +197,11 @@ impl TaskEffects<Captured> for EngineTaskFx {
     }
 
     fn upload(&mut self, job: UploadRequest<Captured>) {
-        let Some(reply) = self.peers.get(&self.task).cloned() else { return };
+        let Some(reply) = self.peers.get(&self.task).cloned() else {
+            // Every local task has a control queue: this is a bug, and the checkpoint times out.
+            tracing::error!(task = %self.task, checkpoint = %job.id, "no control queue for the upload's completion");
+            return;
+        };
         let (id, spare) = (job.id, self.spare.clone());
         let done = Box::new(move |result, captured| {
             // Waits for room: a lost completion would stall the checkpoint until it times out.
