@@ -432,18 +432,21 @@ impl Coordinator {
 
     fn report(&mut self, task: TaskId, report: Report) -> Vec<CoordAction> {
         let reject = |reason: String| vec![CoordAction::RejectedReport { task, reason }];
-        let Some(f) = self.flight.as_mut() else {
-            return reject(format!("no checkpoint in flight (report for {})", report.id));
-        };
-        if report.id != f.id || report.trans != f.trans {
-            return reject(format!(
-                "report for {} {} does not match the checkpoint in flight {} {}",
-                report.id, report.trans, f.id, f.trans
-            ));
-        }
         if !self.cfg.tasks.iter().any(|(t, _, _)| *t == task) {
             return reject(format!("{task} is not a task of stream {}", self.cfg.stream));
         }
+        if self.flight.as_ref().is_none_or(|f| report.id != f.id || report.trans != f.trans) {
+            let mut out = reject(match &self.flight {
+                Some(f) => format!(
+                    "report for {} {} does not match the checkpoint in flight {} {}",
+                    report.id, report.trans, f.id, f.trans
+                ),
+                None => format!("no checkpoint in flight (report for {})", report.id),
+            });
+            out.extend(self.settle(task, &report));
+            return out;
+        }
+        let Some(f) = self.flight.as_mut() else { return Vec::new() };
         if let Err(why) = &report.outcome {
             let why = format!("{task} failed: {why}");
             return self.fail(why);
@@ -472,6 +475,33 @@ impl Coordinator {
         f.committing = Some(record.clone());
         f.committing_since = self.now;
         vec![CoordAction::WriteCommit(record)]
+    }
+
+    /// A task still reports a checkpoint that ended here: its update or reset was lost (it
+    /// resends its report until one arrives). Tell it again how the checkpoint ended, so it does
+    /// not stay in it until the next checkpoint's barrier reaches it.
+    fn settle(&self, task: TaskId, report: &Report) -> Option<CoordAction> {
+        if report.id >= self.next_id || self.flight.as_ref().is_some_and(|f| f.id == report.id) {
+            return None; // not allocated here (a report from before a restart), or still running
+        }
+        let node = self.node_of(task);
+        match &self.last_commit {
+            Some(c) if c.id == report.id => Some(CoordAction::SendUpdate {
+                task,
+                node,
+                id: c.id,
+                trans: c.trans,
+                version: c.versions.get(&task).copied().unwrap_or(Version(0)),
+                ts: c.ts,
+            }),
+            _ => Some(CoordAction::SendReset {
+                task,
+                node,
+                failed: report.id,
+                trans: report.trans,
+                reason: "the checkpoint ended without this task's report".into(),
+            }),
+        }
     }
 
     fn commit_durable(&mut self, id: CheckpointId) -> Vec<CoordAction> {

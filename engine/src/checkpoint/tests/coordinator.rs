@@ -621,3 +621,29 @@ fn a_commit_after_failures_reports_the_stream_healthy_again_and_a_plain_commit_s
     let out = c.handle(CoordInput::CommitDurable { id: c3 });
     assert!(out.contains(&CoordAction::Health { healthy: true, consecutive_failures: 0 }), "{out:?}");
 }
+
+#[test]
+fn a_task_still_reporting_an_ended_checkpoint_is_told_again_how_it_ended() {
+    let mut c = started();
+    // C1 fails; task 20's reset is lost, so it keeps resending its report of C1.
+    tick(&mut c, 300);
+    c.handle(CoordInput::NodeLost { node: NodeId(2) });
+    c.handle(CoordInput::NodeUp { node: NodeId(2) });
+    let out = c.handle(CoordInput::Report { task: TaskId(20), report: ok_report(C1, T1, 0) });
+    assert!(out.iter().any(|a| matches!(a, CoordAction::SendReset { task: TaskId(20), failed: C1, .. })), "{out:?}");
+    // C2 commits; task 10's update is lost.
+    let (c2, _) = committing(&mut c, 1_300);
+    c.handle(CoordInput::CommitDurable { id: c2 });
+    let out = c.handle(CoordInput::Report { task: TaskId(10), report: ok_report(c2, TransId(2), 0) });
+    assert!(
+        out.iter().any(|a| matches!(a, CoordAction::SendUpdate { task: TaskId(10), id, .. } if *id == c2)),
+        "{out:?}"
+    );
+    // Reports of the checkpoint in flight, or of one not allocated yet, are only rejected.
+    tick(&mut c, 2_300);
+    let now = c.in_flight().unwrap();
+    let out = c.handle(CoordInput::Report { task: TaskId(10), report: ok_report(now, TransId(9), 0) });
+    assert!(matches!(out[..], [CoordAction::RejectedReport { .. }]), "{out:?}");
+    let out = c.handle(CoordInput::Report { task: TaskId(10), report: ok_report(CheckpointId(99), T1, 0) });
+    assert!(matches!(out[..], [CoordAction::RejectedReport { .. }]), "{out:?}");
+}
