@@ -5,9 +5,10 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use weir_wire::msg::{RestoreBasis, TriggerKind, TriggerRspCode};
-use weir_wire::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
+use weir_wire::{CheckpointId, Seq, TaskId, TransId, Version};
 
 use super::*;
+use crate::checkpoint::tests::setup;
 use crate::checkpoint::{CheckpointError, CoordInput, Role, TaskInput, TaskMachine, TaskSetup, UploadDone};
 
 const C1: CheckpointId = CheckpointId(1);
@@ -101,19 +102,6 @@ impl TaskEffects<u64> for Fx {
     }
     fn restored(&mut self, basis: RestoreBasis, id: Option<CheckpointId>) {
         self.0.basis.borrow_mut().push((basis, id));
-    }
-}
-
-fn setup(task: u32, role: Role, ups: &[u32], downs: &[u32]) -> TaskSetup {
-    TaskSetup {
-        stream: StreamId(1),
-        task: TaskId(task),
-        node: NodeId(1),
-        role,
-        upstreams: ups.iter().map(|u| (TaskId(*u), NodeId(1))).collect(),
-        downstreams: downs.iter().map(|d| (TaskId(*d), NodeId(1))).collect(),
-        trigger_timeout_ms: 10_000,
-        ready_resend_ms: 1_000,
     }
 }
 

@@ -24,7 +24,8 @@ const C3: CheckpointId = CheckpointId(3);
 
 const T1: TransId = TransId(1);
 
-fn setup(task: u32, role: Role, ups: &[u32], downs: &[u32]) -> TaskSetup {
+/// Task `task` of stream 1 on node 1 with these upstreams and downstreams (also the drivers' tests').
+pub(in crate::checkpoint) fn setup(task: u32, role: Role, ups: &[u32], downs: &[u32]) -> TaskSetup {
     TaskSetup {
         stream: StreamId(1),
         task: TaskId(task),
