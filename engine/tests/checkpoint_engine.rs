@@ -199,6 +199,33 @@ fn a_missing_commit_record_restores_the_consensus_of_the_tasks_latest_ids() {
 }
 
 #[test]
+fn a_recorded_start_from_nothing_sorts_above_older_commits_and_every_task_starts_over() {
+    use weir_engine::backup::commit::{commit_key, encode_commit};
+    use weir_engine::checkpoint::CommitRecord;
+    use weir_engine::wire::msg::RestoreBasis;
+    use weir_engine::wire::{CheckpointId, StreamId};
+
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(100_000);
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
+    wait_for_commits(&engine, 3);
+    engine.stop();
+    engine.wait().unwrap();
+    // A consensus chose to start from nothing and recorded it, past the commits still there.
+    let fresh = CommitRecord::fresh(CheckpointId(1_000), 0);
+    let key = commit_key(StreamId(7), fresh.id);
+    std::fs::write(dir.path().join("remote").join(&key), encode_commit(&fresh)).unwrap();
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
+    assert_eq!(wait_restored(&engine), (RestoreBasis::Fresh, None));
+    wait_for_commits(&engine, 1);
+    let ids: Vec<u64> = engine.checkpoints().unwrap().finished().iter().map(|c| c.checkpoint.0).collect();
+    assert!(ids.iter().all(|id| *id > 1_000), "new checkpoints take ids past the record's: {ids:?}");
+    engine.wait().unwrap();
+    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    assert_eq!(got, util::reference(&spec));
+}
+
+#[test]
 fn two_engines_without_a_commit_record_agree_on_the_consensus_and_end_with_exact_results() {
     use weir_engine::wire::CheckpointId;
     use weir_engine::wire::msg::RestoreBasis;

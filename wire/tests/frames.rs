@@ -86,6 +86,10 @@ roundtrip! {
         stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), task: TaskId(1), node: NodeId(2),
         outcome: SourceOutcome::AlreadyCompleted { latest: CheckpointId(9) },
     };
+    roundtrip_checkpoint_source_rsp_not_restored: CheckpointSourceRsp = CheckpointSourceRsp {
+        stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), task: TaskId(1), node: NodeId(2),
+        outcome: SourceOutcome::NotRestored,
+    };
     roundtrip_checkpoint_trigger: CheckpointTrigger = util::trigger();
     roundtrip_checkpoint_ready: CheckpointReady = CheckpointReady {
         stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), downstream: TaskId(5),

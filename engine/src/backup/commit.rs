@@ -12,7 +12,7 @@
 use weir_wire::{CheckpointId, StreamId, TaskId, TransId, Version};
 
 use super::{Store, StoreError, seal, unseal};
-use crate::checkpoint::{CommitRecord, IdRecord};
+use crate::checkpoint::{CommitRecord, IdRecord, RecordKind};
 
 /// Key of the commit record of `id`.
 pub fn commit_key(stream: StreamId, id: CheckpointId) -> String {
@@ -26,7 +26,12 @@ pub fn ids_key(stream: StreamId) -> String {
 
 /// Encodes a commit record (text, with a CRC line).
 pub fn encode_commit(r: &CommitRecord) -> String {
-    let mut s = format!("weir-commit 1\nid {}\ntrans {}\nts {}\n", r.id.0, r.trans.0, r.ts);
+    let kind = match r.kind {
+        RecordKind::Commit(t) => format!("trans {}", t.0),
+        RecordKind::Consensus => "consensus".into(),
+        RecordKind::Fresh => "fresh".into(),
+    };
+    let mut s = format!("weir-commit 2\nid {}\n{kind}\nts {}\n", r.id.0, r.ts);
     for (t, v) in &r.versions {
         s.push_str(&format!("version {} {}\n", t.0, v.0));
     }
@@ -41,23 +46,24 @@ pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError
     let bad = |why: &str| StoreError::Corrupt { key: key.into(), reason: why.into() };
     let body = unseal(key, bytes)?;
     let mut lines = body.lines();
-    if lines.next() != Some("weir-commit 1") {
-        return Err(bad("not a commit record"));
-    }
-    let (mut id, mut trans, mut ts) = (None, None, None);
-    let mut r = CommitRecord {
-        id: CheckpointId(0),
-        trans: TransId(0),
-        versions: Default::default(),
-        manifests: Default::default(),
-        ts: 0,
+    // Format 1 wrote a consensus point's record as transaction 0.
+    let format = match lines.next() {
+        Some("weir-commit 1") => 1,
+        Some("weir-commit 2") => 2,
+        _ => return Err(bad("not a commit record")),
     };
+    let (mut id, mut kind, mut ts) = (None, None, None);
+    let mut r = CommitRecord::consensus(CheckpointId(1), 0);
     for l in lines {
         let p: Vec<&str> = l.split(' ').collect();
         let n = |i: usize| p.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| bad("bad number"));
         match p[0] {
             "id" => id = Some(CheckpointId(n(1)?)),
-            "trans" => trans = Some(TransId(n(1)?)),
+            "trans" | "consensus" | "fresh" if kind.is_some() => return Err(bad("two kinds")),
+            "trans" if format == 1 && n(1)? == 0 => kind = Some(RecordKind::Consensus),
+            "trans" => kind = Some(RecordKind::Commit(TransId(n(1)?))),
+            "consensus" if format == 2 => kind = Some(RecordKind::Consensus),
+            "fresh" if format == 2 => kind = Some(RecordKind::Fresh),
             "ts" => ts = Some(n(1)?),
             "version" => {
                 r.versions.insert(TaskId(n(1)? as u32), Version(n(2)?));
@@ -69,9 +75,9 @@ pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError
             _ => return Err(bad("unknown line")),
         }
     }
-    match (id, trans, ts) {
-        (Some(id), Some(trans), Some(ts)) => Ok(CommitRecord { id, trans, ts, ..r }),
-        _ => Err(bad("id, trans or ts missing")),
+    match (id, kind, ts) {
+        (Some(id), Some(kind), Some(ts)) => Ok(CommitRecord { id, kind, ts, ..r }),
+        _ => Err(bad("id, kind or ts missing")),
     }
 }
 
@@ -158,7 +164,7 @@ mod tests {
     fn rec(id: u64) -> CommitRecord {
         CommitRecord {
             id: CheckpointId(id),
-            trans: TransId(id),
+            kind: RecordKind::Commit(TransId(id)),
             versions: Default::default(),
             manifests: Default::default(),
             ts: 0,
@@ -169,7 +175,7 @@ mod tests {
     fn commit_records_roundtrip_and_damage_is_refused() {
         let r = CommitRecord {
             id: CheckpointId(12),
-            trans: TransId(5),
+            kind: RecordKind::Commit(TransId(5)),
             versions: [(TaskId(0), Version(4096)), (TaskId(1), Version(77))].into_iter().collect(),
             manifests: [(TaskId(0), 0xdead_beef), (TaskId(2), 7)].into_iter().collect(),
             ts: 1_700_000_000_000,
@@ -179,8 +185,27 @@ mod tests {
         let edited = text.replace("version 0 4096", "version 0 4097");
         assert!(matches!(decode_commit("k", edited.as_bytes()), Err(StoreError::Corrupt { .. })));
         assert!(decode_commit("k", &text.as_bytes()[..text.len() - 3]).is_err());
-        let without_id = seal("weir-commit 1\ntrans 5\nts 1\n".into());
+        let without_id = seal("weir-commit 2\ntrans 5\nts 1\n".into());
         assert!(decode_commit("k", without_id.as_bytes()).is_err(), "a record without an id is not id 0");
+        let two_kinds = seal("weir-commit 2\nid 3\ntrans 5\nfresh\nts 1\n".into());
+        assert!(decode_commit("k", two_kinds.as_bytes()).is_err(), "a commit and a fresh start at once");
+        for r in [CommitRecord::consensus(CheckpointId(3), 9), CommitRecord::fresh(CheckpointId(40), 9)] {
+            assert_eq!(decode_commit("k", encode_commit(&r).as_bytes()).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn a_format_1_record_still_reads() {
+        let commit = seal("weir-commit 1\nid 7\ntrans 5\nts 1\nversion 0 10\n".into());
+        let r = decode_commit("k", commit.as_bytes()).unwrap();
+        assert_eq!(
+            (r.id, r.kind, r.versions.get(&TaskId(0))),
+            (CheckpointId(7), RecordKind::Commit(TransId(5)), Some(&Version(10)))
+        );
+        let consensus = seal("weir-commit 1\nid 7\ntrans 0\nts 1\n".into());
+        assert_eq!(decode_commit("k", consensus.as_bytes()).unwrap(), CommitRecord::consensus(CheckpointId(7), 1));
+        let fresh_in_1 = seal("weir-commit 1\nid 7\nfresh\nts 1\n".into());
+        assert!(decode_commit("k", fresh_in_1.as_bytes()).is_err(), "format 1 has no fresh records");
     }
 
     #[test]

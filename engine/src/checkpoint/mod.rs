@@ -15,7 +15,9 @@ pub mod driver;
 mod error;
 pub mod task;
 
-pub use coordinator::{CommitRecord, CoordAction, CoordInput, Coordinator, CoordinatorConfig, ID_BLOCK, IdRecord};
+pub use coordinator::{
+    CommitRecord, CoordAction, CoordInput, Coordinator, CoordinatorConfig, ID_BLOCK, IdRecord, RecordKind,
+};
 pub use error::CheckpointError;
 pub use task::{
     Discard, Report, Role, SourceAnswer, TaskAction, TaskInput, TaskMachine, TaskSetup, TaskState, UploadDone,

@@ -108,6 +108,7 @@ pub(crate) fn encode_coord_input(
                 SourceAnswer::AlreadyFailed(failed) => SourceOutcome::AlreadyFailed { failed },
                 SourceAnswer::Busy(active) => SourceOutcome::Busy { active },
                 SourceAnswer::Failed(reason) => SourceOutcome::Failed { reason },
+                SourceAnswer::NotRestored => SourceOutcome::NotRestored,
             };
             let msg = CheckpointSourceRsp { stream, checkpoint: *id, trans: *trans, task: *task, node: me, outcome };
             enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a source answer")).ok()
@@ -199,6 +200,7 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
                 SourceOutcome::AlreadyFailed { failed } => SourceAnswer::AlreadyFailed(failed),
                 SourceOutcome::Busy { active } => SourceAnswer::Busy(active),
                 SourceOutcome::Failed { reason } => SourceAnswer::Failed(reason),
+                SourceOutcome::NotRestored => SourceAnswer::NotRestored,
             };
             Routed::ToCoord(CoordInput::SourceRsp { task: m.task, id: m.checkpoint, trans: m.trans, answer })
         }

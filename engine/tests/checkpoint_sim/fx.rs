@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use weir_engine::backup::Store;
 use weir_engine::backup::commit::{CommitWrite, last_commit, write_commit, write_ids};
 use weir_engine::checkpoint::driver::{Clock, CoordEffects, RestorePoint, TaskEffects, TaskPort, UploadRequest};
-use weir_engine::checkpoint::{CheckpointError, CommitRecord, CoordInput, IdRecord, TaskInput};
+use weir_engine::checkpoint::{CheckpointError, CommitRecord, CoordInput, IdRecord, RecordKind, TaskInput};
 use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats, RestoreBasis};
 use weir_engine::wire::{CheckpointId, Seq, StreamId, TaskId, TransId, Version};
 
@@ -213,21 +213,27 @@ impl CoordEffects for SimCoordFx<'_> {
 
     fn write_commit(&mut self, record: CommitRecord) {
         let mut w = self.w.borrow_mut();
-        if record.is_consensus() {
+        match record.kind {
             // The consensus point's record, made again: it must name a checkpoint that committed.
-            assert!(
+            RecordKind::Consensus => assert!(
                 w.commits.iter().any(|c| c.id == record.id),
                 "consensus record of {}, which never committed",
                 record.id
-            );
-        } else {
-            w.check_reports(&record);
+            ),
+            // A start from nothing takes an id no checkpoint ever had.
+            RecordKind::Fresh => {
+                assert!(w.commits.iter().all(|c| c.id < record.id), "fresh record {} reuses an id", record.id);
+                w.stats.fresh_records += 1;
+            }
+            RecordKind::Commit(_) => w.check_reports(&record),
         }
         let outcome = write_commit(&*w.store, STREAM, &record);
         // What counts is what a restart would read: the record visible in the store.
         if w.store.peek(&weir_engine::backup::commit::commit_key(STREAM, record.id)).is_some() {
-            w.check_consistent(&record);
-            if !record.is_consensus() {
+            if record.kind != RecordKind::Fresh {
+                w.check_consistent(&record);
+            }
+            if let RecordKind::Commit(_) = record.kind {
                 assert!(w.commits.iter().all(|c| c.id < record.id), "commit ids must grow");
                 w.commits.push(record.clone());
             }

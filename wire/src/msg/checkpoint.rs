@@ -62,6 +62,8 @@ archived! {
             /// Why.
             reason: String,
         },
+        /// The task has not restored yet (it waits for its restore point); nothing was done.
+        NotRestored,
     }
 }
 

@@ -49,14 +49,27 @@ impl Default for IdRecord {
     }
 }
 
+/// What a commit record stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordKind {
+    /// The checkpoint committed under this transaction.
+    Commit(TransId),
+    /// Made again for the checkpoint the tasks' consensus chose (its own record was lost); it
+    /// has no transaction of its own.
+    Consensus,
+    /// The tasks' consensus chose to start from nothing. The record takes an id of its own,
+    /// which names no state, so that it sorts above every older record: a restarted coordinator
+    /// finds the choice and makes it again.
+    Fresh,
+}
+
 /// What a commit record holds: enough to restore every task.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CommitRecord {
-    /// Checkpoint.
+    /// Checkpoint (for [`RecordKind::Fresh`], the id of the choice, which names no state).
     pub id: CheckpointId,
-    /// The checkpoint's transaction; 0 for a record made again for the restore point the tasks'
-    /// consensus chose (its own record was lost), which has no transaction of its own.
-    pub trans: TransId,
+    /// Commit, consensus point or start from nothing.
+    pub kind: RecordKind,
     /// Source offsets in it, by source task.
     pub versions: BTreeMap<TaskId, Version>,
     /// Manifest checksums by task: the commit names exactly what was uploaded.
@@ -69,12 +82,25 @@ impl CommitRecord {
     /// The record of consensus point `id`, made again at `ts`: it names no offsets or manifest
     /// checksums (each task's manifest, checked by its own checksum, has them).
     pub fn consensus(id: CheckpointId, ts: u64) -> Self {
-        CommitRecord { id, trans: TransId(0), versions: BTreeMap::new(), manifests: BTreeMap::new(), ts }
+        CommitRecord { id, kind: RecordKind::Consensus, versions: BTreeMap::new(), manifests: BTreeMap::new(), ts }
     }
 
-    /// Whether this record was made again for a consensus point.
-    pub fn is_consensus(&self) -> bool {
-        self.trans == TransId(0)
+    /// The record of the consensus's choice to start from nothing, under id `id`, at `ts`.
+    pub fn fresh(id: CheckpointId, ts: u64) -> Self {
+        CommitRecord { id, kind: RecordKind::Fresh, versions: BTreeMap::new(), manifests: BTreeMap::new(), ts }
+    }
+
+    /// The checkpoint every task restores (none: every task starts from nothing).
+    pub fn restore_point(&self) -> Option<CheckpointId> {
+        (self.kind != RecordKind::Fresh).then_some(self.id)
+    }
+
+    /// The checkpoint's transaction, when it is a checkpoint's own commit.
+    pub fn trans(&self) -> Option<TransId> {
+        match self.kind {
+            RecordKind::Commit(t) => Some(t),
+            RecordKind::Consensus | RecordKind::Fresh => None,
+        }
     }
 }
 

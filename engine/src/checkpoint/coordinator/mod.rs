@@ -94,6 +94,8 @@ pub struct Coordinator {
     /// The restore point chosen at start (checkpoint, whether committed), once chosen: a task that
     /// asks again (its answer was lost, or it came after the wait) gets the same one.
     restore_point: Option<(Option<CheckpointId>, bool)>,
+    /// Started with neither a commit record nor a reserved id: no checkpoint ever began.
+    new_stream: bool,
 }
 
 impl Coordinator {
@@ -118,6 +120,7 @@ impl Coordinator {
             healthy: true,
             down: BTreeSet::new(),
             restore_point: None,
+            new_stream: false,
         }
     }
 
@@ -163,17 +166,19 @@ impl Coordinator {
                 self.now = now;
                 // Never below a committed id, whatever the meta says.
                 self.next_id = ids.next_id.max(last_commit.as_ref().map_or(CheckpointId(1), |c| c.id.next()));
-                self.next_trans =
-                    ids.next_trans.max(last_commit.as_ref().map_or(TransId(1), |c| TransId(c.trans.0 + 1)));
+                self.next_trans = ids
+                    .next_trans
+                    .max(last_commit.as_ref().and_then(CommitRecord::trans).map_or(TransId(1), |t| TransId(t.0 + 1)));
                 self.reserved = IdRecord { next_id: self.next_id, next_trans: self.next_trans };
                 self.reserving = None;
                 self.flight = None;
                 self.earliest_first = now + self.cfg.first_delay_ms;
                 self.last_commit = last_commit.clone();
+                self.new_stream = last_commit.is_none() && ids == IdRecord::default();
                 match last_commit {
                     // Every task restores the record (the engine's before it starts; a task that
                     // asks gets it).
-                    Some(c) => self.choose(Some(c.id), true, BTreeMap::new()),
+                    Some(c) => self.choose(c.restore_point(), true, BTreeMap::new()),
                     None => {
                         self.phase = Phase::Consensus {
                             deadline: now + self.cfg.consensus_wait_ms,
@@ -288,13 +293,26 @@ impl Coordinator {
         // The seed's rule: the minimum of what every task has; a task that did not answer counts
         // as having nothing (and nothing is below every checkpoint).
         let all = self.cfg.tasks.iter().map(|(t, _, _)| latest.get(t).copied().flatten());
-        let Some(min) = all.min().flatten() else {
-            // Nothing to record: a coordinator that restarts finds no record either and every
-            // task that asks starts from nothing.
-            return self.choose(None, false, asking);
+        // The choice is recorded before any task hears it, a start from nothing too: a
+        // coordinator that restarts meanwhile makes the same one (the tasks that restored do not
+        // ask again, and stale requests of theirs must not sway it).
+        let record = match all.min().flatten() {
+            Some(min) => {
+                self.next_id = self.next_id.max(min.next());
+                CommitRecord::consensus(min, self.now)
+            }
+            // A stream that never reserved an id, and whose tasks all said so, has nothing
+            // anywhere to restore: no later choice can differ, and its first checkpoint keeps id 1.
+            None if self.new_stream && latest.values().all(Option::is_none) => {
+                return self.choose(None, false, asking);
+            }
+            None => {
+                // An id of its own, past every id used, so the record sorts above older ones.
+                let id = self.next_id;
+                self.next_id = id.next();
+                CommitRecord::fresh(id, self.now)
+            }
         };
-        self.next_id = self.next_id.max(min.next());
-        let record = CommitRecord::consensus(min, self.now);
         self.phase =
             Phase::Recording { record: record.clone(), retry_at: self.now + self.cfg.store_timeout_ms, asking };
         vec![CoordAction::WriteCommit(record)]
@@ -305,9 +323,9 @@ impl Coordinator {
         let Phase::Recording { record, asking, .. } = std::mem::replace(&mut self.phase, Phase::Running) else {
             return Vec::new();
         };
-        let id = record.id;
+        let point = record.restore_point();
         self.last_commit = Some(record);
-        self.choose(Some(id), false, asking)
+        self.choose(point, false, asking)
     }
 
     fn tick(&mut self, now: u64) -> Vec<CoordAction> {
@@ -462,7 +480,7 @@ impl Coordinator {
             self.cfg.tasks.iter().filter(|(_, _, r)| *r == Role::Source).map(|(t, _, _)| *t).collect();
         let record = CommitRecord {
             id: f.id,
-            trans: f.trans,
+            kind: RecordKind::Commit(f.trans),
             versions: f
                 .reports
                 .iter()
@@ -485,12 +503,18 @@ impl Coordinator {
             return None; // not allocated here (a report from before a restart), or still running
         }
         let node = self.node_of(task);
+        // A consensus point committed (every task had it); its record has no transaction.
+        let trans = |c: &CommitRecord| match c.kind {
+            RecordKind::Commit(t) => Some(t),
+            RecordKind::Consensus => Some(report.trans),
+            RecordKind::Fresh => None,
+        };
         match &self.last_commit {
-            Some(c) if c.id == report.id => Some(CoordAction::SendUpdate {
+            Some(c) if c.id == report.id && trans(c).is_some() => Some(CoordAction::SendUpdate {
                 task,
                 node,
                 id: c.id,
-                trans: c.trans,
+                trans: trans(c).expect("checked"),
                 version: c.versions.get(&task).copied().unwrap_or(Version(0)),
                 ts: c.ts,
             }),
@@ -507,7 +531,7 @@ impl Coordinator {
     fn commit_durable(&mut self, id: CheckpointId) -> Vec<CoordAction> {
         let Some(mut f) = self.flight.take_if(|f| f.id == id && f.committing.is_some()) else { return Vec::new() };
         let record = f.committing.take().expect("checked above");
-        let (trans, ts, versions) = (record.trans, record.ts, record.versions.clone());
+        let (trans, ts, versions) = (f.trans, record.ts, record.versions.clone());
         self.last_commit = Some(record);
         self.last_end = Some(self.now);
         let mut out: Vec<CoordAction> = self

@@ -100,9 +100,9 @@ impl CoordDriver {
             }
             CoordAction::SendRestore { task, id, version, committed, request, .. } => {
                 let basis = match (committed, id) {
-                    (true, _) => RestoreBasis::Committed,
+                    (_, None) => RestoreBasis::Fresh,
+                    (true, Some(_)) => RestoreBasis::Committed,
                     (false, Some(_)) => RestoreBasis::Consensus,
-                    (false, None) => RestoreBasis::Fresh,
                 };
                 if !committed && self.announced != Some(id) {
                     self.announced = Some(id);

@@ -83,6 +83,8 @@ pub enum SourceAnswer {
     Busy(CheckpointId),
     /// Failed.
     Failed(String),
+    /// Not restored yet: it cannot take part in any checkpoint before its restore point.
+    NotRestored,
 }
 
 /// What the task reports to the coordinator.

@@ -211,6 +211,12 @@ impl TaskMachine {
                 self.failed = Some(self.failed.map_or(failed, |f| f.max(failed)));
                 Vec::new()
             }
+            // A source asked to checkpoint before it restored says so: the checkpoint cannot
+            // complete without it, so it ends now instead of at its timeout (a downstream that
+            // aligned on it meanwhile would ask it in vain).
+            TaskInput::SourceReq { id, trans, .. } if self.state == TaskState::Uninit => {
+                vec![TaskAction::SendSourceRsp { id, trans, answer: SourceAnswer::NotRestored }]
+            }
             _ if self.state == TaskState::Uninit => Vec::new(),
             TaskInput::SourceReq { id, trans, expire_at, .. } => self.source_req(id, trans, expire_at),
             TaskInput::SourceReachedTrigger { id, offset } => match &mut self.active {
@@ -440,7 +446,16 @@ impl TaskMachine {
     ) -> Vec<TaskAction> {
         let Some(i) = self.upstream_index(from) else { return self.discard(Discard::Misdirected) };
         let Some(a) = self.active.as_ref() else { return self.discard(Discard::Invalid) };
-        if a.id != id || a.triggers[i] {
+        if a.triggers[i] {
+            return self.discard(Discard::Invalid); // the retrieve crossed the barrier
+        }
+        if code == TriggerRspCode::Invalid && id > a.id {
+            // The upstream is in a newer checkpoint (its answer names it): this one is over,
+            // and its end did not reach this task.
+            let active = a.id;
+            return self.fail(format!("upstream {from} moved on to checkpoint {id}: {active} is over"));
+        }
+        if a.id != id {
             return self.discard(Discard::Invalid);
         }
         match code {

@@ -187,6 +187,8 @@ fn ids_are_reserved_in_blocks_and_a_restart_never_reuses_one() {
     for t in [TaskId(1), TaskId(10), TaskId(20)] {
         r.handle(CoordInput::Consensus { task: t, latest: None, request: 1 });
     }
+    // Ids were used: the start from nothing is recorded, under an id of its own.
+    r.handle(CoordInput::CommitDurable { id: persisted.next_id });
     let mut out = tick(&mut r, 1_000);
     out.extend(trigger(&mut r));
     let id = out.iter().find_map(|a| match a {
@@ -196,7 +198,7 @@ fn ids_are_reserved_in_blocks_and_a_restart_never_reuses_one() {
     let id = id.expect("a checkpoint starts");
     assert!(id > last);
     // The persisted record's own ids are past the reserved block: the first start reserves.
-    assert_eq!(id, persisted.next_id);
+    assert_eq!(id, persisted.next_id.next());
     assert!(matches!(out[0], CoordAction::PersistIds(r) if r.next_id > id), "{out:?}");
 }
 
@@ -326,7 +328,7 @@ fn restart_restores_the_last_commit_and_never_reuses_an_id() {
     let mut c = Coordinator::new(coord_cfg());
     let record = CommitRecord {
         id: CheckpointId(7),
-        trans: TransId(7),
+        kind: RecordKind::Commit(TransId(7)),
         versions: [(TaskId(1), Version(900))].into_iter().collect(),
         manifests: Default::default(),
         ts: 1,
@@ -350,6 +352,12 @@ fn restart_restores_the_last_commit_and_never_reuses_an_id() {
         out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: CheckpointId(8), trans: TransId(8), .. })),
         "past the commit's id and transaction: {out:?}"
     );
+}
+
+/// `out` writes the record of the consensus's choice: it becomes durable, and the answers follow.
+fn recorded(c: &mut Coordinator, out: Vec<CoordAction>) -> Vec<CoordAction> {
+    let [CoordAction::WriteCommit(r)] = &out[..] else { panic!("the choice is recorded first: {out:?}") };
+    c.handle(CoordInput::CommitDurable { id: r.id })
 }
 
 #[test]
@@ -389,7 +397,55 @@ fn consensus_gives_up_waiting_and_counts_silent_tasks_as_empty() {
     c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
     ask(&mut c, 1, 4);
     let out = tick(&mut c, 2_000);
+    assert_eq!(out, vec![CoordAction::WriteCommit(CommitRecord::fresh(C1, 2_000))], "start from nothing, recorded");
+    let out = recorded(&mut c, out);
     assert!(matches!(out[..], [CoordAction::SendRestore { id: None, request: 101, .. }]), "{out:?}");
+    let out = trigger(&mut c);
+    assert!(
+        out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C2, .. })),
+        "past the record's id: {out:?}"
+    );
+}
+
+#[test]
+fn a_new_stream_starts_from_nothing_without_a_record() {
+    let mut c = Coordinator::new(coord_cfg());
+    c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
+    ask(&mut c, 1, 0);
+    ask(&mut c, 10, 0);
+    let out = ask(&mut c, 20, 0);
+    assert_eq!(out.len(), 3, "answered at once: {out:?}");
+    assert!(out.iter().all(|a| matches!(a, CoordAction::SendRestore { id: None, .. })), "{out:?}");
+    assert!(trigger(&mut c).iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C1, .. })));
+}
+
+#[test]
+fn a_start_from_nothing_is_recorded_and_a_restarted_coordinator_makes_it_again() {
+    // Commit records lost: the tasks committed 4 once, but task 10 and 20 stay silent.
+    let ids = IdRecord { next_id: CheckpointId(17), next_trans: TransId(17) };
+    let mut c = Coordinator::new(coord_cfg());
+    c.handle(CoordInput::Start { now: 0, ids, last_commit: None });
+    ask(&mut c, 1, 4);
+    let out = tick(&mut c, 2_000);
+    let fresh = CommitRecord::fresh(CheckpointId(17), 2_000);
+    assert_eq!(out, vec![CoordAction::WriteCommit(fresh.clone())]);
+    assert_eq!(recorded(&mut c, out).len(), 1, "task 1 starts from nothing");
+    // The coordinator dies. The next one reads the record; task 1 does not ask again, but a
+    // stale request of it (from before it restored) still says 4, as do the two others.
+    let mut r = Coordinator::new(coord_cfg());
+    assert!(r.handle(CoordInput::Start { now: 0, ids, last_commit: Some(fresh) }).is_empty());
+    for t in [1, 10, 20] {
+        let out = ask(&mut r, t, 4);
+        assert!(
+            matches!(out[..], [CoordAction::SendRestore { id: None, .. }]),
+            "t{t} starts from nothing too: {out:?}"
+        );
+    }
+    let out = trigger(&mut r);
+    assert!(
+        out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: CheckpointId(18), .. })),
+        "past the record's id: {out:?}"
+    );
 }
 
 #[test]
@@ -424,6 +480,7 @@ fn a_task_asking_after_the_wait_gets_the_same_restore_point_as_the_others() {
     ask(&mut c, 1, 4);
     ask(&mut c, 10, 4);
     let out = tick(&mut c, 2_000);
+    let out = recorded(&mut c, out);
     assert_eq!(out.len(), 2, "the two that asked: {out:?}");
     // Task 20 comes late, with a checkpoint: it starts empty like the others, or the cut breaks.
     let out = ask(&mut c, 20, 4);
@@ -479,6 +536,7 @@ fn transaction_ids_survive_restarts() {
     for t in [1, 10, 20] {
         r.handle(CoordInput::Consensus { task: TaskId(t), latest: None, request: 1 });
     }
+    r.handle(CoordInput::CommitDurable { id: reserved.next_id });
     let out = trigger(&mut r);
     let started = out.iter().find_map(|a| match a {
         CoordAction::SendSourceReq { id, trans, .. } => Some((*id, *trans)),
@@ -496,6 +554,7 @@ fn a_source_refusal_ends_the_checkpoint_at_once() {
         SourceAnswer::AlreadyFailed(C2),
         SourceAnswer::NotSource,
         SourceAnswer::Failed("disk full".into()),
+        SourceAnswer::NotRestored,
     ] {
         let mut c = started();
         tick(&mut c, 300);

@@ -496,6 +496,14 @@ fn request_older_than_the_active_checkpoint_says_busy() {
 }
 
 #[test]
+fn a_source_asked_to_checkpoint_before_it_restored_says_so() {
+    let mut m = TaskMachine::new(setup(1, Role::Source, &[], &[10]));
+    let out = m.handle(TaskInput::SourceReq { id: C2, trans: T1, kind: Periodic, expire_at: 100 });
+    assert_eq!(out, vec![TaskAction::SendSourceRsp { id: C2, trans: T1, answer: SourceAnswer::NotRestored }]);
+    assert_eq!(m.state(), TaskState::Uninit, "it takes no part in the checkpoint");
+}
+
+#[test]
 fn a_reset_before_the_task_restored_is_remembered() {
     let mut m = TaskMachine::new(setup(10, Role::Agg, &[1, 2], &[20, 21]));
     assert!(m.handle(TaskInput::Reset { failed: C2, trans: T1, reason: String::new() }).is_empty());
@@ -629,6 +637,26 @@ fn a_trigger_response_for_a_barrier_already_in_or_another_checkpoint_is_discarde
     m.handle(trig(1, C2));
     assert_eq!(m.handle(rsp(C1, TriggerRspCode::Invalid)), vec![TaskAction::Discarded(Discard::Invalid)]);
     assert_eq!(m.state(), TaskState::Checkpointing(C2));
+}
+
+#[test]
+fn an_upstream_that_moved_on_to_a_newer_checkpoint_ends_the_one_waiting_for_it() {
+    let mut m = agg();
+    m.handle(trig(1, C2));
+    // Upstream 2 answers the retrieve of C2 from inside C3: C2 ended, and its reset was lost.
+    let moved_on = TaskInput::TriggerRsp {
+        from: TaskId(2),
+        id: C3,
+        trans: TransId(3),
+        code: TriggerRspCode::Invalid,
+        trigger_seq: Seq(0),
+        next_seq: Some(Seq(4)),
+    };
+    let out = m.handle(moved_on);
+    assert!(
+        out.iter().any(|a| matches!(a, TaskAction::SendReport(r) if r.id == C2 && r.outcome.is_err())),
+        "C2 fails here: {out:?}"
+    );
 }
 
 #[test]

@@ -106,10 +106,16 @@ impl Setup {
         let restored = Arc::new(OnceLock::new());
         let last = last_commit(store.as_ref(), spec.id).map_err(|e| EngineError::Store(e.to_string()))?;
         match &last {
-            Some(r) => {
-                tracing::info!(stream = %spec.id, checkpoint = %r.id, "restoring from the last commit");
-                let _ = restored.set((RestoreBasis::Committed, Some(r.id)));
-            }
+            Some(r) => match r.restore_point() {
+                Some(id) => {
+                    tracing::info!(stream = %spec.id, checkpoint = %id, kind = ?r.kind, "restoring from the last commit");
+                    let _ = restored.set((RestoreBasis::Committed, Some(id)));
+                }
+                None => {
+                    tracing::info!(stream = %spec.id, record = %r.id, "the last record says start from nothing");
+                    let _ = restored.set((RestoreBasis::Fresh, None));
+                }
+            },
             None => tracing::info!(
                 stream = %spec.id,
                 "no commit record: the tasks ask the coordinator where to start (the consensus of what they committed, or the beginning)"
@@ -199,13 +205,18 @@ impl Setup {
                 spare: spare_rx,
             },
         };
-        if let Some(r) = &self.last {
-            let point = RestorePoint {
-                id: r.id,
-                version: r.versions.get(&t.id).copied(),
-                manifest_crc: r.manifests.get(&t.id).copied(),
-            };
-            ck.restore(task, Some(point), RestoreBasis::Committed, None)?;
+        match self.last.as_ref().map(|r| (r, r.restore_point())) {
+            Some((r, Some(id))) => {
+                let point = RestorePoint {
+                    id,
+                    version: r.versions.get(&t.id).copied(),
+                    manifest_crc: r.manifests.get(&t.id).copied(),
+                };
+                ck.restore(task, Some(point), RestoreBasis::Committed, None)?;
+            }
+            // The consensus chose to start from nothing, and recorded it.
+            Some((_, None)) => ck.restore(task, None, RestoreBasis::Fresh, None)?,
+            None => {}
         }
         Ok(ck)
     }
