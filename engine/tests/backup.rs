@@ -135,3 +135,31 @@ fn a_local_snapshot_is_used_only_when_every_file_matches_the_manifest() {
     assert!(!local_snapshot_matches(&m, &local));
     assert!(!local_snapshot_matches(&m, &dir.path().join("nothing-here")));
 }
+
+#[test]
+fn a_damaged_byte_in_the_local_store_leaves_the_local_snapshot_intact() {
+    // The file:// store copies: it shares no bytes with the node's snapshot (a hard link did).
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalDirStore::new(dir.path().join("remote"));
+    let live = TaskStore::open(&dir.path().join("live")).unwrap();
+    save_window_state(&live, &agg_with(20_000)).unwrap();
+    let local = dir.path().join("chk-1");
+    live.snapshot(&local).unwrap();
+    let up = upload_snapshot(&store, StreamId(1), TaskId(2), CheckpointId(1), Version(0), &local).unwrap();
+    let m = fetch_manifest(&store, StreamId(1), TaskId(2), CheckpointId(1), Some(up.manifest_crc)).unwrap();
+    let sst = m.files.iter().find(|f| f.name.ends_with(".sst")).expect("an SST file");
+    let stored = dir.path().join("remote").join(&sst.key);
+    let mut bytes = std::fs::read(&stored).unwrap();
+    bytes[10] ^= 0xff;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&stored)
+        .and_then(|mut f| {
+            use std::io::Write;
+            f.write_all(&bytes)
+        })
+        .unwrap();
+    assert!(local_snapshot_matches(&m, &local), "the local snapshot is untouched");
+    let err = download_files(&store, &m, &dir.path().join("dl")).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+}

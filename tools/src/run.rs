@@ -1,16 +1,19 @@
 //! `weir run`: the embedded default. One process runs a whole stream (generator sources, window
 //! aggregation, sinks into the result store under `--data-dir`), checkpoints it every second into
-//! `--data-dir/remote`, prints a status line every second and a summary at the end. With `--resume` it
-//! continues from the last committed checkpoint (after a crash, say) with exactly the results an
-//! uninterrupted run would have had.
+//! `--data-dir/remote` (or the store `--remote` names: S3, rsync, a directory), prints a status
+//! line every second and a summary at the end. With `--resume` it continues from the last
+//! committed checkpoint (after a crash, say, or on a node that lost its data directory) with
+//! exactly the results an uninterrupted run would have had.
 
 use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use weir_engine::backup::commit::last_commit;
+use weir_engine::backup::{StoreOptions, open_store};
 use weir_engine::operator::window::WindowSpec;
-use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig};
+use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig, Remote};
 use weir_engine::spec::{Placement, SourceKind, StreamSpec};
 use weir_engine::wire::msg::CheckpointOutcome;
 use weir_engine::wire::{NodeId, StreamId};
@@ -51,9 +54,49 @@ pub struct RunArgs {
     /// Checkpoint interval (ms); 0 turns checkpoints off.
     #[arg(long, default_value_t = 1000)]
     checkpoint_ms: u64,
-    /// Continue from the last committed checkpoint in `--data-dir` instead of starting afresh.
+    /// Continue from the last committed checkpoint instead of starting afresh.
     #[arg(long)]
     resume: bool,
+    /// Where checkpoints go: `file://PATH`, `s3://bucket/prefix` or
+    /// `rsync://[user@]host[:port]/module/prefix` (default: `--data-dir`/remote, wiped by a
+    /// fresh run; a store named here never is).
+    #[arg(long, env = "WEIR_REMOTE", value_name = "URL")]
+    remote: Option<String>,
+    /// S3 endpoint of a server other than AWS (e.g. `http://127.0.0.1:9000`); credentials come
+    /// from `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`.
+    #[arg(long, env = "WEIR_S3_ENDPOINT", value_name = "URL")]
+    s3_endpoint: Option<String>,
+    /// S3 region (default `AWS_REGION`, else us-east-1).
+    #[arg(long, env = "WEIR_S3_REGION")]
+    s3_region: Option<String>,
+    /// File with the rsync user's password (else `RSYNC_PASSWORD`).
+    #[arg(long, env = "WEIR_RSYNC_PASSWORD_FILE", value_name = "PATH")]
+    rsync_password_file: Option<std::path::PathBuf>,
+}
+
+/// The remote store of a run, and how to name it.
+fn remote_store(
+    args: &RunArgs,
+    stream: StreamId,
+) -> anyhow::Result<(Option<std::sync::Arc<dyn weir_engine::backup::Store>>, String)> {
+    let Some(url) = &args.remote else {
+        return Ok((None, args.data_dir.join("remote").display().to_string()));
+    };
+    let mut opts = StoreOptions::default();
+    opts.s3.endpoint = args.s3_endpoint.clone();
+    opts.s3.region = args.s3_region.clone().or_else(|| std::env::var("AWS_REGION").ok());
+    opts.rsync.password_file = args.rsync_password_file.clone();
+    let store = open_store(url, &opts).with_context(|| format!("opening the remote store {url}"))?;
+    let last = last_commit(store.as_ref(), stream).with_context(|| format!("reading the checkpoints in {url}"))?;
+    match last {
+        // Never wipe a store someone named: a fresh run there would mix two histories.
+        Some(c) if !args.resume => anyhow::bail!(
+            "{url} already holds checkpoints of stream {stream} (the last is {}): pass --resume to continue from it, \
+             or name another prefix to start afresh",
+            c.id
+        ),
+        _ => Ok((Some(store), url.clone())),
+    }
 }
 
 fn rss_mib() -> u64 {
@@ -76,8 +119,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     }
     let run_dir = args.data_dir.join("run");
     let remote = args.data_dir.join("remote");
+    let (named, remote_name) = remote_store(args, spec.id)?;
     if !args.resume {
-        for d in [&run_dir, &remote] {
+        let embedded = named.is_none().then_some(&remote);
+        for d in std::iter::once(&run_dir).chain(embedded) {
             if d.exists() {
                 std::fs::remove_dir_all(d).with_context(|| format!("clearing {}", d.display()))?;
             }
@@ -87,7 +132,11 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     cfg.workers = args.workers;
     cfg.pin_workers = !args.no_pin;
     if args.checkpoint_ms > 0 {
-        cfg.checkpoint = Some(CheckpointSettings::every(args.checkpoint_ms, &remote));
+        let mut ck = CheckpointSettings::every(args.checkpoint_ms, &remote);
+        if let Some(store) = named {
+            ck.remote = Remote::Store(store);
+        }
+        cfg.checkpoint = Some(ck);
     }
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).context("starting the engine")?;
     let mut out = std::io::stdout().lock();
@@ -164,8 +213,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     match ck {
         Some((ok, failed, median)) => writeln!(
             out,
-            "         {ok} checkpoints committed ({failed} failed), trigger to commit median {median:.1} ms, in {}",
-            remote.display()
+            "         {ok} checkpoints committed ({failed} failed), trigger to commit median {median:.1} ms, in {remote_name}"
         )?,
         None => writeln!(out, "         checkpoints off")?,
     }

@@ -111,3 +111,86 @@ fn killed_with_sigkill_and_resumed_it_ends_with_the_results_of_an_uninterrupted_
     assert!(events < 2 * per_partition, "the resumed run replayed everything: {summary}");
     assert_eq!(results(crashed.path()), want);
 }
+
+fn service(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the tests with scripts/test"))
+}
+
+fn unique(what: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("{what}-{}-{nanos}", std::process::id())
+}
+
+/// `weir run` into the store at `url` (with `env`): a bounded run commits there, a fresh run
+/// into the same store is refused (it never wipes a named store), `--resume` continues, and a
+/// resumed run on a node whose data directory is gone ends with the results of one run.
+fn a_named_store_is_used_never_wiped_and_resumed_from(url: &str, env: &[(&str, String)]) {
+    let events = 300_000;
+    let run = |dir: &std::path::Path, resume: bool| {
+        let mut cmd = weir();
+        cmd.args(bounded(events)).arg("--data-dir").arg(dir).arg("--remote").arg(url);
+        if resume {
+            cmd.arg("--resume");
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let straight = tempfile::tempdir().unwrap();
+    let out = weir().args(bounded(events)).arg("--data-dir").arg(straight.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = results(straight.path());
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), false);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(&format!("in {url}")), "the summary names the store: {stdout}");
+    assert!(!stdout.contains(" 0 checkpoints committed"), "{stdout}");
+    let again = run(dir.path(), false);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success(), "a fresh run into a store that holds checkpoints must be refused");
+    assert!(stderr.contains("already holds checkpoints") && stderr.contains("--resume"), "{stderr}");
+    // The node loses its data directory; the store alone restores it.
+    std::fs::remove_dir_all(dir.path().join("run/tasks")).unwrap();
+    let out = run(dir.path(), true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("restoring from the last commit"), "{stderr}");
+    assert_eq!(results(dir.path()), want);
+}
+
+#[test]
+fn weir_run_checkpoints_into_s3_and_resumes_from_it() {
+    let url = format!("s3://{}/{}", service("WEIR_TEST_S3_BUCKET"), unique("cli"));
+    a_named_store_is_used_never_wiped_and_resumed_from(
+        &url,
+        &[
+            ("WEIR_S3_ENDPOINT", service("WEIR_TEST_S3_ENDPOINT")),
+            ("AWS_ACCESS_KEY_ID", service("WEIR_TEST_S3_ACCESS_KEY")),
+            ("AWS_SECRET_ACCESS_KEY", service("WEIR_TEST_S3_SECRET_KEY")),
+        ],
+    );
+}
+
+#[test]
+fn weir_run_checkpoints_into_rsync_and_resumes_from_it() {
+    let url = format!("{}/{}", service("WEIR_TEST_RSYNC_URL"), unique("cli"));
+    a_named_store_is_used_never_wiped_and_resumed_from(
+        &url,
+        &[("RSYNC_PASSWORD", service("WEIR_TEST_RSYNC_PASSWORD"))],
+    );
+}
+
+#[test]
+fn weir_run_with_a_bad_remote_says_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    for (url, says) in [("ftp://host/x", "unknown scheme"), ("s3://", "no bucket"), ("rsync://host", "no module")] {
+        let out =
+            weir().args(["run", "--seconds", "1", "--remote", url, "--data-dir"]).arg(dir.path()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{url}");
+        assert!(stderr.contains(url) && stderr.contains(says), "{url}: {stderr}");
+    }
+}

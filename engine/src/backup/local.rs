@@ -1,8 +1,7 @@
 //! The local-directory store: objects are files under a root directory, written to a temporary
 //! name, synced and renamed into place, so a crash leaves the old object or the new one.
-//! Immutable files (`put_file`: snapshot SST files) are hard-linked when the root is on the same
-//! file system: no copy, one directory sync. The store then shares those files' bytes with the
-//! local snapshots, as any store on the same disk shares its fate.
+//! Files (`put_file`: snapshot SST files) are copied, never hard-linked: the backup shares no
+//! bytes with the node's own files, so damage to one leaves the other intact.
 
 use std::fs;
 use std::io::Write;
@@ -34,6 +33,13 @@ fn unavailable<'a>(op: &'static str, key: &'a str) -> impl FnOnce(std::io::Error
     move |e| StoreError::Unavailable { op, key: key.to_string(), reason: e.to_string() }
 }
 
+/// A temporary name beside `path`, unique in this process (two threads may write one key).
+fn tmp_path(path: &Path) -> PathBuf {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    path.with_extension(format!("tmp-{}-{n}", std::process::id()))
+}
+
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     fs::File::open(dir)?.sync_all()
 }
@@ -43,7 +49,7 @@ impl Store for LocalDirStore {
         let path = self.path(key)?;
         let dir = path.parent().expect("keys have a parent");
         fs::create_dir_all(dir).map_err(unavailable("put", key))?;
-        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        let tmp = tmp_path(&path);
         let mut f = fs::File::create(&tmp).map_err(unavailable("put", key))?;
         f.write_all(bytes).map_err(unavailable("put", key))?;
         f.sync_all().map_err(unavailable("put", key))?;
@@ -55,13 +61,12 @@ impl Store for LocalDirStore {
         let path = self.path(key)?;
         let dir = path.parent().expect("keys have a parent");
         fs::create_dir_all(dir).map_err(unavailable("put", key))?;
-        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-        let _ = fs::remove_file(&tmp);
-        // The file is immutable (the trait's contract): on the same file system, link it instead
-        // of copying its bytes; elsewhere, copy.
-        if fs::hard_link(src, &tmp).is_err() {
-            fs::copy(src, &tmp).map_err(unavailable("put", key))?;
-        }
+        let tmp = tmp_path(&path);
+        // A copy, never a hard link: a backup that shares the node's bytes dies with them (one
+        // damaged byte in a linked file damages the local snapshot and the backup at once).
+        // `fs::copy` uses `copy_file_range`, which file systems that can (btrfs, XFS) serve as a
+        // reflink: no bytes copied, none shared for writing.
+        fs::copy(src, &tmp).map_err(unavailable("put", key))?;
         fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(unavailable("put", key))?;
         fs::rename(&tmp, &path).map_err(unavailable("put", key))?;
         sync_dir(dir).map_err(unavailable("put", key))

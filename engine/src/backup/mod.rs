@@ -9,22 +9,31 @@
 //! ```
 //!
 //! Invariants: a manifest is written only after every file it names is stored; a commit record only
-//! after every manifest it names; nothing is read back without checking size and checksum. S3 and
-//! rsync backends implement the same [`Store`] trait (next issue).
+//! after every manifest it names; nothing is read back without checking size and checksum.
+//!
+//! Backends, chosen by URL ([`open_store`]): `file://` ([`LocalDirStore`], the embedded
+//! default), `s3://bucket/prefix` ([`S3Store`], any S3-compatible server) and
+//! `rsync://[user@]host[:port]/module/prefix` ([`RsyncStore`], an rsync daemon).
 //!
 //! - [`commit`]: the coordinator's records (commit records, the id record).
 //! - [`uploader`]: the uploader pool that writes and ships snapshots off the data path.
 
 pub mod commit;
 mod local;
+mod rsync;
+mod s3;
 mod snapshot;
 pub mod uploader;
+mod url;
 
 pub use local::LocalDirStore;
+pub use rsync::{RsyncOptions, RsyncStore};
+pub use s3::{MULTIPART_THRESHOLD as S3_MULTIPART_THRESHOLD, S3Options, S3Store};
 pub use snapshot::{
     Manifest, ManifestEntry, UploadSummary, download_files, download_snapshot, fetch_manifest, local_snapshot_matches,
     upload_snapshot,
 };
+pub use url::{StoreOptions, open_store};
 
 /// Appends a line `crc <CRC32C of everything before it>` to `text`: the stored text records
 /// (manifests, commit records) carry their own checksum.
@@ -71,6 +80,26 @@ pub enum StoreError {
     Corrupt {
         /// Object key.
         key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The store refused the credentials or the permission (fatal: retrying cannot help).
+    #[error("store {store} refused {op} {key}: {reason} (check the credentials)")]
+    Denied {
+        /// The store's URL.
+        store: String,
+        /// Operation.
+        op: &'static str,
+        /// Object key.
+        key: String,
+        /// What the store said.
+        reason: String,
+    },
+    /// The store's URL or options are wrong (fatal).
+    #[error("store {store}: {reason}")]
+    Config {
+        /// The store's URL, as given.
+        store: String,
         /// What is wrong.
         reason: String,
     },

@@ -134,8 +134,8 @@ pub fn upload_snapshot(
         let key = if is_sst { format!("{prefix}/sst/{name}") } else { format!("{prefix}/chk-{}/{name}", id.0) };
         files.push(ManifestEntry { name, key: key.clone(), size: bytes.len() as u64, crc: crc32c::crc32c(&bytes) });
         if !(is_sst && store.size(&key)? == Some(bytes.len() as u64)) {
-            // SST files are immutable once written: a store may share the file (the local one
-            // hard-links it) instead of copying the bytes.
+            // SST files are immutable once written and named uniquely: one already stored with
+            // the same size is not sent again (incremental checkpoints).
             puts.push((key, path, (!is_sst).then_some(bytes)));
         }
     }

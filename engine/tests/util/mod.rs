@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod ckpt;
+pub mod services;
 
 use std::collections::BTreeMap;
 

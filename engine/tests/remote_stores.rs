@@ -1,0 +1,161 @@
+//! The remote stores against real servers on 127.0.0.1 (started by `scripts/services`): the
+//! local directory, S3 on `s3s-fs` (which checks request signatures) and an rsync daemon whose
+//! module needs a user and password. Each backend keeps the same contract; wrong credentials and
+//! unreachable servers give clear errors; a stream checkpoints into each and restores from it
+//! alone after its node lost every local snapshot.
+
+mod util;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weir_engine::backup::{RsyncStore, S3Options, S3Store, Store, StoreError};
+use weir_engine::runtime::{Engine, Remote};
+use weir_engine::spec::Placement;
+use weir_engine::state::ResultStore;
+use weir_engine::wire::NodeId;
+use weir_engine::wire::msg::RestoreBasis;
+
+use util::ckpt::{config, spec, wait_for_commits, wait_restored};
+use util::services;
+
+/// What every store must do, whatever its backend.
+fn keeps_the_contract(store: &dyn Store, tmp: &std::path::Path) {
+    assert!(matches!(store.get("a/none"), Err(StoreError::NotFound { .. })), "{store:?}");
+    assert_eq!(store.size("a/none").unwrap(), None);
+    assert!(store.list("a/").unwrap().is_empty());
+    store.put("a/b/one", b"first").unwrap();
+    store.put("a/b/one", b"second, longer").unwrap();
+    assert_eq!(store.get("a/b/one").unwrap(), b"second, longer", "the last put wins, whole");
+    assert_eq!(store.size("a/b/one").unwrap(), Some(14));
+    let file = tmp.join("f");
+    std::fs::write(&file, vec![7u8; 100_000]).unwrap();
+    store.put_file("a/bc/two", &file).unwrap();
+    store.put("z/three", b"3").unwrap();
+    assert_eq!(store.get("a/bc/two").unwrap(), vec![7u8; 100_000]);
+    assert_eq!(store.list("a/").unwrap(), vec!["a/b/one", "a/bc/two"]);
+    assert_eq!(store.list("a/b").unwrap(), vec!["a/b/one", "a/bc/two"], "prefixes are strings, not folders");
+    assert_eq!(store.list("a/b/").unwrap(), vec!["a/b/one"]);
+    store.delete("a/b/one").unwrap();
+    store.delete("a/b/one").unwrap(); // gone already: no error
+    assert_eq!(store.list("a/").unwrap(), vec!["a/bc/two"]);
+    assert_eq!(store.get("z/three").unwrap(), b"3", "a delete touches nothing else");
+}
+
+#[test]
+fn the_local_directory_store_keeps_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    keeps_the_contract(&weir_engine::backup::LocalDirStore::new(dir.path().join("store")), dir.path());
+}
+
+#[test]
+fn the_s3_store_keeps_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    keeps_the_contract(&*services::s3(&services::unique("contract")), dir.path());
+}
+
+#[test]
+fn the_rsync_store_keeps_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    keeps_the_contract(&*services::rsync(&services::unique("contract")), dir.path());
+}
+
+#[test]
+fn a_large_file_goes_to_s3_in_parts_and_comes_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = services::s3(&services::unique("multipart"));
+    let file = dir.path().join("big");
+    let len = weir_engine::backup::S3_MULTIPART_THRESHOLD as usize + 3_000_001;
+    let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&file, &bytes).unwrap();
+    store.put_file("sst/big", &file).unwrap();
+    assert_eq!(store.size("sst/big").unwrap(), Some(len as u64));
+    assert!(store.get("sst/big").unwrap() == bytes, "the parts join in order");
+}
+
+#[test]
+fn wrong_s3_credentials_are_refused_with_an_error_naming_the_store() {
+    let bucket = std::env::var("WEIR_TEST_S3_BUCKET").expect("run with scripts/test");
+    let opts = S3Options { secret_key: Some("not-the-secret".into()), retries: Some(0), ..services::s3_options() };
+    let store = S3Store::open(&bucket, "denied", &opts).unwrap();
+    let err = store.put("k", b"v").unwrap_err();
+    assert!(matches!(err, StoreError::Denied { .. }), "{err:?}");
+    assert!(!err.is_retryable());
+    assert!(err.to_string().contains(&format!("s3://{bucket}/denied")), "{err}");
+}
+
+#[test]
+fn a_wrong_rsync_password_is_refused_with_an_error_naming_the_store() {
+    let opts = weir_engine::backup::RsyncOptions { password: Some("wrong".into()), ..services::rsync_options() };
+    let url = services::rsync_url("denied");
+    let store = RsyncStore::open(&url, &opts).unwrap();
+    let err = store.put("k", b"v").unwrap_err();
+    assert!(matches!(err, StoreError::Denied { .. }), "{err:?}");
+    assert!(!err.is_retryable());
+    assert!(err.to_string().contains(url.split('@').nth(1).unwrap()), "{err}");
+}
+
+#[test]
+fn an_unreachable_store_fails_within_its_timeout_and_says_retrying_may_help() {
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let s3 = S3Store::open(
+        "b",
+        "p",
+        &S3Options {
+            endpoint: Some(format!("http://127.0.0.1:{port}")),
+            access_key: Some("k".into()),
+            secret_key: Some("s".into()),
+            timeout: Some(Duration::from_secs(2)),
+            retries: Some(1),
+            ..S3Options::default()
+        },
+    )
+    .unwrap();
+    let rsync = RsyncStore::open(
+        &format!("rsync://127.0.0.1:{port}/m"),
+        &weir_engine::backup::RsyncOptions { timeout: Some(Duration::from_secs(2)), ..Default::default() },
+    )
+    .unwrap();
+    for store in [&s3 as &dyn Store, &rsync] {
+        let t0 = Instant::now();
+        let err = store.put("k", b"v").unwrap_err();
+        assert!(err.is_retryable(), "{store:?}: {err:?}");
+        assert!(t0.elapsed() < Duration::from_secs(20), "{store:?} took {:?}", t0.elapsed());
+    }
+}
+
+/// Checkpoints a stream into `store`, deletes every task's local state (snapshots, database,
+/// committed record), starts again: every task restores from the store alone, and the results
+/// end exact.
+fn restores_from_the_store_alone(store: Arc<dyn Store>) {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(100_000);
+    let with_store = |d: &std::path::Path| {
+        let mut cfg = config(d, 80);
+        cfg.checkpoint.as_mut().unwrap().remote = Remote::Store(store.clone());
+        cfg
+    };
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), with_store(dir.path())).unwrap();
+    wait_for_commits(&engine, 3);
+    engine.stop();
+    engine.wait().unwrap();
+    std::fs::remove_dir_all(dir.path().join("tasks")).unwrap();
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), with_store(dir.path())).unwrap();
+    let (basis, id) = wait_restored(&engine);
+    assert_eq!(basis, RestoreBasis::Committed);
+    assert!(id.is_some_and(|id| id.0 >= 3), "{id:?}");
+    engine.wait().unwrap();
+    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    assert_eq!(got, util::reference(&spec));
+}
+
+#[test]
+fn a_stream_restores_from_s3_alone_after_its_local_state_is_gone() {
+    restores_from_the_store_alone(services::s3(&services::unique("restore")));
+}
+
+#[test]
+fn a_stream_restores_from_rsync_alone_after_its_local_state_is_gone() {
+    restores_from_the_store_alone(services::rsync(&services::unique("restore")));
+}
