@@ -159,3 +159,51 @@ fn a_stream_restores_from_s3_alone_after_its_local_state_is_gone() {
 fn a_stream_restores_from_rsync_alone_after_its_local_state_is_gone() {
     restores_from_the_store_alone(services::rsync(&services::unique("restore")));
 }
+
+#[test]
+fn retention_keeps_the_last_commits_and_every_file_they_name_while_checkpoints_run() {
+    use weir_engine::backup::commit::decode_commit;
+    use weir_engine::backup::fetch_manifest;
+
+    let store = services::s3(&services::unique("retention"));
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(100_000);
+    let mut cfg = config(dir.path(), 50);
+    let ck = cfg.checkpoint.as_mut().unwrap();
+    ck.remote = Remote::Store(store.clone());
+    ck.retain = 2;
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
+    wait_for_commits(&engine, 8);
+    engine.wait().unwrap();
+    let records = store.list("7/checkpoints/").unwrap();
+    // The engine's stop waits for the last pass: exactly the two newest are left.
+    assert_eq!(records.len(), 2, "{records:?}");
+    let ids: Vec<u64> =
+        records.iter().map(|k| decode_commit(k, &store.get(k).unwrap()).expect("a kept record decodes").id.0).collect();
+    let oldest = *ids.first().unwrap();
+    assert!(oldest >= 6, "old commits are collected: {ids:?}");
+    for key in store.list("7/tasks/").unwrap() {
+        if let Some(id) = key.split('/').nth(3).and_then(|p| p.strip_prefix("chk-")) {
+            assert!(id.parse::<u64>().unwrap() >= oldest, "{key} outlived its commit");
+        }
+    }
+    // Every kept commit restores: each task's manifest and every file it names are there, whole.
+    for k in &records {
+        let r = decode_commit(k, &store.get(k).unwrap()).unwrap();
+        for t in spec.topology().tasks {
+            let m = fetch_manifest(&*store, spec.id, t.id, r.id, r.manifests.get(&t.id).copied()).unwrap();
+            for f in m.files {
+                assert_eq!(store.size(&f.key).unwrap(), Some(f.size), "{} names {}", r.id, f.key);
+            }
+        }
+    }
+    // The last commit restores after the local state is gone.
+    std::fs::remove_dir_all(dir.path().join("tasks")).unwrap();
+    let mut cfg = config(dir.path(), 50);
+    cfg.checkpoint.as_mut().unwrap().remote = Remote::Store(store.clone());
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
+    assert_eq!(wait_restored(&engine).0, RestoreBasis::Committed);
+    engine.wait().unwrap();
+    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    assert_eq!(got, util::reference(&spec));
+}

@@ -17,9 +17,11 @@
 //!
 //! - [`commit`]: the coordinator's records (commit records, the id record).
 //! - [`uploader`]: the uploader pool that writes and ships snapshots off the data path.
+//! - [`retention`]: keeps the last K commits and collects the rest.
 
 pub mod commit;
 mod local;
+pub mod retention;
 mod rsync;
 mod s3;
 mod snapshot;

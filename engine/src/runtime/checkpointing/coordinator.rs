@@ -23,6 +23,7 @@ use super::port::EngineClock;
 use super::stats::CheckpointLog;
 use crate::backup::Store;
 use crate::backup::commit::{CommitWrite, write_commit, write_ids};
+use crate::backup::retention::Collector;
 use crate::checkpoint::driver::{Clock, CoordDriver, CoordEffects};
 use crate::checkpoint::{CheckpointError, CommitRecord, CoordInput, Coordinator, IdRecord, TaskInput};
 use crate::runtime::control::{Control, ControlHandle};
@@ -93,8 +94,15 @@ impl CoordEffects for EngineCoordFx {
     }
 }
 
-/// Runs the coordinator's store writes one after another; each answer goes to the inbox.
-fn store_thread(store: Arc<dyn Store>, stream: StreamId, jobs: Receiver<StoreJob>, inbox: Sender<CoordInput>) {
+/// Runs the coordinator's store writes one after another; each answer goes to the inbox. After
+/// each durable commit it asks the collector for a pass (`collect`: at most one waits).
+fn store_thread(
+    store: Arc<dyn Store>,
+    stream: StreamId,
+    jobs: Receiver<StoreJob>,
+    inbox: Sender<CoordInput>,
+    collect: Option<Sender<()>>,
+) {
     for job in jobs {
         let answer = match job {
             StoreJob::Ids(ids) => match write_ids(store.as_ref(), stream, &ids) {
@@ -105,7 +113,12 @@ fn store_thread(store: Arc<dyn Store>, stream: StreamId, jobs: Receiver<StoreJob
                 }
             },
             StoreJob::Commit(record) => match write_commit(store.as_ref(), stream, &record) {
-                CommitWrite::Durable => CoordInput::CommitDurable { id: record.id },
+                CommitWrite::Durable => {
+                    if let Some(c) = &collect {
+                        let _ = c.try_send(());
+                    }
+                    CoordInput::CommitDurable { id: record.id }
+                }
                 CommitWrite::Failed(reason) => {
                     tracing::warn!(stream = %stream, checkpoint = %record.id, %reason, "cannot write the commit record");
                     CoordInput::CommitFailed { id: record.id, reason }
@@ -114,6 +127,26 @@ fn store_thread(store: Arc<dyn Store>, stream: StreamId, jobs: Receiver<StoreJob
         };
         if inbox.send(answer).is_err() {
             return;
+        }
+    }
+}
+
+/// Collects the stream's garbage in the store, one pass per request, keeping `keep` commits.
+/// It runs beside checkpoints and never holds one up (`backup::retention` says why that is safe).
+fn collector_thread(store: Arc<dyn Store>, stream: StreamId, keep: usize, requests: Receiver<()>) {
+    let mut collector = Collector::new();
+    for () in requests {
+        match collector.collect(store.as_ref(), stream, keep) {
+            Ok(c) => tracing::debug!(
+                stream = %stream,
+                kept = ?c.kept,
+                commits_deleted = c.commits_deleted,
+                objects_deleted = c.objects_deleted,
+                pending = c.pending,
+                "retention pass"
+            ),
+            // Garbage stays until the next pass; nothing a commit names was touched.
+            Err(e) => tracing::warn!(stream = %stream, error = %e, "retention pass failed"),
         }
     }
 }
@@ -130,6 +163,8 @@ pub(crate) struct CoordStart {
     pub(crate) log: Arc<CheckpointLog>,
     pub(crate) net: Option<ProtoNet>,
     pub(crate) store_timeout: Duration,
+    /// Commits kept in the store (0: all, no collection).
+    pub(crate) retain: usize,
 }
 
 /// The coordinator thread and its store thread.
@@ -146,8 +181,22 @@ impl CoordThread {
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
         let (done_tx, store_done) = crossbeam_channel::bounded(1);
         let (store, stream, inbox_tx) = (s.store.clone(), s.stream, s.inbox.0.clone());
+        let (collect, collector) = if s.retain > 0 {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            let (store, keep) = (s.store.clone(), s.retain);
+            let t = std::thread::Builder::new()
+                .name("weir-retention".into())
+                .spawn(move || collector_thread(store, stream, keep, rx))?;
+            (Some(tx), Some(t))
+        } else {
+            (None, None)
+        };
         std::thread::Builder::new().name("weir-coord-store".into()).spawn(move || {
-            store_thread(store, stream, jobs_rx, inbox_tx);
+            store_thread(store, stream, jobs_rx, inbox_tx, collect);
+            // The last pass asked for runs to its end: a stopped engine leaves its store tidy.
+            if let Some(t) = collector {
+                let _ = t.join();
+            }
             let _ = done_tx.send(());
         })?;
         let stop2 = stop.clone();
@@ -183,7 +232,7 @@ impl CoordThread {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
             // The coordinator dropped the job queue: the store thread ends after the write in
-            // flight, unless the store hangs.
+            // flight and the retention pass asked for, unless the store hangs.
             if self.store_done.recv_timeout(self.store_timeout).is_err() {
                 tracing::warn!("the coordinator's store write did not finish; not waiting for it");
             }

@@ -287,6 +287,7 @@ impl Setup {
             log: self.log,
             net,
             store_timeout: Duration::from_millis(self.settings.store_timeout_ms),
+            retain: self.settings.retain,
         })
         .map_err(EngineError::Thread)?;
         Ok(Running { restored, coordinator: Some(t), log, uploaders })

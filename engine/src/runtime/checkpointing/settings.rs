@@ -40,6 +40,9 @@ pub struct CheckpointSettings {
     /// How long the coordinator's writes (the id record, a commit record) may take before they
     /// count as failed (ms).
     pub store_timeout_ms: u64,
+    /// Committed checkpoints kept in the remote store (older ones and every file only they
+    /// name are collected after each commit); 0 keeps everything.
+    pub retain: usize,
 }
 
 impl CheckpointSettings {
@@ -56,6 +59,7 @@ impl CheckpointSettings {
             uploaders: 4,
             consensus_wait_ms: 10_000,
             store_timeout_ms: 10_000,
+            retain: 3,
         }
     }
 

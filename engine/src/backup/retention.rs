@@ -1,0 +1,243 @@
+//! Retention: keeps the last K committed checkpoints in the store and collects everything else —
+//! older commit records, their checkpoint folders, shared SST files no kept checkpoint names, and
+//! the leftovers of failed checkpoints.
+//!
+//! Collection runs beside checkpoints (it never holds one up), so it must never delete what a
+//! checkpoint in flight, or a commit it has not seen yet, needs. The rules:
+//! - Kept: the K newest commit records that decode, and every checkpoint folder whose id is one
+//!   of theirs or above the newest of them (in flight, or committed after the listing).
+//! - An SST file is kept when a manifest in a kept folder names it. One no manifest names is
+//!   deleted only when the previous pass found it unnamed too ([`Collector`] remembers): an upload
+//!   in flight stores its files before its manifest, and a checkpoint lasts less than the time
+//!   between two passes that both see it unnamed (passes run after commits; one checkpoint is in
+//!   flight at a time, so its files are named by its manifest by the next commit, or garbage).
+//! - A file live in a newer checkpoint that an upload skipped (already stored) was live in every
+//!   checkpoint between (SST files are immutable and never come back once compacted away), so
+//!   the newest kept commit names it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use weir_wire::{CheckpointId, StreamId};
+
+use super::commit::decode_commit;
+use super::{Manifest, Store, StoreError};
+
+/// What one pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Collected {
+    /// The commits kept, oldest first.
+    pub kept: Vec<CheckpointId>,
+    /// Commit records deleted.
+    pub commits_deleted: usize,
+    /// Other objects deleted (checkpoint folders' files, SST files).
+    pub objects_deleted: usize,
+    /// Unnamed SST files seen for the first time, deleted by the next pass if still unnamed.
+    pub pending: usize,
+}
+
+/// Collects one stream's garbage, pass after pass.
+#[derive(Debug, Default)]
+pub struct Collector {
+    /// SST keys the last pass found unnamed.
+    unnamed: BTreeSet<String>,
+}
+
+/// `<stream>/tasks/<task>/chk-<id>/…` → id.
+fn chk_id(key: &str) -> Option<CheckpointId> {
+    let part = key.split('/').nth(3)?;
+    part.strip_prefix("chk-")?.parse().ok().map(CheckpointId)
+}
+
+fn is_sst(key: &str) -> bool {
+    key.split('/').nth(3) == Some("sst")
+}
+
+impl Collector {
+    /// A collector that has seen nothing (its first pass deletes no unnamed SST file).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One pass over `stream`, keeping the `keep` newest commits (at least one).
+    pub fn collect(&mut self, store: &dyn Store, stream: StreamId, keep: usize) -> Result<Collected, StoreError> {
+        let keep = keep.max(1);
+        let mut out = Collected::default();
+        let records = store.list(&format!("{}/checkpoints/", stream.0))?;
+        // Newest first; a record that does not decode neither counts nor is kept once older
+        // than the newest kept one.
+        let mut good: Vec<(CheckpointId, String)> = Vec::new();
+        let mut damaged = Vec::new();
+        for key in records.iter().rev() {
+            match store.get(key).map(|b| decode_commit(key, &b)) {
+                Ok(Ok(r)) => good.push((r.id, key.clone())),
+                Ok(Err(_)) => damaged.push(key.clone()),
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if good.is_empty() {
+            return Ok(out); // nothing committed: nothing is garbage yet
+        }
+        let kept: BTreeSet<CheckpointId> = good.iter().take(keep).map(|(id, _)| *id).collect();
+        let newest = *kept.last().expect("one at least");
+        let oldest = *kept.first().expect("one at least");
+        let is_kept = |id: CheckpointId| kept.contains(&id) || id > newest;
+        // Every object of the stream's tasks, and which SST files the kept folders' manifests name.
+        let objects = store.list(&format!("{}/tasks/", stream.0))?;
+        let mut named = BTreeSet::new();
+        for key in objects.iter().filter(|k| k.ends_with("/MANIFEST.weir")) {
+            if !chk_id(key).is_some_and(is_kept) {
+                continue;
+            }
+            match store.get(key) {
+                Ok(bytes) => match Manifest::decode(key, &bytes) {
+                    Ok(m) => named.extend(m.files.into_iter().map(|f| f.key)),
+                    // A damaged manifest names nothing we can read: keep every SST this pass.
+                    Err(_) => return Ok(Collected { kept: kept.into_iter().collect(), ..out }),
+                },
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mut unnamed = BTreeSet::new();
+        let mut delete: BTreeMap<String, bool> = BTreeMap::new(); // key → is a commit record
+        for key in &objects {
+            if is_sst(key) {
+                if !named.contains(key) {
+                    if self.unnamed.contains(key) {
+                        delete.insert(key.clone(), false);
+                    } else {
+                        unnamed.insert(key.clone());
+                    }
+                }
+            } else if let Some(id) = chk_id(key)
+                && !is_kept(id)
+            {
+                delete.insert(key.clone(), false);
+            }
+        }
+        for (id, key) in &good {
+            if !kept.contains(id) {
+                delete.insert(key.clone(), true);
+            }
+        }
+        for key in damaged {
+            if decode_id(&key).is_some_and(|id| id < oldest) {
+                delete.insert(key, true);
+            }
+        }
+        // Commit records first: a checkpoint whose record is gone is no restore point, so
+        // deleting its files afterwards can never leave a commit that names missing files.
+        let (records, files): (Vec<_>, Vec<_>) = delete.into_iter().partition(|(_, is_record)| *is_record);
+        for (key, _) in records {
+            store.delete(&key)?;
+            out.commits_deleted += 1;
+        }
+        for (key, _) in files {
+            store.delete(&key)?;
+            out.objects_deleted += 1;
+        }
+        out.pending = unnamed.len();
+        self.unnamed = unnamed;
+        out.kept = kept.into_iter().collect();
+        Ok(out)
+    }
+}
+
+/// The id in a commit record's key (`<stream>/checkpoints/<id>.commit`).
+fn decode_id(key: &str) -> Option<CheckpointId> {
+    key.rsplit('/').next()?.strip_suffix(".commit")?.parse().ok().map(CheckpointId)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backup::commit::{commit_key, encode_commit};
+    use crate::backup::{LocalDirStore, ManifestEntry};
+    use crate::checkpoint::CommitRecord;
+    use weir_wire::Version;
+
+    const S: StreamId = StreamId(1);
+
+    /// Checkpoint `id` of task 0 naming `ssts`, with its commit record when `committed`.
+    fn checkpoint(store: &dyn Store, id: u64, ssts: &[&str], committed: bool) {
+        let files = ssts
+            .iter()
+            .map(|s| {
+                let key = format!("1/tasks/0/sst/{s}");
+                store.put(&key, s.as_bytes()).unwrap();
+                ManifestEntry { name: s.to_string(), key, size: s.len() as u64, crc: 0 }
+            })
+            .collect();
+        store.put(&format!("1/tasks/0/chk-{id}/OPTIONS"), b"o").unwrap();
+        let m = Manifest { id: CheckpointId(id), version: Version(id), files };
+        store.put(&format!("1/tasks/0/chk-{id}/MANIFEST.weir"), m.encode().as_bytes()).unwrap();
+        if committed {
+            let r = CommitRecord::consensus(CheckpointId(id), 0);
+            store.put(&commit_key(S, CheckpointId(id)), encode_commit(&r).as_bytes()).unwrap();
+        }
+    }
+
+    fn keys(store: &dyn Store) -> Vec<String> {
+        store.list("1/").unwrap()
+    }
+
+    #[test]
+    fn the_last_commits_and_what_they_name_are_kept_and_the_rest_collected() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirStore::new(dir.path());
+        checkpoint(&store, 1, &["a.sst", "b.sst"], true);
+        checkpoint(&store, 2, &["b.sst", "c.sst"], false); // failed: leftovers
+        checkpoint(&store, 3, &["b.sst", "d.sst"], true);
+        checkpoint(&store, 4, &["d.sst", "e.sst"], true);
+        let mut c = Collector::new();
+        let first = c.collect(&store, S, 2).unwrap();
+        assert_eq!(first.kept, vec![CheckpointId(3), CheckpointId(4)]);
+        assert_eq!(first.commits_deleted, 1);
+        let k = keys(&store);
+        assert!(!k.iter().any(|k| k.contains("chk-1/") || k.contains("chk-2/")), "{k:?}");
+        assert!(!k.contains(&commit_key(S, CheckpointId(1))));
+        // a and c are named by nothing kept, but only a second pass deletes them.
+        assert!(k.contains(&"1/tasks/0/sst/a.sst".to_string()) && first.pending == 2, "{first:?}");
+        let second = c.collect(&store, S, 2).unwrap();
+        assert_eq!(second.objects_deleted, 2, "{second:?}");
+        let k = keys(&store);
+        for sst in ["b", "d", "e"] {
+            assert!(k.contains(&format!("1/tasks/0/sst/{sst}.sst")), "{sst} is named by a kept checkpoint");
+        }
+        assert!(!k.iter().any(|k| k.ends_with("a.sst") || k.ends_with("c.sst")), "{k:?}");
+    }
+
+    #[test]
+    fn a_checkpoint_in_flight_loses_nothing_to_a_pass_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirStore::new(dir.path());
+        checkpoint(&store, 1, &["a.sst"], true);
+        let mut c = Collector::new();
+        // Checkpoint 2 has stored its new file but not its manifest yet when two passes run.
+        store.put("1/tasks/0/sst/new.sst", b"n").unwrap();
+        c.collect(&store, S, 1).unwrap();
+        checkpoint(&store, 2, &["a.sst", "new.sst"], false); // manifest written; no commit seen yet
+        c.collect(&store, S, 1).unwrap();
+        let k = keys(&store);
+        assert!(k.contains(&"1/tasks/0/sst/new.sst".to_string()), "{k:?}");
+        assert!(k.iter().any(|k| k.contains("chk-2/MANIFEST.weir")), "a folder above the newest commit stays");
+        // It commits: the next pass keeps it and collects 1.
+        let r = CommitRecord::consensus(CheckpointId(2), 0);
+        store.put(&commit_key(S, CheckpointId(2)), encode_commit(&r).as_bytes()).unwrap();
+        let done = c.collect(&store, S, 1).unwrap();
+        assert_eq!(done.kept, vec![CheckpointId(2)]);
+        assert!(!keys(&store).iter().any(|k| k.contains("chk-1/")));
+    }
+
+    #[test]
+    fn without_a_commit_nothing_is_collected() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirStore::new(dir.path());
+        checkpoint(&store, 1, &["a.sst"], false);
+        let mut c = Collector::new();
+        c.collect(&store, S, 3).unwrap();
+        c.collect(&store, S, 3).unwrap();
+        assert_eq!(keys(&store).len(), 3);
+    }
+}
