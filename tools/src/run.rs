@@ -10,8 +10,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+
+use crate::remote::RemoteArgs;
 use weir_engine::backup::commit::last_commit;
-use weir_engine::backup::{StoreOptions, open_store};
 use weir_engine::operator::window::WindowSpec;
 use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig, Remote};
 use weir_engine::spec::{Placement, SourceKind, StreamSpec};
@@ -57,21 +58,10 @@ pub struct RunArgs {
     /// Continue from the last committed checkpoint instead of starting afresh.
     #[arg(long)]
     resume: bool,
-    /// Where checkpoints go: `file://PATH`, `s3://bucket/prefix` or
-    /// `rsync://[user@]host[:port]/module/prefix` (default: `--data-dir`/remote, wiped by a
-    /// fresh run; a store named here never is).
-    #[arg(long, env = "WEIR_REMOTE", value_name = "URL")]
-    remote: Option<String>,
-    /// S3 endpoint of a server other than AWS (e.g. `http://127.0.0.1:9000`); credentials come
-    /// from `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`.
-    #[arg(long, env = "WEIR_S3_ENDPOINT", value_name = "URL")]
-    s3_endpoint: Option<String>,
-    /// S3 region (default `AWS_REGION`, else us-east-1).
-    #[arg(long, env = "WEIR_S3_REGION")]
-    s3_region: Option<String>,
-    /// File with the rsync user's password (else `RSYNC_PASSWORD`).
-    #[arg(long, env = "WEIR_RSYNC_PASSWORD_FILE", value_name = "PATH")]
-    rsync_password_file: Option<std::path::PathBuf>,
+    /// The remote store (default: `--data-dir`/remote, wiped by a fresh run; a store named
+    /// with `--remote` never is).
+    #[command(flatten)]
+    remote: RemoteArgs,
 }
 
 /// The remote store of a run, and how to name it.
@@ -79,14 +69,10 @@ fn remote_store(
     args: &RunArgs,
     stream: StreamId,
 ) -> anyhow::Result<(Option<std::sync::Arc<dyn weir_engine::backup::Store>>, String)> {
-    let Some(url) = &args.remote else {
+    let Some(url) = &args.remote.remote else {
         return Ok((None, args.data_dir.join("remote").display().to_string()));
     };
-    let mut opts = StoreOptions::default();
-    opts.s3.endpoint = args.s3_endpoint.clone();
-    opts.s3.region = args.s3_region.clone().or_else(|| std::env::var("AWS_REGION").ok());
-    opts.rsync.password_file = args.rsync_password_file.clone();
-    let store = open_store(url, &opts).with_context(|| format!("opening the remote store {url}"))?;
+    let store = args.remote.open(url)?;
     let last = last_commit(store.as_ref(), stream).with_context(|| format!("reading the checkpoints in {url}"))?;
     match last {
         // Never wipe a store someone named: a fresh run there would mix two histories.

@@ -18,8 +18,10 @@
 //! - [`commit`]: the coordinator's records (commit records, the id record).
 //! - [`uploader`]: the uploader pool that writes and ships snapshots off the data path.
 //! - [`retention`]: keeps the last K commits and collects the rest.
+//! - [`inspect`]: the committed checkpoints and their verification, for `weir checkpoints`.
 
 pub mod commit;
+pub mod inspect;
 mod local;
 pub mod retention;
 mod rsync;

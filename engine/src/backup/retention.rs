@@ -22,9 +22,23 @@ use weir_wire::{CheckpointId, StreamId};
 use super::commit::decode_commit;
 use super::{Manifest, Store, StoreError};
 
+/// How a pass runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CollectOptions {
+    /// Commits kept (at least one).
+    pub keep: usize,
+    /// Delete nothing: only say what would go.
+    pub dry_run: bool,
+    /// The stream is not running (no checkpoint in flight): an SST file no kept checkpoint
+    /// names is garbage now, not only at the next pass.
+    pub stopped: bool,
+}
+
 /// What one pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Collected {
+    /// Every key deleted (or, in a dry run, to delete), commit records first.
+    pub deleted: Vec<String>,
     /// The commits kept, oldest first.
     pub kept: Vec<CheckpointId>,
     /// Commit records deleted.
@@ -58,9 +72,20 @@ impl Collector {
         Self::default()
     }
 
-    /// One pass over `stream`, keeping the `keep` newest commits (at least one).
+    /// One pass over `stream`, keeping the `keep` newest commits (at least one), beside a
+    /// running stream.
     pub fn collect(&mut self, store: &dyn Store, stream: StreamId, keep: usize) -> Result<Collected, StoreError> {
-        let keep = keep.max(1);
+        self.collect_with(store, stream, CollectOptions { keep, dry_run: false, stopped: false })
+    }
+
+    /// One pass with `opts`.
+    pub fn collect_with(
+        &mut self,
+        store: &dyn Store,
+        stream: StreamId,
+        opts: CollectOptions,
+    ) -> Result<Collected, StoreError> {
+        let keep = opts.keep.max(1);
         let mut out = Collected::default();
         let records = store.list(&format!("{}/checkpoints/", stream.0))?;
         // Newest first; a record that does not decode neither counts nor is kept once older
@@ -104,7 +129,7 @@ impl Collector {
         for key in &objects {
             if is_sst(key) {
                 if !named.contains(key) {
-                    if self.unnamed.contains(key) {
+                    if opts.stopped || self.unnamed.contains(key) {
                         delete.insert(key.clone(), false);
                     } else {
                         unnamed.insert(key.clone());
@@ -130,15 +155,23 @@ impl Collector {
         // deleting its files afterwards can never leave a commit that names missing files.
         let (records, files): (Vec<_>, Vec<_>) = delete.into_iter().partition(|(_, is_record)| *is_record);
         for (key, _) in records {
-            store.delete(&key)?;
+            if !opts.dry_run {
+                store.delete(&key)?;
+            }
             out.commits_deleted += 1;
+            out.deleted.push(key);
         }
         for (key, _) in files {
-            store.delete(&key)?;
+            if !opts.dry_run {
+                store.delete(&key)?;
+            }
             out.objects_deleted += 1;
+            out.deleted.push(key);
         }
         out.pending = unnamed.len();
-        self.unnamed = unnamed;
+        if !opts.dry_run {
+            self.unnamed = unnamed;
+        }
         out.kept = kept.into_iter().collect();
         Ok(out)
     }
@@ -228,6 +261,24 @@ mod tests {
         let done = c.collect(&store, S, 1).unwrap();
         assert_eq!(done.kept, vec![CheckpointId(2)]);
         assert!(!keys(&store).iter().any(|k| k.contains("chk-1/")));
+    }
+
+    #[test]
+    fn a_dry_run_deletes_nothing_and_a_stopped_stream_loses_unnamed_files_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirStore::new(dir.path());
+        checkpoint(&store, 1, &["a.sst"], true);
+        checkpoint(&store, 2, &["b.sst"], true);
+        let before = keys(&store);
+        let mut c = Collector::new();
+        let dry = CollectOptions { keep: 1, dry_run: true, stopped: true };
+        let would = c.collect_with(&store, S, dry).unwrap();
+        assert_eq!(keys(&store), before, "a dry run deletes nothing");
+        assert!(would.deleted.contains(&"1/tasks/0/sst/a.sst".to_string()), "{would:?}");
+        assert_eq!(would.deleted[0], commit_key(S, CheckpointId(1)), "records first");
+        let done = c.collect_with(&store, S, CollectOptions { dry_run: false, ..dry }).unwrap();
+        assert_eq!(done.deleted, would.deleted);
+        assert!(!keys(&store).iter().any(|k| k.ends_with("a.sst") || k.contains("chk-1/")));
     }
 
     #[test]

@@ -698,6 +698,15 @@ fn a_task_still_reporting_an_ended_checkpoint_is_told_again_how_it_ended() {
         out.iter().any(|a| matches!(a, CoordAction::SendUpdate { task: TaskId(10), id, .. } if *id == c2)),
         "{out:?}"
     );
+    // A report of C1 still, after C2 committed: C1 failed, whatever committed since.
+    let out = c.handle(CoordInput::Report { task: TaskId(20), report: ok_report(C1, T1, 0) });
+    assert!(
+        matches!(
+            out[..],
+            [CoordAction::RejectedReport { .. }, CoordAction::SendReset { task: TaskId(20), failed: C1, .. }]
+        ),
+        "{out:?}"
+    );
     // Reports of the checkpoint in flight, or of one not allocated yet, are only rejected.
     tick(&mut c, 2_300);
     let now = c.in_flight().unwrap();
