@@ -2,6 +2,9 @@
 //! 127.0.0.1, an echo responder, and the plain blocking-TCP baseline the transport is measured
 //! against. Benchmarks themselves live in `benches/`.
 
+#[allow(clippy::print_stdout, clippy::print_stderr)]
+pub mod backup;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::thread::{self, JoinHandle};

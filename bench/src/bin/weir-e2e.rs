@@ -6,6 +6,7 @@
 //! cargo run --release -p weir-bench --bin weir-e2e -- ingest [seconds]
 //! cargo run --release -p weir-bench --bin weir-e2e -- checkpoints [seconds] [runs]
 //! cargo run --release -p weir-bench --bin weir-e2e -- jitter [seconds]
+//! source scripts/services && cargo run --release -p weir-bench --bin weir-e2e -- backup [seconds] [runs]
 //! ```
 //!
 //! `pipeline`: generator → tumbling 1 s windows (count/sum/min/max/avg) → sink, 10,000 keys, one
@@ -19,6 +20,9 @@
 //! `jitter`: one thread pinned to each core spins reading the clock and counts the gaps: how
 //! often, and how long, the machine takes a core away from a busy thread (nothing else of Weir
 //! runs meanwhile). A pause figure cannot be better than this machine lets it be.
+//!
+//! `backup`: the remote store's figures against the S3 server of `scripts/services`
+//! (`weir_bench::backup`).
 //!
 //! `WEIR_E2E_QUEUE=N` and `WEIR_E2E_CREDITS=N` set the local queue size and the remote credit
 //! window (defaults: the engine's, 16 and 64).
@@ -392,9 +396,10 @@ fn main() {
         Some("two-nodes") => two_nodes(num(2, 5)),
         Some("checkpoints") => checkpoints(num(2, 5), num(3, 10) as usize),
         Some("jitter") => jitter(num(2, 20)),
+        Some("backup") => weir_bench::backup::backup(num(2, 10), num(3, 3) as usize),
         _ => {
             eprintln!(
-                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds]"
+                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs]"
             );
             std::process::exit(2);
         }

@@ -109,7 +109,9 @@ impl S3Store {
         };
         let s3 = b.with_client_options(client).with_retry(retry).build().map_err(|e| bad(e.to_string()))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            // Measured (`weir-e2e backup`): restoring 16 x 8 MiB with 8 requests at a time ran
+            // at 63 % of boto3's speed with 2 threads, 92 % with 4; they idle between calls.
+            .worker_threads(4)
             .thread_name("weir-s3")
             .enable_all()
             .build()
@@ -198,7 +200,7 @@ impl Store for S3Store {
         let path = self.path(key)?;
         self.rt
             .block_on(async { self.s3.get(&path).await?.bytes().await })
-            .map(|b| b.to_vec())
+            .map(Vec::from)
             .map_err(|e| self.error("get", key, e))
     }
 

@@ -115,6 +115,21 @@ pub fn upload_snapshot(
     version: Version,
     dir: &Path,
 ) -> Result<UploadSummary, StoreError> {
+    upload_snapshot_with(store, stream, task, id, version, dir, &[])
+}
+
+/// [`upload_snapshot`], told which files are new by construction (written for this checkpoint
+/// under a name no earlier one had): they go up without asking the store first, which saves a
+/// round trip to a remote store per checkpoint.
+pub fn upload_snapshot_with(
+    store: &dyn Store,
+    stream: StreamId,
+    task: TaskId,
+    id: CheckpointId,
+    version: Version,
+    dir: &Path,
+    new_files: &[&str],
+) -> Result<UploadSummary, StoreError> {
     let io = |e: std::io::Error| StoreError::Unavailable {
         op: "read",
         key: dir.display().to_string(),
@@ -132,8 +147,9 @@ pub fn upload_snapshot(
         let bytes = fs::read(&path).map_err(io)?;
         let is_sst = name.ends_with(".sst");
         let key = if is_sst { format!("{prefix}/sst/{name}") } else { format!("{prefix}/chk-{}/{name}", id.0) };
+        let known_new = new_files.contains(&name.as_str());
         files.push(ManifestEntry { name, key: key.clone(), size: bytes.len() as u64, crc: crc32c::crc32c(&bytes) });
-        if !(is_sst && store.size(&key)? == Some(bytes.len() as u64)) {
+        if !(is_sst && !known_new && store.size(&key)? == Some(bytes.len() as u64)) {
             // SST files are immutable once written and named uniquely: one already stored with
             // the same size is not sent again (incremental checkpoints).
             puts.push((key, path, (!is_sst).then_some(bytes)));

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
-use super::{Store, upload_snapshot};
+use super::{Store, upload_snapshot_with};
 use crate::checkpoint::{CheckpointError, UploadDone};
 use crate::state::{ResultStore, StateError, WindowStateCopy};
 
@@ -64,17 +64,21 @@ impl UploadJob {
         let io = |e: std::io::Error| failed(format!("{}: {e}", self.dir.display()), true);
         let _ = std::fs::remove_dir_all(&self.dir);
         std::fs::create_dir_all(&self.dir).map_err(io)?;
+        // Named by checkpoint: SST names are keys in the store, shared by checkpoints, and this
+        // one is new by construction.
+        let state_file = format!("state-{:020}.sst", id.0);
+        let mut new_files = Vec::new();
         match &self.captured {
             Captured::Window(copy) => {
-                // Named by checkpoint: SST names are keys in the store, shared by checkpoints.
-                let sst = self.dir.join(format!("state-{:020}.sst", id.0));
+                let sst = self.dir.join(&state_file);
                 let bytes = crate::state::write_window_snapshot(copy, &sst).map_err(state)?;
+                new_files.push(state_file.as_str());
                 tracing::debug!(task = %task, entries = copy.entries.len(), bytes, write_us = t0.elapsed().as_micros() as u64, "state snapshot written");
             }
             Captured::Offset => {}
             Captured::Sink(results) => results.sync().map_err(state)?,
         }
-        let up = upload_snapshot(store, stream, task, id, self.version, &self.dir)
+        let up = upload_snapshot_with(store, stream, task, id, self.version, &self.dir, &new_files)
             .map_err(|e| failed(e.to_string(), e.is_retryable()))?;
         Ok(UploadDone {
             manifest_crc: up.manifest_crc,
