@@ -214,3 +214,50 @@ fn retention_keeps_the_last_commits_and_every_file_they_name_while_checkpoints_r
     let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
 }
+
+#[test]
+fn an_s3_outage_fails_checkpoints_but_not_the_stream_and_the_next_one_commits_once_it_is_back() {
+    use weir_engine::wire::msg::CheckpointOutcome;
+
+    let mut s3 = services::OwnS3::start();
+    let store = s3.store("outage");
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec(100_000);
+    if let weir_engine::spec::SourceKind::Generator { rate, .. } = &mut spec.source {
+        *rate = Some(10_000); // about ten seconds of stream
+    }
+    let mut cfg = config(dir.path(), 100);
+    let ck = cfg.checkpoint.as_mut().unwrap();
+    ck.remote = Remote::Store(store.clone());
+    ck.timeout_ms = 3_000;
+    ck.store_timeout_ms = 3_000;
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
+    wait_for_commits(&engine, 1);
+    s3.kill();
+    // Checkpoints fail while the server is gone; the stream goes on.
+    let log = engine.checkpoints().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while log.totals().1 == 0 {
+        assert!(Instant::now() < deadline, "no checkpoint failed while the store was down");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rows = engine.stats().rows_aggregated.load(std::sync::atomic::Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        engine.is_finished() || engine.stats().rows_aggregated.load(std::sync::atomic::Ordering::Relaxed) > rows,
+        "processing stopped with the store"
+    );
+    let committed_before = log.totals().0;
+    s3.resume();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while log.totals().0 == committed_before && !engine.is_finished() {
+        assert!(Instant::now() < deadline, "no commit after the store came back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(log.totals().0 > committed_before, "the stream ended before the store came back: make it longer");
+    let failed = log.finished().iter().filter(|c| matches!(c.outcome, CheckpointOutcome::Failed { .. })).count();
+    assert!(failed >= 1);
+    engine.wait().unwrap();
+    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    assert_eq!(got, util::reference(&spec), "the results end as without the outage");
+}
