@@ -261,3 +261,28 @@ fn an_s3_outage_fails_checkpoints_but_not_the_stream_and_the_next_one_commits_on
     let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec), "the results end as without the outage");
 }
+
+#[test]
+fn an_upload_limit_paces_puts_to_its_rate_and_leaves_reads_alone() {
+    let store = weir_engine::backup::Throttled::new(services::s3(&services::unique("limit")), 4 << 20);
+    let chunk = vec![3u8; 512 << 10];
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (store, chunk) = (&store, &chunk);
+            s.spawn(move || {
+                for i in 0..2 {
+                    store.put(&format!("k{t}-{i}"), chunk).unwrap();
+                }
+            });
+        }
+    });
+    // 4 MiB at 4 MiB/s: the first put starts at once, the last 3.5 MiB later.
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(850), "8 x 512 KiB went up in {took:?}");
+    let t0 = Instant::now();
+    for t in 0..4 {
+        assert_eq!(store.get(&format!("k{t}-1")).unwrap().len(), 512 << 10);
+    }
+    assert!(t0.elapsed() < took, "reads are not paced");
+}

@@ -62,6 +62,25 @@ pub struct RunArgs {
     /// with `--remote` never is).
     #[command(flatten)]
     remote: RemoteArgs,
+    /// Upload bandwidth limit per second, e.g. `50M` (bytes; K, M, G are binary multiples).
+    #[arg(long, env = "WEIR_UPLOAD_LIMIT", value_name = "BYTES", value_parser = parse_bytes)]
+    upload_limit: Option<u64>,
+}
+
+/// `512`, `64K`, `50M`, `1G` (binary multiples; an optional `B`, `iB`, `/s`).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim().trim_end_matches("/s").trim_end_matches('B').trim_end_matches('i');
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 1u64 << 10),
+        Some((i, 'M' | 'm')) => (&t[..i], 1 << 20),
+        Some((i, 'G' | 'g')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size like 512, 64K, 50M or 1G"))?;
+    if n <= 0.0 {
+        return Err(format!("{s:?}: the limit must be above zero"));
+    }
+    Ok((n * mult as f64) as u64)
 }
 
 /// The remote store of a run, and how to name it.
@@ -122,6 +141,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         if let Some(store) = named {
             ck.remote = Remote::Store(store);
         }
+        ck.upload_limit = args.upload_limit;
         cfg.checkpoint = Some(ck);
     }
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).context("starting the engine")?;
@@ -217,4 +237,17 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        for (s, n) in [("512", 512), ("64K", 65_536), ("50M", 50 << 20), ("50MiB/s", 50 << 20), ("1.5G", 3 << 29)] {
+            assert_eq!(super::parse_bytes(s), Ok(n), "{s}");
+        }
+        for bad in ["", "fast", "0", "-1M", "10X"] {
+            assert!(super::parse_bytes(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -27,6 +27,7 @@ pub mod retention;
 mod rsync;
 mod s3;
 mod snapshot;
+mod throttle;
 pub mod uploader;
 mod url;
 
@@ -37,6 +38,7 @@ pub use snapshot::{
     Manifest, ManifestEntry, UploadSummary, download_files, download_snapshot, fetch_manifest, local_snapshot_matches,
     upload_snapshot, upload_snapshot_with,
 };
+pub use throttle::Throttled;
 pub use url::{StoreOptions, open_store};
 
 /// Appends a line `crc <CRC32C of everything before it>` to `text`: the stored text records

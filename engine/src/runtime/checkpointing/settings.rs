@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::backup::{LocalDirStore, Store};
+use crate::backup::{LocalDirStore, Store, Throttled};
 
 /// Where checkpoints go.
 #[derive(Clone, Debug)]
@@ -43,6 +43,9 @@ pub struct CheckpointSettings {
     /// Committed checkpoints kept in the remote store (older ones and every file only they
     /// name are collected after each commit); 0 keeps everything.
     pub retain: usize,
+    /// Upload bandwidth limit of this engine (bytes per second, all uploads together); `None`:
+    /// as fast as the store takes them.
+    pub upload_limit: Option<u64>,
 }
 
 impl CheckpointSettings {
@@ -60,14 +63,19 @@ impl CheckpointSettings {
             consensus_wait_ms: 10_000,
             store_timeout_ms: 10_000,
             retain: 3,
+            upload_limit: None,
         }
     }
 
     /// The remote store.
     pub(crate) fn open_store(&self) -> Arc<dyn Store> {
-        match &self.remote {
+        let store: Arc<dyn Store> = match &self.remote {
             Remote::Dir(d) => Arc::new(LocalDirStore::new(d)),
             Remote::Store(s) => s.clone(),
+        };
+        match self.upload_limit {
+            Some(rate) => Arc::new(Throttled::new(store, rate)),
+            None => store,
         }
     }
 }
