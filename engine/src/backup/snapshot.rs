@@ -91,8 +91,36 @@ pub fn manifest_key(stream: StreamId, task: TaskId, id: CheckpointId) -> String 
     format!("{}/chk-{}/MANIFEST.weir", task_prefix(stream, task), id.0)
 }
 
-/// Objects one upload stores at the same time (besides its manifest).
+/// Objects one upload stores (or one restore fetches) at the same time.
 const PARALLEL_PUTS: usize = 8;
+
+/// Runs `f` on every item, [`PARALLEL_PUTS`] at a time on scoped threads; the first error (or a
+/// panic, as an error of `op` on `dir`) is the result, after every thread has ended.
+fn each_parallel<T: Sync>(
+    items: &[T],
+    op: &'static str,
+    dir: &Path,
+    f: impl Fn(&T) -> Result<(), StoreError> + Sync,
+) -> Result<(), StoreError> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let worker = || -> Result<(), StoreError> {
+            while let Some(item) = items.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                f(item)?;
+            }
+            Ok(())
+        };
+        let handles: Vec<_> = (0..items.len().min(PARALLEL_PUTS)).map(|_| scope.spawn(worker)).collect();
+        let mut result = Ok(());
+        for h in handles {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(StoreError::Unavailable { op, key: dir.display().to_string(), reason: "panicked".into() })
+            });
+            result = result.and(r);
+        }
+        result
+    })
+}
 
 /// What [`upload_snapshot`] stored.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -162,27 +190,11 @@ pub fn upload_snapshot_with(
     // another), then the manifest that names them: a manifest in the store always names files
     // that are there. Only a commit record, written after this returns, makes a checkpoint
     // restorable.
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    std::thread::scope(|scope| {
-        let worker = || -> Result<(), StoreError> {
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((key, path, bytes)) = puts.get(i) else { return Ok(()) };
-                with_retries(|| match bytes {
-                    Some(b) => store.put(key, b),
-                    None => store.put_file(key, path),
-                })?;
-            }
-        };
-        let handles: Vec<_> = (0..puts.len().min(PARALLEL_PUTS)).map(|_| scope.spawn(worker)).collect();
-        let mut result = Ok(());
-        for h in handles {
-            let r = h.join().unwrap_or_else(|_| {
-                Err(StoreError::Unavailable { op: "put", key: dir.display().to_string(), reason: "panicked".into() })
-            });
-            result = result.and(r);
-        }
-        result
+    each_parallel(&puts, "put", dir, |(key, path, bytes)| {
+        with_retries(|| match bytes {
+            Some(b) => store.put(key, b),
+            None => store.put_file(key, path),
+        })
     })?;
     with_retries(|| store.put(&manifest_key(stream, task, id), manifest.as_bytes()))?;
     Ok(UploadSummary {
@@ -235,31 +247,15 @@ pub fn download_files(store: &dyn Store, manifest: &Manifest, dir: &Path) -> Res
     }
     fs::create_dir_all(dir).map_err(io)?;
     // Files come down at once, each verified before it is written.
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    std::thread::scope(|scope| {
-        let worker = || -> Result<(), StoreError> {
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(f) = manifest.files.get(i) else { return Ok(()) };
-                let bytes = with_retries(|| store.get(&f.key))?;
-                if bytes.len() as u64 != f.size || crc32c::crc32c(&bytes) != f.crc {
-                    return Err(StoreError::Corrupt {
-                        key: f.key.clone(),
-                        reason: "size or checksum differs from the manifest".into(),
-                    });
-                }
-                fs::write(dir.join(&f.name), &bytes).map_err(io)?;
-            }
-        };
-        let handles: Vec<_> = (0..manifest.files.len().min(PARALLEL_PUTS)).map(|_| scope.spawn(worker)).collect();
-        let mut result = Ok(());
-        for h in handles {
-            let r = h.join().unwrap_or_else(|_| {
-                Err(StoreError::Unavailable { op: "get", key: dir.display().to_string(), reason: "panicked".into() })
+    each_parallel(&manifest.files, "get", dir, |f| {
+        let bytes = with_retries(|| store.get(&f.key))?;
+        if bytes.len() as u64 != f.size || crc32c::crc32c(&bytes) != f.crc {
+            return Err(StoreError::Corrupt {
+                key: f.key.clone(),
+                reason: "size or checksum differs from the manifest".into(),
             });
-            result = result.and(r);
         }
-        result
+        fs::write(dir.join(&f.name), &bytes).map_err(io)
     })
 }
 
