@@ -195,6 +195,7 @@ impl Setup {
                 engine_aligning: self.aligning.clone(),
                 restored: self.restored.clone(),
                 spare: spare_tx,
+                keep_local: self.settings.retain.max(1),
             },
             ctx: PortCtx {
                 task: t.id,

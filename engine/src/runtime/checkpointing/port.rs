@@ -166,6 +166,8 @@ pub(crate) struct EngineTaskFx {
     pub(crate) restored: Arc<OnceLock<(RestoreBasis, Option<CheckpointId>)>>,
     /// Where the uploader hands the state copy's buffer back.
     pub(crate) spare: Sender<StateEntries>,
+    /// Committed snapshots kept on the node (the store's retention count, at least one).
+    pub(crate) keep_local: usize,
 }
 
 impl Clock for EngineTaskFx {
@@ -235,7 +237,7 @@ impl TaskEffects<Captured> for EngineTaskFx {
     }
 
     fn delete_snapshots_before(&mut self, id: CheckpointId) {
-        restore::delete_snapshots_before(&self.data, self.task, id)
+        restore::delete_snapshots_before(&self.data, self.task, id, self.keep_local)
     }
 
     fn drop_snapshot(&mut self, id: CheckpointId) {

@@ -111,22 +111,45 @@ pub(crate) fn restore_task(
     Ok((ts, point.version.unwrap_or(manifest.version)))
 }
 
-/// Deletes task `t`'s local snapshots older than `id`.
-pub(crate) fn delete_snapshots_before(data: &Path, t: TaskId, id: CheckpointId) {
+/// Deletes task `t`'s local snapshots older than `id` (its last commit), but the `keep - 1`
+/// newest of them: with the committed one, the last `keep` stay (a newer one in flight too).
+pub(crate) fn delete_snapshots_before(data: &Path, t: TaskId, id: CheckpointId, keep: usize) {
     let Ok(entries) = std::fs::read_dir(task_dir(data, t).join("snapshots")) else { return };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        if let Some(n) = name.strip_prefix("chk-").and_then(|n| n.parse::<u64>().ok())
-            && n < id.0
-        {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
+    let mut older: Vec<(u64, std::path::PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().strip_prefix("chk-")?.parse::<u64>().ok()?;
+            (n < id.0).then(|| (n, e.path()))
+        })
+        .collect();
+    older.sort_by_key(|o| std::cmp::Reverse(o.0));
+    for (_, path) in older.into_iter().skip(keep.saturating_sub(1)) {
+        let _ = std::fs::remove_dir_all(path);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_last_snapshots_stay_with_the_committed_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = TaskId(1);
+        for n in [1, 2, 3, 4, 5, 6] {
+            std::fs::create_dir_all(snapshot_dir(dir.path(), t, CheckpointId(n))).unwrap();
+        }
+        delete_snapshots_before(dir.path(), t, CheckpointId(5), 3);
+        let mut left: Vec<String> = std::fs::read_dir(task_dir(dir.path(), t).join("snapshots"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let want: Vec<String> = [3, 4, 5, 6].map(|n| format!("chk-{n:020}")).into_iter().collect();
+        assert_eq!(left, want, "three committed, and the one in flight");
+        delete_snapshots_before(dir.path(), t, CheckpointId(6), 1);
+        assert_eq!(std::fs::read_dir(task_dir(dir.path(), t).join("snapshots")).unwrap().count(), 1);
+    }
 
     #[test]
     fn an_unreadable_committed_record_is_an_error_naming_the_file() {

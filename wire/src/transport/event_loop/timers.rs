@@ -175,20 +175,20 @@ impl EventLoop {
             p.conn = None;
             let redial = p.addr.is_some();
             let forget = !redial && !p.configured;
-            if was_established {
-                tracing::info!(%node, %peer, reason = %ending.reason, "peer down");
-                self.emit(Event::PeerDown { node: peer, reason: ending.reason });
-            }
             if redial {
                 self.schedule_redial(peer);
             } else if forget {
                 // A client (or an unlisted node) went away: drop its queue so that many short-lived
                 // clients do not accumulate. Senders holding the old queue see it closed and look
-                // the node up again.
+                // the node up again. Before the event: whoever hears of it finds the node gone.
                 self.peers.remove(&peer);
                 if let Ok(mut q) = self.shared.queues.write() {
                     q.remove(&peer);
                 }
+            }
+            if was_established {
+                tracing::info!(%node, %peer, reason = %ending.reason, "peer down");
+                self.emit(Event::PeerDown { node: peer, reason: ending.reason });
             }
         }
     }
