@@ -164,7 +164,7 @@ pub fn backup(seconds: u64, runs: usize) {
     }
     let med = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN) // NaN: boto3 did not run
     };
     let (wu, wd, bu, bd) = (med(&mut wu), med(&mut wd), med(&mut bu), med(&mut bd));
     println!(

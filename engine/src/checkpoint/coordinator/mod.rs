@@ -503,18 +503,22 @@ impl Coordinator {
             return None; // not allocated here (a report from before a restart), or still running
         }
         let node = self.node_of(task);
-        // A consensus point committed (every task had it); its record has no transaction.
-        let trans = |c: &CommitRecord| match c.kind {
-            RecordKind::Commit(t) => Some(t),
-            RecordKind::Consensus => Some(report.trans),
-            RecordKind::Fresh => None,
-        };
-        match &self.last_commit {
-            Some(c) if c.id == report.id && trans(c).is_some() => Some(CoordAction::SendUpdate {
+        // The report's checkpoint committed, and under which transaction: a consensus point
+        // committed too (every task had it), but its record has none of its own.
+        let committed = self.last_commit.as_ref().filter(|c| c.id == report.id).and_then(|c| {
+            let trans = match c.kind {
+                RecordKind::Commit(t) => t,
+                RecordKind::Consensus => report.trans,
+                RecordKind::Fresh => return None,
+            };
+            Some((c, trans))
+        });
+        match committed {
+            Some((c, trans)) => Some(CoordAction::SendUpdate {
                 task,
                 node,
                 id: c.id,
-                trans: trans(c).expect("checked"),
+                trans,
                 version: c.versions.get(&task).copied().unwrap_or(Version(0)),
                 ts: c.ts,
             }),
