@@ -1,8 +1,9 @@
 //! Snapshot upload and restore through the local-directory store, with verification.
 
 use weir_engine::backup::*;
+use weir_engine::operator::window::WindowResult;
 use weir_engine::operator::window::{WindowAgg, WindowSpec};
-use weir_engine::state::{TaskStore, load_window_state, save_window_state};
+use weir_engine::state::{ResultStore, TaskStore, load_window_state, save_window_state};
 use weir_engine::wire::{CheckpointId, StreamId, TaskId, Version};
 
 fn agg_with(rows: i64) -> WindowAgg {
@@ -162,4 +163,121 @@ fn a_damaged_byte_in_the_local_store_leaves_the_local_snapshot_intact() {
     assert!(local_snapshot_matches(&m, &local), "the local snapshot is untouched");
     let err = download_files(&store, &m, &dir.path().join("dl")).unwrap_err();
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+}
+
+fn results(from: u64, n: u64, count: u64) -> Vec<WindowResult> {
+    (from..from + n).map(|key| WindowResult { key, start: 0, count, sum: 1.0, min: 0.0, max: 1.0 }).collect()
+}
+
+fn sst_objects(store: &dyn Store) -> Vec<String> {
+    store.list("1/tasks/4/sst/").unwrap()
+}
+
+#[test]
+fn after_a_small_change_a_sinks_next_checkpoint_uploads_only_its_new_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalDirStore::new(dir.path().join("remote"));
+    let live = ResultStore::open(&dir.path().join("live")).unwrap();
+    let (s, t) = (StreamId(1), TaskId(4));
+    live.upsert(s, &results(0, 200_000, 1)).unwrap();
+    let mut index = UploadIndex::new();
+    live.checkpoint(&dir.path().join("chk-1")).unwrap();
+    let up1 = upload_snapshot_indexed(&store, s, t, CheckpointId(1), Version(0), &dir.path().join("chk-1"), &mut index)
+        .unwrap();
+    let after1 = sst_objects(&store);
+    assert!(!after1.is_empty() && index.len() == after1.len(), "{after1:?} {index:?}");
+    // Ten results more: one small new SST file goes up, with the checkpoint's small files.
+    live.upsert(s, &results(1_000_000, 10, 1)).unwrap();
+    let chk2 = dir.path().join("chk-2");
+    live.checkpoint(&chk2).unwrap();
+    let up2 = upload_snapshot_indexed(&store, s, t, CheckpointId(2), Version(0), &chk2, &mut index).unwrap();
+    let after2 = sst_objects(&store);
+    assert_eq!(after2.len(), after1.len() + 1, "exactly one new SST object: {after1:?} → {after2:?}");
+    let new_sst = after2.iter().find(|k| !after1.contains(k)).unwrap();
+    let small: u64 = std::fs::read_dir(&chk2)
+        .unwrap()
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().ends_with(".sst"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    let manifest = fetch_manifest(&store, s, t, CheckpointId(2), Some(up2.manifest_crc)).unwrap();
+    let manifest_len = manifest.encode().len() as u64;
+    assert_eq!(
+        up2.bytes,
+        store.size(new_sst).unwrap().unwrap() + small + manifest_len,
+        "the new SST file, the small files and the manifest: nothing else"
+    );
+    assert!(up2.bytes * 20 < up1.bytes, "{} vs {}", up2.bytes, up1.bytes);
+    // The second checkpoint names the first one's files, and restores whole.
+    let dl = dir.path().join("dl");
+    download_files(&store, &manifest, &dl).unwrap();
+    let back = ResultStore::open(&dir.path().join("back")).unwrap();
+    back.restore_from(&dl).unwrap();
+    assert_eq!(back.scan(s).unwrap().len(), 200_010);
+}
+
+#[test]
+fn a_file_number_reused_after_a_restore_never_overwrites_a_stored_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalDirStore::new(dir.path().join("remote"));
+    let live = ResultStore::open(&dir.path().join("live")).unwrap();
+    let (s, t) = (StreamId(1), TaskId(4));
+    let mut index = UploadIndex::new();
+    live.upsert(s, &results(0, 1000, 1)).unwrap();
+    live.checkpoint(&dir.path().join("chk-1")).unwrap();
+    upload_snapshot_indexed(&store, s, t, CheckpointId(1), Version(0), &dir.path().join("chk-1"), &mut index).unwrap();
+    let index1 = index.clone();
+    live.upsert(s, &results(0, 1000, 2)).unwrap();
+    live.checkpoint(&dir.path().join("chk-2")).unwrap();
+    let up2 = upload_snapshot_indexed(&store, s, t, CheckpointId(2), Version(0), &dir.path().join("chk-2"), &mut index)
+        .unwrap();
+    // Back to checkpoint 1 (as a fallback would): RocksDB hands out checkpoint 2's file numbers
+    // again, for other bytes.
+    live.restore_from(&dir.path().join("chk-1")).unwrap();
+    let mut index = index1;
+    live.upsert(s, &results(0, 1000, 3)).unwrap();
+    live.checkpoint(&dir.path().join("chk-3")).unwrap();
+    let names = |d: &str| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir.path().join(d))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".sst"))
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(names("chk-3").iter().any(|n| names("chk-2").contains(n)), "a file name is reused: {:?}", names("chk-3"));
+    upload_snapshot_indexed(&store, s, t, CheckpointId(3), Version(0), &dir.path().join("chk-3"), &mut index).unwrap();
+    // Checkpoint 2's files are intact: every one still matches its manifest.
+    let m2 = fetch_manifest(&store, s, t, CheckpointId(2), Some(up2.manifest_crc)).unwrap();
+    download_files(&store, &m2, &dir.path().join("dl2")).unwrap();
+    let back = ResultStore::open(&dir.path().join("back")).unwrap();
+    back.restore_from(&dir.path().join("dl2")).unwrap();
+    assert!(back.scan(s).unwrap().iter().all(|r| r.count == 2));
+    let m3 = fetch_manifest(&store, s, t, CheckpointId(3), None).unwrap();
+    download_files(&store, &m3, &dir.path().join("dl3")).unwrap();
+    back.restore_from(&dir.path().join("dl3")).unwrap();
+    assert!(back.scan(s).unwrap().iter().all(|r| r.count == 3));
+}
+
+#[test]
+fn files_gone_from_the_store_drop_out_of_the_upload_index_and_go_up_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalDirStore::new(dir.path().join("remote"));
+    let live = ResultStore::open(&dir.path().join("live")).unwrap();
+    let (s, t) = (StreamId(1), TaskId(4));
+    live.upsert(s, &results(0, 1000, 1)).unwrap();
+    live.checkpoint(&dir.path().join("chk-1")).unwrap();
+    let up = upload_snapshot(&store, s, t, CheckpointId(1), Version(0), &dir.path().join("chk-1")).unwrap();
+    // What a restart rebuilds: the restored manifest's files, checked against the store.
+    let m = fetch_manifest(&store, s, t, CheckpointId(1), Some(up.manifest_crc)).unwrap();
+    let mut index = UploadIndex::from_manifest(&m);
+    assert_eq!(index.check(&store, s, t).unwrap(), 0);
+    let ssts = sst_objects(&store);
+    store.delete(&ssts[0]).unwrap();
+    assert_eq!(index.check(&store, s, t).unwrap(), 1, "the deleted file is no longer known");
+    live.checkpoint(&dir.path().join("chk-2")).unwrap();
+    upload_snapshot_indexed(&store, s, t, CheckpointId(2), Version(0), &dir.path().join("chk-2"), &mut index).unwrap();
+    assert_eq!(sst_objects(&store), ssts, "sent again under the same key");
 }

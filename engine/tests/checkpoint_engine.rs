@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig};
 use weir_engine::spec::Placement;
-use weir_engine::state::ResultStore;
+use weir_engine::state::NodeResults;
 use weir_engine::wire::NodeId;
 
 use util::ckpt::{
@@ -23,7 +23,7 @@ fn checkpoints_commit_while_the_stream_runs_and_results_stay_exact() {
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 100)).unwrap();
     wait_for_commits(&engine, 3);
     engine.wait().unwrap();
-    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    let got = NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
     // Commit records and manifests are in the store.
     let commits = std::fs::read_dir(dir.path().join("remote/7/checkpoints")).unwrap().count();
@@ -53,7 +53,7 @@ fn an_engine_stopped_midway_restores_the_last_commit_and_ends_with_the_same_resu
         engine.restored()
     );
     engine.wait().unwrap();
-    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    let got = NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
 }
 
@@ -69,7 +69,7 @@ fn run_both_to_the_end(
     h2.join().unwrap().unwrap();
     let mut got = Vec::new();
     for d in dirs {
-        got.extend(ResultStore::open(&d.join("results")).unwrap().scan(spec.id).unwrap());
+        got.extend(NodeResults::open(d).unwrap().scan(spec.id).unwrap());
     }
     got.sort_by_key(|r| (r.key, r.start));
     got
@@ -194,7 +194,7 @@ fn a_missing_commit_record_restores_the_consensus_of_the_tasks_latest_ids() {
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
     assert_eq!(wait_restored(&engine), (RestoreBasis::Consensus, Some(CheckpointId(min))));
     engine.wait().unwrap();
-    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    let got = NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
 }
 
@@ -221,7 +221,7 @@ fn a_recorded_start_from_nothing_sorts_above_older_commits_and_every_task_starts
     let ids: Vec<u64> = engine.checkpoints().unwrap().finished().iter().map(|c| c.checkpoint.0).collect();
     assert!(ids.iter().all(|id| *id > 1_000), "new checkpoints take ids past the record's: {ids:?}");
     engine.wait().unwrap();
-    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    let got = NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
 }
 
@@ -385,6 +385,6 @@ fn a_damaged_local_snapshot_is_downloaded_again_and_the_results_stay_exact() {
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
     assert!(matches!(engine.restored(), Some((weir_engine::wire::msg::RestoreBasis::Committed, Some(_)))));
     engine.wait().unwrap();
-    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    let got = NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
 }

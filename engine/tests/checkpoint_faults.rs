@@ -114,7 +114,7 @@ fn an_unreadable_meta_record_stops_the_task_with_an_error_naming_the_file() {
 }
 
 fn engine_results_empty(dir: &Path) -> bool {
-    let store = weir_engine::state::ResultStore::open(&dir.join("results")).unwrap();
+    let store = weir_engine::state::NodeResults::open(dir).unwrap();
     store.scan(util::ckpt::spec(10_000).id).unwrap().is_empty()
 }
 

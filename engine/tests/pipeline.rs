@@ -22,7 +22,7 @@ fn run_single(
     let engine = Engine::start(spec, &Placement::single(NodeId(1)), cfg).unwrap();
     // A bounded stream ends by itself: every task finishes once its inputs ended.
     engine.wait().unwrap();
-    weir_engine::state::ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap()
+    weir_engine::state::NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap()
 }
 
 #[test]
@@ -70,8 +70,8 @@ fn stream_split_over_two_engines_gives_the_same_results_as_one() {
     let (h1, h2) = (std::thread::spawn(move || e1.wait()), std::thread::spawn(move || e2.wait()));
     h1.join().unwrap().unwrap();
     h2.join().unwrap().unwrap();
-    let mut got = weir_engine::state::ResultStore::open(&d1.path().join("results")).unwrap().scan(spec.id).unwrap();
-    got.extend(weir_engine::state::ResultStore::open(&d2.path().join("results")).unwrap().scan(spec.id).unwrap());
+    let mut got = weir_engine::state::NodeResults::open(d1.path()).unwrap().scan(spec.id).unwrap();
+    got.extend(weir_engine::state::NodeResults::open(d2.path()).unwrap().scan(spec.id).unwrap());
     got.sort_by_key(|r| (r.key, r.start));
     assert_eq!(got, util::reference(&spec));
     assert_eq!(got, run_single(&spec, 2));

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use weir_engine::backup::{RsyncStore, S3Options, S3Store, Store, StoreError};
 use weir_engine::runtime::{Engine, Remote};
 use weir_engine::spec::Placement;
-use weir_engine::state::ResultStore;
+use weir_engine::state::NodeResults;
 use weir_engine::wire::NodeId;
 use weir_engine::wire::msg::RestoreBasis;
 
@@ -125,9 +125,9 @@ fn an_unreachable_store_fails_within_its_timeout_and_says_retrying_may_help() {
     }
 }
 
-/// Checkpoints a stream into `store`, deletes every task's local state (snapshots, database,
-/// committed record), starts again: every task restores from the store alone, and the results
-/// end exact.
+/// Checkpoints a stream into `store`, deletes the node's whole data directory (every task's state,
+/// snapshots and committed record, the sinks' results), starts again: every task restores from the
+/// store alone, its results included, and the results end exact.
 fn restores_from_the_store_alone(store: Arc<dyn Store>) {
     let dir = tempfile::tempdir().unwrap();
     // About six seconds of stream: a remote store over a loaded machine commits well within it.
@@ -141,26 +141,37 @@ fn restores_from_the_store_alone(store: Arc<dyn Store>) {
         cfg
     };
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), with_store(dir.path())).unwrap();
-    wait_for_commits(&engine, 1);
+    // A commit after the first results: the sinks' snapshots hold some.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while engine.stats().results_written.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "no results in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for_commits(&engine, engine.checkpoints().unwrap().totals().0 + 1);
     engine.stop();
     engine.wait().unwrap();
-    std::fs::remove_dir_all(dir.path().join("tasks")).unwrap();
+    let last = weir_engine::backup::commit::last_commit(store.as_ref(), spec.id).unwrap().unwrap();
+    for t in spec.topology().tasks.iter().filter(|t| matches!(t.kind, weir_engine::spec::TaskKind::Sink { .. })) {
+        let m = weir_engine::backup::fetch_manifest(store.as_ref(), spec.id, t.id, last.id, None).unwrap();
+        assert!(m.files.iter().any(|f| f.key.contains("/sst/")), "sink {} ships its results: {m:?}", t.id);
+    }
+    std::fs::remove_dir_all(dir.path()).unwrap();
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), with_store(dir.path())).unwrap();
     let (basis, id) = wait_restored(&engine);
     assert_eq!(basis, RestoreBasis::Committed);
     assert!(id.is_some(), "{id:?}");
     engine.wait().unwrap();
-    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    let got = NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
 }
 
 #[test]
-fn a_stream_restores_from_s3_alone_after_its_local_state_is_gone() {
+fn a_stream_restores_from_s3_alone_results_included_after_its_data_directory_is_gone() {
     restores_from_the_store_alone(services::s3(&services::unique("restore")));
 }
 
 #[test]
-fn a_stream_restores_from_rsync_alone_after_its_local_state_is_gone() {
+fn a_stream_restores_from_rsync_alone_results_included_after_its_data_directory_is_gone() {
     restores_from_the_store_alone(services::rsync(&services::unique("restore")));
 }
 
@@ -204,14 +215,14 @@ fn retention_keeps_the_last_commits_and_every_file_they_name_while_checkpoints_r
             }
         }
     }
-    // The last commit restores after the local state is gone.
-    std::fs::remove_dir_all(dir.path().join("tasks")).unwrap();
+    // The last commit restores after the node's data directory is gone.
+    std::fs::remove_dir_all(dir.path()).unwrap();
     let mut cfg = config(dir.path(), 50);
     cfg.checkpoint.as_mut().unwrap().remote = Remote::Store(store.clone());
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
     assert_eq!(wait_restored(&engine).0, RestoreBasis::Committed);
     engine.wait().unwrap();
-    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    let got = NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
 }
 
@@ -258,7 +269,7 @@ fn an_s3_outage_fails_checkpoints_but_not_the_stream_and_the_next_one_commits_on
     let failed = log.finished().iter().filter(|c| matches!(c.outcome, CheckpointOutcome::Failed { .. })).count();
     assert!(failed >= 1);
     engine.wait().unwrap();
-    let got = ResultStore::open(&dir.path().join("results")).unwrap().scan(spec.id).unwrap();
+    let got = NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec), "the results end as without the outage");
 }
 

@@ -100,5 +100,29 @@ fn result_store_upserts_by_stream_key_and_window() {
     assert_eq!(store.scan(StreamId(1)).unwrap(), vec![r(3, 0, 3), r(5, -1000, 1), r(5, 0, 4)]);
     assert_eq!(store.get(StreamId(2), 5, 0).unwrap(), Some(r(5, 0, 9)));
     assert_eq!(store.get(StreamId(2), 5, 1).unwrap(), None);
-    store.sync().unwrap();
+}
+
+#[test]
+fn a_result_store_checkpoint_restores_exactly_what_it_held_and_a_closed_store_keeps_its_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = |key, start, count| WindowResult { key, start, count, sum: count as f64, min: 0.0, max: 1.0 };
+    let store = ResultStore::open(&dir.path().join("live")).unwrap();
+    store.upsert(StreamId(1), &[r(1, 0, 1), r(2, 0, 2)]).unwrap();
+    let info = store.checkpoint(&dir.path().join("chk")).unwrap();
+    assert!(info.files >= 3 && info.bytes > 0, "{info:?}");
+    store.upsert(StreamId(1), &[r(1, 0, 10), r(3, 0, 3)]).unwrap();
+    assert_eq!(store.scan(StreamId(1)).unwrap(), vec![r(1, 0, 10), r(2, 0, 2), r(3, 0, 3)]);
+    // Back to the checkpoint: later writes are gone, the checkpoint stays valid for another restore.
+    store.restore_from(&dir.path().join("chk")).unwrap();
+    assert_eq!(store.scan(StreamId(1)).unwrap(), vec![r(1, 0, 1), r(2, 0, 2)]);
+    store.upsert(StreamId(1), &[r(4, 0, 4)]).unwrap();
+    store.restore_from(&dir.path().join("chk")).unwrap();
+    assert_eq!(store.scan(StreamId(1)).unwrap(), vec![r(1, 0, 1), r(2, 0, 2)]);
+    // Writes skip the log, and a clean close flushes them.
+    store.upsert(StreamId(1), &[r(5, 0, 5)]).unwrap();
+    drop(store);
+    let again = ResultStore::open(&dir.path().join("live")).unwrap();
+    assert_eq!(again.scan(StreamId(1)).unwrap(), vec![r(1, 0, 1), r(2, 0, 2), r(5, 0, 5)]);
+    again.clear().unwrap();
+    assert!(again.scan(StreamId(1)).unwrap().is_empty());
 }

@@ -215,7 +215,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         rows as f64 / secs / 1e6,
         peak_rate / 1e6
     )?;
-    writeln!(out, "         {written} window results in {}", run_dir.join("results").display())?;
+    writeln!(out, "         {written} window results in {}", run_dir.join("tasks/*/results").display())?;
     match ck {
         Some((ok, failed, median)) => writeln!(
             out,

@@ -20,7 +20,8 @@ fn weir_run_processes_events_and_prints_a_summary() {
     let events: u64 = summary.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(events > 1_000_000, "{summary}");
     assert!(stdout.contains("window results in"), "{stdout}");
-    assert!(dir.path().join("run/results/CURRENT").exists());
+    let results = weir_engine::state::NodeResults::open(&dir.path().join("run")).unwrap();
+    assert!(!results.scan(weir_engine::wire::StreamId(1)).unwrap().is_empty(), "results in the sinks' stores");
 }
 
 #[test]
@@ -55,7 +56,7 @@ fn kill_rounds() -> u64 {
 }
 
 fn results(dir: &std::path::Path) -> Vec<weir_engine::operator::window::WindowResult> {
-    let store = weir_engine::state::ResultStore::open(&dir.join("run/results")).unwrap();
+    let store = weir_engine::state::NodeResults::open(&dir.join("run")).unwrap();
     store.scan(weir_engine::wire::StreamId(1)).unwrap()
 }
 

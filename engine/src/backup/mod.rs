@@ -2,7 +2,7 @@
 //! default), and upload and restore of snapshot directories in the layout of the design:
 //!
 //! ```text
-//! <stream>/tasks/<task>/sst/<file>          immutable SST files, uploaded once, shared by checkpoints
+//! <stream>/tasks/<task>/sst/<file>-<crc>.sst immutable SST files, uploaded once, shared by checkpoints
 //! <stream>/tasks/<task>/chk-<id>/<file>     the small files of one checkpoint
 //! <stream>/tasks/<task>/chk-<id>/MANIFEST.weir   every file with size and CRC32C, and the offset
 //! <stream>/checkpoints/<id>.commit          the commit record, written last
@@ -21,6 +21,7 @@
 //! - [`inspect`]: the committed checkpoints and their verification, for `weir checkpoints`.
 
 pub mod commit;
+mod index;
 pub mod inspect;
 mod local;
 pub mod retention;
@@ -31,12 +32,13 @@ mod throttle;
 pub mod uploader;
 mod url;
 
+pub use index::UploadIndex;
 pub use local::LocalDirStore;
 pub use rsync::{RsyncOptions, RsyncStore};
 pub use s3::{MULTIPART_THRESHOLD as S3_MULTIPART_THRESHOLD, S3Options, S3Store};
 pub use snapshot::{
     Manifest, ManifestEntry, UploadSummary, download_files, download_snapshot, fetch_manifest, local_snapshot_matches,
-    upload_snapshot, upload_snapshot_with,
+    upload_snapshot, upload_snapshot_indexed,
 };
 pub use throttle::Throttled;
 pub use url::{StoreOptions, open_store};

@@ -1,11 +1,12 @@
 //! Upload of a local snapshot directory to a [`Store`] (incremental: SST files already stored are
-//! not sent again) and download with verification.
+//! not sent again, see [`UploadIndex`]) and download with verification.
 
 use std::fs;
 use std::path::Path;
 
 use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
+use super::index::{UploadIndex, sst_key};
 use super::{Store, StoreError, with_retries};
 
 /// One file of a checkpoint.
@@ -133,8 +134,8 @@ pub struct UploadSummary {
     pub files: u32,
 }
 
-/// Uploads the snapshot in `dir` as checkpoint `id` of `task`. SST files already in the store
-/// (same name and size) are not sent again.
+/// Uploads the snapshot in `dir` as checkpoint `id` of `task`, asking the store about each SST
+/// file: one already stored under its content key with the same size is not sent again.
 pub fn upload_snapshot(
     store: &dyn Store,
     stream: StreamId,
@@ -143,21 +144,35 @@ pub fn upload_snapshot(
     version: Version,
     dir: &Path,
 ) -> Result<UploadSummary, StoreError> {
-    upload_snapshot_with(store, stream, task, id, version, dir, &[])
+    upload(store, stream, task, id, version, dir, None).map(|(s, _)| s)
 }
 
-/// [`upload_snapshot`], told which files are new by construction (written for this checkpoint
-/// under a name no earlier one had): they go up without asking the store first, which saves a
-/// round trip to a remote store per checkpoint.
-pub fn upload_snapshot_with(
+/// [`upload_snapshot`] with the task's [`UploadIndex`]: SST files it knows are neither read nor
+/// sent again, and the others go up without asking the store first (they are new: a round trip
+/// to a remote store saved per file). The index then holds this snapshot's SST files.
+pub fn upload_snapshot_indexed(
     store: &dyn Store,
     stream: StreamId,
     task: TaskId,
     id: CheckpointId,
     version: Version,
     dir: &Path,
-    new_files: &[&str],
+    index: &mut UploadIndex,
 ) -> Result<UploadSummary, StoreError> {
+    let (summary, manifest) = upload(store, stream, task, id, version, dir, Some(index))?;
+    *index = UploadIndex::from_manifest(&manifest);
+    Ok(summary)
+}
+
+fn upload(
+    store: &dyn Store,
+    stream: StreamId,
+    task: TaskId,
+    id: CheckpointId,
+    version: Version,
+    dir: &Path,
+    index: Option<&UploadIndex>,
+) -> Result<(UploadSummary, Manifest), StoreError> {
     let io = |e: std::io::Error| StoreError::Unavailable {
         op: "read",
         key: dir.display().to_string(),
@@ -170,22 +185,35 @@ pub fn upload_snapshot_with(
     let mut names: Vec<_> =
         fs::read_dir(dir).map_err(io)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>().map_err(io)?;
     names.sort();
+    let mut sent = 0;
     for path in names {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-        let bytes = fs::read(&path).map_err(io)?;
         let is_sst = name.ends_with(".sst");
-        let key = if is_sst { format!("{prefix}/sst/{name}") } else { format!("{prefix}/chk-{}/{name}", id.0) };
-        let known_new = new_files.contains(&name.as_str());
-        files.push(ManifestEntry { name, key: key.clone(), size: bytes.len() as u64, crc: crc32c::crc32c(&bytes) });
-        if !(is_sst && !known_new && store.size(&key)? == Some(bytes.len() as u64)) {
-            // SST files are immutable once written and named uniquely: one already stored with
-            // the same size is not sent again (incremental checkpoints).
-            puts.push((key, path, (!is_sst).then_some(bytes)));
+        if is_sst {
+            let size = fs::metadata(&path).map_err(io)?.len();
+            if let Some(known) = index.and_then(|i| i.get(&name, size)) {
+                files.push(known.clone());
+                continue;
+            }
+            // Read once for the checksum; the store reads the file again (large files stream).
+            let crc = crc32c::crc32c(&fs::read(&path).map_err(io)?);
+            let key = sst_key(&prefix, &name, crc);
+            files.push(ManifestEntry { name, key: key.clone(), size, crc });
+            if index.is_some() || store.size(&key)? != Some(size) {
+                sent += size;
+                puts.push((key, path, None));
+            }
+        } else {
+            let bytes = fs::read(&path).map_err(io)?;
+            let key = format!("{prefix}/chk-{}/{name}", id.0);
+            files.push(ManifestEntry { name, key: key.clone(), size: bytes.len() as u64, crc: crc32c::crc32c(&bytes) });
+            sent += bytes.len() as u64;
+            puts.push((key, path, Some(bytes)));
         }
     }
-    let sent: u64 = files.iter().filter(|f| puts.iter().any(|p| p.0 == f.key)).map(|f| f.size).sum();
     let count = files.len() as u32;
-    let manifest = Manifest { id, version, files }.encode();
+    let manifest = Manifest { id, version, files };
+    let text = manifest.encode();
     // The files go up at once (each put waits for the store's durability, and none depends on
     // another), then the manifest that names them: a manifest in the store always names files
     // that are there. Only a commit record, written after this returns, makes a checkpoint
@@ -196,12 +224,10 @@ pub fn upload_snapshot_with(
             None => store.put_file(key, path),
         })
     })?;
-    with_retries(|| store.put(&manifest_key(stream, task, id), manifest.as_bytes()))?;
-    Ok(UploadSummary {
-        manifest_crc: crc32c::crc32c(manifest.as_bytes()),
-        bytes: sent + manifest.len() as u64,
-        files: count,
-    })
+    with_retries(|| store.put(&manifest_key(stream, task, id), text.as_bytes()))?;
+    let summary =
+        UploadSummary { manifest_crc: crc32c::crc32c(text.as_bytes()), bytes: sent + text.len() as u64, files: count };
+    Ok((summary, manifest))
 }
 
 /// Fetches the manifest of checkpoint `id` of `task`, checked against `manifest_crc` when given

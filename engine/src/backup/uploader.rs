@@ -1,21 +1,22 @@
 //! The uploader pool: threads that turn the state a task captured at a barrier into a snapshot
-//! directory (an SST file of window state, the result store made durable, or nothing but the
-//! offset), upload it with [`upload_snapshot`], and hand the outcome to the job's completion. A
-//! task never waits for it.
+//! directory (an SST file of window state, a RocksDB checkpoint of a sink's result store, or
+//! nothing but the offset), upload it with [`upload_snapshot_indexed`] (only the files the task's
+//! [`UploadIndex`] does not hold yet), and hand the outcome to the job's completion. A task never
+//! waits for it.
 //!
 //! Invariants: every job's completion runs exactly once, with the captured state handed back (its
 //! buffer is reused by the task's next copy); a storage error is a failed upload, never a panic.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
-use super::{Store, upload_snapshot_with};
+use super::{Store, UploadIndex, upload_snapshot_indexed};
 use crate::checkpoint::{CheckpointError, UploadDone};
 use crate::state::{ResultStore, StateError, WindowStateCopy};
 
@@ -26,7 +27,9 @@ pub enum Captured {
     Window(WindowStateCopy),
     /// A source's state is its offset, which the manifest (and the commit record) carry.
     Offset,
-    /// A sink's effect is the result store: made durable up to the barrier.
+    /// A sink's result store, checkpointed by the uploader: it holds every result written before
+    /// the barrier (and perhaps some after, which a replay from this checkpoint rewrites with the
+    /// same values: results are upserts of deterministic values).
     Sink(Arc<ResultStore>),
 }
 
@@ -45,6 +48,8 @@ pub struct UploadJob {
     pub dir: PathBuf,
     /// The state.
     pub captured: Captured,
+    /// What the task's earlier uploads stored (one upload of a task runs at a time).
+    pub index: Arc<Mutex<UploadIndex>>,
     /// Runs once the upload ended.
     pub done: Completion,
 }
@@ -63,22 +68,21 @@ impl UploadJob {
         let state = |e: StateError| failed(e.to_string(), e.is_retryable());
         let io = |e: std::io::Error| failed(format!("{}: {e}", self.dir.display()), true);
         let _ = std::fs::remove_dir_all(&self.dir);
-        std::fs::create_dir_all(&self.dir).map_err(io)?;
-        // Named by checkpoint: SST names are keys in the store, shared by checkpoints, and this
-        // one is new by construction.
-        let state_file = format!("state-{:020}.sst", id.0);
-        let mut new_files = Vec::new();
         match &self.captured {
             Captured::Window(copy) => {
-                let sst = self.dir.join(&state_file);
+                // Named by checkpoint: new by construction, so never confused with an earlier one.
+                let sst = self.dir.join(format!("state-{:020}.sst", id.0));
                 let bytes = crate::state::write_window_snapshot(copy, &sst).map_err(state)?;
-                new_files.push(state_file.as_str());
                 tracing::debug!(task = %task, entries = copy.entries.len(), bytes, write_us = t0.elapsed().as_micros() as u64, "state snapshot written");
             }
-            Captured::Offset => {}
-            Captured::Sink(results) => results.sync().map_err(state)?,
+            Captured::Offset => std::fs::create_dir_all(&self.dir).map_err(io)?,
+            Captured::Sink(results) => {
+                let info = results.checkpoint(&self.dir).map_err(state)?;
+                tracing::debug!(task = %task, files = info.files, bytes = info.bytes, write_us = t0.elapsed().as_micros() as u64, "result store checkpointed");
+            }
         }
-        let up = upload_snapshot_with(store, stream, task, id, self.version, &self.dir, &new_files)
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        let up = upload_snapshot_indexed(store, stream, task, id, self.version, &self.dir, &mut index)
             .map_err(|e| failed(e.to_string(), e.is_retryable()))?;
         Ok(UploadDone {
             manifest_crc: up.manifest_crc,

@@ -52,13 +52,13 @@ use crate::ingest::IngestService;
 use crate::operator::generator::Generator;
 use crate::operator::window::WindowAgg;
 use crate::spec::{Placement, SourceKind, StreamSpec, TaskKind};
-use crate::state::ResultStore;
+use crate::state::{NodeResults, ResultStore, result_store_dir};
 
 /// A running engine.
 pub struct Engine {
     shared: Arc<Shared>,
     stats: Arc<EngineStats>,
-    results: Arc<ResultStore>,
+    results: NodeResults,
     workers: Vec<JoinHandle<Result<(), TaskError>>>,
     router: Option<router::Router>,
     ingest: Option<Arc<IngestService<IngestToken>>>,
@@ -122,7 +122,14 @@ impl Engine {
             unparkers: unparkers.clone(),
         });
         let stats = Arc::new(EngineStats::default());
-        let results = Arc::new(ResultStore::open(&cfg.data_dir.join("results"))?);
+        // One result store per local sink: its share of the results is part of its checkpoints.
+        let mut sink_stores = Vec::new();
+        for t in &local {
+            if matches!(t.kind, TaskKind::Sink { .. }) {
+                sink_stores.push((t.id, Arc::new(ResultStore::open(&result_store_dir(&cfg.data_dir, t.id))?)));
+            }
+        }
+        let results = NodeResults::new(sink_stores.iter().map(|(_, s)| s.clone()).collect());
 
         // Channels: one queue per edge into a local task; credits per edge out to a remote task.
         let mut rx_of = HashMap::new();
@@ -273,7 +280,11 @@ impl Engine {
                 TaskKind::Sink { .. } => Task::Sink(Box::new(SinkTask {
                     id: t.id,
                     stream: spec.id,
-                    store: results.clone(),
+                    store: sink_stores
+                        .iter()
+                        .find(|(id, _)| *id == t.id)
+                        .map(|(_, s)| s.clone())
+                        .expect("opened above"),
                     inp,
                     throttle: cfg.sink_throttle,
                     stats: stats.clone(),
@@ -282,7 +293,7 @@ impl Engine {
             };
             let mut task = task;
             let ck = match &ckpt {
-                Some(setup) => Some(Box::new(setup.task(t, &mut task, results.clone())?)),
+                Some(setup) => Some(Box::new(setup.task(t, &mut task)?)),
                 None => None,
             };
             let control = control_rx.remove(&t.id).expect("control queue");
@@ -386,8 +397,8 @@ impl Engine {
         &self.stats
     }
 
-    /// The node's result store.
-    pub fn results(&self) -> &ResultStore {
+    /// The result stores of the node's sinks.
+    pub fn results(&self) -> &NodeResults {
         &self.results
     }
 

@@ -20,7 +20,7 @@ mod window_state;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-pub use results::ResultStore;
+pub use results::{NodeResults, ResultStore, result_store_dir};
 pub use window_state::{
     WindowStateCopy, load_window_state, save_window_copy, save_window_state, write_window_snapshot,
 };
@@ -170,16 +170,7 @@ impl TaskStore {
             }
             return Ok(store);
         }
-        fs::create_dir_all(path).map_err(io_err(path))?;
-        for entry in fs::read_dir(snapshot).map_err(io_err(snapshot))? {
-            let from = entry.map_err(io_err(snapshot))?.path();
-            let to = path.join(from.file_name().expect("file name"));
-            // SST files are immutable: share them. Everything else RocksDB may rewrite: copy.
-            let is_sst = from.extension().is_some_and(|e| e == "sst");
-            if !(is_sst && fs::hard_link(&from, &to).is_ok()) {
-                fs::copy(&from, &to).map_err(io_err(&from))?;
-            }
-        }
+        copy_checkpoint(snapshot, path)?;
         Self::open(path)
     }
 
@@ -255,17 +246,41 @@ impl TaskStore {
     /// Takes a local snapshot into `dir` (which must not exist): hard links to the SST files plus
     /// copies of the small metadata files. Consistent with every write made before the call.
     pub fn snapshot(&self, dir: &Path) -> Result<SnapshotInfo, StateError> {
-        if let Some(parent) = dir.parent() {
-            fs::create_dir_all(parent).map_err(io_err(parent))?;
-        }
-        let cp = rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(db_err(&self.path))?;
-        cp.create_checkpoint(dir).map_err(db_err(dir))?;
-        let mut info = SnapshotInfo::default();
-        for entry in fs::read_dir(dir).map_err(io_err(dir))? {
-            let meta = entry.map_err(io_err(dir))?.metadata().map_err(io_err(dir))?;
-            info.files += 1;
-            info.bytes += meta.len();
-        }
-        Ok(info)
+        checkpoint_db(&self.db, &self.path, dir)
     }
+}
+
+/// Copies the RocksDB checkpoint in `snapshot` to `path` (replaced): SST files are immutable, so
+/// they are shared (hard links, copies across file systems); the rest RocksDB may rewrite, so it
+/// is copied. The snapshot stays valid.
+pub(crate) fn copy_checkpoint(snapshot: &Path, path: &Path) -> Result<(), StateError> {
+    if path.exists() {
+        fs::remove_dir_all(path).map_err(io_err(path))?;
+    }
+    fs::create_dir_all(path).map_err(io_err(path))?;
+    for entry in fs::read_dir(snapshot).map_err(io_err(snapshot))? {
+        let from = entry.map_err(io_err(snapshot))?.path();
+        let to = path.join(from.file_name().expect("file name"));
+        let is_sst = from.extension().is_some_and(|e| e == "sst");
+        if !(is_sst && fs::hard_link(&from, &to).is_ok()) {
+            fs::copy(&from, &to).map_err(io_err(&from))?;
+        }
+    }
+    Ok(())
+}
+
+/// Takes a RocksDB checkpoint of `db` (at `path`) into `dir`, which must not exist.
+pub(crate) fn checkpoint_db(db: &rocksdb::DB, path: &Path, dir: &Path) -> Result<SnapshotInfo, StateError> {
+    if let Some(parent) = dir.parent() {
+        fs::create_dir_all(parent).map_err(io_err(parent))?;
+    }
+    let cp = rocksdb::checkpoint::Checkpoint::new(db).map_err(db_err(path))?;
+    cp.create_checkpoint(dir).map_err(db_err(dir))?;
+    let mut info = SnapshotInfo::default();
+    for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+        let meta = entry.map_err(io_err(dir))?.metadata().map_err(io_err(dir))?;
+        info.files += 1;
+        info.bytes += meta.len();
+    }
+    Ok(info)
 }

@@ -48,7 +48,6 @@ use crate::backup::uploader::UploaderPool;
 use crate::checkpoint::driver::{RestorePoint, TaskDriver};
 use crate::checkpoint::{CommitRecord, CoordInput, Coordinator, IdRecord, Role, TaskMachine, TaskSetup};
 use crate::spec::{Placement, StreamSpec, TaskDesc, TaskKind, Topology};
-use crate::state::ResultStore;
 
 fn role(k: &TaskKind) -> Role {
     match k {
@@ -162,12 +161,7 @@ impl Setup {
 
     /// The checkpoint side of task `t`: restored from the last commit record, or (without one)
     /// `Uninit`, waiting for the coordinator's restore point.
-    pub(crate) fn task(
-        &self,
-        t: &TaskDesc,
-        task: &mut Task,
-        results: Arc<ResultStore>,
-    ) -> Result<TaskCheckpointing, EngineError> {
+    pub(crate) fn task(&self, t: &TaskDesc, task: &mut Task) -> Result<TaskCheckpointing, EngineError> {
         let setup = TaskSetup {
             stream: self.stream,
             task: t.id,
@@ -179,6 +173,7 @@ impl Setup {
             ready_resend_ms: self.settings.ready_resend_ms,
         };
         let (spare_tx, spare_rx) = crossbeam_channel::bounded(1);
+        let index = Arc::new(std::sync::Mutex::new(crate::backup::UploadIndex::new()));
         let mut ck = TaskCheckpointing {
             driver: TaskDriver::new(TaskMachine::new(setup), start_token(t.id)),
             fx: EngineTaskFx {
@@ -196,13 +191,14 @@ impl Setup {
                 restored: self.restored.clone(),
                 spare: spare_tx,
                 keep_local: self.settings.retain.max(1),
+                index: index.clone(),
             },
             ctx: PortCtx {
                 task: t.id,
                 stream: self.stream,
                 data: self.data.clone(),
                 store: self.store.clone(),
-                results,
+                index,
                 spare: spare_rx,
             },
         };

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -16,13 +16,13 @@ use weir_wire::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
 use super::net::ProtoNet;
 use super::restore::{self, snapshot_dir};
 use super::stats::CheckpointLog;
-use crate::backup::Store;
 use crate::backup::uploader::{Captured, UploadJob};
+use crate::backup::{Store, UploadIndex};
 use crate::checkpoint::driver::{Clock, RestorePoint, Signal, TaskDriver, TaskEffects, TaskPort, UploadRequest};
 use crate::checkpoint::{CheckpointError, CoordInput, TaskInput};
 use crate::runtime::control::{Control, ControlHandle};
 use crate::runtime::task::{Feed, Task};
-use crate::state::{ResultStore, WindowStateCopy};
+use crate::state::WindowStateCopy;
 
 /// The buffer of an agg's state copy, handed back by the uploader for the next copy.
 type StateEntries = Vec<(i64, u64, crate::operator::window::Acc)>;
@@ -33,7 +33,8 @@ pub(crate) struct PortCtx {
     pub(crate) stream: StreamId,
     pub(crate) data: PathBuf,
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) results: Arc<ResultStore>,
+    /// What the task's uploads stored (shared with its upload jobs).
+    pub(crate) index: Arc<Mutex<UploadIndex>>,
     /// The last state copy's buffer, back from the uploader (one slot).
     pub(crate) spare: Receiver<StateEntries>,
 }
@@ -71,13 +72,20 @@ impl TaskPort for EnginePort<'_> {
         }
     }
 
-    fn capture(&mut self, _id: CheckpointId) -> Result<Captured, CheckpointError> {
+    fn capture(&mut self, id: CheckpointId) -> Result<Captured, CheckpointError> {
         Ok(match self.task {
             Task::Agg(a) => {
                 Captured::Window(WindowStateCopy::reusing(&a.agg, self.ctx.spare.try_recv().unwrap_or_default()))
             }
             Task::Source(_) => Captured::Offset,
-            Task::Sink(_) => Captured::Sink(self.ctx.results.clone()),
+            Task::Sink(s) => {
+                s.store.start_flush().map_err(|e| CheckpointError::Snapshot {
+                    task: self.ctx.task,
+                    id,
+                    reason: e.to_string(),
+                })?;
+                Captured::Sink(s.store.clone())
+            }
         })
     }
 
@@ -103,22 +111,56 @@ impl TaskPort for EnginePort<'_> {
 
     fn restore(&mut self, point: Option<RestorePoint>) -> Result<Version, CheckpointError> {
         let c = self.ctx;
-        let (state, version) = match point {
-            Some(p) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p)?,
-            None => (restore::fresh_state(&c.data, c.task)?, Version(0)),
-        };
-        match self.task {
-            Task::Source(s) => {
-                s.offset = version.0;
-                if let Feed::Log(r) = &mut s.feed {
-                    *r = r.reopen_at(version);
+        let failed = |reason: String| CheckpointError::Restore { task: c.task, id: point.map(|p| p.id), reason };
+        let Some(p) = point else {
+            // A start from nothing: no state, no results, nothing known to be stored.
+            let state = restore::fresh_state(&c.data, c.task)?;
+            *c.index.lock().unwrap_or_else(|e| e.into_inner()) = UploadIndex::new();
+            match self.task {
+                Task::Source(s) => {
+                    s.offset = 0;
+                    if let Feed::Log(r) = &mut s.feed {
+                        *r = r.reopen_at(Version(0));
+                    }
                 }
+                Task::Agg(a) => {
+                    crate::state::load_window_state(&state, &mut a.agg).map_err(|e| failed(e.to_string()))?;
+                }
+                Task::Sink(s) => s.store.clear().map_err(|e| failed(e.to_string()))?,
             }
-            Task::Agg(a) => crate::state::load_window_state(&state, &mut a.agg).map(|_| ()).map_err(|e| {
-                CheckpointError::Restore { task: c.task, id: point.map(|p| p.id), reason: e.to_string() }
+            return Ok(Version(0));
+        };
+        let manifest = match self.task {
+            Task::Source(_) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |_| Ok(()))?,
+            Task::Agg(a) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |src| {
+                let db = restore::db_dir(&c.data, c.task);
+                let state = crate::state::TaskStore::open_from_snapshot(src, &db).map_err(|e| e.to_string())?;
+                crate::state::load_window_state(&state, &mut a.agg).map(|_| ()).map_err(|e| e.to_string())
             })?,
-            Task::Sink(_) => {}
+            Task::Sink(s) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |src| {
+                s.store.restore_from(src).map_err(|e| e.to_string())
+            })?,
+        };
+        let version = p.version.unwrap_or(manifest.version);
+        if let Task::Source(s) = self.task {
+            s.offset = version.0;
+            if let Feed::Log(r) = &mut s.feed {
+                *r = r.reopen_at(version);
+            }
         }
+        // What the checkpoint's manifest names is in the store (unless deleted since: checked).
+        let mut index = UploadIndex::from_manifest(&manifest);
+        match index.check(c.store.as_ref(), c.stream, c.task) {
+            Ok(0) => {}
+            Ok(gone) => {
+                tracing::warn!(task = %c.task, checkpoint = %p.id, gone, "files of the restored checkpoint are gone from the store: they go up again")
+            }
+            Err(e) => {
+                tracing::warn!(task = %c.task, error = %e, "cannot list the store: the next upload sends every file");
+                index = UploadIndex::new();
+            }
+        }
+        *c.index.lock().unwrap_or_else(|e| e.into_inner()) = index;
         Ok(version)
     }
 }
@@ -168,6 +210,8 @@ pub(crate) struct EngineTaskFx {
     pub(crate) spare: Sender<StateEntries>,
     /// Committed snapshots kept on the node (the store's retention count, at least one).
     pub(crate) keep_local: usize,
+    /// What the task's uploads stored.
+    pub(crate) index: Arc<Mutex<UploadIndex>>,
 }
 
 impl Clock for EngineTaskFx {
@@ -218,6 +262,7 @@ impl TaskEffects<Captured> for EngineTaskFx {
             version: job.version,
             dir: snapshot_dir(&self.data, self.task, id),
             captured: job.captured,
+            index: self.index.clone(),
             done,
         };
         if let Err(e) = self.uploads.send(job) {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
-use crate::backup::{Store, download_files, fetch_manifest, local_snapshot_matches};
+use crate::backup::{Manifest, Store, download_files, fetch_manifest, local_snapshot_matches};
 use crate::checkpoint::CheckpointError;
 use crate::checkpoint::driver::RestorePoint;
 use crate::state::TaskStore;
@@ -78,20 +78,28 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()>
 
 /// A task's empty state, for a start from nothing: older state and snapshots are dropped.
 pub(crate) fn fresh_state(data: &Path, t: TaskId) -> Result<TaskStore, CheckpointError> {
-    let db = task_dir(data, t).join("db");
+    let db = db_dir(data, t);
     let _ = std::fs::remove_dir_all(&db);
     let _ = std::fs::remove_dir_all(task_dir(data, t).join("snapshots"));
     TaskStore::open(&db).map_err(|e| CheckpointError::Restore { task: t, id: None, reason: e.to_string() })
 }
 
-/// Restores task `t` at `point`: its state store and its offset.
+/// Where task `t`'s agg state store lives.
+pub(crate) fn db_dir(data: &Path, t: TaskId) -> PathBuf {
+    task_dir(data, t).join("db")
+}
+
+/// Restores task `t` at `point`: finds the checkpoint's files (the local snapshot when every file
+/// matches the manifest, else downloaded and verified), hands their directory to `open`, and
+/// returns the manifest (its offset, and the files now in the store for the task's next upload).
 pub(crate) fn restore_task(
     store: &dyn Store,
     stream: StreamId,
     t: TaskId,
     data: &Path,
     point: RestorePoint,
-) -> Result<(TaskStore, Version), CheckpointError> {
+    open: impl FnOnce(&Path) -> Result<(), String>,
+) -> Result<Manifest, CheckpointError> {
     let id = point.id;
     let failed = |reason: String| CheckpointError::Restore { task: t, id: Some(id), reason };
     let manifest = fetch_manifest(store, stream, t, id, point.manifest_crc).map_err(|e| failed(e.to_string()))?;
@@ -105,10 +113,9 @@ pub(crate) fn restore_task(
         download_files(store, &manifest, &dl).map_err(|e| failed(e.to_string()))?;
         dl.clone()
     };
-    let db = task_dir(data, t).join("db");
-    let ts = TaskStore::open_from_snapshot(&src, &db).map_err(|e| failed(e.to_string()))?;
+    let opened = open(&src).map_err(failed);
     let _ = std::fs::remove_dir_all(&dl);
-    Ok((ts, point.version.unwrap_or(manifest.version)))
+    opened.map(|()| manifest)
 }
 
 /// Deletes task `t`'s local snapshots older than `id` (its last commit), but the `keep - 1`
