@@ -85,6 +85,7 @@ fn kind(r: &CommitRecord) -> String {
         RecordKind::Commit(t) => format!("commit (transaction {})", t.0),
         RecordKind::Consensus => "consensus point".into(),
         RecordKind::Fresh => "start from nothing".into(),
+        RecordKind::Fallback(to) => format!("back to {to} (damaged after it)"),
     }
 }
 

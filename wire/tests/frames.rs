@@ -122,6 +122,14 @@ roundtrip! {
         stream: StreamId(1), task: TaskId(5), node: NodeId(2), latest: Some(CheckpointId(7)),
         request: 12,
     };
+    roundtrip_cannot_restore_req: CannotRestoreReq = CannotRestoreReq {
+        stream: StreamId(1), task: TaskId(5), node: NodeId(2), checkpoint: CheckpointId(7),
+        best: Some(CheckpointId(6)), reason: "corrupt object 1/tasks/5/sst/x".into(), request: 12,
+    };
+    roundtrip_restore_fallback: Restore = Restore {
+        stream: StreamId(1), task: TaskId(5), checkpoint: Some(CheckpointId(6)), basis: RestoreBasis::Fallback,
+        version: None, request: 12,
+    };
     roundtrip_restore: Restore = Restore {
         stream: StreamId(1), task: TaskId(5), checkpoint: Some(CheckpointId(7)), basis: RestoreBasis::Consensus,
         version: Some(Version(70)), request: 12,

@@ -30,8 +30,12 @@ pub fn encode_commit(r: &CommitRecord) -> String {
         RecordKind::Commit(t) => format!("trans {}", t.0),
         RecordKind::Consensus => "consensus".into(),
         RecordKind::Fresh => "fresh".into(),
+        RecordKind::Fallback(to) => format!("fallback {}", to.0),
     };
-    let mut s = format!("weir-commit 2\nid {}\n{kind}\nts {}\n", r.id.0, r.ts);
+    // Format 3 only where format 2 cannot say it: an older Weir refuses a fallback record
+    // (skipping it loudly as damaged) rather than misreading it, and reads every other record.
+    let format = if matches!(r.kind, RecordKind::Fallback(_)) { 3 } else { 2 };
+    let mut s = format!("weir-commit {format}\nid {}\n{kind}\nts {}\n", r.id.0, r.ts);
     for (t, v) in &r.versions {
         s.push_str(&format!("version {} {}\n", t.0, v.0));
     }
@@ -50,6 +54,7 @@ pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError
     let format = match lines.next() {
         Some("weir-commit 1") => 1,
         Some("weir-commit 2") => 2,
+        Some("weir-commit 3") => 3,
         _ => return Err(bad("not a commit record")),
     };
     let (mut id, mut kind, mut ts) = (None, None, None);
@@ -59,11 +64,12 @@ pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError
         let n = |i: usize| p.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| bad("bad number"));
         match p[0] {
             "id" => id = Some(CheckpointId(n(1)?)),
-            "trans" | "consensus" | "fresh" if kind.is_some() => return Err(bad("two kinds")),
+            "trans" | "consensus" | "fresh" | "fallback" if kind.is_some() => return Err(bad("two kinds")),
             "trans" if format == 1 && n(1)? == 0 => kind = Some(RecordKind::Consensus),
             "trans" => kind = Some(RecordKind::Commit(TransId(n(1)?))),
-            "consensus" if format == 2 => kind = Some(RecordKind::Consensus),
-            "fresh" if format == 2 => kind = Some(RecordKind::Fresh),
+            "consensus" if format >= 2 => kind = Some(RecordKind::Consensus),
+            "fresh" if format >= 2 => kind = Some(RecordKind::Fresh),
+            "fallback" if format >= 3 => kind = Some(RecordKind::Fallback(CheckpointId(n(1)?))),
             "ts" => ts = Some(n(1)?),
             "version" => {
                 r.versions.insert(TaskId(n(1)? as u32), Version(n(2)?));
@@ -189,9 +195,24 @@ mod tests {
         assert!(decode_commit("k", without_id.as_bytes()).is_err(), "a record without an id is not id 0");
         let two_kinds = seal("weir-commit 2\nid 3\ntrans 5\nfresh\nts 1\n".into());
         assert!(decode_commit("k", two_kinds.as_bytes()).is_err(), "a commit and a fresh start at once");
-        for r in [CommitRecord::consensus(CheckpointId(3), 9), CommitRecord::fresh(CheckpointId(40), 9)] {
+        for r in [
+            CommitRecord::consensus(CheckpointId(3), 9),
+            CommitRecord::fresh(CheckpointId(40), 9),
+            CommitRecord::fallback(CheckpointId(41), CheckpointId(3), 9),
+        ] {
             assert_eq!(decode_commit("k", encode_commit(&r).as_bytes()).unwrap(), r);
         }
+    }
+
+    #[test]
+    fn only_a_fallback_record_needs_format_3_and_older_formats_cannot_say_it() {
+        let fallback = encode_commit(&CommitRecord::fallback(CheckpointId(41), CheckpointId(3), 9));
+        assert!(fallback.starts_with("weir-commit 3\n"), "{fallback}");
+        assert!(encode_commit(&rec(4)).starts_with("weir-commit 2\n"), "what format 2 says stays format 2");
+        let in_2 = seal("weir-commit 2\nid 41\nfallback 3\nts 1\n".into());
+        assert!(decode_commit("k", in_2.as_bytes()).is_err(), "format 2 has no fallback records");
+        let future = seal("weir-commit 4\nid 41\nts 1\n".into());
+        assert!(decode_commit("k", future.as_bytes()).is_err(), "a newer format is refused, not misread");
     }
 
     #[test]

@@ -49,13 +49,13 @@ pub fn list_commits(store: &dyn Store, stream: StreamId) -> Result<Vec<CommitRec
     Ok(out)
 }
 
-/// The tasks whose manifest a record names: the record's own list, or (a consensus point, whose
-/// record lists none) every task with a manifest of that id in the store.
+/// The tasks whose manifest a record names: the record's own list, or (a consensus or fallback
+/// point, whose record lists none) every task with a manifest of its checkpoint in the store.
 fn tasks_of(store: &dyn Store, stream: StreamId, r: &CommitRecord) -> Result<Vec<(TaskId, Option<u32>)>, StoreError> {
     match r.kind {
         RecordKind::Commit(_) => Ok(r.manifests.iter().map(|(t, c)| (*t, Some(*c))).collect()),
         RecordKind::Fresh => Ok(Vec::new()),
-        RecordKind::Consensus => {
+        RecordKind::Consensus | RecordKind::Fallback(_) => {
             let mut tasks = Vec::new();
             for key in store.list(&format!("{}/tasks/", stream.0))? {
                 let mut parts = key.split('/');
@@ -64,7 +64,7 @@ fn tasks_of(store: &dyn Store, stream: StreamId, r: &CommitRecord) -> Result<Vec
                 else {
                     continue;
                 };
-                if chk == format!("chk-{}", r.id.0)
+                if chk == format!("chk-{}", r.restore_point().unwrap_or(r.id).0)
                     && let Ok(t) = t.parse()
                 {
                     tasks.push((TaskId(t), None));
@@ -79,9 +79,11 @@ fn tasks_of(store: &dyn Store, stream: StreamId, r: &CommitRecord) -> Result<Vec
 pub fn checkpoint_info(store: &dyn Store, stream: StreamId, id: CheckpointId) -> Result<CheckpointInfo, StoreError> {
     let key = super::commit::commit_key(stream, id);
     let record = decode_commit(&key, &store.get(&key)?)?;
+    // A fallback record's manifests are those of the checkpoint it goes back to.
+    let point = record.restore_point().unwrap_or(id);
     let tasks = tasks_of(store, stream, &record)?
         .into_iter()
-        .map(|(t, crc)| (t, fetch_manifest(store, stream, t, id, crc)))
+        .map(|(t, crc)| (t, fetch_manifest(store, stream, t, point, crc)))
         .collect();
     Ok(CheckpointInfo { record, tasks })
 }
@@ -111,12 +113,13 @@ pub struct Verified {
 /// is a finding.
 pub fn verify_checkpoint(store: &dyn Store, stream: StreamId, id: CheckpointId) -> Result<Verified, StoreError> {
     let info = checkpoint_info(store, stream, id)?;
+    let point = info.record.restore_point().unwrap_or(id);
     let mut v = Verified::default();
     for (t, m) in info.tasks {
         let m = match m {
             Ok(m) => m,
             Err(e @ (StoreError::Corrupt { .. } | StoreError::NotFound { .. })) => {
-                v.damage.push(Damage { key: manifest_key(stream, t, id), reason: e.to_string() });
+                v.damage.push(Damage { key: manifest_key(stream, t, point), reason: e.to_string() });
                 continue;
             }
             Err(e) => return Err(e),

@@ -5,15 +5,17 @@
 //! Collection runs beside checkpoints (it never holds one up), so it must never delete what a
 //! checkpoint in flight, or a commit it has not seen yet, needs. The rules:
 //! - Kept: the K newest commit records that decode, and every checkpoint folder whose id is one
-//!   of theirs or above the newest of them (in flight, or committed after the listing).
+//!   of theirs, one they restore (a fallback record's older checkpoint), or above the newest of
+//!   them (in flight, or committed after the listing).
 //! - An SST file is kept when a manifest in a kept folder names it. One no manifest names is
 //!   deleted only when the previous pass found it unnamed too ([`Collector`] remembers): an upload
 //!   in flight stores its files before its manifest, and a checkpoint lasts less than the time
 //!   between two passes that both see it unnamed (passes run after commits; one checkpoint is in
 //!   flight at a time, so its files are named by its manifest by the next commit, or garbage).
-//! - A file live in a newer checkpoint that an upload skipped (already stored) was live in every
-//!   checkpoint between (SST files are immutable and never come back once compacted away), so
-//!   the newest kept commit names it.
+//! - A file an upload skipped (already stored) is in the task's upload index: named by the
+//!   manifest of the task's previous upload (a folder above the newest commit, kept, or a commit
+//!   since) or of the checkpoint it restored (a restore point is a kept commit, or the one a kept
+//!   fallback record goes back to).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -91,10 +93,17 @@ impl Collector {
         // Newest first; a record that does not decode neither counts nor is kept once older
         // than the newest kept one.
         let mut good: Vec<(CheckpointId, String)> = Vec::new();
+        // The checkpoint each record restores (a fallback record's is an older one).
+        let mut points: BTreeMap<CheckpointId, CheckpointId> = BTreeMap::new();
         let mut damaged = Vec::new();
         for key in records.iter().rev() {
             match store.get(key).map(|b| decode_commit(key, &b)) {
-                Ok(Ok(r)) => good.push((r.id, key.clone())),
+                Ok(Ok(r)) => {
+                    if let Some(p) = r.restore_point() {
+                        points.insert(r.id, p);
+                    }
+                    good.push((r.id, key.clone()))
+                }
                 Ok(Err(_)) => damaged.push(key.clone()),
                 Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e),
@@ -106,7 +115,9 @@ impl Collector {
         let kept: BTreeSet<CheckpointId> = good.iter().take(keep).map(|(id, _)| *id).collect();
         let newest = *kept.last().expect("one at least");
         let oldest = *kept.first().expect("one at least");
-        let is_kept = |id: CheckpointId| kept.contains(&id) || id > newest;
+        // A kept fallback record keeps the checkpoint it goes back to.
+        let restored: BTreeSet<CheckpointId> = kept.iter().filter_map(|id| points.get(id).copied()).collect();
+        let is_kept = |id: CheckpointId| kept.contains(&id) || restored.contains(&id) || id > newest;
         // Every object of the stream's tasks, and which SST files the kept folders' manifests name.
         let objects = store.list(&format!("{}/tasks/", stream.0))?;
         let mut named = BTreeSet::new();
@@ -279,6 +290,24 @@ mod tests {
         let done = c.collect_with(&store, S, CollectOptions { dry_run: false, ..dry }).unwrap();
         assert_eq!(done.deleted, would.deleted);
         assert!(!keys(&store).iter().any(|k| k.ends_with("a.sst") || k.contains("chk-1/")));
+    }
+
+    #[test]
+    fn a_kept_fallback_record_keeps_the_checkpoint_it_goes_back_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirStore::new(dir.path());
+        checkpoint(&store, 1, &["a.sst"], true);
+        checkpoint(&store, 2, &["b.sst"], true);
+        checkpoint(&store, 3, &["c.sst"], true); // damaged: the stream went back to 2
+        let r = CommitRecord::fallback(CheckpointId(4), CheckpointId(2), 0);
+        store.put(&commit_key(S, r.id), encode_commit(&r).as_bytes()).unwrap();
+        let mut c = Collector::new();
+        let done = c.collect_with(&store, S, CollectOptions { keep: 1, dry_run: false, stopped: true }).unwrap();
+        assert_eq!(done.kept, vec![CheckpointId(4)]);
+        let k = keys(&store);
+        assert!(k.iter().any(|k| k.contains("chk-2/MANIFEST.weir")), "{k:?}");
+        assert!(k.contains(&"1/tasks/0/sst/b.sst".to_string()), "{k:?}");
+        assert!(!k.iter().any(|k| k.contains("chk-1/") || k.contains("chk-3/") || k.ends_with("c.sst")), "{k:?}");
     }
 
     #[test]

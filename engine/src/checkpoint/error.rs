@@ -76,6 +76,17 @@ pub enum CheckpointError {
         /// Why.
         reason: String,
     },
+    /// A checkpoint's files of a task (or its manifest) are damaged or missing both on the node
+    /// and in the store: that checkpoint cannot be restored, an older one may.
+    #[error("task {task}: checkpoint {id} cannot be restored: {reason}")]
+    Damaged {
+        /// Task.
+        task: TaskId,
+        /// Checkpoint.
+        id: CheckpointId,
+        /// What is damaged or missing.
+        reason: String,
+    },
     /// The request needs the stream's coordinator, which runs elsewhere.
     #[error("node {coordinator} coordinates stream {stream}, not this node")]
     NotCoordinator {
@@ -102,9 +113,10 @@ impl CheckpointError {
             CheckpointError::Timeout { .. }
             | CheckpointError::Snapshot { .. }
             | CheckpointError::Unavailable { .. } => true,
-            CheckpointError::Meta { .. } | CheckpointError::Restore { .. } | CheckpointError::NotCoordinator { .. } => {
-                false
-            }
+            CheckpointError::Meta { .. }
+            | CheckpointError::Restore { .. }
+            | CheckpointError::Damaged { .. }
+            | CheckpointError::NotCoordinator { .. } => false,
         }
     }
 

@@ -304,7 +304,9 @@ impl Engine {
         let trigger = ckpt
             .as_ref()
             .map_or(checkpointing::coordinator::ManualTrigger::off(spec.id, me), checkpointing::Setup::manual_trigger);
-        let coordinator = ckpt.map(checkpointing::Setup::start_coordinator).transpose()?;
+        let halt_shared = shared.clone();
+        let halt: checkpointing::coordinator::Halt = Arc::new(move |why| halt_shared.fail(why));
+        let coordinator = ckpt.map(|c| c.start_coordinator(halt)).transpose()?;
         let status = Arc::new(status::StatusBoard {
             node: me,
             stream: spec.id,

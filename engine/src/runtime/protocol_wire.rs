@@ -2,8 +2,8 @@
 //! nodes those travel as the protocol's rkyv messages. This module converts both ways.
 
 use weir_wire::msg::{
-    CheckpointReady, CheckpointReadyRsp, CheckpointReport, CheckpointSourceReq, CheckpointSourceRsp, ConsensusReq,
-    ReportOutcome, Restore, RestoreBasis, RetrieveTriggerReq, SourceOutcome, TaskReset, TriggerRsp,
+    CannotRestoreReq, CheckpointReady, CheckpointReadyRsp, CheckpointReport, CheckpointSourceReq, CheckpointSourceRsp,
+    ConsensusReq, ReportOutcome, Restore, RestoreBasis, RetrieveTriggerReq, SourceOutcome, TaskReset, TriggerRsp,
     UpdateCheckpointInfo,
 };
 use weir_wire::{CheckpointId, EncodedFrame, Frame, FrameEncoder, Kind, NodeId, StreamId, TaskId, Version};
@@ -99,6 +99,18 @@ pub(crate) fn encode_coord_input(
         CoordInput::Consensus { task, latest, request } => {
             let msg = ConsensusReq { stream, task: *task, node: me, latest: *latest, request: *request };
             enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a consensus request")).ok()
+        }
+        CoordInput::CannotRestore { task, id, best, reason, request } => {
+            let msg = CannotRestoreReq {
+                stream,
+                task: *task,
+                node: me,
+                checkpoint: *id,
+                best: *best,
+                reason: reason.clone(),
+                request: *request,
+            };
+            enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a fallback request")).ok()
         }
         CoordInput::SourceRsp { task, id, trans, answer } => {
             let outcome = match answer.clone() {
@@ -228,6 +240,16 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
             let m = frame.to_owned::<ConsensusReq>().ok()?;
             Routed::ToCoord(CoordInput::Consensus { task: m.task, latest: m.latest, request: m.request })
         }
+        Kind::CannotRestoreReq => {
+            let m = frame.to_owned::<CannotRestoreReq>().ok()?;
+            Routed::ToCoord(CoordInput::CannotRestore {
+                task: m.task,
+                id: m.checkpoint,
+                best: m.best,
+                reason: m.reason,
+                request: m.request,
+            })
+        }
         Kind::Restore => {
             let m = frame.to_owned::<Restore>().ok()?;
             Routed::Restore {
@@ -299,6 +321,13 @@ mod tests {
         let to_coord = vec![
             CoordInput::Report { task: TaskId(4), report: r },
             CoordInput::Consensus { task: TaskId(4), latest: Some(c), request: 77 },
+            CoordInput::CannotRestore {
+                task: TaskId(4),
+                id: c,
+                best: Some(CheckpointId(2)),
+                reason: "corrupt object k".into(),
+                request: 77,
+            },
             CoordInput::SourceRsp {
                 task: TaskId(4),
                 id: c,

@@ -179,6 +179,10 @@ impl SimCoordFx<'_> {
 }
 
 impl CoordEffects for SimCoordFx<'_> {
+    fn halt(&mut self, reason: String) {
+        panic!("the simulated stream halted: {reason}");
+    }
+
     fn send_task(&mut self, to: TaskId, input: TaskInput) {
         let mut w = self.w.borrow_mut();
         if let TaskInput::SourceReq { id, trans, .. } = input {
@@ -226,6 +230,8 @@ impl CoordEffects for SimCoordFx<'_> {
                 w.stats.fresh_records += 1;
             }
             RecordKind::Commit(_) => w.check_reports(&record),
+            // The simulator damages no snapshot: no task asks to go back.
+            RecordKind::Fallback(to) => panic!("fallback record {} to {to}, but nothing is damaged", record.id),
         }
         let outcome = write_commit(&*w.store, STREAM, &record);
         // What counts is what a restart would read: the record visible in the store.

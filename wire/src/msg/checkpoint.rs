@@ -302,6 +302,27 @@ archived! {
 }
 
 archived! {
+    /// Task → coordinator on start: I cannot restore the chosen point (its files are damaged or
+    /// missing on my node and in the store); choose an older one.
+    pub struct CannotRestoreReq {
+        /// Stream.
+        pub stream: StreamId,
+        /// Task.
+        pub task: TaskId,
+        /// Its node.
+        pub node: NodeId,
+        /// The restore point it cannot restore.
+        pub checkpoint: CheckpointId,
+        /// The newest older committed checkpoint every task of its node can restore, if any.
+        pub best: Option<CheckpointId>,
+        /// What is wrong.
+        pub reason: String,
+        /// The request (unique per start of the task), echoed by the [`Restore`] answering it.
+        pub request: u64,
+    }
+}
+
+archived! {
     /// Where a restore point came from.
     pub enum RestoreBasis {
         /// The coordinator's durable commit record.
@@ -310,6 +331,8 @@ archived! {
         Consensus,
         /// Nothing committed yet: start empty from the beginning.
         Fresh,
+        /// An older commit than the last: a task could not restore the last one.
+        Fallback,
     }
 }
 

@@ -150,6 +150,7 @@ kinds! {
     29 => TaskReset,
     30 => ConsensusReq,
     31 => Restore,
+    32 => CannotRestoreReq,
     40 => StatusReq,
     41 => StatusRsp,
     42 => CheckpointNowReq,

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use weir_wire::msg::{TaskCheckpointStats, TriggerKind};
+use weir_wire::msg::{RestoreBasis, TaskCheckpointStats, TriggerKind};
 use weir_wire::{CheckpointId, NodeId, StreamId, TaskId, TransId, Version};
 
 use crate::checkpoint::task::{Report, Role, SourceAnswer};
@@ -61,6 +61,10 @@ pub enum RecordKind {
     /// which names no state, so that it sorts above every older record: a restarted coordinator
     /// finds the choice and makes it again.
     Fresh,
+    /// The stream went back to this older committed checkpoint, because a task could restore
+    /// the newer one neither from its node nor from the store. Like [`RecordKind::Fresh`], the
+    /// record takes an id of its own, so it sorts above the record it supersedes.
+    Fallback(CheckpointId),
 }
 
 /// What a commit record holds: enough to restore every task.
@@ -90,16 +94,26 @@ impl CommitRecord {
         CommitRecord { id, kind: RecordKind::Fresh, versions: BTreeMap::new(), manifests: BTreeMap::new(), ts }
     }
 
+    /// The record of the stream's going back to checkpoint `to`, under id `id`, at `ts`: like a
+    /// consensus record, it names no offsets or manifest checksums (each manifest has them).
+    pub fn fallback(id: CheckpointId, to: CheckpointId, ts: u64) -> Self {
+        CommitRecord { id, kind: RecordKind::Fallback(to), versions: BTreeMap::new(), manifests: BTreeMap::new(), ts }
+    }
+
     /// The checkpoint every task restores (none: every task starts from nothing).
     pub fn restore_point(&self) -> Option<CheckpointId> {
-        (self.kind != RecordKind::Fresh).then_some(self.id)
+        match self.kind {
+            RecordKind::Fresh => None,
+            RecordKind::Fallback(to) => Some(to),
+            RecordKind::Commit(_) | RecordKind::Consensus => Some(self.id),
+        }
     }
 
     /// The checkpoint's transaction, when it is a checkpoint's own commit.
     pub fn trans(&self) -> Option<TransId> {
         match self.kind {
             RecordKind::Commit(t) => Some(t),
-            RecordKind::Consensus | RecordKind::Fresh => None,
+            RecordKind::Consensus | RecordKind::Fresh | RecordKind::Fallback(_) => None,
         }
     }
 }
@@ -183,6 +197,22 @@ pub enum CoordInput {
         /// (an answer to an earlier incarnation of it may still be in flight).
         request: u64,
     },
+    /// A starting task cannot restore the chosen point `id`: its files (or those of another
+    /// task of its node) are damaged or missing both on the node and in the store. It asks
+    /// for an older restore point, naming the newest older commit its node can restore.
+    CannotRestore {
+        /// Task.
+        task: TaskId,
+        /// The restore point it cannot restore.
+        id: CheckpointId,
+        /// The newest older committed checkpoint every task of its node can restore (none: no
+        /// older one).
+        best: Option<CheckpointId>,
+        /// What is wrong, for the log line.
+        reason: String,
+        /// The request, as for `Consensus`.
+        request: u64,
+    },
 }
 
 /// Ids (and transaction ids) reserved by one `PersistIds`.
@@ -255,8 +285,8 @@ pub enum CoordAction {
         /// Source offset to replay from, when the point is a commit record (a consensus point
         /// has none: the task's manifest says it).
         version: Option<Version>,
-        /// Whether it came from the commit record (else the consensus).
-        committed: bool,
+        /// Where it came from: the commit record, the consensus, a fallback, or nothing.
+        basis: RestoreBasis,
         /// The request this answers.
         request: u64,
     },
@@ -279,6 +309,23 @@ pub enum CoordAction {
         healthy: bool,
         /// Consecutive failures.
         consecutive_failures: u32,
+    },
+    /// The stream goes back from checkpoint `from`, which a task cannot restore, to `to` (for
+    /// the log: one line saying what was wrong).
+    FallingBack {
+        /// The restore point given up.
+        from: CheckpointId,
+        /// The older one chosen (none: there is none, and the stream halts).
+        to: Option<CheckpointId>,
+        /// What the tasks found, task by task.
+        reason: String,
+    },
+    /// The stream cannot go on without a person or a restart of every node: no committed
+    /// checkpoint every task can restore, or tasks that restored a damaged point already (on
+    /// other nodes) and cannot go back with the others. The engine stops with `reason`.
+    Halt {
+        /// Why, and what to do.
+        reason: String,
     },
     /// A report was refused.
     RejectedReport {

@@ -15,12 +15,13 @@
 //!   confirmed by `CommitDurable`) before any task hears of the commit.
 //! - A failed checkpoint resets every task; the next one goes ahead after the pause.
 
+mod fallback;
 mod interface;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 pub use interface::*;
-use weir_wire::msg::TriggerKind;
+use weir_wire::msg::{RestoreBasis, TriggerKind};
 use weir_wire::{CheckpointId, NodeId, TaskId, TransId, Version};
 
 use super::task::{Report, Role, SourceAnswer};
@@ -59,7 +60,20 @@ enum Phase {
     /// The consensus chose `record`'s checkpoint; its commit record is written before any task
     /// hears of it, so a coordinator that restarts meanwhile chooses the same point (tasks
     /// restored already do not ask again). Written again from `retry_at` until it is durable.
-    Recording { record: CommitRecord, retry_at: u64, asking: BTreeMap<TaskId, u64> },
+    /// A fallback record is written the same way; with `halt`, the stream halts once it is
+    /// durable instead of answering (some tasks cannot go back with the others).
+    Recording { record: CommitRecord, retry_at: u64, asking: BTreeMap<TaskId, u64>, halt: Option<String> },
+    /// A task cannot restore the chosen point `from`: collecting, until every task asked or
+    /// `deadline`, the newest older commit each task's node can restore, and the requests.
+    FallingBack {
+        from: CheckpointId,
+        deadline: u64,
+        best: BTreeMap<TaskId, Option<CheckpointId>>,
+        asking: BTreeMap<TaskId, u64>,
+        reasons: BTreeMap<TaskId, String>,
+    },
+    /// Halted: nothing more happens until a restart.
+    Halted,
     /// Running.
     Running,
 }
@@ -93,7 +107,7 @@ pub struct Coordinator {
     down: BTreeSet<NodeId>,
     /// The restore point chosen at start (checkpoint, whether committed), once chosen: a task that
     /// asks again (its answer was lost, or it came after the wait) gets the same one.
-    restore_point: Option<(Option<CheckpointId>, bool)>,
+    restore_point: Option<(Option<CheckpointId>, RestoreBasis)>,
     /// Started with neither a commit record nor a reserved id: no checkpoint ever began.
     new_stream: bool,
 }
@@ -144,19 +158,25 @@ impl Coordinator {
     }
 
     /// Chooses the restore point and answers the tasks that asked.
-    fn choose(&mut self, id: Option<CheckpointId>, committed: bool, asking: BTreeMap<TaskId, u64>) -> Vec<CoordAction> {
+    fn choose(
+        &mut self,
+        id: Option<CheckpointId>,
+        basis: RestoreBasis,
+        asking: BTreeMap<TaskId, u64>,
+    ) -> Vec<CoordAction> {
         self.phase = Phase::Running;
-        self.restore_point = Some((id, committed));
+        let basis = if id.is_none() { RestoreBasis::Fresh } else { basis };
+        self.restore_point = Some((id, basis));
         asking.into_iter().filter_map(|(t, request)| self.restore_one(t, request)).collect()
     }
 
     /// The `SendRestore` answering task `t`'s `request` (none before the point is chosen).
     fn restore_one(&self, task: TaskId, request: u64) -> Option<CoordAction> {
-        let (id, committed) = self.restore_point?;
-        // A consensus point's record names no offsets: the task takes them from its manifest.
+        let (id, basis) = self.restore_point.clone()?;
+        // A consensus or fallback record names no offsets: the task takes them from its manifest.
         let version =
             self.last_commit.as_ref().filter(|c| Some(c.id) == id).and_then(|c| c.versions.get(&task).copied());
-        Some(CoordAction::SendRestore { task, node: self.node_of(task), id, version, committed, request })
+        Some(CoordAction::SendRestore { task, node: self.node_of(task), id, version, basis, request })
     }
 
     /// Handles one input.
@@ -178,7 +198,13 @@ impl Coordinator {
                 match last_commit {
                     // Every task restores the record (the engine's before it starts; a task that
                     // asks gets it).
-                    Some(c) => self.choose(c.restore_point(), true, BTreeMap::new()),
+                    Some(c) => {
+                        let basis = match c.kind {
+                            RecordKind::Fallback(_) => RestoreBasis::Fallback,
+                            _ => RestoreBasis::Committed,
+                        };
+                        self.choose(c.restore_point(), basis, BTreeMap::new())
+                    }
                     None => {
                         self.phase = Phase::Consensus {
                             deadline: now + self.cfg.consensus_wait_ms,
@@ -203,11 +229,20 @@ impl Coordinator {
                         asking.insert(task, request);
                         return Vec::new();
                     }
-                    Phase::Down => return Vec::new(),
+                    // Its node can restore the point given up; it waits for the older one.
+                    Phase::FallingBack { from, best, asking, .. } => {
+                        best.entry(task).or_insert(Some(*from));
+                        asking.insert(task, request);
+                        return self.fallback_if_complete();
+                    }
+                    Phase::Down | Phase::Halted => return Vec::new(),
                     // Chosen already: the task asks again, and gets the same answer.
                     Phase::Running => return self.restore_one(task, request).into_iter().collect(),
                 };
                 if done { self.finish_consensus() } else { Vec::new() }
+            }
+            CoordInput::CannotRestore { task, id, best, reason, request } => {
+                self.cannot_restore(task, id, best, reason, request)
             }
             CoordInput::Tick { now } => self.tick(now),
             CoordInput::Trigger => {
@@ -304,7 +339,7 @@ impl Coordinator {
             // A stream that never reserved an id, and whose tasks all said so, has nothing
             // anywhere to restore: no later choice can differ, and its first checkpoint keeps id 1.
             None if self.new_stream && latest.values().all(Option::is_none) => {
-                return self.choose(None, false, asking);
+                return self.choose(None, RestoreBasis::Fresh, asking);
             }
             None => {
                 // An id of its own, past every id used, so the record sorts above older ones.
@@ -313,26 +348,44 @@ impl Coordinator {
                 CommitRecord::fresh(id, self.now)
             }
         };
-        self.phase =
-            Phase::Recording { record: record.clone(), retry_at: self.now + self.cfg.store_timeout_ms, asking };
+        self.phase = Phase::Recording {
+            record: record.clone(),
+            retry_at: self.now + self.cfg.store_timeout_ms,
+            asking,
+            halt: None,
+        };
         vec![CoordAction::WriteCommit(record)]
     }
 
     /// The consensus point's record is durable: answer the tasks.
     fn consensus_recorded(&mut self) -> Vec<CoordAction> {
-        let Phase::Recording { record, asking, .. } = std::mem::replace(&mut self.phase, Phase::Running) else {
+        let Phase::Recording { record, asking, halt, .. } = std::mem::replace(&mut self.phase, Phase::Running) else {
             return Vec::new();
         };
         let point = record.restore_point();
+        let basis = match record.kind {
+            RecordKind::Fallback(_) => RestoreBasis::Fallback,
+            _ => RestoreBasis::Consensus,
+        };
         self.last_commit = Some(record);
-        self.choose(point, false, asking)
+        if let Some(reason) = halt {
+            self.phase = Phase::Halted;
+            return vec![CoordAction::Halt { reason }];
+        }
+        self.choose(point, basis, asking)
     }
 
     fn tick(&mut self, now: u64) -> Vec<CoordAction> {
         self.now = self.now.max(now);
         let now = self.now;
         match &self.phase {
-            Phase::Down => return Vec::new(),
+            Phase::Down | Phase::Halted => return Vec::new(),
+            Phase::FallingBack { deadline, .. } => {
+                if now >= *deadline {
+                    return self.finish_fallback();
+                }
+                return Vec::new();
+            }
             Phase::Consensus { deadline, .. } => {
                 if now >= *deadline {
                     return self.finish_consensus();
@@ -509,7 +562,7 @@ impl Coordinator {
             let trans = match c.kind {
                 RecordKind::Commit(t) => t,
                 RecordKind::Consensus => report.trans,
-                RecordKind::Fresh => return None,
+                RecordKind::Fresh | RecordKind::Fallback(_) => return None,
             };
             Some((c, trans))
         });

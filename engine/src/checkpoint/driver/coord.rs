@@ -40,6 +40,8 @@ pub trait CoordEffects: Clock {
     fn finished(&mut self, stats: CheckpointStats);
     /// The stream's health changed.
     fn health(&mut self, _healthy: bool, _consecutive_failures: u32) {}
+    /// The stream cannot go on (`CoordAction::Halt`): stop it with `reason`.
+    fn halt(&mut self, reason: String);
 }
 
 /// The coordinator's driver.
@@ -98,17 +100,24 @@ impl CoordDriver {
             CoordAction::SendReset { task, failed, trans, reason, .. } => {
                 fx.send_task(task, TaskInput::Reset { failed, trans, reason })
             }
-            CoordAction::SendRestore { task, id, version, committed, request, .. } => {
-                let basis = match (committed, id) {
-                    (_, None) => RestoreBasis::Fresh,
-                    (true, Some(_)) => RestoreBasis::Committed,
-                    (false, Some(_)) => RestoreBasis::Consensus,
-                };
-                if !committed && self.announced != Some(id) {
+            CoordAction::SendRestore { task, id, version, basis, request, .. } => {
+                if basis != RestoreBasis::Committed && self.announced != Some(id) {
                     self.announced = Some(id);
                     tracing::info!(stream = %stream, checkpoint = ?id, ?basis, "restore point chosen");
                 }
                 fx.send_restore(task, id, version, basis, request)
+            }
+            CoordAction::FallingBack { from, to: Some(to), reason } => tracing::warn!(
+                stream = %stream, %from, %to, %reason,
+                "checkpoint {from} cannot be restored; the whole stream goes back to checkpoint {to}"
+            ),
+            CoordAction::FallingBack { from, to: None, reason } => tracing::error!(
+                stream = %stream, %from, %reason,
+                "checkpoint {from} cannot be restored, and no older commit can"
+            ),
+            CoordAction::Halt { reason } => {
+                tracing::error!(stream = %stream, %reason, "the stream halts");
+                fx.halt(reason);
             }
             CoordAction::Finished { id, started_at, outcome, tasks, .. } => {
                 // Not started: it failed before asking any source (a node was down).

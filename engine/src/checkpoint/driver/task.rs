@@ -151,6 +151,9 @@ pub struct TaskDriver<C> {
     warned: u64,
     /// This start of the task: its restore requests carry it, and it takes only answers to them.
     start: u64,
+    /// A restore point this task cannot restore (its files damaged on its node and in the
+    /// store), the newest older commit its node can, and why: its requests ask to go back.
+    cannot: Option<(CheckpointId, Option<CheckpointId>, String)>,
 }
 
 impl<C> TaskDriver<C> {
@@ -167,7 +170,15 @@ impl<C> TaskDriver<C> {
             asked_us: None,
             warned: 0,
             start,
+            cannot: None,
         }
+    }
+
+    /// The task (with every other task of its node) cannot restore `id`, the point the commit
+    /// record names; its node can restore `best` at most. It stays `Uninit` and asks the
+    /// coordinator to take the stream back.
+    pub fn cannot_restore(&mut self, id: CheckpointId, best: Option<CheckpointId>, reason: String) {
+        self.cannot = Some((id, best, reason));
     }
 
     /// The machine.
@@ -267,7 +278,18 @@ impl<C> TaskDriver<C> {
             tracing::debug!(task = %self.task(), ?checkpoint, "restore point for a task already restored, or for another start: ignored");
             return Ok(());
         }
-        let version = port.restore(point)?;
+        let version = match port.restore(point) {
+            Ok(v) => v,
+            // The coordinator's point is damaged for this task: ask it for an older one.
+            Err(CheckpointError::Damaged { id, reason, .. }) if request.is_some() => {
+                tracing::warn!(task = %self.task(), checkpoint = %id, %reason, "cannot restore the restore point; asking for an older one");
+                self.cannot = Some((id, None, reason));
+                self.asked_us = None;
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        self.cannot = None;
         match checkpoint {
             Some(_) => tracing::info!(task = %self.task(), ?checkpoint, ?basis, version = version.0, "restored"),
             None => tracing::debug!(task = %self.task(), "starting from the beginning"),
@@ -299,7 +321,13 @@ impl<C> TaskDriver<C> {
         } else {
             tracing::debug!(task = %self.task(), ?latest, "asking the coordinator for the restore point");
         }
-        fx.send_coord(CoordInput::Consensus { task: self.task(), latest, request: self.start });
+        let (task, request) = (self.task(), self.start);
+        match &self.cannot {
+            Some((id, best, reason)) => {
+                fx.send_coord(CoordInput::CannotRestore { task, id: *id, best: *best, reason: reason.clone(), request })
+            }
+            None => fx.send_coord(CoordInput::Consensus { task, latest, request }),
+        }
         Ok(())
     }
 

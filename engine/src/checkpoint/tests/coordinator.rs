@@ -1,8 +1,9 @@
 //! The coordinator.
 
 use super::*;
+use weir_wire::msg::RestoreBasis;
 
-fn coord_cfg() -> CoordinatorConfig {
+pub(super) fn coord_cfg() -> CoordinatorConfig {
     CoordinatorConfig {
         stream: StreamId(1),
         tasks: vec![
@@ -21,7 +22,7 @@ fn coord_cfg() -> CoordinatorConfig {
 }
 
 /// Feeds `input`; a `PersistIds` among the actions is answered at once (the store is quick).
-fn step(c: &mut Coordinator, input: CoordInput) -> Vec<CoordAction> {
+pub(super) fn step(c: &mut Coordinator, input: CoordInput) -> Vec<CoordAction> {
     let mut out = c.handle(input);
     let persisted: Vec<IdRecord> =
         out.iter().filter_map(|a| if let CoordAction::PersistIds(r) = a { Some(*r) } else { None }).collect();
@@ -31,7 +32,7 @@ fn step(c: &mut Coordinator, input: CoordInput) -> Vec<CoordAction> {
     out
 }
 
-fn tick(c: &mut Coordinator, now: u64) -> Vec<CoordAction> {
+pub(super) fn tick(c: &mut Coordinator, now: u64) -> Vec<CoordAction> {
     step(c, CoordInput::Tick { now })
 }
 
@@ -343,7 +344,7 @@ fn restart_restores_the_last_commit_and_never_reuses_an_id() {
             node: NodeId(1),
             id: Some(CheckpointId(7)),
             version: Some(Version(900)),
-            committed: true,
+            basis: RestoreBasis::Committed,
             request: 101
         }]
     );
@@ -382,7 +383,7 @@ fn restart_without_a_commit_record_uses_the_minimum_of_the_tasks_latest_ids() {
                 node: NodeId(node),
                 id: Some(CheckpointId(3)),
                 version: None,
-                committed: false,
+                basis: RestoreBasis::Consensus,
                 request
             }),
             "{out:?}"
@@ -465,7 +466,7 @@ fn a_task_that_asks_again_gets_the_restore_point_already_chosen() {
             node: NodeId(1),
             id: Some(CheckpointId(3)),
             version: None,
-            committed: false,
+            basis: RestoreBasis::Consensus,
             request: 7
         }]
     );

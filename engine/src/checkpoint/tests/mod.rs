@@ -1,7 +1,8 @@
 //! One test per protocol scenario, named after it: the task machine's in `task.rs`, the
-//! coordinator's in `coordinator.rs`; shared setups here.
+//! coordinator's in `coordinator.rs`, its fallback to an older commit in `fallback.rs`; shared setups here.
 
 mod coordinator;
+mod fallback;
 mod task;
 
 use weir_wire::msg::TriggerKind::Periodic;

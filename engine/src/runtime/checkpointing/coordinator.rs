@@ -41,7 +41,11 @@ struct EngineCoordFx {
     net: Option<ProtoNet>,
     store_jobs: Sender<StoreJob>,
     log: Arc<CheckpointLog>,
+    halt: Halt,
 }
+
+/// Stops the engine with a reason (the coordinator's `Halt`).
+pub(crate) type Halt = Arc<dyn Fn(String) + Send + Sync>;
 
 impl Clock for EngineCoordFx {
     fn wall_us(&self) -> u64 {
@@ -54,6 +58,10 @@ impl Clock for EngineCoordFx {
 }
 
 impl CoordEffects for EngineCoordFx {
+    fn halt(&mut self, reason: String) {
+        (self.halt)(reason)
+    }
+
     fn send_task(&mut self, to: TaskId, input: TaskInput) {
         if let Some(h) = self.peers.get(&to) {
             h.try_send(Control::Protocol(input));
@@ -165,6 +173,8 @@ pub(crate) struct CoordStart {
     pub(crate) store_timeout: Duration,
     /// Commits kept in the store (0: all, no collection).
     pub(crate) retain: usize,
+    /// How the stream halts.
+    pub(crate) halt: Halt,
 }
 
 /// The coordinator thread and its store thread.
@@ -208,6 +218,7 @@ impl CoordThread {
                 net: s.net,
                 store_jobs: jobs_tx,
                 log: s.log,
+                halt: s.halt,
             };
             let mut driver = CoordDriver::new(s.coordinator, s.stream);
             // With a commit record every task restored it before the workers started; without

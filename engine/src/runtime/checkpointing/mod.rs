@@ -21,6 +21,7 @@ pub(crate) mod port;
 pub(crate) mod restore;
 mod settings;
 mod stats;
+mod verify;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -38,6 +39,7 @@ pub use stats::CheckpointLog;
 use self::coordinator::{CoordStart, CoordThread, ManualTrigger};
 use self::net::ProtoNet;
 use self::port::{EngineClock, EngineTaskFx, PortCtx, TaskCheckpointing};
+use self::verify::NodePoint;
 use super::config::EngineConfig;
 use super::control::ControlHandle;
 use super::error::EngineError;
@@ -45,7 +47,7 @@ use super::task::Task;
 use crate::backup::Store;
 use crate::backup::commit::{last_commit, read_ids};
 use crate::backup::uploader::UploaderPool;
-use crate::checkpoint::driver::{RestorePoint, TaskDriver};
+use crate::checkpoint::driver::TaskDriver;
 use crate::checkpoint::{CommitRecord, CoordInput, Coordinator, IdRecord, Role, TaskMachine, TaskSetup};
 use crate::spec::{Placement, StreamSpec, TaskDesc, TaskKind, Topology};
 
@@ -54,6 +56,14 @@ fn role(k: &TaskKind) -> Role {
         TaskKind::Source { .. } => Role::Source,
         TaskKind::Agg { .. } => Role::Agg,
         TaskKind::Sink { .. } => Role::Sink,
+    }
+}
+
+/// How a record's restore point came about, as a restore reports it.
+fn basis_of(r: &CommitRecord) -> RestoreBasis {
+    match r.kind {
+        crate::checkpoint::RecordKind::Fallback(_) => RestoreBasis::Fallback,
+        _ => RestoreBasis::Committed,
     }
 }
 
@@ -73,6 +83,9 @@ pub(crate) struct Setup {
     /// The last commit record, which every task restores before the workers start; without
     /// one, tasks start `Uninit` and restore the coordinator's consensus when it answers.
     last: Option<CommitRecord>,
+    /// Whether this node's tasks can restore the last record's point; when not, they start
+    /// `Uninit` and ask the coordinator to take the stream back.
+    node_point: NodePoint,
     restored: Arc<OnceLock<(RestoreBasis, Option<CheckpointId>)>>,
     ids: IdRecord,
     peers: Arc<HashMap<TaskId, ControlHandle>>,
@@ -104,11 +117,21 @@ impl Setup {
         let store = settings.open_store();
         let restored = Arc::new(OnceLock::new());
         let last = last_commit(store.as_ref(), spec.id).map_err(|e| EngineError::Store(e.to_string()))?;
+        let local: Vec<TaskId> = topo.tasks.iter().map(|t| t.id).filter(|t| node_of[t] == cfg.node).collect();
+        let node_point = match &last {
+            Some(r) => verify::check_node(store.as_ref(), spec.id, &cfg.data_dir, &local, r)?,
+            None => NodePoint::Ready,
+        };
         match &last {
+            Some(r) if node_point != NodePoint::Ready => tracing::warn!(
+                stream = %spec.id,
+                record = %r.id,
+                "the tasks wait for the coordinator to choose an older checkpoint"
+            ),
             Some(r) => match r.restore_point() {
                 Some(id) => {
                     tracing::info!(stream = %spec.id, checkpoint = %id, kind = ?r.kind, "restoring from the last commit");
-                    let _ = restored.set((RestoreBasis::Committed, Some(id)));
+                    let _ = restored.set((basis_of(r), Some(id)));
                 }
                 None => {
                     tracing::info!(stream = %spec.id, record = %r.id, "the last record says start from nothing");
@@ -144,6 +167,7 @@ impl Setup {
             store,
             settings: settings.clone(),
             last,
+            node_point,
             restored,
             ids,
             peers,
@@ -202,18 +226,16 @@ impl Setup {
                 spare: spare_rx,
             },
         };
-        match self.last.as_ref().map(|r| (r, r.restore_point())) {
-            Some((r, Some(id))) => {
-                let point = RestorePoint {
-                    id,
-                    version: r.versions.get(&t.id).copied(),
-                    manifest_crc: r.manifests.get(&t.id).copied(),
-                };
-                ck.restore(task, Some(point), RestoreBasis::Committed, None)?;
+        if let NodePoint::Damaged { id, best, reason } = &self.node_point {
+            ck.driver.cannot_restore(*id, *best, reason.clone());
+            return Ok(ck);
+        }
+        if let Some(r) = self.last.as_ref() {
+            match verify::point_of(r, t.id) {
+                Some(point) => ck.restore(task, Some(point), basis_of(r), None)?,
+                // The consensus chose to start from nothing, and recorded it.
+                None => ck.restore(task, None, RestoreBasis::Fresh, None)?,
             }
-            // The consensus chose to start from nothing, and recorded it.
-            Some((_, None)) => ck.restore(task, None, RestoreBasis::Fresh, None)?,
-            None => {}
         }
         Ok(ck)
     }
@@ -246,7 +268,7 @@ impl Setup {
     /// Starts the coordinator if it runs on this node; returns it with the statistics log and the
     /// uploader pool (which ends once every task has dropped its job queue: join it after the
     /// workers).
-    pub(crate) fn start_coordinator(self) -> Result<Running, EngineError> {
+    pub(crate) fn start_coordinator(self, halt: coordinator::Halt) -> Result<Running, EngineError> {
         let cfg = crate::checkpoint::CoordinatorConfig {
             stream: self.stream,
             tasks: self.topo.tasks.iter().map(|t| (t.id, self.node_of[&t.id], role(&t.kind))).collect(),
@@ -285,6 +307,7 @@ impl Setup {
             net,
             store_timeout: Duration::from_millis(self.settings.store_timeout_ms),
             retain: self.settings.retain,
+            halt,
         })
         .map_err(EngineError::Thread)?;
         Ok(Running { restored, coordinator: Some(t), log, uploaders })

@@ -7,14 +7,16 @@
 //!   read is an error naming the file, never "nothing committed" (which would make the consensus
 //!   restore start every task from nothing).
 //! - A local snapshot is used only when it matches the stored manifest file by file (size and
-//!   CRC32C); otherwise the files are downloaded and verified.
+//!   CRC32C); otherwise the files are downloaded, verified, and take its place.
+//! - Damage (a manifest or file missing or corrupt both locally and in the store) is told apart
+//!   from a store that cannot be read: only damage makes the stream go back to an older commit.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
-use crate::backup::{Manifest, Store, download_files, fetch_manifest, local_snapshot_matches};
+use crate::backup::{Manifest, Store, StoreError, download_files, fetch_manifest, local_snapshot_matches};
 use crate::checkpoint::CheckpointError;
 use crate::checkpoint::driver::RestorePoint;
 use crate::state::TaskStore;
@@ -89,9 +91,46 @@ pub(crate) fn db_dir(data: &Path, t: TaskId) -> PathBuf {
     task_dir(data, t).join("db")
 }
 
-/// Restores task `t` at `point`: finds the checkpoint's files (the local snapshot when every file
-/// matches the manifest, else downloaded and verified), hands their directory to `open`, and
-/// returns the manifest (its offset, and the files now in the store for the task's next upload).
+/// Finds checkpoint `point`'s files of task `t`, verified: the local snapshot when every file
+/// matches the manifest, else downloaded from the store and checked, then put in the local
+/// snapshot's place (so the restore that follows finds them there). Returns the manifest and the
+/// directory. A manifest or file damaged or missing both locally and in the store is
+/// [`CheckpointError::Damaged`]: this checkpoint cannot be restored, an older one may.
+pub(crate) fn locate(
+    store: &dyn Store,
+    stream: StreamId,
+    t: TaskId,
+    data: &Path,
+    point: RestorePoint,
+) -> Result<(Manifest, PathBuf), CheckpointError> {
+    let id = point.id;
+    let failed = |e: StoreError| match e {
+        StoreError::Corrupt { .. } | StoreError::NotFound { .. } => {
+            CheckpointError::Damaged { task: t, id, reason: e.to_string() }
+        }
+        e => CheckpointError::Restore { task: t, id: Some(id), reason: e.to_string() },
+    };
+    let manifest = fetch_manifest(store, stream, t, id, point.manifest_crc).map_err(failed)?;
+    let local = snapshot_dir(data, t, id);
+    if local_snapshot_matches(&manifest, &local) {
+        tracing::debug!(task = %t, checkpoint = %id, "the local snapshot matches its manifest");
+        return Ok((manifest, local));
+    }
+    tracing::info!(task = %t, checkpoint = %id, files = manifest.files.len(), "downloading the snapshot");
+    let dl = task_dir(data, t).join("restore-download");
+    download_files(store, &manifest, &dl).map_err(failed)?;
+    let io = |e: std::io::Error| CheckpointError::Restore { task: t, id: Some(id), reason: e.to_string() };
+    if local.exists() {
+        std::fs::remove_dir_all(&local).map_err(io)?;
+    }
+    std::fs::create_dir_all(local.parent().expect("snapshots folder")).map_err(io)?;
+    std::fs::rename(&dl, &local).map_err(io)?;
+    Ok((manifest, local))
+}
+
+/// Restores task `t` at `point`: [`locate`]s the checkpoint's files, hands their directory to
+/// `open`, and returns the manifest (its offset, and the files now in the store for the task's
+/// next upload).
 pub(crate) fn restore_task(
     store: &dyn Store,
     stream: StreamId,
@@ -100,22 +139,9 @@ pub(crate) fn restore_task(
     point: RestorePoint,
     open: impl FnOnce(&Path) -> Result<(), String>,
 ) -> Result<Manifest, CheckpointError> {
-    let id = point.id;
-    let failed = |reason: String| CheckpointError::Restore { task: t, id: Some(id), reason };
-    let manifest = fetch_manifest(store, stream, t, id, point.manifest_crc).map_err(|e| failed(e.to_string()))?;
-    let local = snapshot_dir(data, t, id);
-    let dl = task_dir(data, t).join("restore-download");
-    let src = if local_snapshot_matches(&manifest, &local) {
-        tracing::info!(task = %t, checkpoint = %id, "restoring from the local snapshot");
-        local
-    } else {
-        tracing::info!(task = %t, checkpoint = %id, files = manifest.files.len(), "downloading the snapshot");
-        download_files(store, &manifest, &dl).map_err(|e| failed(e.to_string()))?;
-        dl.clone()
-    };
-    let opened = open(&src).map_err(failed);
-    let _ = std::fs::remove_dir_all(&dl);
-    opened.map(|()| manifest)
+    let (manifest, dir) = locate(store, stream, t, data, point)?;
+    open(&dir).map_err(|reason| CheckpointError::Restore { task: t, id: Some(point.id), reason })?;
+    Ok(manifest)
 }
 
 /// Deletes task `t`'s local snapshots older than `id` (its last commit), but the `keep - 1`

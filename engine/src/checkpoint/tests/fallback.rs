@@ -1,0 +1,156 @@
+//! The coordinator taking the stream back to an older commit when a task cannot restore the last.
+
+use super::coordinator::{coord_cfg, step, tick};
+use super::*;
+use weir_wire::msg::RestoreBasis;
+
+const TASKS: [(u32, u32); 3] = [(1, 1), (10, 1), (20, 2)];
+
+fn commit(id: u64) -> CommitRecord {
+    CommitRecord {
+        id: CheckpointId(id),
+        kind: RecordKind::Commit(TransId(id)),
+        versions: [(TaskId(1), Version(id * 100))].into_iter().collect(),
+        manifests: Default::default(),
+        ts: 1,
+    }
+}
+
+/// A coordinator restarted with commit 7 as its last record.
+fn restarted_at_7() -> Coordinator {
+    let mut c = Coordinator::new(coord_cfg());
+    let ids = IdRecord { next_id: CheckpointId(8), next_trans: TransId(8) };
+    assert!(c.handle(CoordInput::Start { now: 0, ids, last_commit: Some(commit(7)) }).is_empty());
+    c
+}
+
+fn cannot(c: &mut Coordinator, t: u32, id: u64, best: Option<u64>) -> Vec<CoordAction> {
+    step(
+        c,
+        CoordInput::CannotRestore {
+            task: TaskId(t),
+            id: CheckpointId(id),
+            best: best.map(CheckpointId),
+            reason: format!("corrupt object of t{t}"),
+            request: 100 + u64::from(t),
+        },
+    )
+}
+
+fn restores(out: &[CoordAction]) -> Vec<(TaskId, Option<CheckpointId>, RestoreBasis)> {
+    out.iter()
+        .filter_map(|a| match a {
+            CoordAction::SendRestore { task, id, basis, .. } => Some((*task, *id, basis.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn written(out: &[CoordAction]) -> Option<CommitRecord> {
+    out.iter().find_map(|a| if let CoordAction::WriteCommit(r) = a { Some(r.clone()) } else { None })
+}
+
+#[test]
+fn a_damaged_restore_point_takes_the_whole_stream_back_to_the_newest_commit_every_task_can_restore() {
+    let mut c = restarted_at_7();
+    // Node 1 found task 10's files of 7 damaged: both its tasks ask; node 2 can go back to 5 only.
+    assert!(cannot(&mut c, 1, 7, Some(6)).is_empty(), "waits for every task");
+    assert!(cannot(&mut c, 10, 7, Some(6)).is_empty());
+    let out = cannot(&mut c, 20, 7, Some(5));
+    assert!(
+        matches!(&out[0], CoordAction::FallingBack { from, to: Some(to), reason }
+            if *from == CheckpointId(7) && *to == CheckpointId(5) && reason.contains("t10")),
+        "one line saying what was wrong: {out:?}"
+    );
+    // Recorded before any task hears it, under an id of its own above 7.
+    let record = written(&out).expect("the fallback is recorded");
+    assert_eq!(record.kind, RecordKind::Fallback(CheckpointId(5)));
+    assert!(record.id > CheckpointId(7), "{record:?}");
+    assert_eq!(record.restore_point(), Some(CheckpointId(5)));
+    assert!(restores(&out).is_empty(), "no task hears it before it is durable");
+    let out = step(&mut c, CoordInput::CommitDurable { id: record.id });
+    let mut got = restores(&out);
+    got.sort_by_key(|r| r.0);
+    let want: Vec<_> = TASKS.iter().map(|(t, _)| (TaskId(*t), Some(CheckpointId(5)), RestoreBasis::Fallback)).collect();
+    assert_eq!(got, want);
+    // The next checkpoint takes an id above the fallback record's.
+    let out = step(&mut c, CoordInput::Trigger);
+    let first = out.iter().find_map(|a| if let CoordAction::SendSourceReq { id, .. } = a { Some(*id) } else { None });
+    assert!(first.is_some_and(|id| id > record.id), "{out:?}");
+}
+
+#[test]
+fn a_restarted_coordinator_finds_the_fallback_record_and_every_task_restores_its_checkpoint() {
+    let mut c = Coordinator::new(coord_cfg());
+    let record = CommitRecord::fallback(CheckpointId(9), CheckpointId(5), 3);
+    let ids = IdRecord { next_id: CheckpointId(10), next_trans: TransId(8) };
+    assert!(c.handle(CoordInput::Start { now: 0, ids, last_commit: Some(record) }).is_empty());
+    let out = step(&mut c, CoordInput::Consensus { task: TaskId(20), latest: Some(CheckpointId(7)), request: 4 });
+    assert_eq!(restores(&out), vec![(TaskId(20), Some(CheckpointId(5)), RestoreBasis::Fallback)]);
+}
+
+#[test]
+fn with_no_older_commit_every_task_can_restore_the_stream_halts_instead_of_starting_empty() {
+    let mut c = restarted_at_7();
+    cannot(&mut c, 1, 7, None);
+    cannot(&mut c, 10, 7, None);
+    let out = cannot(&mut c, 20, 7, Some(5));
+    assert!(written(&out).is_none(), "nothing recorded: {out:?}");
+    assert!(restores(&out).is_empty(), "no task starts, least of all from nothing: {out:?}");
+    assert!(
+        out.iter().any(|a| matches!(a, CoordAction::Halt { reason } if reason.contains("does not start empty"))),
+        "{out:?}"
+    );
+    assert!(tick(&mut c, 10_000).is_empty(), "halted: no checkpoint starts");
+}
+
+#[test]
+fn tasks_that_restored_the_damaged_point_already_halt_the_stream_once_the_fallback_is_recorded() {
+    let mut c = restarted_at_7();
+    // Node 2 restored 7 from the record and runs; node 1 cannot.
+    cannot(&mut c, 1, 7, Some(6));
+    cannot(&mut c, 10, 7, Some(6));
+    assert!(tick(&mut c, 1_999).is_empty(), "waits for the others up to the consensus wait");
+    let out = tick(&mut c, 2_000);
+    let record = written(&out).expect("recorded, so a restart of every node goes back together");
+    assert_eq!(record.restore_point(), Some(CheckpointId(6)));
+    let out = step(&mut c, CoordInput::CommitDurable { id: record.id });
+    assert!(restores(&out).is_empty(), "{out:?}");
+    assert!(
+        out.iter().any(|a| matches!(a, CoordAction::Halt { reason } if reason.contains("t20") && reason.contains("restart every node"))),
+        "{out:?}"
+    );
+}
+
+/// Every task asks to go back from `id`, naming `best`; returns the record written.
+fn all_cannot(c: &mut Coordinator, id: u64, best: u64) -> CommitRecord {
+    let mut out = Vec::new();
+    for (t, _) in TASKS {
+        out = cannot(c, t, id, Some(best));
+    }
+    written(&out).expect("decided on the last request")
+}
+
+#[test]
+fn a_task_that_cannot_restore_the_fallback_point_either_takes_the_stream_further_back() {
+    let mut c = restarted_at_7();
+    let r1 = all_cannot(&mut c, 7, 6);
+    assert_eq!(r1.restore_point(), Some(CheckpointId(6)));
+    assert_eq!(restores(&step(&mut c, CoordInput::CommitDurable { id: r1.id })).len(), 3);
+    // A task finds 6 damaged as it restores it: the stream goes further back, recorded anew.
+    let r2 = all_cannot(&mut c, 6, 4);
+    assert_eq!(r2.restore_point(), Some(CheckpointId(4)));
+    assert!(r2.id > r1.id, "sorts above the first fallback: {r2:?} {r1:?}");
+    let got = restores(&step(&mut c, CoordInput::CommitDurable { id: r2.id }));
+    assert!(got.len() == 3 && got.iter().all(|r| r.1 == Some(CheckpointId(4))), "{got:?}");
+}
+
+#[test]
+fn a_stale_cannot_restore_for_a_point_given_up_already_is_answered_with_the_current_one() {
+    let mut c = restarted_at_7();
+    let record = all_cannot(&mut c, 7, 5);
+    step(&mut c, CoordInput::CommitDurable { id: record.id });
+    // Task 10's request, sent again before the answer reached it.
+    let out = cannot(&mut c, 10, 7, Some(6));
+    assert_eq!(restores(&out), vec![(TaskId(10), Some(CheckpointId(5)), RestoreBasis::Fallback)]);
+}

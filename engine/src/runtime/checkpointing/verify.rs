@@ -1,0 +1,97 @@
+//! Before a node's tasks restore the commit record's point: can every one of them? A task whose
+//! files of that checkpoint are damaged or missing both on the node and in the store cannot, and
+//! then none of the node's tasks restores it: they ask the coordinator to take the whole stream
+//! back, naming the newest older commit every task of the node can restore.
+//!
+//! Invariants: checking leaves each checkpoint it found whole as a local snapshot (downloaded and
+//! verified where the local one did not match), so the restore that follows reads no store; a
+//! store that cannot be read is an error, never "damaged" (which would send the stream back).
+
+use std::path::Path;
+
+use weir_wire::{CheckpointId, StreamId, TaskId};
+
+use super::restore::locate;
+use crate::backup::Store;
+use crate::backup::inspect::list_commits;
+use crate::checkpoint::driver::RestorePoint;
+use crate::checkpoint::{CheckpointError, CommitRecord, RecordKind};
+use crate::runtime::EngineError;
+
+/// What the node's tasks can restore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum NodePoint {
+    /// Every task can restore the record's point.
+    Ready,
+    /// Some task cannot restore `id`.
+    Damaged {
+        /// The record's point.
+        id: CheckpointId,
+        /// The newest older commit every task of the node can restore.
+        best: Option<CheckpointId>,
+        /// What was found.
+        reason: String,
+    },
+}
+
+/// Task `t`'s restore point in `record`.
+pub(crate) fn point_of(record: &CommitRecord, t: TaskId) -> Option<RestorePoint> {
+    record.restore_point().map(|id| RestorePoint {
+        id,
+        version: record.versions.get(&t).copied(),
+        manifest_crc: record.manifests.get(&t).copied(),
+    })
+}
+
+/// `None` when every task in `tasks` can restore `record`'s point, else what the first that
+/// cannot found.
+fn first_damage(
+    store: &dyn Store,
+    stream: StreamId,
+    data: &Path,
+    tasks: &[TaskId],
+    record: &CommitRecord,
+) -> Result<Option<String>, EngineError> {
+    for t in tasks {
+        let Some(point) = point_of(record, *t) else { return Ok(None) };
+        match locate(store, stream, *t, data, point) {
+            Ok(_) => {}
+            Err(CheckpointError::Damaged { reason, .. }) => return Ok(Some(format!("task {t}: {reason}"))),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(None)
+}
+
+/// Checks that the node's `tasks` can restore `record`'s point; if not, finds the newest older
+/// commit they all can (never past a recorded start from nothing: what is older belongs to an
+/// earlier life of the stream).
+pub(crate) fn check_node(
+    store: &dyn Store,
+    stream: StreamId,
+    data: &Path,
+    tasks: &[TaskId],
+    record: &CommitRecord,
+) -> Result<NodePoint, EngineError> {
+    let Some(id) = record.restore_point() else { return Ok(NodePoint::Ready) };
+    let Some(reason) = first_damage(store, stream, data, tasks, record)? else { return Ok(NodePoint::Ready) };
+    tracing::warn!(stream = %stream, checkpoint = %id, %reason, "this node cannot restore the last commit; looking for an older one");
+    let records = list_commits(store, stream).map_err(|e| EngineError::Store(e.to_string()))?;
+    let mut best = None;
+    for r in records.iter().rev().filter(|r| r.id < record.id) {
+        if r.kind == RecordKind::Fresh {
+            break;
+        }
+        let Some(q) = r.restore_point().filter(|q| *q < id) else { continue };
+        match first_damage(store, stream, data, tasks, r)? {
+            None => {
+                best = Some(q);
+                break;
+            }
+            Some(why) => {
+                tracing::warn!(stream = %stream, checkpoint = %q, reason = %why, "this node cannot restore it either")
+            }
+        }
+    }
+    Ok(NodePoint::Damaged { id, best, reason })
+}
