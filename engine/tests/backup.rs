@@ -1,5 +1,7 @@
 //! Snapshot upload and restore through the local-directory store, with verification.
 
+mod util;
+
 use weir_engine::backup::*;
 use weir_engine::operator::window::WindowResult;
 use weir_engine::operator::window::{WindowAgg, WindowSpec};
@@ -177,43 +179,7 @@ fn sst_objects(store: &dyn Store) -> Vec<String> {
 fn after_a_small_change_a_sinks_next_checkpoint_uploads_only_its_new_files() {
     let dir = tempfile::tempdir().unwrap();
     let store = LocalDirStore::new(dir.path().join("remote"));
-    let live = ResultStore::open(&dir.path().join("live")).unwrap();
-    let (s, t) = (StreamId(1), TaskId(4));
-    live.upsert(s, &results(0, 200_000, 1)).unwrap();
-    let mut index = UploadIndex::new();
-    live.checkpoint(&dir.path().join("chk-1")).unwrap();
-    let up1 = upload_snapshot_indexed(&store, s, t, CheckpointId(1), Version(0), &dir.path().join("chk-1"), &mut index)
-        .unwrap();
-    let after1 = sst_objects(&store);
-    assert!(!after1.is_empty() && index.len() == after1.len(), "{after1:?} {index:?}");
-    // Ten results more: one small new SST file goes up, with the checkpoint's small files.
-    live.upsert(s, &results(1_000_000, 10, 1)).unwrap();
-    let chk2 = dir.path().join("chk-2");
-    live.checkpoint(&chk2).unwrap();
-    let up2 = upload_snapshot_indexed(&store, s, t, CheckpointId(2), Version(0), &chk2, &mut index).unwrap();
-    let after2 = sst_objects(&store);
-    assert_eq!(after2.len(), after1.len() + 1, "exactly one new SST object: {after1:?} → {after2:?}");
-    let new_sst = after2.iter().find(|k| !after1.contains(k)).unwrap();
-    let small: u64 = std::fs::read_dir(&chk2)
-        .unwrap()
-        .flatten()
-        .filter(|e| !e.file_name().to_string_lossy().ends_with(".sst"))
-        .map(|e| e.metadata().unwrap().len())
-        .sum();
-    let manifest = fetch_manifest(&store, s, t, CheckpointId(2), Some(up2.manifest_crc)).unwrap();
-    let manifest_len = manifest.encode().len() as u64;
-    assert_eq!(
-        up2.bytes,
-        store.size(new_sst).unwrap().unwrap() + small + manifest_len,
-        "the new SST file, the small files and the manifest: nothing else"
-    );
-    assert!(up2.bytes * 20 < up1.bytes, "{} vs {}", up2.bytes, up1.bytes);
-    // The second checkpoint names the first one's files, and restores whole.
-    let dl = dir.path().join("dl");
-    download_files(&store, &manifest, &dl).unwrap();
-    let back = ResultStore::open(&dir.path().join("back")).unwrap();
-    back.restore_from(&dl).unwrap();
-    assert_eq!(back.scan(s).unwrap().len(), 200_010);
+    util::uploads::a_small_change_uploads_only_the_new_files(&store, dir.path());
 }
 
 #[test]

@@ -304,3 +304,10 @@ fn an_upload_limit_paces_puts_to_its_rate_and_leaves_reads_alone() {
     }
     assert!(t0.elapsed() < took, "reads are not paced");
 }
+
+#[test]
+fn after_a_small_change_a_sinks_next_checkpoint_uploads_only_its_new_files_to_s3() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = services::s3(&services::unique("incremental"));
+    util::uploads::a_small_change_uploads_only_the_new_files(store.as_ref(), dir.path());
+}

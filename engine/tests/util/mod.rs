@@ -3,6 +3,7 @@
 
 pub mod ckpt;
 pub mod services;
+pub mod uploads;
 
 use std::collections::BTreeMap;
 

@@ -87,7 +87,12 @@ impl Coordinator {
         else {
             return Vec::new();
         };
-        let found: Vec<String> = reasons.iter().map(|(t, r)| format!("{t}: {r}")).collect();
+        // The tasks of a node say the same: each different finding once.
+        let mut by_reason: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for (t, r) in &reasons {
+            by_reason.entry(r.as_str()).or_default().push(t.to_string());
+        }
+        let found: Vec<String> = by_reason.iter().map(|(r, ts)| format!("{r} (asked by {})", ts.join(", "))).collect();
         let found = found.join("; ");
         let to = if best.values().any(Option::is_none) { None } else { best.values().copied().flatten().min() };
         let Some(to) = to else {
