@@ -247,3 +247,69 @@ fn weir_checkpoints_lists_shows_verifies_and_collects_what_a_store_holds() {
     let after: serde_json::Value = serde_json::from_slice(&ck(&["list", "--json"]).stdout).unwrap();
     assert_eq!(after.as_array().unwrap().iter().map(|c| c["id"].as_u64().unwrap()).collect::<Vec<_>>(), vec![last]);
 }
+
+/// Flips one byte in the middle of the file at `p` (written anew: no hard link shares the damage).
+fn flip_a_byte(p: &std::path::Path) {
+    let mut bytes = std::fs::read(p).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xFF;
+    std::fs::remove_file(p).unwrap();
+    std::fs::write(p, &bytes).unwrap();
+}
+
+#[test]
+fn weir_run_resume_goes_back_past_a_checkpoint_damaged_on_the_node_and_in_the_store() {
+    let per_partition = 300_000;
+    let straight = tempfile::tempdir().unwrap();
+    let out = weir().args(bounded(per_partition)).arg("--data-dir").arg(straight.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = results(straight.path());
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = weir()
+        .args(bounded(per_partition))
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let records = dir.path().join("remote/1/checkpoints");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read_dir(&records).map_or(0, |d| d.count()) < 3 {
+        assert!(std::time::Instant::now() < deadline, "three commits in 20 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    // The last commit's window state, damaged in the store and in the local snapshots (aggs t2, t3).
+    let last = std::fs::read_dir(&records)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_string_lossy().strip_suffix(".commit")?.parse::<u64>().ok())
+        .max()
+        .unwrap();
+    let mut damaged = 0;
+    for t in [2, 3] {
+        let state = format!("state-{last:020}");
+        for e in std::fs::read_dir(dir.path().join(format!("remote/1/tasks/{t}/sst"))).unwrap() {
+            let p = e.unwrap().path();
+            if p.file_name().unwrap().to_string_lossy().starts_with(&state) {
+                flip_a_byte(&p);
+                damaged += 1;
+            }
+        }
+        let local = dir.path().join(format!("run/tasks/{t}/snapshots/chk-{last:020}/{state}.sst"));
+        if local.exists() {
+            flip_a_byte(&local);
+        }
+    }
+    assert_eq!(damaged, 2, "both aggs' state of checkpoint {last}");
+    let out = weir().args(bounded(per_partition)).arg("--resume").arg("--data-dir").arg(dir.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("checkpoint chk-{last} cannot be restored; the whole stream goes back to checkpoint")),
+        "{stderr}"
+    );
+    assert_eq!(results(dir.path()), want);
+}
