@@ -371,12 +371,7 @@ fn a_damaged_local_snapshot_is_downloaded_again_and_the_results_stay_exact() {
         let snaps = dir.path().join(format!("tasks/{}/snapshots", t.id.0));
         for chk in std::fs::read_dir(&snaps).unwrap() {
             for f in std::fs::read_dir(chk.unwrap().path()).unwrap() {
-                let p = f.unwrap().path();
-                let mut bytes = std::fs::read(&p).unwrap();
-                let mid = bytes.len() / 2;
-                bytes[mid] ^= 0xFF;
-                std::fs::remove_file(&p).unwrap();
-                std::fs::write(&p, &bytes).unwrap();
+                util::ckpt::flip_a_byte(&f.unwrap().path());
                 damaged += 1;
             }
         }

@@ -17,19 +17,12 @@ use weir_engine::state::NodeResults;
 use weir_engine::wire::msg::RestoreBasis;
 use weir_engine::wire::{CheckpointId, NodeId};
 
-use util::ckpt::{config, spec, wait_for_commits, wait_restored};
+use util::ckpt::{commit_then_stop, config, flip_a_byte, spec, wait_restored};
 
 fn flipped(mut bytes: Vec<u8>) -> Vec<u8> {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xFF;
     bytes
-}
-
-/// Flips one byte in the middle of the file at `p` (a new file: no hard link shares the damage).
-fn flip_a_byte(p: &Path) {
-    let bytes = flipped(std::fs::read(p).unwrap());
-    std::fs::remove_file(p).unwrap();
-    std::fs::write(p, &bytes).unwrap();
 }
 
 /// Damages the state file of every agg in checkpoint `id`, in the local snapshot and in `store`.
@@ -64,10 +57,7 @@ fn with_store(dir: &Path, store: &Arc<dyn Store>) -> weir_engine::runtime::Engin
 fn falls_back_to_the_previous_checkpoint(store: Arc<dyn Store>) {
     let dir = tempfile::tempdir().unwrap();
     let spec = spec(100_000);
-    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), with_store(dir.path(), &store)).unwrap();
-    wait_for_commits(&engine, 3);
-    engine.stop();
-    engine.wait().unwrap();
+    commit_then_stop(&spec, with_store(dir.path(), &store), 3);
     let ids = committed(store.as_ref(), &spec);
     let (last, previous) = (ids[ids.len() - 1], ids[ids.len() - 2]);
     assert!(damage_everywhere(store.as_ref(), dir.path(), &spec, last) >= 2);
@@ -103,10 +93,7 @@ fn a_checkpoint_damaged_on_the_node_and_in_s3_takes_the_stream_back_to_the_previ
 fn with_every_retained_checkpoint_damaged_the_stream_halts_and_never_starts_empty() {
     let dir = tempfile::tempdir().unwrap();
     let spec = spec(100_000);
-    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
-    wait_for_commits(&engine, 2);
-    engine.stop();
-    engine.wait().unwrap();
+    commit_then_stop(&spec, config(dir.path(), 80), 2);
     let before = NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap();
     let store = LocalDirStore::new(dir.path().join("remote"));
     for id in committed(&store, &spec) {

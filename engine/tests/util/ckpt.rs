@@ -16,6 +16,24 @@ pub fn config(dir: &std::path::Path, interval_ms: u64) -> EngineConfig {
     cfg
 }
 
+/// Starts `spec` on one node with `cfg`, lets `n` checkpoints commit, and stops it.
+pub fn commit_then_stop(spec: &weir_engine::spec::StreamSpec, cfg: EngineConfig, n: u64) {
+    let engine = Engine::start(spec, &Placement::single(NodeId(1)), cfg).unwrap();
+    wait_for_commits(&engine, n);
+    engine.stop();
+    engine.wait().unwrap();
+}
+
+/// Writes the file at `p` anew with one byte in its middle flipped (a new file: no hard link
+/// shares the damage).
+pub fn flip_a_byte(p: &std::path::Path) {
+    let mut bytes = std::fs::read(p).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xFF;
+    std::fs::remove_file(p).unwrap();
+    std::fs::write(p, &bytes).unwrap();
+}
+
 /// Waits (at most 30 s) until `engine`'s coordinator has committed `n` checkpoints.
 pub fn wait_for_commits(engine: &Engine, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
