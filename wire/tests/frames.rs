@@ -124,7 +124,7 @@ roundtrip! {
     };
     roundtrip_cannot_restore_req: CannotRestoreReq = CannotRestoreReq {
         stream: StreamId(1), task: TaskId(5), node: NodeId(2), checkpoint: CheckpointId(7),
-        best: Some(CheckpointId(6)), reason: "corrupt object 1/tasks/5/sst/x".into(), request: 12,
+        restorable: vec![CheckpointId(6), CheckpointId(4)], reason: "corrupt object 1/tasks/5/sst/x".into(), request: 12,
     };
     roundtrip_restore_fallback: Restore = Restore {
         stream: StreamId(1), task: TaskId(5), checkpoint: Some(CheckpointId(6)), basis: RestoreBasis::Fallback,

@@ -86,6 +86,9 @@ pub enum CheckpointError {
         id: CheckpointId,
         /// What is damaged or missing.
         reason: String,
+        /// The older commits the task can restore, newest first, when it looked (a restore
+        /// the coordinator asked for); empty otherwise.
+        restorable: Vec<CheckpointId>,
     },
     /// The request needs the stream's coordinator, which runs elsewhere.
     #[error("node {coordinator} coordinates stream {stream}, not this node")]

@@ -100,13 +100,13 @@ pub(crate) fn encode_coord_input(
             let msg = ConsensusReq { stream, task: *task, node: me, latest: *latest, request: *request };
             enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a consensus request")).ok()
         }
-        CoordInput::CannotRestore { task, id, best, reason, request } => {
+        CoordInput::CannotRestore { task, id, restorable, reason, request } => {
             let msg = CannotRestoreReq {
                 stream,
                 task: *task,
                 node: me,
                 checkpoint: *id,
-                best: *best,
+                restorable: restorable.clone(),
                 reason: reason.clone(),
                 request: *request,
             };
@@ -245,7 +245,7 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
             Routed::ToCoord(CoordInput::CannotRestore {
                 task: m.task,
                 id: m.checkpoint,
-                best: m.best,
+                restorable: m.restorable,
                 reason: m.reason,
                 request: m.request,
             })
@@ -324,7 +324,7 @@ mod tests {
             CoordInput::CannotRestore {
                 task: TaskId(4),
                 id: c,
-                best: Some(CheckpointId(2)),
+                restorable: vec![CheckpointId(2)],
                 reason: "corrupt object k".into(),
                 request: 77,
             },

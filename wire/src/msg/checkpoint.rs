@@ -313,8 +313,9 @@ archived! {
         pub node: NodeId,
         /// The restore point it cannot restore.
         pub checkpoint: CheckpointId,
-        /// The newest older committed checkpoint every task of its node can restore, if any.
-        pub best: Option<CheckpointId>,
+        /// The older committed checkpoints every task of its node can restore (checked),
+        /// newest first; empty: none.
+        pub restorable: Vec<CheckpointId>,
         /// What is wrong.
         pub reason: String,
         /// The request (unique per start of the task), echoed by the [`Restore`] answering it.

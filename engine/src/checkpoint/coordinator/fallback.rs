@@ -3,8 +3,10 @@
 //! whole stream back together to the newest committed checkpoint every task can restore.
 //!
 //! Invariants:
-//! - The decision waits for every task of the stream (or the consensus wait): each says the
-//!   newest older commit its node can restore, and the stream goes to the oldest of these.
+//! - The decision waits for every task of the stream (or the consensus wait): each says which
+//!   older commits its node can restore, and the stream goes to the newest that all can (a task
+//!   whose node found no damage constrains nothing: it could restore the point given up, and
+//!   checked nothing older; should the choice fail for it, it asks again).
 //! - The choice is recorded before any task hears it, under an id of its own (a
 //!   [`RecordKind::Fallback`] record sorts above the one it supersedes), so a restarted
 //!   coordinator makes it again.
@@ -15,19 +17,19 @@
 //!   recorded, so restarting every node takes the stream back together, and the stream halts
 //!   saying so.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use weir_wire::{CheckpointId, TaskId};
 
 use super::{CommitRecord, CoordAction, Coordinator, Phase};
 
 impl Coordinator {
-    /// Task `task` cannot restore `id`; its node can restore `best` at most.
+    /// Task `task` cannot restore `id`; its node can restore the older commits `restorable`.
     pub(super) fn cannot_restore(
         &mut self,
         task: TaskId,
         id: CheckpointId,
-        best: Option<CheckpointId>,
+        restorable: Vec<CheckpointId>,
         reason: String,
         request: u64,
     ) -> Vec<CoordAction> {
@@ -35,7 +37,7 @@ impl Coordinator {
             return Vec::new();
         }
         // Only below what it cannot restore.
-        let best = best.filter(|b| *b < id);
+        let restorable: BTreeSet<CheckpointId> = restorable.into_iter().filter(|b| *b < id).collect();
         let mut out = Vec::new();
         match &mut self.phase {
             Phase::Running if self.restore_point.as_ref().is_some_and(|(p, _)| *p == Some(id)) => {
@@ -46,7 +48,7 @@ impl Coordinator {
                 self.phase = Phase::FallingBack {
                     from: id,
                     deadline: self.now + self.cfg.consensus_wait_ms,
-                    best: BTreeMap::new(),
+                    can: BTreeMap::new(),
                     asking: BTreeMap::new(),
                     reasons: BTreeMap::new(),
                 };
@@ -60,12 +62,13 @@ impl Coordinator {
                 return self.fallback_if_complete();
             }
             Phase::Consensus { .. } => {
-                return self.handle(super::CoordInput::Consensus { task, latest: best, request });
+                let latest = restorable.last().copied();
+                return self.handle(super::CoordInput::Consensus { task, latest, request });
             }
             Phase::Down | Phase::Halted => return Vec::new(),
         }
-        if let Phase::FallingBack { best: b, asking, reasons, .. } = &mut self.phase {
-            b.insert(task, best);
+        if let Phase::FallingBack { can, asking, reasons, .. } = &mut self.phase {
+            can.insert(task, Some(restorable));
             asking.insert(task, request);
             reasons.insert(task, reason);
         }
@@ -76,14 +79,14 @@ impl Coordinator {
     /// Decides once every task of the stream has answered.
     pub(super) fn fallback_if_complete(&mut self) -> Vec<CoordAction> {
         match &self.phase {
-            Phase::FallingBack { best, .. } if best.len() == self.cfg.tasks.len() => self.finish_fallback(),
+            Phase::FallingBack { can, .. } if can.len() == self.cfg.tasks.len() => self.finish_fallback(),
             _ => Vec::new(),
         }
     }
 
-    /// Chooses the oldest of the tasks' newest restorable commits, and records it.
+    /// Chooses the newest commit every task can restore, and records it.
     pub(super) fn finish_fallback(&mut self) -> Vec<CoordAction> {
-        let Phase::FallingBack { from, best, asking, reasons, .. } = std::mem::replace(&mut self.phase, Phase::Running)
+        let Phase::FallingBack { from, can, asking, reasons, .. } = std::mem::replace(&mut self.phase, Phase::Running)
         else {
             return Vec::new();
         };
@@ -94,7 +97,9 @@ impl Coordinator {
         }
         let found: Vec<String> = by_reason.iter().map(|(r, ts)| format!("{r} (asked by {})", ts.join(", "))).collect();
         let found = found.join("; ");
-        let to = if best.values().any(Option::is_none) { None } else { best.values().copied().flatten().min() };
+        let mut sets = can.values().flatten();
+        let first = sets.next().cloned().unwrap_or_default();
+        let to = sets.fold(first, |all, s| all.intersection(s).copied().collect()).last().copied();
         let Some(to) = to else {
             self.phase = Phase::Halted;
             let reason = format!(
@@ -104,7 +109,7 @@ impl Coordinator {
             return vec![CoordAction::FallingBack { from, to: None, reason: found }, CoordAction::Halt { reason }];
         };
         let missing: Vec<String> =
-            self.cfg.tasks.iter().filter(|(t, _, _)| !best.contains_key(t)).map(|(t, _, _)| t.to_string()).collect();
+            self.cfg.tasks.iter().filter(|(t, _, _)| !can.contains_key(t)).map(|(t, _, _)| t.to_string()).collect();
         let halt = (!missing.is_empty()).then(|| {
             format!(
                 "tasks {} restored checkpoint {from} and cannot go back to {to} with the others; the fallback to \

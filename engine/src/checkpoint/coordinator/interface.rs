@@ -199,15 +199,15 @@ pub enum CoordInput {
     },
     /// A starting task cannot restore the chosen point `id`: its files (or those of another
     /// task of its node) are damaged or missing both on the node and in the store. It asks
-    /// for an older restore point, naming the newest older commit its node can restore.
+    /// for an older restore point, naming the older commits its node can restore.
     CannotRestore {
         /// Task.
         task: TaskId,
         /// The restore point it cannot restore.
         id: CheckpointId,
-        /// The newest older committed checkpoint every task of its node can restore (none: no
-        /// older one).
-        best: Option<CheckpointId>,
+        /// The older committed checkpoints every task of its node can restore (checked);
+        /// empty: none.
+        restorable: Vec<CheckpointId>,
         /// What is wrong, for the log line.
         reason: String,
         /// The request, as for `Consensus`.

@@ -64,11 +64,12 @@ enum Phase {
     /// durable instead of answering (some tasks cannot go back with the others).
     Recording { record: CommitRecord, retry_at: u64, asking: BTreeMap<TaskId, u64>, halt: Option<String> },
     /// A task cannot restore the chosen point `from`: collecting, until every task asked or
-    /// `deadline`, the newest older commit each task's node can restore, and the requests.
+    /// `deadline`, the older commits each task's node can restore (none: a task that asks
+    /// without finding damage, whose node checked nothing older), and the requests.
     FallingBack {
         from: CheckpointId,
         deadline: u64,
-        best: BTreeMap<TaskId, Option<CheckpointId>>,
+        can: BTreeMap<TaskId, Option<BTreeSet<CheckpointId>>>,
         asking: BTreeMap<TaskId, u64>,
         reasons: BTreeMap<TaskId, String>,
     },
@@ -230,8 +231,8 @@ impl Coordinator {
                         return Vec::new();
                     }
                     // Its node can restore the point given up; it waits for the older one.
-                    Phase::FallingBack { from, best, asking, .. } => {
-                        best.entry(task).or_insert(Some(*from));
+                    Phase::FallingBack { can, asking, .. } => {
+                        can.entry(task).or_insert(None);
                         asking.insert(task, request);
                         return self.fallback_if_complete();
                     }
@@ -241,8 +242,8 @@ impl Coordinator {
                 };
                 if done { self.finish_consensus() } else { Vec::new() }
             }
-            CoordInput::CannotRestore { task, id, best, reason, request } => {
-                self.cannot_restore(task, id, best, reason, request)
+            CoordInput::CannotRestore { task, id, restorable, reason, request } => {
+                self.cannot_restore(task, id, restorable, reason, request)
             }
             CoordInput::Tick { now } => self.tick(now),
             CoordInput::Trigger => {

@@ -152,8 +152,8 @@ pub struct TaskDriver<C> {
     /// This start of the task: its restore requests carry it, and it takes only answers to them.
     start: u64,
     /// A restore point this task cannot restore (its files damaged on its node and in the
-    /// store), the newest older commit its node can, and why: its requests ask to go back.
-    cannot: Option<(CheckpointId, Option<CheckpointId>, String)>,
+    /// store), the older commits its node can, and why: its requests ask to go back.
+    cannot: Option<(CheckpointId, Vec<CheckpointId>, String)>,
 }
 
 impl<C> TaskDriver<C> {
@@ -175,10 +175,10 @@ impl<C> TaskDriver<C> {
     }
 
     /// The task (with every other task of its node) cannot restore `id`, the point the commit
-    /// record names; its node can restore `best` at most. It stays `Uninit` and asks the
-    /// coordinator to take the stream back.
-    pub fn cannot_restore(&mut self, id: CheckpointId, best: Option<CheckpointId>, reason: String) {
-        self.cannot = Some((id, best, reason));
+    /// record names; its node can restore the older commits `restorable`. It stays `Uninit`
+    /// and asks the coordinator to take the stream back.
+    pub fn cannot_restore(&mut self, id: CheckpointId, restorable: Vec<CheckpointId>, reason: String) {
+        self.cannot = Some((id, restorable, reason));
     }
 
     /// The machine.
@@ -281,9 +281,9 @@ impl<C> TaskDriver<C> {
         let version = match port.restore(point) {
             Ok(v) => v,
             // The coordinator's point is damaged for this task: ask it for an older one.
-            Err(CheckpointError::Damaged { id, reason, .. }) if request.is_some() => {
+            Err(CheckpointError::Damaged { id, reason, restorable, .. }) if request.is_some() => {
                 tracing::warn!(task = %self.task(), checkpoint = %id, %reason, "cannot restore the restore point; asking for an older one");
-                self.cannot = Some((id, None, reason));
+                self.cannot = Some((id, restorable, reason));
                 self.asked_us = None;
                 return Ok(());
             }
@@ -323,9 +323,13 @@ impl<C> TaskDriver<C> {
         }
         let (task, request) = (self.task(), self.start);
         match &self.cannot {
-            Some((id, best, reason)) => {
-                fx.send_coord(CoordInput::CannotRestore { task, id: *id, best: *best, reason: reason.clone(), request })
-            }
+            Some((id, restorable, reason)) => fx.send_coord(CoordInput::CannotRestore {
+                task,
+                id: *id,
+                restorable: restorable.clone(),
+                reason: reason.clone(),
+                request,
+            }),
             None => fx.send_coord(CoordInput::Consensus { task, latest, request }),
         }
         Ok(())

@@ -24,13 +24,14 @@ fn restarted_at_7() -> Coordinator {
     c
 }
 
-fn cannot(c: &mut Coordinator, t: u32, id: u64, best: Option<u64>) -> Vec<CoordAction> {
+/// Task `t` cannot restore `id`; its node can restore `restorable`.
+fn cannot(c: &mut Coordinator, t: u32, id: u64, restorable: &[u64]) -> Vec<CoordAction> {
     step(
         c,
         CoordInput::CannotRestore {
             task: TaskId(t),
             id: CheckpointId(id),
-            best: best.map(CheckpointId),
+            restorable: restorable.iter().map(|r| CheckpointId(*r)).collect(),
             reason: format!("corrupt object of t{t}"),
             request: 100 + u64::from(t),
         },
@@ -54,9 +55,9 @@ fn written(out: &[CoordAction]) -> Option<CommitRecord> {
 fn a_damaged_restore_point_takes_the_whole_stream_back_to_the_newest_commit_every_task_can_restore() {
     let mut c = restarted_at_7();
     // Node 1 found task 10's files of 7 damaged: both its tasks ask; node 2 can go back to 5 only.
-    assert!(cannot(&mut c, 1, 7, Some(6)).is_empty(), "waits for every task");
-    assert!(cannot(&mut c, 10, 7, Some(6)).is_empty());
-    let out = cannot(&mut c, 20, 7, Some(5));
+    assert!(cannot(&mut c, 1, 7, &[6, 5, 4]).is_empty(), "waits for every task");
+    assert!(cannot(&mut c, 10, 7, &[6, 5, 4]).is_empty());
+    let out = cannot(&mut c, 20, 7, &[5, 4]);
     assert!(
         matches!(&out[0], CoordAction::FallingBack { from, to: Some(to), reason }
             if *from == CheckpointId(7) && *to == CheckpointId(5) && reason.contains("t10")),
@@ -92,9 +93,9 @@ fn a_restarted_coordinator_finds_the_fallback_record_and_every_task_restores_its
 #[test]
 fn with_no_older_commit_every_task_can_restore_the_stream_halts_instead_of_starting_empty() {
     let mut c = restarted_at_7();
-    cannot(&mut c, 1, 7, None);
-    cannot(&mut c, 10, 7, None);
-    let out = cannot(&mut c, 20, 7, Some(5));
+    cannot(&mut c, 1, 7, &[6]);
+    cannot(&mut c, 10, 7, &[6]);
+    let out = cannot(&mut c, 20, 7, &[5]);
     assert!(written(&out).is_none(), "nothing recorded: {out:?}");
     assert!(restores(&out).is_empty(), "no task starts, least of all from nothing: {out:?}");
     assert!(
@@ -108,8 +109,8 @@ fn with_no_older_commit_every_task_can_restore_the_stream_halts_instead_of_start
 fn tasks_that_restored_the_damaged_point_already_halt_the_stream_once_the_fallback_is_recorded() {
     let mut c = restarted_at_7();
     // Node 2 restored 7 from the record and runs; node 1 cannot.
-    cannot(&mut c, 1, 7, Some(6));
-    cannot(&mut c, 10, 7, Some(6));
+    cannot(&mut c, 1, 7, &[6]);
+    cannot(&mut c, 10, 7, &[6]);
     assert!(tick(&mut c, 1_999).is_empty(), "waits for the others up to the consensus wait");
     let out = tick(&mut c, 2_000);
     let record = written(&out).expect("recorded, so a restart of every node goes back together");
@@ -122,11 +123,11 @@ fn tasks_that_restored_the_damaged_point_already_halt_the_stream_once_the_fallba
     );
 }
 
-/// Every task asks to go back from `id`, naming `best`; returns the record written.
+/// Every task asks to go back from `id`, able to restore `best` only; returns the record written.
 fn all_cannot(c: &mut Coordinator, id: u64, best: u64) -> CommitRecord {
     let mut out = Vec::new();
     for (t, _) in TASKS {
-        out = cannot(c, t, id, Some(best));
+        out = cannot(c, t, id, &[best]);
     }
     written(&out).expect("decided on the last request")
 }
@@ -151,6 +152,26 @@ fn a_stale_cannot_restore_for_a_point_given_up_already_is_answered_with_the_curr
     let record = all_cannot(&mut c, 7, 5);
     step(&mut c, CoordInput::CommitDurable { id: record.id });
     // Task 10's request, sent again before the answer reached it.
-    let out = cannot(&mut c, 10, 7, Some(6));
+    let out = cannot(&mut c, 10, 7, &[6]);
     assert_eq!(restores(&out), vec![(TaskId(10), Some(CheckpointId(5)), RestoreBasis::Fallback)]);
+}
+
+#[test]
+fn the_stream_goes_back_to_the_newest_commit_that_every_node_can_restore_not_the_oldest_of_their_newest() {
+    let mut c = restarted_at_7();
+    // Node 1 can restore 6 and 4 (5 is damaged there); node 2 can restore 5 and 4.
+    cannot(&mut c, 1, 7, &[6, 4]);
+    cannot(&mut c, 10, 7, &[6, 4]);
+    let record = written(&cannot(&mut c, 20, 7, &[5, 4])).expect("decided");
+    assert_eq!(record.restore_point(), Some(CheckpointId(4)), "5 is not restorable on node 1");
+}
+
+#[test]
+fn a_task_whose_node_found_no_damage_does_not_hold_the_choice_back() {
+    let mut c = restarted_at_7();
+    cannot(&mut c, 1, 7, &[6, 5]);
+    cannot(&mut c, 10, 7, &[6, 5]);
+    // Node 2 restored nothing yet and found nothing wrong: it asks plainly.
+    let out = step(&mut c, CoordInput::Consensus { task: TaskId(20), latest: Some(CheckpointId(7)), request: 9 });
+    assert_eq!(written(&out).expect("decided").restore_point(), Some(CheckpointId(6)));
 }

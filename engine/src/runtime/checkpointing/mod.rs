@@ -226,8 +226,8 @@ impl Setup {
                 spare: spare_rx,
             },
         };
-        if let NodePoint::Damaged { id, best, reason } = &self.node_point {
-            ck.driver.cannot_restore(*id, *best, reason.clone());
+        if let NodePoint::Damaged { id, restorable, reason } = &self.node_point {
+            ck.driver.cannot_restore(*id, restorable.clone(), reason.clone());
             return Ok(ck);
         }
         if let Some(r) = self.last.as_ref() {

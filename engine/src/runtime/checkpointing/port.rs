@@ -130,16 +130,33 @@ impl TaskPort for EnginePort<'_> {
             }
             return Ok(Version(0));
         };
-        let manifest = match self.task {
-            Task::Source(_) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |_| Ok(()))?,
+        let restored = match self.task {
+            Task::Source(_) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |_| Ok(())),
             Task::Agg(a) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |src| {
                 let db = restore::db_dir(&c.data, c.task);
                 let state = crate::state::TaskStore::open_from_snapshot(src, &db).map_err(|e| e.to_string())?;
                 crate::state::load_window_state(&state, &mut a.agg).map(|_| ()).map_err(|e| e.to_string())
-            })?,
+            }),
             Task::Sink(s) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |src| {
                 s.store.restore_from(src).map_err(|e| e.to_string())
-            })?,
+            }),
+        };
+        let manifest = match restored {
+            Ok(m) => m,
+            // Damaged here and in the store: which older commits can this task restore instead?
+            Err(CheckpointError::Damaged { task, id, reason, .. }) => {
+                let restorable = super::verify::restorable_below(
+                    c.store.as_ref(),
+                    c.stream,
+                    &c.data,
+                    &[task],
+                    CheckpointId(u64::MAX),
+                    id,
+                )
+                .map_err(|e| failed(format!("{reason}; looking for older commits: {e}")))?;
+                return Err(CheckpointError::Damaged { task, id, reason, restorable });
+            }
+            Err(e) => return Err(e),
         };
         let version = p.version.unwrap_or(manifest.version);
         if let Task::Source(s) = self.task {

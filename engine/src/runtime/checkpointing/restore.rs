@@ -106,7 +106,7 @@ pub(crate) fn locate(
     let id = point.id;
     let failed = |e: StoreError| match e {
         StoreError::Corrupt { .. } | StoreError::NotFound { .. } => {
-            CheckpointError::Damaged { task: t, id, reason: e.to_string() }
+            CheckpointError::Damaged { task: t, id, reason: e.to_string(), restorable: Vec::new() }
         }
         e => CheckpointError::Restore { task: t, id: Some(id), reason: e.to_string() },
     };

@@ -1,7 +1,7 @@
 //! Before a node's tasks restore the commit record's point: can every one of them? A task whose
 //! files of that checkpoint are damaged or missing both on the node and in the store cannot, and
 //! then none of the node's tasks restores it: they ask the coordinator to take the whole stream
-//! back, naming the newest older commit every task of the node can restore.
+//! back, naming the older commits every task of the node can restore.
 //!
 //! Invariants: checking leaves each checkpoint it found whole as a local snapshot (downloaded and
 //! verified where the local one did not match), so the restore that follows reads no store; a
@@ -27,8 +27,8 @@ pub(crate) enum NodePoint {
     Damaged {
         /// The record's point.
         id: CheckpointId,
-        /// The newest older commit every task of the node can restore.
-        best: Option<CheckpointId>,
+        /// The older commits every task of the node can restore, newest first.
+        restorable: Vec<CheckpointId>,
         /// What was found.
         reason: String,
     },
@@ -63,9 +63,8 @@ fn first_damage(
     Ok(None)
 }
 
-/// Checks that the node's `tasks` can restore `record`'s point; if not, finds the newest older
-/// commit they all can (never past a recorded start from nothing: what is older belongs to an
-/// earlier life of the stream).
+/// Checks that the node's `tasks` can restore `record`'s point; if not, finds the older commits
+/// they all can.
 pub(crate) fn check_node(
     store: &dyn Store,
     stream: StreamId,
@@ -75,23 +74,36 @@ pub(crate) fn check_node(
 ) -> Result<NodePoint, EngineError> {
     let Some(id) = record.restore_point() else { return Ok(NodePoint::Ready) };
     let Some(reason) = first_damage(store, stream, data, tasks, record)? else { return Ok(NodePoint::Ready) };
-    tracing::warn!(stream = %stream, checkpoint = %id, %reason, "this node cannot restore the last commit; looking for an older one");
+    tracing::warn!(stream = %stream, checkpoint = %id, %reason, "this node cannot restore the last commit; looking for older ones");
+    let restorable = restorable_below(store, stream, data, tasks, record.id, id)?;
+    Ok(NodePoint::Damaged { id, restorable, reason })
+}
+
+/// The restore points of the commit records older than record `below_record`, and below
+/// checkpoint `below`, that every task in `tasks` can restore, newest first (never past a recorded
+/// start from nothing: what is older belongs to an earlier life of the stream). Each is left whole
+/// as a local snapshot.
+pub(crate) fn restorable_below(
+    store: &dyn Store,
+    stream: StreamId,
+    data: &Path,
+    tasks: &[TaskId],
+    below_record: CheckpointId,
+    below: CheckpointId,
+) -> Result<Vec<CheckpointId>, EngineError> {
     let records = list_commits(store, stream).map_err(|e| EngineError::Store(e.to_string()))?;
-    let mut best = None;
-    for r in records.iter().rev().filter(|r| r.id < record.id) {
+    let mut out = Vec::new();
+    for r in records.iter().rev().filter(|r| r.id < below_record) {
         if r.kind == RecordKind::Fresh {
             break;
         }
-        let Some(q) = r.restore_point().filter(|q| *q < id) else { continue };
+        let Some(q) = r.restore_point().filter(|q| *q < below && !out.contains(q)) else { continue };
         match first_damage(store, stream, data, tasks, r)? {
-            None => {
-                best = Some(q);
-                break;
-            }
+            None => out.push(q),
             Some(why) => {
                 tracing::warn!(stream = %stream, checkpoint = %q, reason = %why, "this node cannot restore it either")
             }
         }
     }
-    Ok(NodePoint::Damaged { id, best, reason })
+    Ok(out)
 }
