@@ -17,7 +17,7 @@ use weir_engine::state::NodeResults;
 use weir_engine::wire::msg::RestoreBasis;
 use weir_engine::wire::{CheckpointId, NodeId};
 
-use util::ckpt::{commit_then_stop, config, flip_a_byte, spec, wait_restored};
+use util::ckpt::{commit_then_stop, config, flip_a_byte, spec, wait_for_commits, wait_restored};
 
 fn flipped(mut bytes: Vec<u8>) -> Vec<u8> {
     let mid = bytes.len() / 2;
@@ -103,4 +103,61 @@ fn with_every_retained_checkpoint_damaged_the_stream_halts_and_never_starts_empt
     let err = engine.wait().unwrap_err().to_string();
     assert!(err.contains("does not start empty") && err.contains("corrupt"), "{err}");
     assert_eq!(NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap(), before, "nothing moved");
+}
+
+#[test]
+fn a_node_that_cannot_go_back_alone_halts_the_stream_and_both_nodes_restarted_go_back_together() {
+    use weir_engine::spec::Placement;
+    use weir_engine::wire::NodeId;
+
+    let (d1, d2, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let spec = spec(100_000);
+    let quick = |ck: &mut weir_engine::runtime::CheckpointSettings| {
+        ck.consensus_wait_ms = 1_000;
+        ck.retain = 0;
+    };
+    let (e1, e2) = util::ckpt::two_engines_with(&spec, d1.path(), d2.path(), remote.path(), quick);
+    wait_for_commits(&e1, 3);
+    util::ckpt::stop_both(e1, e2);
+    let store = LocalDirStore::new(remote.path());
+    let ids = committed(&store, &spec);
+    let (last, previous) = (ids[ids.len() - 1], ids[ids.len() - 2]);
+    // Node 2's aggs lose the last checkpoint (in its snapshots and in the store); node 1's do not.
+    let placement = Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2)]);
+    let mut damaged = 0;
+    for t in spec.topology().tasks.iter().filter(|t| matches!(t.kind, TaskKind::Agg { .. })) {
+        if placement.node_of(t.id) != NodeId(2) {
+            continue;
+        }
+        let m = fetch_manifest(&store, spec.id, t.id, last, None).unwrap();
+        for f in m.files.iter().filter(|f| f.name.starts_with("state-")) {
+            store.put(&f.key, &flipped(store.get(&f.key).unwrap())).unwrap();
+            let local = d2.path().join(format!("tasks/{}/snapshots/chk-{:020}/{}", t.id.0, last.0, f.name));
+            if local.exists() {
+                flip_a_byte(&local);
+            }
+            damaged += 1;
+        }
+    }
+    assert!(damaged >= 1, "node 2 holds an agg");
+    // Node 1 restores the last commit and runs; node 2 cannot and asks to go back. Node 1's tasks
+    // cannot go back with it, so the stream halts, with the fallback recorded.
+    let (e1, e2) = util::ckpt::two_engines_with(&spec, d1.path(), d2.path(), remote.path(), quick);
+    let err = e1.wait().unwrap_err().to_string();
+    assert!(err.contains("restart every node") && err.contains(&previous.to_string()), "{err}");
+    assert_eq!(e2.restored(), None, "node 2 never restored");
+    e2.stop();
+    let _ = e2.wait();
+    let record = last_commit(&store as &dyn Store, spec.id).unwrap().unwrap();
+    assert_eq!(record.restore_point(), Some(previous), "{record:?}");
+    // Both restarted: both go back to it, and the results end exact.
+    let (e1, e2) = util::ckpt::two_engines_with(&spec, d1.path(), d2.path(), remote.path(), quick);
+    assert_eq!(wait_restored(&e1), (RestoreBasis::Fallback, Some(previous)));
+    let (h1, h2) = (std::thread::spawn(move || e1.wait()), std::thread::spawn(move || e2.wait()));
+    h1.join().unwrap().unwrap();
+    h2.join().unwrap().unwrap();
+    let mut got = NodeResults::open(d1.path()).unwrap().scan(spec.id).unwrap();
+    got.extend(NodeResults::open(d2.path()).unwrap().scan(spec.id).unwrap());
+    got.sort_by_key(|r| (r.key, r.start));
+    assert_eq!(got, util::reference(&spec));
 }

@@ -114,11 +114,24 @@ pub fn two_engines_every(
     remote: &std::path::Path,
     interval_ms: u64,
 ) -> (Engine, Engine) {
+    two_engines_with(spec, d1, d2, remote, |ck| ck.interval_ms = interval_ms)
+}
+
+/// Two engines of `spec` spread over nodes 1 and 2, checkpointing every 100 ms into `remote`,
+/// with `tune` applied to both engines' checkpoint settings.
+pub fn two_engines_with(
+    spec: &weir_engine::spec::StreamSpec,
+    d1: &std::path::Path,
+    d2: &std::path::Path,
+    remote: &std::path::Path,
+    tune: impl Fn(&mut CheckpointSettings),
+) -> (Engine, Engine) {
     use weir_engine::wire::transport::PeerConfig;
     let placement = Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2)]);
     let settings = |_| {
-        let mut ck = CheckpointSettings::every(interval_ms, remote);
+        let mut ck = CheckpointSettings::every(100, remote);
         ck.min_pause_ms = 0;
+        tune(&mut ck);
         ck
     };
     let mut c1 = EngineConfig::new(NodeId(1), d1);
