@@ -65,6 +65,9 @@ pub struct RunArgs {
     /// Upload bandwidth limit per second, e.g. `50M` (bytes; K, M, G are binary multiples).
     #[arg(long, env = "WEIR_UPLOAD_LIMIT", value_name = "BYTES", value_parser = parse_bytes)]
     upload_limit: Option<u64>,
+    /// Uploader threads: snapshots shipped at the same time (each ships its files eight at a time).
+    #[arg(long, env = "WEIR_UPLOADERS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    uploaders: u64,
 }
 
 /// `512`, `64K`, `50M`, `1G` (binary multiples; an optional `B`, `iB`, `/s`).
@@ -142,6 +145,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             ck.remote = Remote::Store(store);
         }
         ck.upload_limit = args.upload_limit;
+        ck.uploaders = args.uploaders as usize;
         cfg.checkpoint = Some(ck);
     }
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).context("starting the engine")?;
