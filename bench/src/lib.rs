@@ -4,6 +4,8 @@
 
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 pub mod backup;
+pub mod keys;
+pub mod timely_job;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -79,6 +79,7 @@ fn damaged_objects_are_refused_on_download() {
 #[test]
 fn manifest_checksum_detects_edits() {
     let m = Manifest {
+        format: MANIFEST_FORMAT,
         id: CheckpointId(4),
         version: Version(99),
         files: vec![ManifestEntry { name: "CURRENT".into(), key: "1/tasks/0/chk-4/CURRENT".into(), size: 16, crc: 7 }],
@@ -87,6 +88,24 @@ fn manifest_checksum_detects_edits() {
     assert_eq!(Manifest::decode("k", text.as_bytes()).unwrap(), m);
     let edited = text.replace("version 99", "version 98");
     assert!(Manifest::decode("k", edited.as_bytes()).is_err());
+}
+
+/// Seals `body` the way stored records are (a trailing CRC32C line).
+fn sealed(body: &str) -> String {
+    format!("{body}crc {:08x}\n", crc32c::crc32c(body.as_bytes()))
+}
+
+#[test]
+fn a_manifest_of_an_older_format_reads_and_one_of_a_newer_is_refused_naming_both() {
+    let old = sealed("weir-manifest 1\nid 4\nversion 9\nfile 16 1/tasks/0/chk-4/CURRENT 00000007 CURRENT\n");
+    let m = Manifest::decode("k", old.as_bytes()).unwrap();
+    assert_eq!((m.format, m.id, m.version, m.files.len()), (1, CheckpointId(4), Version(9), 1));
+    let newer = sealed(&format!("weir-manifest {}\nid 4\nversion 9\n", MANIFEST_FORMAT + 1));
+    let err = Manifest::decode("k", newer.as_bytes()).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("format {}", MANIFEST_FORMAT + 1)) && err.contains(&format!("1 to {MANIFEST_FORMAT}")),
+        "{err}"
+    );
 }
 
 #[test]

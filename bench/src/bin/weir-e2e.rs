@@ -7,6 +7,7 @@
 //! cargo run --release -p weir-bench --bin weir-e2e -- checkpoints [seconds] [runs]
 //! cargo run --release -p weir-bench --bin weir-e2e -- jitter [seconds]
 //! source scripts/services && cargo run --release -p weir-bench --bin weir-e2e -- backup [seconds] [runs]
+//! cargo run --release -p weir-bench --bin weir-e2e -- keys [seconds] [k1,k2,...]
 //! ```
 //!
 //! `pipeline`: generator → tumbling 1 s windows (count/sum/min/max/avg) → sink, 10,000 keys, one
@@ -20,6 +21,9 @@
 //! `jitter`: one thread pinned to each core spins reading the clock and counts the gaps: how
 //! often, and how long, the machine takes a core away from a busy thread (nothing else of Weir
 //! runs meanwhile). A pause figure cannot be better than this machine lets it be.
+//!
+//! `keys`: the job at several key counts on Weir (checkpoints every second) and on
+//! timely-dataflow (`weir_bench::keys`, `weir_bench::timely_job`).
 //!
 //! `backup`: the remote store's figures against the S3 server of `scripts/services`
 //! (`weir_bench::backup`).
@@ -397,9 +401,16 @@ fn main() {
         Some("checkpoints") => checkpoints(num(2, 5), num(3, 10) as usize),
         Some("jitter") => jitter(num(2, 20)),
         Some("backup") => weir_bench::backup::backup(num(2, 10), num(3, 3) as usize),
+        Some("keys") => {
+            let counts: Vec<u64> = match args.get(3) {
+                Some(list) => list.split(',').filter_map(|k| k.trim().replace('_', "").parse().ok()).collect(),
+                None => vec![10_000, 100_000, 1_000_000, 4_000_000],
+            };
+            weir_bench::keys::keys(&counts, num(2, 10))
+        }
         _ => {
             eprintln!(
-                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs]"
+                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...]"
             );
             std::process::exit(2);
         }

@@ -22,9 +22,15 @@ pub struct ManifestEntry {
     pub crc: u32,
 }
 
+/// The manifest format this Weir writes. 2: a sink's manifest names its result store's RocksDB
+/// checkpoint (format 1 named none: its results stayed on the node). Formats 1 and 2 are read.
+pub const MANIFEST_FORMAT: u32 = 2;
+
 /// What one task's checkpoint consists of.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Manifest {
+    /// The format it was written in ([`MANIFEST_FORMAT`] for every manifest this Weir writes).
+    pub format: u32,
     /// Checkpoint.
     pub id: CheckpointId,
     /// Source offset (sources).
@@ -36,7 +42,7 @@ pub struct Manifest {
 impl Manifest {
     /// The manifest as text (one line per file), with a trailing CRC line over everything before it.
     pub fn encode(&self) -> String {
-        let mut s = format!("weir-manifest 1\nid {}\nversion {}\n", self.id.0, self.version.0);
+        let mut s = format!("weir-manifest {}\nid {}\nversion {}\n", self.format, self.id.0, self.version.0);
         for f in &self.files {
             s.push_str(&format!("file {} {} {:08x} {}\n", f.size, f.key, f.crc, f.name));
         }
@@ -55,9 +61,15 @@ impl Manifest {
             return Err(bad("checksum mismatch"));
         }
         let mut lines = body.lines();
-        if lines.next() != Some("weir-manifest 1") {
-            return Err(bad("unknown manifest version"));
-        }
+        let format = match lines.next().and_then(|l| l.strip_prefix("weir-manifest ")).map(str::parse::<u32>) {
+            Some(Ok(f @ 1..=MANIFEST_FORMAT)) => f,
+            Some(Ok(f)) => {
+                return Err(bad(&format!(
+                    "manifest format {f}, and this Weir reads formats 1 to {MANIFEST_FORMAT}: written by a newer Weir"
+                )));
+            }
+            _ => return Err(bad("not a manifest")),
+        };
         let num = |l: Option<&str>, p: &str| {
             l.and_then(|l| l.strip_prefix(p)).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| bad("bad header"))
         };
@@ -78,7 +90,7 @@ impl Manifest {
                 crc: u32::from_str_radix(crc, 16).map_err(|_| bad("bad crc"))?,
             });
         }
-        Ok(Manifest { id, version, files })
+        Ok(Manifest { format, id, version, files })
     }
 }
 
@@ -212,7 +224,7 @@ fn upload(
         }
     }
     let count = files.len() as u32;
-    let manifest = Manifest { id, version, files };
+    let manifest = Manifest { format: MANIFEST_FORMAT, id, version, files };
     let text = manifest.encode();
     // The files go up at once (each put waits for the store's durability, and none depends on
     // another), then the manifest that names them: a manifest in the store always names files

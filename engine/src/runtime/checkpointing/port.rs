@@ -131,13 +131,23 @@ impl TaskPort for EnginePort<'_> {
             return Ok(Version(0));
         };
         let restored = match self.task {
-            Task::Source(_) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |_| Ok(())),
-            Task::Agg(a) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |src| {
+            Task::Source(_) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |_, _| Ok(())),
+            Task::Agg(a) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |src, _| {
                 let db = restore::db_dir(&c.data, c.task);
                 let state = crate::state::TaskStore::open_from_snapshot(src, &db).map_err(|e| e.to_string())?;
                 crate::state::load_window_state(&state, &mut a.agg).map(|_| ()).map_err(|e| e.to_string())
             }),
-            Task::Sink(s) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |src| {
+            Task::Sink(s) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |src, m| {
+                if m.format < 2 {
+                    // Its results stayed in the node-wide store of the Weir that wrote it.
+                    return Err(format!(
+                        "written by an older Weir (manifest format {}, whose sinks kept their results on the node); \
+                         this Weir (format {}) restores a sink's results from its checkpoint and cannot restore \
+                         this one: start the stream afresh, or finish it with the older Weir",
+                        m.format,
+                        crate::backup::MANIFEST_FORMAT
+                    ));
+                }
                 s.store.restore_from(src).map_err(|e| e.to_string())
             }),
         };

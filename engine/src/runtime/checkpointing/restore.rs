@@ -137,10 +137,10 @@ pub(crate) fn restore_task(
     t: TaskId,
     data: &Path,
     point: RestorePoint,
-    open: impl FnOnce(&Path) -> Result<(), String>,
+    open: impl FnOnce(&Path, &Manifest) -> Result<(), String>,
 ) -> Result<Manifest, CheckpointError> {
     let (manifest, dir) = locate(store, stream, t, data, point)?;
-    open(&dir).map_err(|reason| CheckpointError::Restore { task: t, id: Some(point.id), reason })?;
+    open(&dir, &manifest).map_err(|reason| CheckpointError::Restore { task: t, id: Some(point.id), reason })?;
     Ok(manifest)
 }
 
