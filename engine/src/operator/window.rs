@@ -65,11 +65,39 @@ impl WindowSpec {
 /// Fixed-point scale of sums.
 const FX_SCALE: f64 = 4_294_967_296.0; // 2^32
 
-/// `v` in fixed point; the defined rounding of every value that enters a sum.
+/// 2^52: below it in magnitude, every f64 has an exact integer part and fraction.
+const EXACT_INT: f64 = 4_503_599_627_370_496.0;
+
+/// `v` in fixed point, rounded half away from zero; the defined rounding of every value that
+/// enters a sum.
 #[inline]
 pub fn to_fixed(v: f64) -> i128 {
+    let x = v * FX_SCALE;
+    // Values below 2^20 (all but huge ones): truncation to i64 is one instruction, and `x - t` is
+    // exact, so the result is `round`'s without its libm call and the software f64 → i128
+    // conversion (together 14 % of the engine's CPU at 10,000 keys, `perf` in issue 11).
+    if x.abs() < EXACT_INT {
+        let t = x as i64;
+        let frac = x - t as f64;
+        let r = if frac >= 0.5 {
+            t + 1
+        } else if frac <= -0.5 {
+            t - 1
+        } else {
+            t
+        };
+        return i128::from(r);
+    }
+    to_fixed_large(x)
+}
+
+/// Huge values, NaN and infinities; out of line, or the compiler computes `round` (a libm call)
+/// ahead of the branch for every value.
+#[cold]
+#[inline(never)]
+fn to_fixed_large(x: f64) -> i128 {
     // `as` saturates (and maps NaN to 0), which keeps the operator total on any input.
-    (v * FX_SCALE).round() as i128
+    x.round() as i128
 }
 
 /// A fixed-point sum back to f64.
@@ -395,6 +423,53 @@ mod tests {
             }
             (spec, delay, ups, evs)
         })
+    }
+
+    /// The definition the fast path must equal.
+    fn to_fixed_by_round(v: f64) -> i128 {
+        (v * FX_SCALE).round() as i128
+    }
+
+    #[test]
+    fn the_fast_fixed_point_conversion_rounds_exactly_as_round_does() {
+        let half = 0.5 / FX_SCALE;
+        let edges = [
+            0.0,
+            -0.0,
+            half,
+            -half,
+            3.0 * half,
+            -3.0 * half,
+            0.49999999999999994 / FX_SCALE,
+            1.0 / FX_SCALE,
+            999.999,
+            -999.999,
+            (EXACT_INT - 1.0) / FX_SCALE,
+            EXACT_INT / FX_SCALE,
+            -(EXACT_INT - 0.5) / FX_SCALE,
+            1e30,
+            -1e30,
+            f64::MAX,
+            f64::MIN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            f64::MIN_POSITIVE,
+        ];
+        for v in edges {
+            assert_eq!(to_fixed(v), to_fixed_by_round(v), "{v:e}");
+        }
+        let mut h = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..1_000_000 {
+            h ^= h << 13;
+            h ^= h >> 7;
+            h ^= h << 17;
+            // Any bit pattern (huge, tiny, negative, NaN), and values near the ties.
+            let any = f64::from_bits(h);
+            let tie = ((h >> 12) as i64 - (1 << 51)) as f64 / FX_SCALE + half;
+            assert_eq!(to_fixed(any), to_fixed_by_round(any), "{any:e}");
+            assert_eq!(to_fixed(tie), to_fixed_by_round(tie), "{tie:e}");
+        }
     }
 
     proptest! {
