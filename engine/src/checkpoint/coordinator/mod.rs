@@ -14,9 +14,13 @@
 //!   the checkpoint's id and transaction; the commit record is written durably (`WriteCommit`,
 //!   confirmed by `CommitDurable`) before any task hears of the commit.
 //! - A failed checkpoint resets every task; the next one goes ahead after the pause.
+//!
+//! The restore point at start (the record's, or the consensus) is in `restart.rs`; going back to
+//! an older commit when a task cannot restore it, in `fallback.rs`.
 
 mod fallback;
 mod interface;
+mod restart;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -158,90 +162,11 @@ impl Coordinator {
         self.cfg.tasks.iter().find(|(id, _, _)| *id == t).map_or(NodeId(0), |(_, n, _)| *n)
     }
 
-    /// Chooses the restore point and answers the tasks that asked.
-    fn choose(
-        &mut self,
-        id: Option<CheckpointId>,
-        basis: RestoreBasis,
-        asking: BTreeMap<TaskId, u64>,
-    ) -> Vec<CoordAction> {
-        self.phase = Phase::Running;
-        let basis = if id.is_none() { RestoreBasis::Fresh } else { basis };
-        self.restore_point = Some((id, basis));
-        asking.into_iter().filter_map(|(t, request)| self.restore_one(t, request)).collect()
-    }
-
-    /// The `SendRestore` answering task `t`'s `request` (none before the point is chosen).
-    fn restore_one(&self, task: TaskId, request: u64) -> Option<CoordAction> {
-        let (id, basis) = self.restore_point.clone()?;
-        // A consensus or fallback record names no offsets: the task takes them from its manifest.
-        let version =
-            self.last_commit.as_ref().filter(|c| Some(c.id) == id).and_then(|c| c.versions.get(&task).copied());
-        Some(CoordAction::SendRestore { task, node: self.node_of(task), id, version, basis, request })
-    }
-
     /// Handles one input.
     pub fn handle(&mut self, input: CoordInput) -> Vec<CoordAction> {
         match input {
-            CoordInput::Start { now, ids, last_commit } => {
-                self.now = now;
-                // Never below a committed id, whatever the meta says.
-                self.next_id = ids.next_id.max(last_commit.as_ref().map_or(CheckpointId(1), |c| c.id.next()));
-                self.next_trans = ids
-                    .next_trans
-                    .max(last_commit.as_ref().and_then(CommitRecord::trans).map_or(TransId(1), |t| TransId(t.0 + 1)));
-                self.reserved = IdRecord { next_id: self.next_id, next_trans: self.next_trans };
-                self.reserving = None;
-                self.flight = None;
-                self.earliest_first = now + self.cfg.first_delay_ms;
-                self.last_commit = last_commit.clone();
-                self.new_stream = last_commit.is_none() && ids == IdRecord::default();
-                match last_commit {
-                    // Every task restores the record (the engine's before it starts; a task that
-                    // asks gets it).
-                    Some(c) => {
-                        let basis = match c.kind {
-                            RecordKind::Fallback(_) => RestoreBasis::Fallback,
-                            _ => RestoreBasis::Committed,
-                        };
-                        self.choose(c.restore_point(), basis, BTreeMap::new())
-                    }
-                    None => {
-                        self.phase = Phase::Consensus {
-                            deadline: now + self.cfg.consensus_wait_ms,
-                            latest: BTreeMap::new(),
-                            asking: BTreeMap::new(),
-                        };
-                        Vec::new()
-                    }
-                }
-            }
-            CoordInput::Consensus { task, latest, request } => {
-                if !self.cfg.tasks.iter().any(|(t, _, _)| *t == task) {
-                    return Vec::new();
-                }
-                let done = match &mut self.phase {
-                    Phase::Consensus { latest: l, asking, .. } => {
-                        l.insert(task, latest);
-                        asking.insert(task, request);
-                        l.len() == self.cfg.tasks.len()
-                    }
-                    Phase::Recording { asking, .. } => {
-                        asking.insert(task, request);
-                        return Vec::new();
-                    }
-                    // Its node can restore the point given up; it waits for the older one.
-                    Phase::FallingBack { can, asking, .. } => {
-                        can.entry(task).or_insert(None);
-                        asking.insert(task, request);
-                        return self.fallback_if_complete();
-                    }
-                    Phase::Down | Phase::Halted => return Vec::new(),
-                    // Chosen already: the task asks again, and gets the same answer.
-                    Phase::Running => return self.restore_one(task, request).into_iter().collect(),
-                };
-                if done { self.finish_consensus() } else { Vec::new() }
-            }
+            CoordInput::Start { now, ids, last_commit } => self.restart(now, ids, last_commit),
+            CoordInput::Consensus { task, latest, request } => self.consensus(task, latest, request),
             CoordInput::CannotRestore { task, id, restorable, reason, request } => {
                 self.cannot_restore(task, id, restorable, reason, request)
             }
@@ -320,60 +245,6 @@ impl Coordinator {
                 Vec::new()
             }
         }
-    }
-
-    fn finish_consensus(&mut self) -> Vec<CoordAction> {
-        let Phase::Consensus { latest, asking, .. } = std::mem::replace(&mut self.phase, Phase::Running) else {
-            return Vec::new();
-        };
-        // The seed's rule: the minimum of what every task has; a task that did not answer counts
-        // as having nothing (and nothing is below every checkpoint).
-        let all = self.cfg.tasks.iter().map(|(t, _, _)| latest.get(t).copied().flatten());
-        // The choice is recorded before any task hears it, a start from nothing too: a
-        // coordinator that restarts meanwhile makes the same one (the tasks that restored do not
-        // ask again, and stale requests of theirs must not sway it).
-        let record = match all.min().flatten() {
-            Some(min) => {
-                self.next_id = self.next_id.max(min.next());
-                CommitRecord::consensus(min, self.now)
-            }
-            // A stream that never reserved an id, and whose tasks all said so, has nothing
-            // anywhere to restore: no later choice can differ, and its first checkpoint keeps id 1.
-            None if self.new_stream && latest.values().all(Option::is_none) => {
-                return self.choose(None, RestoreBasis::Fresh, asking);
-            }
-            None => {
-                // An id of its own, past every id used, so the record sorts above older ones.
-                let id = self.next_id;
-                self.next_id = id.next();
-                CommitRecord::fresh(id, self.now)
-            }
-        };
-        self.phase = Phase::Recording {
-            record: record.clone(),
-            retry_at: self.now + self.cfg.store_timeout_ms,
-            asking,
-            halt: None,
-        };
-        vec![CoordAction::WriteCommit(record)]
-    }
-
-    /// The consensus point's record is durable: answer the tasks.
-    fn consensus_recorded(&mut self) -> Vec<CoordAction> {
-        let Phase::Recording { record, asking, halt, .. } = std::mem::replace(&mut self.phase, Phase::Running) else {
-            return Vec::new();
-        };
-        let point = record.restore_point();
-        let basis = match record.kind {
-            RecordKind::Fallback(_) => RestoreBasis::Fallback,
-            _ => RestoreBasis::Consensus,
-        };
-        self.last_commit = Some(record);
-        if let Some(reason) = halt {
-            self.phase = Phase::Halted;
-            return vec![CoordAction::Halt { reason }];
-        }
-        self.choose(point, basis, asking)
     }
 
     fn tick(&mut self, now: u64) -> Vec<CoordAction> {
