@@ -46,16 +46,17 @@ impl World {
 
     /// The committed state of every task equals the reference computed from the source offsets.
     pub fn check_consistent(&self, r: &CommitRecord) {
+        // A fallback record's state is the checkpoint it goes back to.
+        let id = r.restore_point().unwrap_or(r.id);
         let topo = &self.topo;
         let (s_n, a_n) = (topo.sources, topo.aggs);
         // A consensus point's record names no offsets: the sources' snapshots have them.
-        let version =
-            |s: usize| r.versions.get(&TaskId(s as u32)).copied().unwrap_or_else(|| self.snapshot(s, r.id).1).0;
+        let version = |s: usize| r.versions.get(&TaskId(s as u32)).copied().unwrap_or_else(|| self.snapshot(s, id).1).0;
         for s in 0..s_n {
-            assert_eq!(self.snapshot(s, r.id).0.emitted, version(s), "source t{s} differs from its offset in {}", r.id);
+            assert_eq!(self.snapshot(s, id).0.emitted, version(s), "source t{s} differs from its offset in {}", r.id);
         }
         for a in 0..a_n {
-            let m = self.snapshot(s_n + a, r.id).0;
+            let m = self.snapshot(s_n + a, id).0;
             for (input, s) in self.topo.upstreams(s_n + a).into_iter().enumerate() {
                 let routed = (0..version(s)).filter(|o| topo.agg_of(s, *o) == a).count() as u64;
                 assert_eq!(m.consumed[input], routed, "agg t{} in {} is not a consistent cut", s_n + a, r.id);
@@ -63,9 +64,9 @@ impl World {
         }
         for k in 0..topo.sinks {
             let t = s_n + a_n + k;
-            let m = self.snapshot(t, r.id).0;
+            let m = self.snapshot(t, id).0;
             for (input, a) in topo.upstreams(t).into_iter().enumerate() {
-                let agg = self.snapshot(a, r.id).0;
+                let agg = self.snapshot(a, id).0;
                 let out = topo.downstreams(a).iter().position(|d| *d == t).expect("edge");
                 assert_eq!(m.consumed[input], agg.forwarded[out], "sink t{t} in {} is not a consistent cut", r.id);
             }

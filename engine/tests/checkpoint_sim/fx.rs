@@ -69,6 +69,11 @@ impl TaskPort for SimPort<'_> {
             return Ok(Version(0));
         };
         assert!(w.commits.iter().any(|c| c.id == p.id), "t{t} told to restore {}, which never committed", p.id);
+        if w.damaged.contains(&(t, p.id)) {
+            let restorable = w.restorable(&[t], p.id);
+            let reason = format!("t{t}'s snapshot of {} is damaged", p.id);
+            return Err(CheckpointError::Damaged { task: TaskId(t as u32), id: p.id, reason, restorable });
+        }
         let key = snapshot_key(t, p.id);
         let failed = |reason: String| CheckpointError::Restore { task: TaskId(t as u32), id: Some(p.id), reason };
         w.stats.restores_from_store += 1;
@@ -180,7 +185,10 @@ impl SimCoordFx<'_> {
 
 impl CoordEffects for SimCoordFx<'_> {
     fn halt(&mut self, reason: String) {
-        panic!("the simulated stream halted: {reason}");
+        let mut w = self.w.borrow_mut();
+        // Only damage halts a stream: without any, a halt is a bug.
+        assert!(!w.damaged.is_empty(), "the simulated stream halted with nothing damaged: {reason}");
+        w.halted = Some(reason);
     }
 
     fn send_task(&mut self, to: TaskId, input: TaskInput) {
@@ -230,8 +238,13 @@ impl CoordEffects for SimCoordFx<'_> {
                 w.stats.fresh_records += 1;
             }
             RecordKind::Commit(_) => w.check_reports(&record),
-            // The simulator damages no snapshot: no task asks to go back.
-            RecordKind::Fallback(to) => panic!("fallback record {} to {to}, but nothing is damaged", record.id),
+            // Going back: to a checkpoint that committed, under an id above every commit's.
+            RecordKind::Fallback(to) => {
+                assert!(!w.damaged.is_empty(), "fallback record {} to {to}, but nothing is damaged", record.id);
+                assert!(w.commits.iter().any(|c| c.id == to), "fallback to {to}, which never committed");
+                assert!(w.commits.iter().all(|c| c.id < record.id), "fallback record {} reuses an id", record.id);
+                w.stats.fallbacks += 1;
+            }
         }
         let outcome = write_commit(&*w.store, STREAM, &record);
         // What counts is what a restart would read: the record visible in the store.

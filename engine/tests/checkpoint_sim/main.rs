@@ -25,6 +25,7 @@
 //! `WEIR_SIM_SEED=S` replays seed S alone (a failure prints the seed and the steps before it).
 
 mod checks;
+mod damage;
 mod fx;
 mod sim;
 mod world;
@@ -233,5 +234,25 @@ fn the_simulation_really_goes_through_faults() {
         ("streams run to their end", t.ended_streams),
     ] {
         assert!(n > 0, "no {what} in 200 seeds: {t:?}");
+    }
+}
+
+/// Snapshots damaged everywhere at restarts (`damage.rs`): the stream goes back to an older
+/// commit, or halts and every node restarts and goes back together; results stay exact (every
+/// seed checks them).
+#[test]
+fn damaged_snapshots_take_the_stream_back_together_and_results_stay_exact() {
+    let mut t = Stats::default();
+    for i in 0..1_500 {
+        let seed = 7_000_000_000 + i;
+        let o = run_seed(seed).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        t.add(&o.stats);
+    }
+    for (what, n) in [
+        ("snapshots damaged everywhere", t.damaged_snapshots),
+        ("fallback records", t.fallbacks),
+        ("halts followed by a restart of every node", t.halts),
+    ] {
+        assert!(n > 0, "no {what} in 1,500 seeds: {t:?}");
     }
 }

@@ -110,6 +110,8 @@ impl Sim {
             quiet_since: None,
             trace: VecDeque::new(),
             stats: Stats::default(),
+            damaged: Default::default(),
+            halted: None,
             topo,
             setups,
         };
@@ -132,7 +134,9 @@ impl Sim {
         let n = self.n();
         {
             let mut w = self.w.borrow_mut();
-            if w.faults && !w.store.keys("1/checkpoints/").is_empty() && w.rng.chance(300) {
+            // Not with damage about: lost records and damaged snapshots together can leave no
+            // commit to go back to, and the stream rightly halts for good.
+            if w.faults && w.damaged.is_empty() && !w.store.keys("1/checkpoints/").is_empty() && w.rng.chance(300) {
                 w.store.wipe("1/checkpoints/");
                 w.stats.records_lost += 1;
                 w.note("commit records lost".into());
@@ -152,6 +156,8 @@ impl Sim {
             // must cope with them (store answers belong to the old coordinator and are dropped).
             w.stats.restarts += 1;
             w.note("restart".into());
+            w.halted = None;
+            w.maybe_damage();
         }
         let (setups, restarts) = (self.w.borrow().setups.clone(), self.w.borrow().stats.restarts);
         self.tasks = setups
@@ -162,6 +168,13 @@ impl Sim {
                 reset_upto: None,
             })
             .collect();
+        // As each engine checks before it restores: a node with a damaged task asks to go back.
+        let checks = self.w.borrow().node_check();
+        for (task, check) in self.tasks.iter_mut().zip(checks) {
+            if let Some((id, restorable, reason)) = check {
+                task.driver.cannot_restore(id, restorable, reason);
+            }
+        }
         self.crash_coordinator(0);
     }
 
@@ -511,6 +524,15 @@ impl Sim {
             _ => self.fault(),
         }
         self.check_quiet();
+        let halted = self.w.borrow_mut().halted.take();
+        if let Some(reason) = halted {
+            // What the halt says to do: restart every node.
+            let mut w = self.w.borrow_mut();
+            w.stats.halts += 1;
+            w.note(format!("halted ({reason}): every node restarts"));
+            drop(w);
+            self.restart();
+        }
     }
 
     /// One of the rarer faults, or a tick.

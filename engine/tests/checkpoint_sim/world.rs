@@ -233,6 +233,9 @@ pub struct Stats {
     pub restores_from_store: u64,
     pub refusals: u64,
     pub ended_streams: u64,
+    pub damaged_snapshots: u64,
+    pub fallbacks: u64,
+    pub halts: u64,
 }
 
 impl Stats {
@@ -266,7 +269,10 @@ impl Stats {
             restore_failures,
             restores_from_store,
             refusals,
-            ended_streams
+            ended_streams,
+            damaged_snapshots,
+            fallbacks,
+            halts
         );
     }
 }
@@ -436,6 +442,10 @@ pub struct World {
     pub quiet_since: Option<u64>,
     pub trace: VecDeque<String>,
     pub stats: Stats,
+    /// (task, checkpoint) snapshots damaged everywhere: restoring one fails as damaged.
+    pub damaged: BTreeSet<(usize, CheckpointId)>,
+    /// Why the coordinator halted the stream (every node restarts then).
+    pub halted: Option<String>,
 }
 
 impl World {

@@ -12,8 +12,8 @@
 //!   coordinator makes it again.
 //! - Never a start from nothing while commits exist: with no older commit every task can
 //!   restore, the stream halts with what was found.
-//! - Tasks that restored the given-up point already (they did not ask: on other nodes) cannot
-//!   go back with the others (the stream restart comes with the cluster): the fallback is
+//! - Tasks told the given-up point already (they restored it, on other nodes, or its answer is
+//!   on its way to them) cannot go back with the others (the stream restart comes with the cluster): the fallback is
 //!   recorded, so restarting every node takes the stream back together, and the stream halts
 //!   saying so.
 
@@ -54,7 +54,7 @@ impl Coordinator {
                 };
             }
             // An answer to an older question: the point chosen since is the answer.
-            Phase::Running => return self.restore_one(task, request).into_iter().collect(),
+            Phase::Running => return self.answer(task, request).into_iter().collect(),
             Phase::FallingBack { from, .. } if *from == id => {}
             // A point given up already, or the one being recorded: counts as a request.
             Phase::FallingBack { asking, .. } | Phase::Recording { asking, .. } => {

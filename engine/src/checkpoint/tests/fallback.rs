@@ -175,3 +175,18 @@ fn a_task_whose_node_found_no_damage_does_not_hold_the_choice_back() {
     let out = step(&mut c, CoordInput::Consensus { task: TaskId(20), latest: Some(CheckpointId(7)), request: 9 });
     assert_eq!(written(&out).expect("decided").restore_point(), Some(CheckpointId(6)));
 }
+
+#[test]
+fn a_task_told_the_damaged_point_already_cannot_go_back_with_the_others_even_when_it_asks_again() {
+    let mut c = restarted_at_7();
+    // Task 20 asks first and is told 7; its answer may still be on its way when it asks again.
+    let ask = |c: &mut Coordinator| step(c, CoordInput::Consensus { task: TaskId(20), latest: None, request: 9 });
+    assert_eq!(restores(&ask(&mut c)), vec![(TaskId(20), Some(CheckpointId(7)), RestoreBasis::Committed)]);
+    cannot(&mut c, 1, 7, &[6]);
+    cannot(&mut c, 10, 7, &[6]);
+    assert!(ask(&mut c).is_empty(), "not counted as going back");
+    let record = written(&tick(&mut c, 2_000)).expect("recorded at the wait's end");
+    let out = step(&mut c, CoordInput::CommitDurable { id: record.id });
+    assert!(restores(&out).is_empty(), "{out:?}");
+    assert!(out.iter().any(|a| matches!(a, CoordAction::Halt { reason } if reason.contains("t20"))), "{out:?}");
+}
