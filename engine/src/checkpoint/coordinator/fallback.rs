@@ -4,16 +4,16 @@
 //!
 //! Invariants:
 //! - The decision waits for every task of the stream (or the consensus wait): each says which
-//!   older commits its node can restore, and the stream goes to the newest that all can (a task
-//!   whose node found no damage constrains nothing: it could restore the point given up, and
-//!   checked nothing older; should the choice fail for it, it asks again).
+//!   older commits its node can restore, and the stream goes to the newest that all can.
+//! - Only tasks that said they cannot restore the point count: one whose node found nothing
+//!   damaged may hold that point already (told it by this coordinator or an earlier one, and the
+//!   answer perhaps still on its way), so it cannot go back with the others.
 //! - The choice is recorded before any task hears it, under an id of its own (a
 //!   [`RecordKind::Fallback`] record sorts above the one it supersedes), so a restarted
 //!   coordinator makes it again.
 //! - Never a start from nothing while commits exist: with no older commit every task can
 //!   restore, the stream halts with what was found.
-//! - Tasks told the given-up point already (they restored it, on other nodes, or its answer is
-//!   on its way to them) cannot go back with the others (the stream restart comes with the cluster): the fallback is
+//! - So when some tasks did not say so (other nodes), they cannot go back with the others (the stream restart comes with the cluster): the fallback is
 //!   recorded, so restarting every node takes the stream back together, and the stream halts
 //!   saying so.
 
@@ -54,7 +54,7 @@ impl Coordinator {
                 };
             }
             // An answer to an older question: the point chosen since is the answer.
-            Phase::Running => return self.answer(task, request).into_iter().collect(),
+            Phase::Running => return self.restore_one(task, request).into_iter().collect(),
             Phase::FallingBack { from, .. } if *from == id => {}
             // A point given up already, or the one being recorded: counts as a request.
             Phase::FallingBack { asking, .. } | Phase::Recording { asking, .. } => {

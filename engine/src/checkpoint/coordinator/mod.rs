@@ -113,9 +113,6 @@ pub struct Coordinator {
     /// The restore point chosen at start (checkpoint, whether committed), once chosen: a task that
     /// asks again (its answer was lost, or it came after the wait) gets the same one.
     restore_point: Option<(Option<CheckpointId>, RestoreBasis)>,
-    /// Tasks told the current restore point (they may have restored it): a fallback from it
-    /// cannot count on them to go back.
-    answered: BTreeSet<TaskId>,
     /// Started with neither a commit record nor a reserved id: no checkpoint ever began.
     new_stream: bool,
 }
@@ -142,7 +139,6 @@ impl Coordinator {
             healthy: true,
             down: BTreeSet::new(),
             restore_point: None,
-            answered: BTreeSet::new(),
             new_stream: false,
         }
     }

@@ -54,15 +54,7 @@ impl Coordinator {
         self.phase = Phase::Running;
         let basis = if id.is_none() { RestoreBasis::Fresh } else { basis };
         self.restore_point = Some((id, basis));
-        self.answered.clear();
-        asking.into_iter().filter_map(|(t, request)| self.answer(t, request)).collect()
-    }
-
-    /// [`Self::restore_one`], remembering that `task` was told.
-    pub(super) fn answer(&mut self, task: TaskId, request: u64) -> Option<CoordAction> {
-        let a = self.restore_one(task, request)?;
-        self.answered.insert(task);
-        Some(a)
+        asking.into_iter().filter_map(|(t, request)| self.restore_one(t, request)).collect()
     }
 
     /// The `SendRestore` answering task `t`'s `request` (none before the point is chosen).
@@ -89,19 +81,13 @@ impl Coordinator {
                 asking.insert(task, request);
                 return Vec::new();
             }
-            // Its node can restore the point given up; it waits for the older one. Unless it was
-            // told that point already: its answer may be on its way, and it would restore it.
-            Phase::FallingBack { can, asking, .. } => {
-                if self.answered.contains(&task) {
-                    return Vec::new();
-                }
-                can.entry(task).or_insert(None);
-                asking.insert(task, request);
-                return self.fallback_if_complete();
-            }
+            // Its node found nothing damaged, so it may hold the point given up already: told it
+            // by this coordinator or an earlier one, restored, or with the answer on its way. It
+            // cannot be counted on to go back; the wait ends in a halt (docs/checkpoint.md).
+            Phase::FallingBack { .. } => return Vec::new(),
             Phase::Down | Phase::Halted => return Vec::new(),
             // Chosen already: the task asks again, and gets the same answer.
-            Phase::Running => return self.answer(task, request).into_iter().collect(),
+            Phase::Running => return self.restore_one(task, request).into_iter().collect(),
         };
         if done { self.finish_consensus() } else { Vec::new() }
     }
