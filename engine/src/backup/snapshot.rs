@@ -94,6 +94,20 @@ impl Manifest {
     }
 }
 
+/// CRC32C of the file at `path`, read a megabyte at a time (SST files can be large).
+fn file_crc(path: &Path) -> std::io::Result<u32> {
+    use std::io::Read;
+    let mut f = fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut crc = 0;
+    loop {
+        match f.read(&mut buf)? {
+            0 => return Ok(crc),
+            n => crc = crc32c::crc32c_append(crc, &buf[..n]),
+        }
+    }
+}
+
 /// Key prefix of a task's objects.
 pub fn task_prefix(stream: StreamId, task: TaskId) -> String {
     format!("{}/tasks/{}", stream.0, task.0)
@@ -207,8 +221,9 @@ fn upload(
                 files.push(known.clone());
                 continue;
             }
-            // Read once for the checksum; the store reads the file again (large files stream).
-            let crc = crc32c::crc32c(&fs::read(&path).map_err(io)?);
+            // Read once for the checksum, in pieces; the store reads the file again (large files
+            // stream).
+            let crc = file_crc(&path).map_err(io)?;
             let key = sst_key(&prefix, &name, crc);
             files.push(ManifestEntry { name, key: key.clone(), size, crc });
             if index.is_some() || store.size(&key)? != Some(size) {
@@ -267,10 +282,10 @@ pub fn local_snapshot_matches(manifest: &Manifest, dir: &Path) -> bool {
     let Ok(entries) = fs::read_dir(dir) else { return false };
     let count = entries.count();
     count == manifest.files.len()
-        && manifest
-            .files
-            .iter()
-            .all(|f| fs::read(dir.join(&f.name)).is_ok_and(|b| b.len() as u64 == f.size && crc32c::crc32c(&b) == f.crc))
+        && manifest.files.iter().all(|f| {
+            let p = dir.join(&f.name);
+            fs::metadata(&p).is_ok_and(|m| m.len() == f.size) && file_crc(&p).is_ok_and(|c| c == f.crc)
+        })
 }
 
 /// Downloads the files of `manifest` into `dir` (replacing it), verifying each.
