@@ -120,10 +120,10 @@ impl Setup {
         let local: Vec<TaskId> = topo.tasks.iter().map(|t| t.id).filter(|t| node_of[t] == cfg.node).collect();
         let node_point = match &last {
             Some(r) => verify::check_node(store.as_ref(), spec.id, &cfg.data_dir, &local, r)?,
-            None => NodePoint::Ready,
+            None => NodePoint::Ready(Default::default()),
         };
         match &last {
-            Some(r) if node_point != NodePoint::Ready => tracing::warn!(
+            Some(r) if matches!(node_point, NodePoint::Damaged { .. }) => tracing::warn!(
                 stream = %spec.id,
                 record = %r.id,
                 "the tasks wait for the coordinator to choose an older checkpoint"
@@ -224,6 +224,10 @@ impl Setup {
                 store: self.store.clone(),
                 index,
                 spare: spare_rx,
+                located: std::cell::RefCell::new(match &self.node_point {
+                    NodePoint::Ready(found) => found.get(&t.id).cloned().map(|(m, dir)| (m.id, m, dir)),
+                    NodePoint::Damaged { .. } => None,
+                }),
             },
         };
         if let NodePoint::Damaged { id, restorable, reason } = &self.node_point {

@@ -37,6 +37,9 @@ pub(crate) struct PortCtx {
     pub(crate) index: Arc<Mutex<UploadIndex>>,
     /// The last state copy's buffer, back from the uploader (one slot).
     pub(crate) spare: Receiver<StateEntries>,
+    /// The files of the checkpoint the node checked before the start, verified already (taken by
+    /// the restore of that checkpoint).
+    pub(crate) located: std::cell::RefCell<Option<(CheckpointId, crate::backup::Manifest, PathBuf)>>,
 }
 
 /// A running task as the driver sees it.
@@ -130,14 +133,17 @@ impl TaskPort for EnginePort<'_> {
             }
             return Ok(Version(0));
         };
+        let pre = c.located.borrow_mut().take().filter(|(id, ..)| *id == p.id).map(|(_, m, dir)| (m, dir));
         let restored = match self.task {
-            Task::Source(_) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |_, _| Ok(())),
-            Task::Agg(a) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |src, _| {
+            Task::Source(_) => {
+                restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |_, _| Ok(()))
+            }
+            Task::Agg(a) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, _| {
                 let db = restore::db_dir(&c.data, c.task);
                 let state = crate::state::TaskStore::open_from_snapshot(src, &db).map_err(|e| e.to_string())?;
                 crate::state::load_window_state(&state, &mut a.agg).map(|_| ()).map_err(|e| e.to_string())
             }),
-            Task::Sink(s) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, |src, m| {
+            Task::Sink(s) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, m| {
                 if m.format < 2 {
                     // Its results stayed in the node-wide store of the Weir that wrote it.
                     return Err(format!(

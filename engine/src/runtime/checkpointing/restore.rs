@@ -128,18 +128,22 @@ pub(crate) fn locate(
     Ok((manifest, local))
 }
 
-/// Restores task `t` at `point`: [`locate`]s the checkpoint's files, hands their directory to
-/// `open`, and returns the manifest (its offset, and the files now in the store for the task's
-/// next upload).
+/// Restores task `t` at `point`: [`locate`]s the checkpoint's files (unless `located` says where
+/// they are, verified already), hands their directory to `open`, and returns the manifest (its
+/// offset, and the files now in the store for the task's next upload).
 pub(crate) fn restore_task(
     store: &dyn Store,
     stream: StreamId,
     t: TaskId,
     data: &Path,
     point: RestorePoint,
+    located: Option<(Manifest, PathBuf)>,
     open: impl FnOnce(&Path, &Manifest) -> Result<(), String>,
 ) -> Result<Manifest, CheckpointError> {
-    let (manifest, dir) = locate(store, stream, t, data, point)?;
+    let (manifest, dir) = match located {
+        Some(at) => at,
+        None => locate(store, stream, t, data, point)?,
+    };
     open(&dir, &manifest).map_err(|reason| CheckpointError::Restore { task: t, id: Some(point.id), reason })?;
     Ok(manifest)
 }

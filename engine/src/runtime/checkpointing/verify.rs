@@ -18,11 +18,15 @@ use crate::checkpoint::driver::RestorePoint;
 use crate::checkpoint::{CheckpointError, CommitRecord, RecordKind};
 use crate::runtime::EngineError;
 
+/// Where each task's files of a checkpoint are, verified: its manifest and the directory.
+pub(crate) type Located = std::collections::HashMap<TaskId, (crate::backup::Manifest, std::path::PathBuf)>;
+
 /// What the node's tasks can restore.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum NodePoint {
-    /// Every task can restore the record's point.
-    Ready,
+    /// Every task can restore the record's point: where each one's files are (so the restore
+    /// does not read and check them a second time).
+    Ready(Located),
     /// Some task cannot restore `id`.
     Damaged {
         /// The record's point.
@@ -43,24 +47,27 @@ pub(crate) fn point_of(record: &CommitRecord, t: TaskId) -> Option<RestorePoint>
     })
 }
 
-/// `None` when every task in `tasks` can restore `record`'s point, else what the first that
+/// Where every task in `tasks` finds its files of `record`'s point, or what the first that
 /// cannot found.
-fn first_damage(
+fn locate_all(
     store: &dyn Store,
     stream: StreamId,
     data: &Path,
     tasks: &[TaskId],
     record: &CommitRecord,
-) -> Result<Option<String>, EngineError> {
+) -> Result<Result<Located, String>, EngineError> {
+    let mut found = Located::new();
     for t in tasks {
-        let Some(point) = point_of(record, *t) else { return Ok(None) };
+        let Some(point) = point_of(record, *t) else { return Ok(Ok(found)) };
         match locate(store, stream, *t, data, point) {
-            Ok(_) => {}
-            Err(CheckpointError::Damaged { reason, .. }) => return Ok(Some(format!("task {t}: {reason}"))),
+            Ok(at) => {
+                found.insert(*t, at);
+            }
+            Err(CheckpointError::Damaged { reason, .. }) => return Ok(Err(format!("task {t}: {reason}"))),
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(None)
+    Ok(Ok(found))
 }
 
 /// Checks that the node's `tasks` can restore `record`'s point; if not, finds the older commits
@@ -72,8 +79,11 @@ pub(crate) fn check_node(
     tasks: &[TaskId],
     record: &CommitRecord,
 ) -> Result<NodePoint, EngineError> {
-    let Some(id) = record.restore_point() else { return Ok(NodePoint::Ready) };
-    let Some(reason) = first_damage(store, stream, data, tasks, record)? else { return Ok(NodePoint::Ready) };
+    let Some(id) = record.restore_point() else { return Ok(NodePoint::Ready(Located::new())) };
+    let reason = match locate_all(store, stream, data, tasks, record)? {
+        Ok(found) => return Ok(NodePoint::Ready(found)),
+        Err(reason) => reason,
+    };
     tracing::warn!(stream = %stream, checkpoint = %id, %reason, "this node cannot restore the last commit; looking for older ones");
     let restorable = restorable_below(store, stream, data, tasks, record.id, id)?;
     Ok(NodePoint::Damaged { id, restorable, reason })
@@ -98,9 +108,9 @@ pub(crate) fn restorable_below(
             break;
         }
         let Some(q) = r.restore_point().filter(|q| *q < below && !out.contains(q)) else { continue };
-        match first_damage(store, stream, data, tasks, r)? {
-            None => out.push(q),
-            Some(why) => {
+        match locate_all(store, stream, data, tasks, r)? {
+            Ok(_) => out.push(q),
+            Err(why) => {
                 tracing::warn!(stream = %stream, checkpoint = %q, reason = %why, "this node cannot restore it either")
             }
         }
