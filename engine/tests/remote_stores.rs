@@ -16,7 +16,7 @@ use weir_engine::state::NodeResults;
 use weir_engine::wire::NodeId;
 use weir_engine::wire::msg::RestoreBasis;
 
-use util::ckpt::{config, spec, wait_for_commits, wait_restored};
+use util::ckpt::{config, spec_at, wait_for_commits, wait_restored};
 use util::services;
 
 /// What every store must do, whatever its backend.
@@ -131,10 +131,7 @@ fn an_unreachable_store_fails_within_its_timeout_and_says_retrying_may_help() {
 fn restores_from_the_store_alone(store: Arc<dyn Store>) {
     let dir = tempfile::tempdir().unwrap();
     // About six seconds of stream: a remote store over a loaded machine commits well within it.
-    let mut spec = spec(100_000);
-    if let weir_engine::spec::SourceKind::Generator { rate, .. } = &mut spec.source {
-        *rate = Some(17_000);
-    }
+    let spec = spec_at(100_000, 17_000);
     let with_store = |d: &std::path::Path| {
         let mut cfg = config(d, 80);
         cfg.checkpoint.as_mut().unwrap().remote = Remote::Store(store.clone());
@@ -189,10 +186,7 @@ fn retention_keeps_the_last_commits_and_every_file_they_name_while_checkpoints_r
 
     let store = services::s3(&services::unique("retention"));
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = spec(100_000);
-    if let weir_engine::spec::SourceKind::Generator { rate, .. } = &mut spec.source {
-        *rate = Some(17_000); // about six seconds: time for commits on a loaded machine
-    }
+    let spec = spec_at(100_000, 17_000); // about six seconds: time for commits on a loaded machine
     let mut cfg = config(dir.path(), 50);
     let ck = cfg.checkpoint.as_mut().unwrap();
     ck.remote = Remote::Store(store.clone());
@@ -240,10 +234,7 @@ fn an_s3_outage_fails_checkpoints_but_not_the_stream_and_the_next_one_commits_on
     let mut s3 = services::OwnS3::start();
     let store = s3.store("outage");
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = spec(100_000);
-    if let weir_engine::spec::SourceKind::Generator { rate, .. } = &mut spec.source {
-        *rate = Some(10_000); // about ten seconds of stream
-    }
+    let spec = spec_at(100_000, 10_000); // about ten seconds of stream
     let mut cfg = config(dir.path(), 100);
     let ck = cfg.checkpoint.as_mut().unwrap();
     ck.remote = Remote::Store(store.clone());

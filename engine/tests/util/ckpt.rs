@@ -85,6 +85,16 @@ pub fn spec(rows: u64) -> weir_engine::spec::StreamSpec {
     spec
 }
 
+/// [`spec`] with its sources paced to `rate` rows per second each (`rows / rate` seconds of
+/// stream: time for commits into a remote store on a loaded machine).
+pub fn spec_at(rows: u64, rate: u64) -> weir_engine::spec::StreamSpec {
+    let mut s = spec(rows);
+    if let SourceKind::Generator { rate: r, .. } = &mut s.source {
+        *r = Some(rate);
+    }
+    s
+}
+
 pub fn transport(
     node: u32,
     peers: Vec<weir_engine::wire::transport::PeerConfig>,
