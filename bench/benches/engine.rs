@@ -1,16 +1,18 @@
-//! Engine parts: the generator, window aggregation, the ingest log append path, and a window
-//! agg's checkpoint: the synchronous state copy and the background snapshot write and store.
+//! Engine parts: the generator, window aggregation, the ingest log append path, a window agg's
+//! checkpoint (the synchronous freeze of its state, at 10,000 and 1,000,000 keys, and the
+//! background snapshot write and store), and a sink's result writes.
 //! Results and the command are in docs/benchmarks.md.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use weir_engine::backup::{LocalDirStore, upload_snapshot};
 use weir_engine::ingest::{IngestLog, LogConfig};
 use weir_engine::operator::generator::{Generator, GeneratorSpec};
+use weir_engine::operator::window::WindowResult;
 use weir_engine::operator::window::{WindowAgg, WindowSpec};
 use weir_engine::spec::shuffle;
-use weir_engine::state::{WindowStateCopy, write_window_snapshot};
+use weir_engine::state::{ResultStore, write_window_snapshot};
 use weir_engine::wire::{Batch, CheckpointId, StreamId, TaskId, Version};
 
 const ROWS: usize = 4096;
@@ -81,9 +83,15 @@ fn parts(c: &mut Criterion) {
         let (t, k, v) = generator.row(o);
         agg.add(t, k, v);
     }
-    g.bench_function("copy_state_10k_keys", |b| b.iter(|| WindowStateCopy::of(&agg)));
-    let copy = WindowStateCopy::of(&agg);
-    assert_eq!(copy.entries.len(), 10_000);
+    g.bench_function("freeze_state_10k_keys", |b| freeze_after_writes(b, &mut agg, 10_000));
+    let copy = agg.freeze();
+    assert_eq!(copy.len(), 10_000);
+    let mut big = WindowAgg::new(WindowSpec::tumbling(1_000_000), 0, 1);
+    for k in 0..1_000_000u64 {
+        big.add(1, k, 1.0);
+    }
+    g.bench_function("freeze_state_1m_keys", |b| freeze_after_writes(b, &mut big, 1_000_000));
+    drop(big);
     let dir = tempfile::tempdir().expect("temp dir");
     let store = LocalDirStore::new(dir.path().join("remote"));
     let mut id = 0u64;
@@ -98,5 +106,53 @@ fn parts(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, parts);
+/// The pause's part of a snapshot: every shard written since the last one (as between two
+/// checkpoints of a running job), then frozen. Timed: the freeze alone.
+fn freeze_after_writes(b: &mut criterion::Bencher<'_>, agg: &mut WindowAgg, keys: u64) {
+    b.iter_custom(|iters| {
+        let mut total = Duration::ZERO;
+        for i in 0..iters {
+            for k in 0..4096u64 {
+                agg.add(1, (k * 7919 + i) % keys, 1.0);
+            }
+            let t = Instant::now();
+            let frozen = agg.freeze();
+            total += t.elapsed();
+            drop(frozen);
+        }
+        total
+    })
+}
+
+/// A sink's writes: one window over 1,000,000 keys, in the messages an agg sends (512 results of
+/// one window, in the agg's order), into a result store; the memtable's flush included.
+fn result_writes(c: &mut Criterion) {
+    let mut g = c.benchmark_group("results");
+    g.measurement_time(Duration::from_secs(10));
+    g.sample_size(10);
+    const KEYS: u64 = 1_000_000;
+    g.throughput(Throughput::Elements(KEYS));
+    let mut agg = WindowAgg::new(WindowSpec::tumbling(1000), 0, 1);
+    for k in 0..KEYS {
+        agg.add(1, k, k as f64 / 7.0);
+    }
+    let mut window: Vec<WindowResult> = Vec::with_capacity(KEYS as usize);
+    agg.advance(0, 10_000, |r| window.push(r));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = ResultStore::open(&dir.path().join("results")).expect("open");
+    let mut start = 0i64;
+    g.bench_function("write_1m_results_in_agg_messages", |b| {
+        b.iter(|| {
+            start += 1000;
+            for m in window.chunks(512) {
+                let m: Vec<WindowResult> = m.iter().map(|r| WindowResult { start, ..*r }).collect();
+                store.upsert(StreamId(1), TaskId(2), &m).expect("write");
+            }
+            store.flush().expect("flush");
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, parts, result_writes);
 criterion_main!(benches);

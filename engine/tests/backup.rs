@@ -21,8 +21,8 @@ fn uploaded_snapshot_restores_the_same_state_and_sst_files_go_up_once() {
     let dir = tempfile::tempdir().unwrap();
     let store = LocalDirStore::new(dir.path().join("remote"));
     let live = TaskStore::open(&dir.path().join("live")).unwrap();
-    let agg = agg_with(50_000);
-    save_window_state(&live, &agg).unwrap();
+    let mut agg = agg_with(50_000);
+    save_window_state(&live, &mut agg).unwrap();
     live.snapshot(&dir.path().join("chk-1")).unwrap();
     let up1 = upload_snapshot(&store, StreamId(1), TaskId(3), CheckpointId(1), Version(0), &dir.path().join("chk-1"))
         .unwrap();
@@ -53,7 +53,7 @@ fn damaged_objects_are_refused_on_download() {
     let dir = tempfile::tempdir().unwrap();
     let store = LocalDirStore::new(dir.path().join("remote"));
     let live = TaskStore::open(&dir.path().join("live")).unwrap();
-    save_window_state(&live, &agg_with(1000)).unwrap();
+    save_window_state(&live, &mut agg_with(1000)).unwrap();
     live.snapshot(&dir.path().join("chk-1")).unwrap();
     let crc = upload_snapshot(&store, StreamId(1), TaskId(0), CheckpointId(1), Version(7), &dir.path().join("chk-1"))
         .unwrap()
@@ -126,13 +126,13 @@ fn local_store_keys_list_and_delete() {
 
 #[test]
 fn a_local_snapshot_is_used_only_when_every_file_matches_the_manifest() {
-    use weir_engine::state::{WindowStateCopy, write_window_snapshot};
+    use weir_engine::state::write_window_snapshot;
     let dir = tempfile::tempdir().unwrap();
     let store = LocalDirStore::new(dir.path().join("remote"));
-    let agg = agg_with(5_000);
+    let mut agg = agg_with(5_000);
     let local = dir.path().join("chk-1");
     let sst = local.join("state-00000000000000000001.sst");
-    write_window_snapshot(&WindowStateCopy::of(&agg), &sst).unwrap();
+    write_window_snapshot(&agg.freeze(), &sst).unwrap();
     let up = upload_snapshot(&store, StreamId(1), TaskId(2), CheckpointId(1), Version(0), &local).unwrap();
     let m = fetch_manifest(&store, StreamId(1), TaskId(2), CheckpointId(1), Some(up.manifest_crc)).unwrap();
     assert_eq!(m.files.len(), 1);
@@ -164,7 +164,7 @@ fn a_damaged_byte_in_the_local_store_leaves_the_local_snapshot_intact() {
     let dir = tempfile::tempdir().unwrap();
     let store = LocalDirStore::new(dir.path().join("remote"));
     let live = TaskStore::open(&dir.path().join("live")).unwrap();
-    save_window_state(&live, &agg_with(20_000)).unwrap();
+    save_window_state(&live, &mut agg_with(20_000)).unwrap();
     let local = dir.path().join("chk-1");
     live.snapshot(&local).unwrap();
     let up = upload_snapshot(&store, StreamId(1), TaskId(2), CheckpointId(1), Version(0), &local).unwrap();
@@ -208,11 +208,11 @@ fn a_file_number_reused_after_a_restore_never_overwrites_a_stored_file() {
     let live = ResultStore::open(&dir.path().join("live")).unwrap();
     let (s, t) = (StreamId(1), TaskId(4));
     let mut index = UploadIndex::new();
-    live.upsert(s, &results(0, 1000, 1)).unwrap();
+    live.upsert(s, TaskId(2), &results(0, 1000, 1)).unwrap();
     live.checkpoint(&dir.path().join("chk-1")).unwrap();
     upload_snapshot_indexed(&store, s, t, CheckpointId(1), Version(0), &dir.path().join("chk-1"), &mut index).unwrap();
     let index1 = index.clone();
-    live.upsert(s, &results(0, 1000, 2)).unwrap();
+    live.upsert(s, TaskId(2), &results(0, 1000, 2)).unwrap();
     live.checkpoint(&dir.path().join("chk-2")).unwrap();
     let up2 = upload_snapshot_indexed(&store, s, t, CheckpointId(2), Version(0), &dir.path().join("chk-2"), &mut index)
         .unwrap();
@@ -220,7 +220,7 @@ fn a_file_number_reused_after_a_restore_never_overwrites_a_stored_file() {
     // again, for other bytes.
     live.restore_from(&dir.path().join("chk-1")).unwrap();
     let mut index = index1;
-    live.upsert(s, &results(0, 1000, 3)).unwrap();
+    live.upsert(s, TaskId(2), &results(0, 1000, 3)).unwrap();
     live.checkpoint(&dir.path().join("chk-3")).unwrap();
     let names = |d: &str| -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(dir.path().join(d))
@@ -252,7 +252,7 @@ fn files_gone_from_the_store_drop_out_of_the_upload_index_and_go_up_again() {
     let store = LocalDirStore::new(dir.path().join("remote"));
     let live = ResultStore::open(&dir.path().join("live")).unwrap();
     let (s, t) = (StreamId(1), TaskId(4));
-    live.upsert(s, &results(0, 1000, 1)).unwrap();
+    live.upsert(s, TaskId(2), &results(0, 1000, 1)).unwrap();
     live.checkpoint(&dir.path().join("chk-1")).unwrap();
     let up = upload_snapshot(&store, s, t, CheckpointId(1), Version(0), &dir.path().join("chk-1")).unwrap();
     // What a restart rebuilds: the restored manifest's files, checked against the store.

@@ -1,10 +1,10 @@
 //! RocksDB state on disk: agg state through flush, local snapshot and open-from-snapshot gives the
-//! same results as running on; the result store upserts; damaged snapshots are refused.
+//! same results as running on; the result store writes and finds blocks; damaged snapshots are refused.
 
 use weir_engine::operator::generator::{Generator, GeneratorSpec};
 use weir_engine::operator::window::{WindowAgg, WindowResult, WindowSpec};
 use weir_engine::state::{ResultStore, StateError, TaskStore, load_window_state, save_window_state};
-use weir_engine::wire::StreamId;
+use weir_engine::wire::{StreamId, TaskId};
 
 fn feed(agg: &mut WindowAgg, generator: &Generator, from: u64, to: u64, out: &mut Vec<WindowResult>) {
     for o in from..to {
@@ -33,13 +33,13 @@ fn snapshot_then_open_from_snapshot_continues_with_the_same_results() {
     let mut first = WindowAgg::new(window, 20, 1);
     feed(&mut first, &generator, 0, 31_337, &mut got);
     let store = TaskStore::open(&dir.path().join("live")).unwrap();
-    save_window_state(&store, &first).unwrap();
+    save_window_state(&store, &mut first).unwrap();
     let info = store.snapshot(&dir.path().join("snap-1")).unwrap();
     assert!(info.files > 0 && info.bytes > 0);
     // The live store moves on after the snapshot; the snapshot must not.
     let mut later = WindowAgg::new(window, 20, 1);
     feed(&mut later, &generator, 0, 50_000, &mut Vec::new());
-    save_window_state(&store, &later).unwrap();
+    save_window_state(&store, &mut later).unwrap();
     drop(store);
 
     let restored = TaskStore::open_from_snapshot(&dir.path().join("snap-1"), &dir.path().join("restored")).unwrap();
@@ -84,22 +84,61 @@ fn state_for_another_operator_shape_is_refused() {
     let store = TaskStore::open(dir.path()).unwrap();
     let mut agg = WindowAgg::new(WindowSpec::tumbling(10), 0, 3);
     agg.advance(0, 5, |_| {});
-    save_window_state(&store, &agg).unwrap();
+    save_window_state(&store, &mut agg).unwrap();
     let mut other = WindowAgg::new(WindowSpec::tumbling(10), 0, 2);
     assert!(matches!(load_window_state(&store, &mut other), Err(StateError::Corrupt { .. })));
 }
 
+/// A result store's results, by (key, window start).
+fn by_key(mut v: Vec<WindowResult>) -> Vec<WindowResult> {
+    v.sort_by_key(|r| (r.key, r.start));
+    v
+}
+
 #[test]
-fn result_store_upserts_by_stream_key_and_window() {
+fn result_store_writes_blocks_per_window_and_upstream_and_a_replay_rewrites_them() {
     let dir = tempfile::tempdir().unwrap();
     let store = ResultStore::open(dir.path()).unwrap();
     let r = |key, start, count| WindowResult { key, start, count, sum: count as f64, min: 0.0, max: 1.0 };
-    store.upsert(StreamId(1), &[r(5, -1000, 1), r(5, 0, 2), r(3, 0, 3)]).unwrap();
-    store.upsert(StreamId(2), &[r(5, 0, 9)]).unwrap();
-    store.upsert(StreamId(1), &[r(5, 0, 4)]).unwrap(); // a replay rewrites the same key
-    assert_eq!(store.scan(StreamId(1)).unwrap(), vec![r(3, 0, 3), r(5, -1000, 1), r(5, 0, 4)]);
-    assert_eq!(store.get(StreamId(2), 5, 0).unwrap(), Some(r(5, 0, 9)));
-    assert_eq!(store.get(StreamId(2), 5, 1).unwrap(), None);
+    let (s1, s2, a, b) = (StreamId(1), StreamId(2), TaskId(2), TaskId(3));
+    // Results in any order are cut into sorted blocks per window.
+    store.upsert(s1, a, &[r(5, -1000, 1), r(5, 0, 2), r(3, 0, 3)]).unwrap();
+    store.upsert(s2, a, &[r(5, 0, 9)]).unwrap();
+    store.upsert(s1, b, &[r(7, 0, 7)]).unwrap();
+    // A replay sends the same block again (the same results of the same upstream's window).
+    store.upsert(s1, a, &[r(3, 0, 3), r(5, 0, 4)]).unwrap();
+    assert_eq!(by_key(store.scan(s1).unwrap()), vec![r(3, 0, 3), r(5, -1000, 1), r(5, 0, 4), r(7, 0, 7)]);
+    assert_eq!(store.get(s1, 7, 0).unwrap(), Some(r(7, 0, 7)), "found in the second upstream's block");
+    assert_eq!(store.get(s1, 3, 0).unwrap(), Some(r(3, 0, 3)));
+    assert_eq!(store.get(s1, 5, -1000).unwrap(), Some(r(5, -1000, 1)));
+    assert_eq!(store.get(s2, 5, 0).unwrap(), Some(r(5, 0, 9)));
+    assert_eq!(store.get(s2, 5, 1).unwrap(), None);
+    assert_eq!(store.get(s1, 4, 0).unwrap(), None);
+}
+
+#[test]
+fn a_lookup_finds_every_result_of_windows_written_in_agg_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ResultStore::open(dir.path()).unwrap();
+    // Two aggs' windows over 5,000 keys each, in the order and the messages an agg sends them.
+    let mut want = Vec::new();
+    for (up, keys) in [(TaskId(2), 0..5000u64), (TaskId(3), 5000..10_000)] {
+        for start in [0i64, 1000] {
+            let mut agg = WindowAgg::new(WindowSpec::tumbling(1000), 0, 1);
+            keys.clone().for_each(|k| agg.add(start, k, k as f64));
+            let mut w = Vec::new();
+            agg.advance(0, i64::MAX, |r| w.push(r));
+            for m in w.chunks(512) {
+                store.upsert(StreamId(1), up, m).unwrap();
+            }
+            want.extend(w);
+        }
+    }
+    for r in want.iter().step_by(7) {
+        assert_eq!(store.get(StreamId(1), r.key, r.start).unwrap(), Some(*r));
+    }
+    assert_eq!(store.get(StreamId(1), 10_000, 0).unwrap(), None);
+    assert_eq!(by_key(store.scan(StreamId(1)).unwrap()), by_key(want));
 }
 
 #[test]
@@ -107,22 +146,23 @@ fn a_result_store_checkpoint_restores_exactly_what_it_held_and_a_closed_store_ke
     let dir = tempfile::tempdir().unwrap();
     let r = |key, start, count| WindowResult { key, start, count, sum: count as f64, min: 0.0, max: 1.0 };
     let store = ResultStore::open(&dir.path().join("live")).unwrap();
-    store.upsert(StreamId(1), &[r(1, 0, 1), r(2, 0, 2)]).unwrap();
+    let up = TaskId(2);
+    store.upsert(StreamId(1), up, &[r(1, 0, 1), r(2, 0, 2)]).unwrap();
     let info = store.checkpoint(&dir.path().join("chk")).unwrap();
     assert!(info.files >= 3 && info.bytes > 0, "{info:?}");
-    store.upsert(StreamId(1), &[r(1, 0, 10), r(3, 0, 3)]).unwrap();
-    assert_eq!(store.scan(StreamId(1)).unwrap(), vec![r(1, 0, 10), r(2, 0, 2), r(3, 0, 3)]);
+    store.upsert(StreamId(1), up, &[r(1, 10, 10), r(3, 10, 3)]).unwrap();
+    assert_eq!(by_key(store.scan(StreamId(1)).unwrap()), vec![r(1, 0, 1), r(1, 10, 10), r(2, 0, 2), r(3, 10, 3)]);
     // Back to the checkpoint: later writes are gone, the checkpoint stays valid for another restore.
     store.restore_from(&dir.path().join("chk")).unwrap();
-    assert_eq!(store.scan(StreamId(1)).unwrap(), vec![r(1, 0, 1), r(2, 0, 2)]);
-    store.upsert(StreamId(1), &[r(4, 0, 4)]).unwrap();
+    assert_eq!(by_key(store.scan(StreamId(1)).unwrap()), vec![r(1, 0, 1), r(2, 0, 2)]);
+    store.upsert(StreamId(1), up, &[r(4, 0, 4)]).unwrap();
     store.restore_from(&dir.path().join("chk")).unwrap();
-    assert_eq!(store.scan(StreamId(1)).unwrap(), vec![r(1, 0, 1), r(2, 0, 2)]);
+    assert_eq!(by_key(store.scan(StreamId(1)).unwrap()), vec![r(1, 0, 1), r(2, 0, 2)]);
     // Writes skip the log, and a clean close flushes them.
-    store.upsert(StreamId(1), &[r(5, 0, 5)]).unwrap();
+    store.upsert(StreamId(1), up, &[r(5, 20, 5)]).unwrap();
     drop(store);
     let again = ResultStore::open(&dir.path().join("live")).unwrap();
-    assert_eq!(again.scan(StreamId(1)).unwrap(), vec![r(1, 0, 1), r(2, 0, 2), r(5, 0, 5)]);
+    assert_eq!(by_key(again.scan(StreamId(1)).unwrap()), vec![r(1, 0, 1), r(2, 0, 2), r(5, 20, 5)]);
     again.clear().unwrap();
     assert!(again.scan(StreamId(1)).unwrap().is_empty());
 }

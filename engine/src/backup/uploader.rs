@@ -4,8 +4,7 @@
 //! [`UploadIndex`] does not hold yet), and hand the outcome to the job's completion. A task never
 //! waits for it.
 //!
-//! Invariants: every job's completion runs exactly once, with the captured state handed back (its
-//! buffer is reused by the task's next copy); a storage error is a failed upload, never a panic.
+//! Invariants: every job's completion runs exactly once, with the captured state handed back; a storage error is a failed upload, never a panic.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,13 +17,15 @@ use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
 use super::{Store, UploadIndex, upload_snapshot_indexed};
 use crate::checkpoint::{CheckpointError, UploadDone};
-use crate::state::{ResultStore, StateError, WindowStateCopy};
+use crate::operator::window::FrozenState;
+use crate::state::{ResultStore, StateError};
 
 /// State copied at a barrier.
 #[derive(Debug)]
 pub enum Captured {
-    /// An agg's open windows.
-    Window(WindowStateCopy),
+    /// An agg's open windows (shared with the operator until it writes to them: dropping this
+    /// once written lets the operator take them back without a copy).
+    Window(FrozenState),
     /// A source's state is its offset, which the manifest (and the commit record) carry.
     Offset,
     /// A sink's result store, checkpointed by the uploader: it holds every result written before
@@ -73,7 +74,7 @@ impl UploadJob {
                 // Named by checkpoint: new by construction, so never confused with an earlier one.
                 let sst = self.dir.join(format!("state-{:020}.sst", id.0));
                 let bytes = crate::state::write_window_snapshot(copy, &sst).map_err(state)?;
-                tracing::debug!(task = %task, entries = copy.entries.len(), bytes, write_us = t0.elapsed().as_micros() as u64, "state snapshot written");
+                tracing::debug!(task = %task, entries = copy.len(), bytes, write_us = t0.elapsed().as_micros() as u64, "state snapshot written");
             }
             Captured::Offset => std::fs::create_dir_all(&self.dir).map_err(io)?,
             Captured::Sink(results) => {

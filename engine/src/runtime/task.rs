@@ -16,7 +16,7 @@ use super::shared::EngineStats;
 use crate::checkpoint::driver::Signal;
 use crate::ingest::LogReader;
 use crate::operator::generator::Generator;
-use crate::operator::window::{WindowAgg, WindowResult};
+use crate::operator::window::{WindowAgg, WindowResult, shard_of};
 use crate::spec::Dispatch;
 use crate::state::ResultStore;
 
@@ -200,6 +200,10 @@ pub(crate) struct AggTask {
     pub(crate) board: Arc<TaskBoard>,
 }
 
+/// Results a poll emits from fired windows before it takes input (whole shards: about a
+/// millisecond of sorting and sending at millions of keys).
+const FIRE_SLICE: usize = 4096;
+
 impl AggTask {
     fn poll(&mut self, attention: &AtomicBool, budget: usize) -> Result<Polled, TaskError> {
         if !self.out.flush()? {
@@ -210,7 +214,13 @@ impl AggTask {
         }
         self.inp.retry_grants();
         let n_out = self.out.len();
-        let mut worked = false;
+        let dispatch = self.dispatch;
+        // A slice of what fired, then input: a window over millions of keys goes out over many
+        // polls, and rows and barriers behind it are taken in between (a barrier that cuts the
+        // emission finds the rest in the snapshot).
+        let mut worked = self.agg.has_fired();
+        let builders = &mut self.builders;
+        self.agg.emit_fired(FIRE_SLICE, |r| builders[dispatch.pick(r.key, n_out)].push(r));
         let mut signal = None;
         for _ in 0..budget {
             if attention.load(Ordering::Relaxed) {
@@ -218,8 +228,6 @@ impl AggTask {
             }
             let Some((i, m)) = self.inp.next_msg() else { break };
             worked = true;
-            let builders = &mut self.builders;
-            let dispatch = self.dispatch;
             match m {
                 Msg::Rows(rows) => {
                     let agg = &mut self.agg;
@@ -227,9 +235,9 @@ impl AggTask {
                     self.stats.rows_aggregated.fetch_add(rows.len() as u64, Ordering::Relaxed);
                     self.board.rows_in.fetch_add(rows.len() as u64, Ordering::Relaxed);
                 }
-                Msg::Progress(ts) => self.agg.advance(i, ts, |r| builders[dispatch.pick(r.key, n_out)].push(r)),
+                Msg::Progress(ts) => self.agg.observe(i, ts),
                 Msg::End => {
-                    self.agg.advance(i, i64::MAX, |r| builders[dispatch.pick(r.key, n_out)].push(r));
+                    self.agg.observe(i, i64::MAX);
                     signal = Some(Signal::UpstreamEnded { from: self.inp.source_of(i) });
                     break;
                 }
@@ -241,29 +249,18 @@ impl AggTask {
                     break;
                 }
             }
-            // Emitting fired windows may fill the outputs: stop taking input until they drain.
-            if self.builders.iter().any(|b| !b.is_empty()) {
-                break;
-            }
         }
         for i in 0..n_out {
             if !self.builders[i].is_empty() {
                 let rs = std::mem::take(&mut self.builders[i]);
                 self.stats.results_emitted.fetch_add(rs.len() as u64, Ordering::Relaxed);
                 self.board.rows_out.fetch_add(rs.len() as u64, Ordering::Relaxed);
-                // A window firing yields thousands of results at once; in messages of bounded
-                // size the sink's work per message stays short, so a control message or a
-                // barrier on the sink's worker never waits for one large write.
-                if rs.len() <= RESULTS_PER_MSG {
-                    self.out.push(i, Msg::Results(rs));
-                } else {
-                    for c in rs.chunks(RESULTS_PER_MSG) {
-                        self.out.push(i, Msg::Results(c.to_vec()));
-                    }
+                for c in result_chunks(&rs) {
+                    self.out.push(i, Msg::Results(c.to_vec()));
                 }
             }
         }
-        if self.inp.all_ended() {
+        if self.inp.all_ended() && !self.agg.has_fired() {
             self.ended = true;
             self.stats.late_rows.fetch_add(self.agg.late_rows(), Ordering::Relaxed);
             self.out.broadcast(|| Msg::End);
@@ -271,6 +268,17 @@ impl AggTask {
         self.out.flush()?;
         Ok(Polled { poll: if worked { Poll::Busy } else { Poll::Idle }, signal })
     }
+}
+
+/// `rs` (fired windows' results, each window's in key order) cut into the messages an agg
+/// sends: each holds the results of one shard of one window (see
+/// [`crate::operator::window::WindowTable`]), at most [`RESULTS_PER_MSG`] of them, cut from the
+/// shard's first result on. Messages of bounded size keep the sink's work per message short (a
+/// control message or a barrier on its worker never waits for one large write), and the cuts
+/// depend on the window's content only, wherever a barrier cut the emission, so a replay sends
+/// the same messages and the sink writes the same blocks.
+pub(crate) fn result_chunks(rs: &[WindowResult]) -> impl Iterator<Item = &[WindowResult]> {
+    rs.chunk_by(|a, b| a.start == b.start && shard_of(a.key) == shard_of(b.key)).flat_map(|w| w.chunks(RESULTS_PER_MSG))
 }
 
 pub(crate) struct SinkTask {
@@ -309,7 +317,9 @@ impl SinkTask {
                 if let Some(d) = self.throttle {
                     std::thread::sleep(d);
                 }
-                self.store.upsert(self.stream, &rs).map_err(|source| TaskError::State { task: self.id, source })?;
+                self.store
+                    .upsert(self.stream, self.inp.source_of(i), &rs)
+                    .map_err(|source| TaskError::State { task: self.id, source })?;
                 self.stats.results_written.fetch_add(rs.len() as u64, Ordering::Relaxed);
                 self.board.rows_in.fetch_add(rs.len() as u64, Ordering::Relaxed);
             }

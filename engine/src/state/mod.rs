@@ -14,6 +14,7 @@
 //! - A snapshot directory, once created, is never modified; opening from it copies (hard-links
 //!   where possible) into a fresh directory, so the snapshot stays valid for the next restore.
 
+mod result_blocks;
 mod results;
 mod window_state;
 
@@ -21,9 +22,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 pub use results::{NodeResults, ResultStore, result_store_dir};
-pub use window_state::{
-    WindowStateCopy, load_window_state, save_window_copy, save_window_state, write_window_snapshot,
-};
+pub use window_state::{load_window_state, save_frozen_state, save_window_state, write_window_snapshot};
 
 /// Errors of the state stores.
 #[derive(Debug, thiserror::Error)]

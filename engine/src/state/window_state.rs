@@ -16,7 +16,7 @@
 //! about a copy and a compression pass.
 
 use super::{StateError, TaskStore};
-use crate::operator::window::{Acc, WindowAgg};
+use crate::operator::window::{Acc, FrozenState, WindowAgg};
 
 const BLOCK_PREFIX: &[u8] = b"b";
 const PROGRESS: &[u8] = b"m:progress";
@@ -34,55 +34,25 @@ fn block_key(start: i64, chunk: u32) -> [u8; 13] {
     k
 }
 
-/// A copy of an agg's state taken at a barrier, written to the store later (off the data path).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct WindowStateCopy {
-    /// Open (window start, key, aggregate) entries.
-    pub entries: Vec<(i64, u64, Acc)>,
-    /// Progress per upstream.
-    pub progress: Vec<Option<i64>>,
-    /// Late rows so far.
-    pub late_rows: u64,
-    /// Rows so far.
-    pub rows: u64,
-}
-
-impl WindowStateCopy {
-    /// Copies `agg`'s state (about 80 µs for 10,000 keys).
-    pub fn of(agg: &WindowAgg) -> Self {
-        Self::reusing(agg, Vec::new())
-    }
-
-    /// Copies `agg`'s state into `entries` (cleared first): a buffer kept from an earlier copy
-    /// has its pages mapped already, where a fresh one of a few MB takes a page fault per 4 KiB
-    /// inside the pipeline's pause.
-    pub fn reusing(agg: &WindowAgg, mut entries: Vec<(i64, u64, Acc)>) -> Self {
-        entries.clear();
-        entries.reserve(agg.state_len());
-        entries.extend(agg.state());
-        Self { entries, progress: agg.progress().to_vec(), late_rows: agg.late_rows(), rows: agg.rows() }
-    }
-}
-
 /// Replaces the stored window state with the operator's current state (one atomic batch).
-pub fn save_window_state(store: &TaskStore, agg: &WindowAgg) -> Result<(), StateError> {
-    save_window_copy(store, &WindowStateCopy::of(agg))
+pub fn save_window_state(store: &TaskStore, agg: &mut WindowAgg) -> Result<(), StateError> {
+    save_frozen_state(store, &agg.freeze())
 }
 
 /// Replaces the stored window state with `copy`, as one ingested SST file.
-pub fn save_window_copy(store: &TaskStore, copy: &WindowStateCopy) -> Result<(), StateError> {
+pub fn save_frozen_state(store: &TaskStore, copy: &FrozenState) -> Result<(), StateError> {
     with_state_kvs(copy, |kvs| store.replace_all(kvs))
 }
 
 /// Writes `copy` as one SST file at `path` (a task's snapshot of its window state, in the layout
 /// above); returns the file's size. [`TaskStore::open_from_snapshot`] reads it back.
-pub fn write_window_snapshot(copy: &WindowStateCopy, path: &std::path::Path) -> Result<u64, StateError> {
+pub fn write_window_snapshot(copy: &FrozenState, path: &std::path::Path) -> Result<u64, StateError> {
     with_state_kvs(copy, |kvs| super::write_sst(path, kvs))
 }
 
 /// Calls `f` with the state's keys and values in ascending key order.
 fn with_state_kvs<R>(
-    copy: &WindowStateCopy,
+    copy: &FrozenState,
     f: impl for<'a> FnOnce(&mut dyn Iterator<Item = (&'a [u8], &'a [u8])>) -> Result<R, StateError>,
 ) -> Result<R, StateError> {
     let mut c = [0u8; 16];
@@ -93,22 +63,22 @@ fn with_state_kvs<R>(
         p.push(u.is_some() as u8);
         p.extend_from_slice(&u.unwrap_or(0).to_le_bytes());
     }
-    // Entries of one window, in blocks; `state()` yields each window's entries together, but
+    // Entries of one window, in blocks; `entries()` yields each window's entries together, but
     // the blocks are sorted anyway: SST keys must ascend.
     let mut blocks: Vec<([u8; 13], Vec<u8>)> = Vec::new();
     let mut next_chunk: std::collections::BTreeMap<i64, u32> = Default::default();
     let mut filling: Option<(i64, usize)> = None; // window start and index of the block being filled
-    for (start, key, a) in &copy.entries {
+    for (start, key, a) in copy.entries() {
         let i = match filling {
-            Some((s, i)) if s == *start && blocks[i].1.len() < BLOCK_ENTRIES * ENTRY_LEN => i,
+            Some((s, i)) if s == start && blocks[i].1.len() < BLOCK_ENTRIES * ENTRY_LEN => i,
             _ => {
-                let c = next_chunk.entry(*start).or_insert(0);
-                blocks.push((block_key(*start, *c), Vec::with_capacity(BLOCK_ENTRIES * ENTRY_LEN)));
+                let c = next_chunk.entry(start).or_insert(0);
+                blocks.push((block_key(start, *c), Vec::with_capacity(BLOCK_ENTRIES * ENTRY_LEN)));
                 *c += 1;
                 blocks.len() - 1
             }
         };
-        filling = Some((*start, i));
+        filling = Some((start, i));
         let v = &mut blocks[i].1;
         v.extend_from_slice(&key.to_le_bytes());
         v.extend_from_slice(&a.count.to_le_bytes());

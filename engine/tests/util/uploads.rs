@@ -21,7 +21,7 @@ fn sst_objects(store: &dyn Store) -> Vec<String> {
 pub fn a_small_change_uploads_only_the_new_files(store: &dyn Store, dir: &Path) {
     let live = ResultStore::open(&dir.join("live")).unwrap();
     let (s, t) = (StreamId(1), TaskId(4));
-    live.upsert(s, &results(0, 200_000, 1)).unwrap();
+    live.upsert(s, TaskId(2), &results(0, 200_000, 1)).unwrap();
     let mut index = UploadIndex::new();
     live.checkpoint(&dir.join("chk-1")).unwrap();
     let up1 =
@@ -29,7 +29,7 @@ pub fn a_small_change_uploads_only_the_new_files(store: &dyn Store, dir: &Path) 
     let after1 = sst_objects(store);
     assert!(!after1.is_empty() && index.len() == after1.len(), "{after1:?} {index:?}");
     // Ten results more: one small new SST file goes up, with the checkpoint's small files.
-    live.upsert(s, &results(1_000_000, 10, 1)).unwrap();
+    live.upsert(s, TaskId(2), &results(1_000_000, 10, 1)).unwrap();
     let chk2 = dir.join("chk-2");
     live.checkpoint(&chk2).unwrap();
     let up2 = upload_snapshot_indexed(store, s, t, CheckpointId(2), Version(0), &chk2, &mut index).unwrap();

@@ -196,7 +196,6 @@ impl Setup {
             trigger_timeout_ms: self.settings.trigger_timeout_ms,
             ready_resend_ms: self.settings.ready_resend_ms,
         };
-        let (spare_tx, spare_rx) = crossbeam_channel::bounded(1);
         let index = Arc::new(std::sync::Mutex::new(crate::backup::UploadIndex::new()));
         let mut ck = TaskCheckpointing {
             driver: TaskDriver::new(TaskMachine::new(setup), start_token(t.id)),
@@ -213,7 +212,6 @@ impl Setup {
                 log: self.log.clone(),
                 engine_aligning: self.aligning.clone(),
                 restored: self.restored.clone(),
-                spare: spare_tx,
                 keep_local: self.settings.retain.max(1),
                 index: index.clone(),
             },
@@ -223,7 +221,6 @@ impl Setup {
                 data: self.data.clone(),
                 store: self.store.clone(),
                 index,
-                spare: spare_rx,
                 located: std::cell::RefCell::new(match &self.node_point {
                     NodePoint::Ready(found) => found.get(&t.id).cloned().map(|(m, dir)| (m.id, m, dir)),
                     NodePoint::Damaged { .. } => None,

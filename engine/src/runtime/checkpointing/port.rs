@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Sender;
 use weir_wire::msg::RestoreBasis;
 use weir_wire::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
 
@@ -22,10 +22,6 @@ use crate::checkpoint::driver::{Clock, RestorePoint, Signal, TaskDriver, TaskEff
 use crate::checkpoint::{CheckpointError, CoordInput, TaskInput};
 use crate::runtime::control::{Control, ControlHandle};
 use crate::runtime::task::{Feed, Task};
-use crate::state::WindowStateCopy;
-
-/// The buffer of an agg's state copy, handed back by the uploader for the next copy.
-type StateEntries = Vec<(i64, u64, crate::operator::window::Acc)>;
 
 /// What the port needs besides the task.
 pub(crate) struct PortCtx {
@@ -35,8 +31,6 @@ pub(crate) struct PortCtx {
     pub(crate) store: Arc<dyn Store>,
     /// What the task's uploads stored (shared with its upload jobs).
     pub(crate) index: Arc<Mutex<UploadIndex>>,
-    /// The last state copy's buffer, back from the uploader (one slot).
-    pub(crate) spare: Receiver<StateEntries>,
     /// The files of the checkpoint the node checked before the start, verified already (taken by
     /// the restore of that checkpoint).
     pub(crate) located: std::cell::RefCell<Option<(CheckpointId, crate::backup::Manifest, PathBuf)>>,
@@ -77,9 +71,7 @@ impl TaskPort for EnginePort<'_> {
 
     fn capture(&mut self, id: CheckpointId) -> Result<Captured, CheckpointError> {
         Ok(match self.task {
-            Task::Agg(a) => {
-                Captured::Window(WindowStateCopy::reusing(&a.agg, self.ctx.spare.try_recv().unwrap_or_default()))
-            }
+            Task::Agg(a) => Captured::Window(a.agg.freeze()),
             Task::Source(_) => Captured::Offset,
             Task::Sink(s) => {
                 s.store.start_flush().map_err(|e| CheckpointError::Snapshot {
@@ -144,16 +136,7 @@ impl TaskPort for EnginePort<'_> {
                 crate::state::load_window_state(&state, &mut a.agg).map(|_| ()).map_err(|e| e.to_string())
             }),
             Task::Sink(s) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, m| {
-                if m.format < 2 {
-                    // Its results stayed in the node-wide store of the Weir that wrote it.
-                    return Err(format!(
-                        "written by an older Weir (manifest format {}, whose sinks kept their results on the node); \
-                         this Weir (format {}) restores a sink's results from its checkpoint and cannot restore \
-                         this one: start the stream afresh, or finish it with the older Weir",
-                        m.format,
-                        crate::backup::MANIFEST_FORMAT
-                    ));
-                }
+                restore::sink_format_readable(m.format)?;
                 s.store.restore_from(src).map_err(|e| e.to_string())
             }),
         };
@@ -239,8 +222,6 @@ pub(crate) struct EngineTaskFx {
     pub(crate) engine_aligning: Arc<AtomicUsize>,
     /// What the engine restored (set by the first task to restore).
     pub(crate) restored: Arc<OnceLock<(RestoreBasis, Option<CheckpointId>)>>,
-    /// Where the uploader hands the state copy's buffer back.
-    pub(crate) spare: Sender<StateEntries>,
     /// Committed snapshots kept on the node (the store's retention count, at least one).
     pub(crate) keep_local: usize,
     /// What the task's uploads stored.
@@ -281,13 +262,12 @@ impl TaskEffects<Captured> for EngineTaskFx {
             tracing::error!(task = %self.task, checkpoint = %job.id, "no control queue for the upload's completion");
             return;
         };
-        let (id, spare) = (job.id, self.spare.clone());
-        let done = Box::new(move |result, captured| {
+        let id = job.id;
+        let done = Box::new(move |result, captured: Captured| {
             // Waits for room: a lost completion would stall the checkpoint until it times out.
             reply.send_timeout(Control::Protocol(TaskInput::Uploaded { id, result }), Duration::from_secs(60));
-            if let Captured::Window(copy) = captured {
-                let _ = spare.try_send(copy.entries);
-            }
+            // Dropped here, on the uploader thread: the operator takes its shards back.
+            drop(captured);
         });
         let job = UploadJob {
             task: self.task,

@@ -165,9 +165,36 @@ pub(crate) fn delete_snapshots_before(data: &Path, t: TaskId, id: CheckpointId, 
     }
 }
 
+/// Whether this Weir restores a sink's results from a manifest of `format`: `Err` names both
+/// formats and what to do.
+pub(crate) fn sink_format_readable(format: u32) -> Result<(), String> {
+    if format >= crate::backup::MANIFEST_FORMAT {
+        return Ok(());
+    }
+    let how = if format < 2 {
+        "whose sinks kept their results on the node"
+    } else {
+        "whose result stores kept one entry per result"
+    };
+    Err(format!(
+        "written by an older Weir (manifest format {format}, {how}); this Weir (format {}) keeps a sink's results \
+         in blocks and cannot restore this checkpoint's: start the stream afresh, or finish it with the older Weir",
+        crate::backup::MANIFEST_FORMAT
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sink_checkpoint_of_an_older_format_is_refused_naming_both_formats() {
+        for old in [1, 2] {
+            let e = sink_format_readable(old).unwrap_err();
+            assert!(e.contains(&format!("manifest format {old}")) && e.contains("this Weir (format 3)"), "{e}");
+        }
+        assert!(sink_format_readable(crate::backup::MANIFEST_FORMAT).is_ok());
+    }
 
     #[test]
     fn the_last_snapshots_stay_with_the_committed_one() {

@@ -1,0 +1,358 @@
+//! Keyed event-time window aggregation (tumbling and hopping) with count, sum, min, max and avg.
+//!
+//! Semantics, which the reference implementation in the tests repeats independently:
+//! - A window is `[start, start + size)` with `start` a multiple of `slide` (tumbling: slide = size).
+//!   A row with event time `ts` belongs to every window that contains `ts`.
+//! - Each upstream reports progress (the largest event time it has sent). The operator's watermark
+//!   is the minimum over its upstreams minus the configured delay; until every upstream has reported,
+//!   it is `i64::MIN`.
+//! - A window fires (its results are emitted and it is forgotten) once the watermark reaches its end.
+//!   [`WindowAgg::emit_fired`] emits fired windows a bounded number of results at a time, oldest
+//!   first; until then they are part of the state (a snapshot holds what is left of them).
+//!   A row's contribution to a window whose end is at or below the watermark is late: it is dropped,
+//!   and the row counts once in `late_rows`.
+//! - Sums are accumulated in fixed point (value × 2^32, rounded, in an i128), so they do not depend on
+//!   the order rows arrive in: a replay after recovery that interleaves upstreams differently gives
+//!   bit-identical results. Exact to 2^-32; values beyond ±2^94 saturate.
+//!
+//! - A fired window's results come out in [`order_of`] order of their keys (the result store's
+//!   order), window after window, oldest first.
+//!
+//! Open windows live in memory ([`WindowTable`]: sharded, copy-on-write); [`WindowAgg::freeze`]
+//! hands a snapshot their shards without copying entries, and [`WindowAgg::restore`] puts a
+//! checkpoint's entries back.
+
+mod fixed;
+mod table;
+
+use std::sync::Arc;
+
+pub use fixed::{from_fixed, to_fixed};
+pub use table::{SHARDS, ShardMap, WindowTable, order_of, shard_of};
+
+/// Window shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowSpec {
+    /// Length of a window (ms).
+    pub size_ms: i64,
+    /// Distance between window starts (ms); equal to `size_ms` for tumbling windows.
+    pub slide_ms: i64,
+}
+
+impl WindowSpec {
+    /// Tumbling windows of `size_ms`.
+    pub fn tumbling(size_ms: i64) -> Self {
+        Self { size_ms, slide_ms: size_ms }
+    }
+
+    /// Hopping windows of `size_ms` every `slide_ms`.
+    pub fn hopping(size_ms: i64, slide_ms: i64) -> Self {
+        Self { size_ms, slide_ms }
+    }
+
+    /// Checks the shape: positive, and the size a multiple of the slide.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.size_ms <= 0 || self.slide_ms <= 0 {
+            return Err(format!("window size and slide must be positive, got {self:?}"));
+        }
+        if self.size_ms % self.slide_ms != 0 {
+            return Err(format!("window size {} must be a multiple of the slide {}", self.size_ms, self.slide_ms));
+        }
+        Ok(())
+    }
+
+    /// Start of the latest window containing `ts`.
+    #[inline]
+    pub fn last_start(&self, ts: i64) -> i64 {
+        ts - ts.rem_euclid(self.slide_ms)
+    }
+
+    /// Number of windows each row belongs to.
+    #[inline]
+    pub fn windows_per_row(&self) -> i64 {
+        self.size_ms / self.slide_ms
+    }
+}
+
+/// Running aggregate of one key in one window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Acc {
+    /// Rows.
+    pub count: u64,
+    /// Sum in fixed point (see [`to_fixed`]).
+    pub sum_fx: i128,
+    /// Smallest value.
+    pub min: f64,
+    /// Largest value.
+    pub max: f64,
+}
+
+impl Acc {
+    #[inline]
+    fn new(v: f64) -> Self {
+        Acc { count: 1, sum_fx: to_fixed(v), min: v, max: v }
+    }
+
+    #[inline]
+    fn add(&mut self, v: f64) {
+        self.count += 1;
+        self.sum_fx = self.sum_fx.saturating_add(to_fixed(v));
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+    }
+}
+
+/// One key's result for one window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowResult {
+    /// Series key.
+    pub key: u64,
+    /// Window start (ms).
+    pub start: i64,
+    /// Rows.
+    pub count: u64,
+    /// Sum (fixed-point exact, see the module docs).
+    pub sum: f64,
+    /// Minimum.
+    pub min: f64,
+    /// Maximum.
+    pub max: f64,
+}
+
+impl WindowResult {
+    /// Average.
+    pub fn avg(&self) -> f64 {
+        if self.count == 0 { 0.0 } else { self.sum / self.count as f64 }
+    }
+}
+
+/// The operator's state for one agg task.
+#[derive(Debug)]
+pub struct WindowAgg {
+    spec: WindowSpec,
+    delay_ms: i64,
+    /// Open windows, sorted by start; rows mostly hit the last one or two.
+    windows: Vec<(i64, WindowTable)>,
+    /// Largest event time reported by each upstream (`None` until it reports).
+    upstream: Vec<Option<i64>>,
+    watermark: i64,
+    late_rows: u64,
+    rows: u64,
+    /// One shard's entries at a time, sorted when a window fires.
+    scratch: Vec<(u64, u64, Acc)>,
+    /// The next shard of the oldest window to emit, once that window fired.
+    cursor: usize,
+}
+
+/// An agg's state at a barrier: the open windows' shards, shared with the operator until it
+/// writes to them (see [`WindowTable`]), and the operator's progress and counters.
+#[derive(Clone, Debug, Default)]
+pub struct FrozenState {
+    /// Open windows, oldest first, each with its shards.
+    pub windows: Vec<(i64, Vec<Arc<ShardMap>>)>,
+    /// Progress per upstream.
+    pub progress: Vec<Option<i64>>,
+    /// Late rows so far.
+    pub late_rows: u64,
+    /// Rows so far.
+    pub rows: u64,
+}
+
+impl FrozenState {
+    /// Open (window start, key, aggregate) entries.
+    pub fn len(&self) -> usize {
+        self.windows.iter().flat_map(|(_, shards)| shards.iter()).map(|m| m.len()).sum()
+    }
+
+    /// Whether no window holds an entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every (window start, key, aggregate), window by window, unordered within a window.
+    pub fn entries(&self) -> impl Iterator<Item = (i64, u64, Acc)> + '_ {
+        self.windows
+            .iter()
+            .flat_map(|(s, shards)| shards.iter().flat_map(move |m| m.iter().map(move |(k, a)| (*s, *k, *a))))
+    }
+}
+
+impl WindowAgg {
+    /// An operator with `upstreams` inputs.
+    pub fn new(spec: WindowSpec, delay_ms: i64, upstreams: usize) -> Self {
+        Self {
+            spec,
+            delay_ms,
+            windows: Vec::new(),
+            upstream: vec![None; upstreams],
+            watermark: i64::MIN,
+            late_rows: 0,
+            rows: 0,
+            scratch: Vec::new(),
+            cursor: 0,
+        }
+    }
+
+    /// The combined watermark.
+    pub fn watermark(&self) -> i64 {
+        self.watermark
+    }
+
+    /// Rows dropped as late so far.
+    pub fn late_rows(&self) -> u64 {
+        self.late_rows
+    }
+
+    /// Rows processed so far (late ones included).
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Windows held: open, or fired and not all emitted yet.
+    pub fn open_windows(&self) -> usize {
+        self.windows.len()
+    }
+
+    #[inline]
+    fn window_mut(&mut self, start: i64) -> &mut WindowTable {
+        // Scan from the newest: in-order data hits the last window at once.
+        let mut i = self.windows.len();
+        while i > 0 && self.windows[i - 1].0 > start {
+            i -= 1;
+        }
+        if i == 0 || self.windows[i - 1].0 != start {
+            self.windows.insert(i, (start, WindowTable::default()));
+            return &mut self.windows[i].1;
+        }
+        &mut self.windows[i - 1].1
+    }
+
+    /// Adds one row.
+    #[inline]
+    pub fn add(&mut self, ts: i64, key: u64, value: f64) {
+        self.rows += 1;
+        let size = self.spec.size_ms;
+        let mut start = self.spec.last_start(ts);
+        let mut late = false;
+        // Windows containing ts: start > ts - size, stepping back by the slide.
+        while start > ts - size {
+            if start.saturating_add(size) <= self.watermark {
+                late = true;
+            } else {
+                match self.window_mut(start).map_for(key).entry(key) {
+                    std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().add(value),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(Acc::new(value));
+                    }
+                }
+            }
+            start -= self.spec.slide_ms;
+        }
+        if late {
+            self.late_rows += 1;
+        }
+    }
+
+    /// Upstream `input` has sent every row with event time up to `max_ts`. Fires the windows the
+    /// new watermark closes, calling `emit` for each result, oldest window first.
+    pub fn advance(&mut self, input: usize, max_ts: i64, emit: impl FnMut(WindowResult)) {
+        self.observe(input, max_ts);
+        self.emit_fired(usize::MAX, emit);
+    }
+
+    /// Upstream `input` has sent every row with event time up to `max_ts`: the watermark moves,
+    /// and the windows it closes are fired, to be emitted by [`Self::emit_fired`].
+    pub fn observe(&mut self, input: usize, max_ts: i64) {
+        let slot = &mut self.upstream[input];
+        *slot = Some(slot.map_or(max_ts, |t| t.max(max_ts)));
+        let Some(min) = self.upstream.iter().try_fold(i64::MAX, |m, u| u.map(|t| m.min(t))) else {
+            return;
+        };
+        self.watermark = self.watermark.max(min.saturating_sub(self.delay_ms));
+    }
+
+    /// Whether fired windows wait to be emitted.
+    pub fn has_fired(&self) -> bool {
+        self.windows.first().is_some_and(|(s, _)| s.saturating_add(self.spec.size_ms) <= self.watermark)
+    }
+
+    /// Emits fired windows, oldest first, shard by shard, until at least `max` results went out
+    /// (or none is left); returns how many did.
+    pub fn emit_fired(&mut self, max: usize, mut emit: impl FnMut(WindowResult)) -> usize {
+        let mut n = 0;
+        while n < max && self.has_fired() {
+            let (start, table) = &mut self.windows[0];
+            let start = *start;
+            n += table.drain_shard_sorted(self.cursor, &mut self.scratch, |key, a| {
+                emit(WindowResult { key, start, count: a.count, sum: from_fixed(a.sum_fx), min: a.min, max: a.max })
+            });
+            self.cursor += 1;
+            if self.cursor == SHARDS {
+                self.windows.remove(0);
+                self.cursor = 0;
+            }
+        }
+        n
+    }
+
+    /// How many (window, key) entries are open.
+    pub fn state_len(&self) -> usize {
+        self.windows.iter().map(|(_, t)| t.len()).sum()
+    }
+
+    /// Every open (window start, key, aggregate).
+    pub fn state(&self) -> impl Iterator<Item = (i64, u64, Acc)> + '_ {
+        self.windows.iter().flat_map(|(s, t)| t.iter().map(move |(k, a)| (*s, k, a)))
+    }
+
+    /// The state as it is now, for a snapshot written elsewhere: the windows' shards are
+    /// shared, not copied (microseconds whatever the state's size).
+    pub fn freeze(&mut self) -> FrozenState {
+        FrozenState {
+            windows: self.windows.iter_mut().map(|(s, t)| (*s, t.freeze())).collect(),
+            progress: self.upstream.clone(),
+            late_rows: self.late_rows,
+            rows: self.rows,
+        }
+    }
+
+    /// Progress per upstream, for the state store.
+    pub fn progress(&self) -> &[Option<i64>] {
+        &self.upstream
+    }
+
+    /// Replaces the in-memory state with what a checkpoint held. `progress` must have one entry per
+    /// upstream of this operator.
+    pub fn restore(
+        &mut self,
+        entries: impl IntoIterator<Item = (i64, u64, Acc)>,
+        progress: &[Option<i64>],
+        late_rows: u64,
+        rows: u64,
+    ) -> Result<(), String> {
+        if progress.len() != self.upstream.len() {
+            return Err(format!(
+                "state has progress for {} upstreams, the operator has {}",
+                progress.len(),
+                self.upstream.len()
+            ));
+        }
+        self.windows.clear();
+        self.cursor = 0;
+        for (start, key, acc) in entries {
+            self.window_mut(start).map_for(key).insert(key, acc);
+        }
+        self.upstream.copy_from_slice(progress);
+        self.watermark = self
+            .upstream
+            .iter()
+            .try_fold(i64::MAX, |m, u| u.map(|t| m.min(t)))
+            .map_or(i64::MIN, |m| m.saturating_sub(self.delay_ms));
+        self.late_rows = late_rows;
+        self.rows = rows;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

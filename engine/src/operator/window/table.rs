@@ -1,0 +1,214 @@
+//! One open window's aggregates: a hash table split into [`SHARDS`] shards by the top bits of
+//! [`order_of`] the key, each shard either owned by the operator or shared with a snapshot
+//! (copy-on-write, as Flink's `CopyOnWriteStateMap` does per entry, here per shard).
+//!
+//! Why shards:
+//! - A snapshot takes the shards as they are ([`WindowTable::freeze`]: one `Arc` per shard, no
+//!   entry copied), so the pause at a barrier does not grow with the state. The first row that
+//!   touches a shard a snapshot still holds copies that shard alone (a fraction of a millisecond
+//!   at millions of keys); once the snapshot is written and dropped, the shard is taken back
+//!   without a copy.
+//! - A fired window comes out sorted by [`order_of`] (each shard sorted on its own, in cache,
+//!   shards in order), which is the order the result store keeps a window's results in: the sink
+//!   writes them as blocks without sorting anything. It comes out a few shards per poll, so a
+//!   window over millions of keys never holds its worker (and the barriers behind it) for long.
+//! - A shard grows on its own: no rehash of the whole window stalls the pipeline.
+//!
+//! Invariant: a key lives in shard `order_of(key) >> (64 - SHARD_BITS)` only.
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use super::Acc;
+
+/// log2 of the shards per window.
+pub const SHARD_BITS: u32 = 8;
+/// Shards per window.
+pub const SHARDS: usize = 1 << SHARD_BITS;
+
+/// One shard's entries.
+pub type ShardMap = FxHashMap<u64, Acc>;
+
+/// The order of keys within a window, in the operator's emission and in the result store: a
+/// bijective mix of the key (the splitmix64 finalizer), so shards are even whatever the keys
+/// look like, and independent of the hash inside a shard (whose top bits would otherwise be
+/// the same for every key of a shard).
+#[inline]
+pub fn order_of(key: u64) -> u64 {
+    let mut z = key;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The shard of `key`: a fired window is emitted shard by shard, and an agg's messages of results
+/// never span two shards (so they do not depend on where a barrier cut the emission).
+#[inline]
+pub fn shard_of(key: u64) -> usize {
+    (order_of(key) >> (64 - SHARD_BITS)) as usize
+}
+
+#[derive(Debug)]
+enum Shard {
+    Owned(ShardMap),
+    /// Held by a snapshot too; taken back (or copied) on the first write.
+    Shared(Arc<ShardMap>),
+}
+
+impl Shard {
+    fn map(&self) -> &ShardMap {
+        match self {
+            Shard::Owned(m) => m,
+            Shard::Shared(a) => a,
+        }
+    }
+}
+
+/// The aggregates of one open window.
+#[derive(Debug)]
+pub struct WindowTable {
+    shards: Box<[Shard]>,
+}
+
+impl Default for WindowTable {
+    fn default() -> Self {
+        Self { shards: (0..SHARDS).map(|_| Shard::Owned(ShardMap::default())).collect() }
+    }
+}
+
+impl WindowTable {
+    /// The entry of `key`, writable.
+    #[inline]
+    pub fn map_for(&mut self, key: u64) -> &mut ShardMap {
+        let shard = &mut self.shards[shard_of(key)];
+        if let Shard::Shared(_) = shard {
+            unshare(shard);
+        }
+        match shard {
+            Shard::Owned(m) => m,
+            Shard::Shared(_) => unreachable!("unshared above"),
+        }
+    }
+
+    /// Entries.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.map().len()).sum()
+    }
+
+    /// Whether the window has no entries.
+    pub fn is_empty(&self) -> bool {
+        self.shards.iter().all(|s| s.map().is_empty())
+    }
+
+    /// Every entry, shard by shard (unordered within a shard).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, Acc)> + '_ {
+        self.shards.iter().flat_map(|s| s.map().iter().map(|(k, a)| (*k, *a)))
+    }
+
+    /// The shards as they are now, for a snapshot: no entry is copied here. Every shard becomes
+    /// shared until its next write.
+    pub fn freeze(&mut self) -> Vec<Arc<ShardMap>> {
+        self.shards
+            .iter_mut()
+            .map(|s| match s {
+                Shard::Shared(a) => a.clone(),
+                Shard::Owned(m) => {
+                    let a = Arc::new(std::mem::take(m));
+                    *s = Shard::Shared(a.clone());
+                    a
+                }
+            })
+            .collect()
+    }
+
+    /// Empties shard `s`, calling `f` with its entries in [`order_of`] order (sorted in
+    /// `scratch`); returns how many there were. A snapshot that shares the shard keeps it.
+    pub fn drain_shard_sorted(
+        &mut self,
+        s: usize,
+        scratch: &mut Vec<(u64, u64, Acc)>,
+        mut f: impl FnMut(u64, &Acc),
+    ) -> usize {
+        let shard = std::mem::replace(&mut self.shards[s], Shard::Owned(ShardMap::default()));
+        scratch.clear();
+        scratch.extend(shard.map().iter().map(|(k, a)| (order_of(*k), *k, *a)));
+        scratch.sort_unstable_by_key(|e| e.0);
+        for (_, k, a) in scratch.iter() {
+            f(*k, a);
+        }
+        scratch.len()
+    }
+}
+
+/// Takes a shared shard back: without a copy when the snapshot let go of it, else a copy.
+#[cold]
+#[inline(never)]
+fn unshare(shard: &mut Shard) {
+    let Shard::Shared(a) = std::mem::replace(shard, Shard::Owned(ShardMap::default())) else { return };
+    *shard = Shard::Owned(Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acc(n: u64) -> Acc {
+        Acc { count: n, sum_fx: n as i128, min: 0.0, max: 0.0 }
+    }
+
+    #[test]
+    fn order_of_is_a_bijection_on_a_sample_and_spreads_small_keys() {
+        let mut seen: Vec<u64> = (0..100_000u64).map(order_of).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 100_000);
+        let mut per_shard = vec![0usize; SHARDS];
+        (0..100_000u64).for_each(|k| per_shard[shard_of(k)] += 1);
+        let (lo, hi) = (per_shard.iter().min().unwrap(), per_shard.iter().max().unwrap());
+        assert!(*lo > 300 && *hi < 500, "keys 0..100,000 per shard: {lo}..{hi}");
+    }
+
+    #[test]
+    fn a_frozen_snapshot_keeps_its_entries_while_the_window_goes_on() {
+        let mut t = WindowTable::default();
+        for k in 0..1000 {
+            t.map_for(k).insert(k, acc(1));
+        }
+        let snap = t.freeze();
+        for k in 0..2000 {
+            t.map_for(k).entry(k).and_modify(|a| a.count += 1).or_insert(acc(1));
+        }
+        let frozen: usize = snap.iter().map(|m| m.len()).sum();
+        assert_eq!(frozen, 1000);
+        assert!(snap.iter().flat_map(|m| m.values()).all(|a| a.count == 1), "the snapshot saw no later write");
+        assert_eq!(t.len(), 2000);
+        assert!(t.iter().filter(|(k, _)| *k < 1000).all(|(_, a)| a.count == 2));
+    }
+
+    #[test]
+    fn a_window_goes_on_with_its_entries_once_the_snapshot_is_dropped() {
+        let mut t = WindowTable::default();
+        t.map_for(7).insert(7, acc(1));
+        drop(t.freeze());
+        t.map_for(7).get_mut(&7).expect("kept").count += 1;
+        let got: Vec<_> = t.iter().map(|(k, a)| (k, a.count, a.sum_fx)).collect();
+        assert_eq!(got, vec![(7, 2, 1)]);
+    }
+
+    #[test]
+    fn entries_come_out_in_order_of_the_mixed_key() {
+        let mut t = WindowTable::default();
+        for k in (0..5000u64).rev() {
+            t.map_for(k).insert(k, acc(k));
+        }
+        let mut out = Vec::new();
+        let snap = t.freeze();
+        let n: usize =
+            (0..SHARDS).map(|s| t.drain_shard_sorted(s, &mut Vec::new(), |k, a| out.push((k, a.count)))).sum();
+        assert_eq!((n, out.len(), t.len()), (5000, 5000, 0));
+        assert_eq!(snap.iter().map(|m| m.len()).sum::<usize>(), 5000, "the snapshot keeps what was drained");
+        assert!(out.windows(2).all(|w| order_of(w[0].0) < order_of(w[1].0)));
+        assert!(out.iter().all(|(k, c)| k == c));
+    }
+}

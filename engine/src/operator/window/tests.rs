@@ -1,0 +1,289 @@
+//! The operator against a naive reference, restores midway, and the fixed-point conversion.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::fixed::{EXACT_INT, FX_SCALE};
+use super::*;
+
+#[derive(Clone, Debug)]
+enum Ev {
+    Rows(Vec<(i64, u64, f64)>),
+    Progress(usize, i64),
+}
+
+/// The semantics of the module docs, written as plainly as possible.
+fn reference(spec: WindowSpec, delay: i64, ups: usize, evs: &[Ev]) -> (Vec<WindowResult>, u64) {
+    let mut progress: Vec<Option<i64>> = vec![None; ups];
+    let mut wm = i64::MIN;
+    let mut open: BTreeMap<(i64, u64), Vec<f64>> = BTreeMap::new();
+    let (mut out, mut late) = (Vec::new(), 0);
+    for ev in evs {
+        match ev {
+            Ev::Rows(rows) => {
+                for &(ts, key, v) in rows {
+                    let mut is_late = false;
+                    for s in (ts - spec.size_ms + 1)..=ts {
+                        if s.rem_euclid(spec.slide_ms) != 0 {
+                            continue;
+                        }
+                        if s + spec.size_ms <= wm {
+                            is_late = true;
+                        } else {
+                            open.entry((s, key)).or_default().push(v);
+                        }
+                    }
+                    late += is_late as u64;
+                }
+            }
+            Ev::Progress(i, t) => {
+                progress[*i] = Some(progress[*i].map_or(*t, |p| p.max(*t)));
+                if progress.iter().all(Option::is_some) {
+                    let m = progress.iter().map(|p| p.unwrap()).min().unwrap() - delay;
+                    wm = wm.max(m);
+                }
+                let fired: Vec<(i64, u64)> = open.keys().filter(|(s, _)| s + spec.size_ms <= wm).copied().collect();
+                for k in fired {
+                    let vals = open.remove(&k).unwrap();
+                    out.push(WindowResult {
+                        key: k.1,
+                        start: k.0,
+                        count: vals.len() as u64,
+                        sum: from_fixed(vals.iter().map(|v| to_fixed(*v)).sum()),
+                        min: vals.iter().copied().fold(f64::INFINITY, f64::min),
+                        max: vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                    });
+                }
+            }
+        }
+    }
+    out.sort_by_key(|r| (r.start, r.key));
+    (out, late)
+}
+
+fn run(agg: &mut WindowAgg, evs: &[Ev], out: &mut Vec<WindowResult>) {
+    for ev in evs {
+        match ev {
+            Ev::Rows(rows) => rows.iter().for_each(|&(t, k, v)| agg.add(t, k, v)),
+            Ev::Progress(i, t) => agg.advance(*i, *t, |r| out.push(r)),
+        }
+    }
+}
+
+/// Random per-upstream streams: mostly increasing times with some disorder, progress reports
+/// after each batch (what sources send), interleaved at random.
+fn events() -> impl Strategy<Value = (WindowSpec, i64, usize, Vec<Ev>)> {
+    (1usize..4, 1i64..5, 1i64..4, 0i64..30, any::<u64>()).prop_map(|(ups, slide, mult, delay, seed)| {
+        let spec = WindowSpec::hopping(slide * 5 * mult, slide * 5);
+        let mut x = seed | 1;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut clock = vec![0i64; ups];
+        let mut max_seen = vec![i64::MIN; ups];
+        let mut evs = Vec::new();
+        for _ in 0..60 {
+            let i = (rnd() % ups as u64) as usize;
+            let mut rows = Vec::new();
+            for _ in 0..(rnd() % 20) {
+                clock[i] += (rnd() % 4) as i64;
+                let disorder = if rnd() % 5 == 0 { (rnd() % 40) as i64 } else { 0 };
+                let ts = clock[i] - disorder;
+                max_seen[i] = max_seen[i].max(ts);
+                let v = (rnd() % 2000) as f64 / 7.0 - 100.0;
+                rows.push((ts, rnd() % 6, v));
+            }
+            evs.push(Ev::Rows(rows));
+            if max_seen[i] > i64::MIN {
+                evs.push(Ev::Progress(i, max_seen[i]));
+            }
+        }
+        for (i, m) in max_seen.iter().enumerate() {
+            evs.push(Ev::Progress(i, m.max(&0) + 1000)); // end of input: flush everything
+        }
+        (spec, delay, ups, evs)
+    })
+}
+
+/// The definition the fast path must equal.
+fn to_fixed_by_round(v: f64) -> i128 {
+    (v * FX_SCALE).round() as i128
+}
+
+#[test]
+fn the_fast_fixed_point_conversion_rounds_exactly_as_round_does() {
+    let half = 0.5 / FX_SCALE;
+    let edges = [
+        0.0,
+        -0.0,
+        half,
+        -half,
+        3.0 * half,
+        -3.0 * half,
+        0.49999999999999994 / FX_SCALE,
+        1.0 / FX_SCALE,
+        999.999,
+        -999.999,
+        (EXACT_INT - 1.0) / FX_SCALE,
+        EXACT_INT / FX_SCALE,
+        -(EXACT_INT - 0.5) / FX_SCALE,
+        1e30,
+        -1e30,
+        f64::MAX,
+        f64::MIN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        f64::MIN_POSITIVE,
+    ];
+    for v in edges {
+        assert_eq!(to_fixed(v), to_fixed_by_round(v), "{v:e}");
+    }
+    let mut h = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..1_000_000 {
+        h ^= h << 13;
+        h ^= h >> 7;
+        h ^= h << 17;
+        // Any bit pattern (huge, tiny, negative, NaN), and values near the ties.
+        let any = f64::from_bits(h);
+        let tie = ((h >> 12) as i64 - (1 << 51)) as f64 / FX_SCALE + half;
+        assert_eq!(to_fixed(any), to_fixed_by_round(any), "{any:e}");
+        assert_eq!(to_fixed(tie), to_fixed_by_round(tie), "{tie:e}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    #[test]
+    fn window_results_equal_the_reference((spec, delay, ups, evs) in events()) {
+        let mut agg = WindowAgg::new(spec, delay, ups);
+        let mut got = Vec::new();
+        run(&mut agg, &evs, &mut got);
+        got.sort_by_key(|r| (r.start, r.key));
+        let (want, late) = reference(spec, delay, ups, &evs);
+        prop_assert_eq!(got, want);
+        prop_assert_eq!(agg.late_rows(), late);
+        prop_assert_eq!(agg.open_windows(), 0);
+    }
+
+    #[test]
+    fn state_restored_midway_gives_the_same_results((spec, delay, ups, evs) in events(), cut in 0usize..120) {
+        let cut = cut.min(evs.len());
+        let mut straight = WindowAgg::new(spec, delay, ups);
+        let mut want = Vec::new();
+        run(&mut straight, &evs, &mut want);
+
+        let mut first = WindowAgg::new(spec, delay, ups);
+        let mut got = Vec::new();
+        run(&mut first, &evs[..cut], &mut got);
+        let state: Vec<_> = first.state().collect();
+        let mut second = WindowAgg::new(spec, delay, ups);
+        second.restore(state, first.progress(), first.late_rows(), first.rows()).unwrap();
+        run(&mut second, &evs[cut..], &mut got);
+        got.sort_by_key(|r| (r.start, r.key));
+        want.sort_by_key(|r| (r.start, r.key));
+        prop_assert_eq!(got, want);
+        prop_assert_eq!(second.late_rows(), straight.late_rows());
+    }
+
+    #[test]
+    fn emission_in_slices_cut_by_a_snapshot_gives_the_same_results_shard_by_shard(
+        (spec, delay, ups, evs) in events(), cut in 0usize..120, slice in 1usize..8,
+    ) {
+        let cut = cut.min(evs.len());
+        let mut straight = WindowAgg::new(spec, delay, ups);
+        let mut want = Vec::new();
+        run(&mut straight, &evs, &mut want);
+
+        let mut first = WindowAgg::new(spec, delay, ups);
+        let mut got = Vec::new();
+        run_sliced(&mut first, &evs[..cut], slice, &mut got);
+        let frozen = first.freeze();
+        // The operator goes on after the barrier; the snapshot does not see it.
+        run_sliced(&mut first, &evs[cut..], slice, &mut Vec::new());
+        let mut second = WindowAgg::new(spec, delay, ups);
+        second.restore(frozen.entries(), &frozen.progress, frozen.late_rows, frozen.rows).unwrap();
+        run_sliced(&mut second, &evs[cut..], slice, &mut got);
+        second.emit_fired(usize::MAX, |r| got.push(r));
+        prop_assert!(!second.has_fired());
+        // Each (window, shard) came out whole, in the same order: the same messages.
+        let groups = |rs: &[WindowResult]| {
+            let mut g: BTreeMap<(i64, usize), Vec<WindowResult>> = BTreeMap::new();
+            for r in rs {
+                g.entry((r.start, shard_of(r.key))).or_default().push(*r);
+            }
+            g
+        };
+        prop_assert_eq!(groups(&got), groups(&want));
+        prop_assert_eq!(got.len(), want.len());
+    }
+}
+
+/// Like `run`, but fired windows go out `slice` results (whole shards) after each progress.
+fn run_sliced(agg: &mut WindowAgg, evs: &[Ev], slice: usize, out: &mut Vec<WindowResult>) {
+    for ev in evs {
+        match ev {
+            Ev::Rows(rows) => rows.iter().for_each(|&(t, k, v)| agg.add(t, k, v)),
+            Ev::Progress(i, t) => {
+                agg.observe(*i, *t);
+                agg.emit_fired(slice, |r| out.push(r));
+            }
+        }
+    }
+}
+
+#[test]
+fn sums_do_not_depend_on_arrival_order() {
+    let vals = [0.1, 1e9, -1e9, 0.3, 2.5e-3, 7.77];
+    let mut a = WindowAgg::new(WindowSpec::tumbling(10), 0, 1);
+    let mut b = WindowAgg::new(WindowSpec::tumbling(10), 0, 1);
+    vals.iter().for_each(|v| a.add(1, 1, *v));
+    vals.iter().rev().for_each(|v| b.add(1, 1, *v));
+    let (mut ra, mut rb) = (Vec::new(), Vec::new());
+    a.advance(0, 100, |r| ra.push(r));
+    b.advance(0, 100, |r| rb.push(r));
+    assert_eq!(ra.len(), 1);
+    assert_eq!(ra[0].sum.to_bits(), rb[0].sum.to_bits());
+    assert!((ra[0].sum - vals.iter().sum::<f64>()).abs() < 1e-6);
+    assert_eq!(ra[0].avg(), ra[0].sum / 6.0);
+}
+
+#[test]
+fn late_rows_are_counted_and_dropped() {
+    let mut agg = WindowAgg::new(WindowSpec::tumbling(10), 0, 1);
+    agg.add(5, 1, 1.0);
+    let mut out = Vec::new();
+    agg.advance(0, 10, |r| out.push(r));
+    assert_eq!(out.len(), 1);
+    agg.add(9, 1, 100.0); // window [0,10) already fired
+    agg.add(10, 1, 2.0);
+    agg.advance(0, 20, |r| out.push(r));
+    assert_eq!(agg.late_rows(), 1);
+    assert_eq!(out.iter().map(|r| (r.start, r.count)).collect::<Vec<_>>(), vec![(0, 1), (10, 1)]);
+}
+
+#[test]
+fn watermark_waits_for_every_upstream() {
+    let mut agg = WindowAgg::new(WindowSpec::tumbling(10), 2, 2);
+    agg.add(1, 1, 1.0);
+    let mut out = Vec::new();
+    agg.advance(0, 100, |r| out.push(r));
+    assert!(out.is_empty(), "upstream 1 has not reported");
+    agg.advance(1, 11, |r| out.push(r));
+    assert!(out.is_empty(), "min(100, 11) - 2 = 9 < 10");
+    agg.advance(1, 12, |r| out.push(r));
+    assert_eq!(out.len(), 1);
+    assert_eq!(agg.watermark(), 10);
+}
+
+#[test]
+fn bad_window_shapes_are_refused() {
+    assert!(WindowSpec::hopping(10, 3).validate().is_err());
+    assert!(WindowSpec::tumbling(0).validate().is_err());
+    assert!(WindowSpec::hopping(10, 5).validate().is_ok());
+}
