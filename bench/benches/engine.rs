@@ -42,21 +42,26 @@ fn parts(c: &mut Criterion) {
         })
     });
 
-    // 10,000 keys, 1 s tumbling windows, the watermark following the data: the steady state of
-    // the end-to-end benchmark, firing included.
-    let mut agg = WindowAgg::new(WindowSpec::tumbling(1000), 0, 1);
-    let mut offset = 0u64;
-    let mut fired = 0u64;
-    g.bench_function("window_agg_4096_rows_10k_keys", |b| {
-        b.iter(|| {
-            for o in offset..offset + ROWS as u64 {
-                let (t, k, v) = generator.row(o);
-                agg.add(t, k, v);
-            }
-            offset += ROWS as u64;
-            agg.advance(0, generator.max_ts_before(offset), |_| fired += 1);
-        })
-    });
+    // 10,000 and 1,000,000 keys, 1 s tumbling windows, the watermark following the data: the
+    // steady state of the end-to-end benchmark, firing included.
+    for (name, keys) in [("window_agg_4096_rows_10k_keys", 10_000), ("window_agg_4096_rows_1m_keys", 1_000_000)] {
+        let generator = Generator::new(GeneratorSpec { keys, ..spec }, 0);
+        let mut agg = WindowAgg::new(WindowSpec::tumbling(1000), 0, 1);
+        let mut offset = 0u64;
+        let mut fired = 0u64;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut adder = agg.batch();
+                for o in offset..offset + ROWS as u64 {
+                    let (t, k, v) = generator.row(o);
+                    adder.add(t, k, v);
+                }
+                drop(adder);
+                offset += ROWS as u64;
+                agg.advance(0, generator.max_ts_before(offset), |_| fired += 1);
+            })
+        });
+    }
     g.finish();
 
     let mut g = c.benchmark_group("ingest_log");

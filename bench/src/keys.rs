@@ -41,6 +41,8 @@ pub struct WeirRun {
     pub upload_median: u64,
     /// Resident set at the end of the run (MiB).
     pub rss_mib: u64,
+    /// Per-task pause (alignment plus synchronous snapshot), p99 over every task checkpoint (ms).
+    pub pause_p99_ms: f64,
 }
 
 /// Runs the job on Weir with `keys` keys for `seconds` (checkpoints every `checkpoint_ms`; 0: off).
@@ -62,6 +64,10 @@ pub fn weir(keys: u64, seconds: u64, checkpoint_ms: u64) -> WeirRun {
     let rate = (engine.stats().rows_aggregated.load(Ordering::Relaxed) - r0) as f64 / t0.elapsed().as_secs_f64();
     let rss_mib = rss_kib() / 1024;
     let finished = engine.checkpoints().map(|l| l.finished()).unwrap_or_default();
+    let mut pauses = engine.checkpoints().map(|l| l.pauses_us()).unwrap_or_default();
+    pauses.sort_unstable();
+    let pause_p99_ms =
+        pauses.get((pauses.len() * 99 / 100).min(pauses.len().saturating_sub(1))).copied().unwrap_or(0) as f64 / 1e3;
     engine.stop();
     drop(engine.wait());
     let committed: Vec<_> = finished.iter().filter(|c| c.outcome == CheckpointOutcome::Committed).collect();
@@ -75,6 +81,7 @@ pub fn weir(keys: u64, seconds: u64, checkpoint_ms: u64) -> WeirRun {
         commits: committed.len(),
         upload_median: median(committed.iter().map(|c| c.upload_bytes).collect()),
         rss_mib,
+        pause_p99_ms,
     }
 }
 
@@ -86,17 +93,26 @@ pub fn keys(keys: &[u64], seconds: u64) {
          timely-dataflow 0.32 keeping nothing durable"
     );
     println!(
-        "{:>10} | {:>14} | {:>12} | {:>10} | {:>12} | {:>8} | {:>14} | {:>10}",
-        "keys", "Weir M ev/s", "commit p50", "commits", "upload/ckpt", "Weir RSS", "timely M ev/s", "Weir/timely"
+        "{:>10} | {:>14} | {:>12} | {:>11} | {:>10} | {:>12} | {:>8} | {:>14} | {:>10}",
+        "keys",
+        "Weir M ev/s",
+        "commit p50",
+        "pause p99",
+        "commits",
+        "upload/ckpt",
+        "Weir RSS",
+        "timely M ev/s",
+        "Weir/timely"
     );
     for &k in keys {
         let w = weir(k, seconds, 1000);
         let t = timely_job::run(k, 1000, 2, seconds as f64);
         println!(
-            "{:>10} | {:>14.2} | {:>9.1} ms | {:>10} | {:>8} KiB | {:>4} MiB | {:>14.2} | {:>9.0} %",
+            "{:>10} | {:>14.2} | {:>9.1} ms | {:>8.1} ms | {:>10} | {:>8} KiB | {:>4} MiB | {:>14.2} | {:>9.0} %",
             k,
             w.rate / 1e6,
             w.commit_median_ms,
+            w.pause_p99_ms,
             w.commits,
             w.upload_median / 1024,
             w.rss_mib,

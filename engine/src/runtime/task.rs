@@ -230,8 +230,9 @@ impl AggTask {
             worked = true;
             match m {
                 Msg::Rows(rows) => {
-                    let agg = &mut self.agg;
-                    rows.for_each(|t, k, v| agg.add(t, k, v));
+                    let mut adder = self.agg.batch();
+                    rows.for_each(|t, k, v| adder.add(t, k, v));
+                    drop(adder);
                     self.stats.rows_aggregated.fetch_add(rows.len() as u64, Ordering::Relaxed);
                     self.board.rows_in.fetch_add(rows.len() as u64, Ordering::Relaxed);
                 }

@@ -18,9 +18,8 @@
 
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
-
 use super::Acc;
+use super::slots::SlotMap;
 
 /// log2 of the shards per window.
 pub const SHARD_BITS: u32 = 8;
@@ -28,7 +27,7 @@ pub const SHARD_BITS: u32 = 8;
 pub const SHARDS: usize = 1 << SHARD_BITS;
 
 /// One shard's entries.
-pub type ShardMap = FxHashMap<u64, Acc>;
+pub type ShardMap = SlotMap;
 
 /// The order of keys within a window, in the operator's emission and in the result store: a
 /// bijective mix of the key (the splitmix64 finalizer), so shards are even whatever the keys
@@ -46,7 +45,12 @@ pub fn order_of(key: u64) -> u64 {
 /// never span two shards (so they do not depend on where a barrier cut the emission).
 #[inline]
 pub fn shard_of(key: u64) -> usize {
-    (order_of(key) >> (64 - SHARD_BITS)) as usize
+    shard_of_order(order_of(key))
+}
+
+#[inline]
+fn shard_of_order(h: u64) -> usize {
+    (h >> (64 - SHARD_BITS)) as usize
 }
 
 #[derive(Debug)]
@@ -78,10 +82,16 @@ impl Default for WindowTable {
 }
 
 impl WindowTable {
-    /// The entry of `key`, writable.
+    /// An empty window sized like `other` shard by shard (the next window over the same keys):
+    /// its tables do not grow through every size on the way.
+    pub fn sized_like(other: &WindowTable) -> Self {
+        Self { shards: other.shards.iter().map(|s| Shard::Owned(ShardMap::with_capacity(s.map().len()))).collect() }
+    }
+
+    /// The shard of the key whose order is `h` (`order_of(key)`), writable.
     #[inline]
-    pub fn map_for(&mut self, key: u64) -> &mut ShardMap {
-        let shard = &mut self.shards[shard_of(key)];
+    pub fn map_for(&mut self, h: u64) -> &mut ShardMap {
+        let shard = &mut self.shards[shard_of_order(h)];
         if let Shard::Shared(_) = shard {
             unshare(shard);
         }
@@ -103,7 +113,13 @@ impl WindowTable {
 
     /// Every entry, shard by shard (unordered within a shard).
     pub fn iter(&self) -> impl Iterator<Item = (u64, Acc)> + '_ {
-        self.shards.iter().flat_map(|s| s.map().iter().map(|(k, a)| (*k, *a)))
+        self.shards.iter().flat_map(|s| s.map().iter().map(|(k, a)| (k, *a)))
+    }
+
+    /// Asks for the line where the probe of the key whose order is `h` starts.
+    #[inline]
+    pub fn prefetch(&self, h: u64) {
+        self.shards[shard_of_order(h)].map().prefetch(h);
     }
 
     /// The shards as they are now, for a snapshot: no entry is copied here. Every shard becomes
@@ -132,8 +148,9 @@ impl WindowTable {
     ) -> usize {
         let shard = std::mem::replace(&mut self.shards[s], Shard::Owned(ShardMap::default()));
         scratch.clear();
-        scratch.extend(shard.map().iter().map(|(k, a)| (order_of(*k), *k, *a)));
-        scratch.sort_unstable_by_key(|e| e.0);
+        scratch.extend(shard.map().iter().map(|(k, a)| (order_of(k), k, *a)));
+        // Almost sorted already (see `SlotMap`): the stable sort finds the runs.
+        scratch.sort_by_key(|e| e.0);
         for (_, k, a) in scratch.iter() {
             f(*k, a);
         }
@@ -173,15 +190,15 @@ mod tests {
     fn a_frozen_snapshot_keeps_its_entries_while_the_window_goes_on() {
         let mut t = WindowTable::default();
         for k in 0..1000 {
-            t.map_for(k).insert(k, acc(1));
+            t.map_for(order_of(k)).add(order_of(k), k, 1.0);
         }
         let snap = t.freeze();
         for k in 0..2000 {
-            t.map_for(k).entry(k).and_modify(|a| a.count += 1).or_insert(acc(1));
+            t.map_for(order_of(k)).add(order_of(k), k, 1.0);
         }
         let frozen: usize = snap.iter().map(|m| m.len()).sum();
         assert_eq!(frozen, 1000);
-        assert!(snap.iter().flat_map(|m| m.values()).all(|a| a.count == 1), "the snapshot saw no later write");
+        assert!(snap.iter().flat_map(|m| m.iter()).all(|(_, a)| a.count == 1), "the snapshot saw no later write");
         assert_eq!(t.len(), 2000);
         assert!(t.iter().filter(|(k, _)| *k < 1000).all(|(_, a)| a.count == 2));
     }
@@ -189,9 +206,9 @@ mod tests {
     #[test]
     fn a_window_goes_on_with_its_entries_once_the_snapshot_is_dropped() {
         let mut t = WindowTable::default();
-        t.map_for(7).insert(7, acc(1));
+        t.map_for(order_of(7)).insert(7, acc(1));
         drop(t.freeze());
-        t.map_for(7).get_mut(&7).expect("kept").count += 1;
+        t.map_for(order_of(7)).add(order_of(7), 7, 0.0);
         let got: Vec<_> = t.iter().map(|(k, a)| (k, a.count, a.sum_fx)).collect();
         assert_eq!(got, vec![(7, 2, 1)]);
     }
@@ -200,7 +217,7 @@ mod tests {
     fn entries_come_out_in_order_of_the_mixed_key() {
         let mut t = WindowTable::default();
         for k in (0..5000u64).rev() {
-            t.map_for(k).insert(k, acc(k));
+            t.map_for(order_of(k)).insert(k, acc(k + 1));
         }
         let mut out = Vec::new();
         let snap = t.freeze();
@@ -209,6 +226,6 @@ mod tests {
         assert_eq!((n, out.len(), t.len()), (5000, 5000, 0));
         assert_eq!(snap.iter().map(|m| m.len()).sum::<usize>(), 5000, "the snapshot keeps what was drained");
         assert!(out.windows(2).all(|w| order_of(w[0].0) < order_of(w[1].0)));
-        assert!(out.iter().all(|(k, c)| k == c));
+        assert!(out.iter().all(|(k, c)| k + 1 == *c));
     }
 }

@@ -1,0 +1,219 @@
+//! The hash table of one shard of a window: open addressing with linear probing over slots of
+//! one cache line each (the key and its aggregate together).
+//!
+//! Why not `HashMap`: at every key count the agg's time goes to memory, not arithmetic (`perf` of
+//! the window benchmark at 10,000 keys: 40 % of the cycles on the first touch of the control
+//! bytes and of the entry, which SwissTable keeps apart). Here a lookup touches one line, which
+//! [`SlotMap::prefetch`] can ask for ahead of time.
+//!
+//! Invariants: the number of slots is zero or a power of two, at most half used; a slot is empty
+//! when its count is zero (a live aggregate has counted at least one row); a key's probe starts
+//! at the slot named by the bits of `order_of(key)` right below the shard's ([`SHARD_BITS`]), so
+//! slots hold keys almost in `order_of` order (apart from probing's displacements) and a fired
+//! shard sorts in about one pass.
+
+use super::Acc;
+use super::table::{SHARD_BITS, order_of};
+
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C, align(64))]
+struct Slot {
+    key: u64,
+    acc: Acc,
+}
+
+/// Keys to aggregates, for one shard of a window.
+#[derive(Clone, Debug, Default)]
+pub struct SlotMap {
+    slots: Vec<Slot>,
+    len: usize,
+    /// `64 - log2(slots)`: the start of a probe is `(h << SHARD_BITS) >> shift`.
+    shift: u32,
+}
+
+/// Slots of a table's first allocation.
+const FIRST: usize = 8;
+
+impl SlotMap {
+    /// Entries.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there is no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A table for about `n` entries.
+    pub fn with_capacity(n: usize) -> Self {
+        let mut t = Self::default();
+        if n > 0 {
+            t.resize((n * 2).next_power_of_two().max(FIRST));
+        }
+        t
+    }
+
+    #[inline]
+    fn mask(&self) -> usize {
+        self.slots.len().wrapping_sub(1)
+    }
+
+    #[inline]
+    fn start(&self, h: u64) -> usize {
+        // `checked_shr`: an empty table (shift 64) probes nothing.
+        (h << SHARD_BITS).checked_shr(self.shift).unwrap_or(0) as usize
+    }
+
+    /// Adds `value` to `key`'s aggregate (`h` is `order_of(key)`).
+    #[inline]
+    pub fn add(&mut self, h: u64, key: u64, value: f64) {
+        if (self.len + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
+        let mask = self.mask();
+        let mut i = self.start(h);
+        loop {
+            let s = &mut self.slots[i];
+            if s.acc.count == 0 {
+                *s = Slot { key, acc: Acc::new(value) };
+                self.len += 1;
+                return;
+            }
+            if s.key == key {
+                s.acc.add(value);
+                return;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Sets `key`'s aggregate (a restore); `acc.count` must be positive.
+    pub fn insert(&mut self, key: u64, acc: Acc) {
+        debug_assert!(acc.count > 0);
+        if (self.len + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
+        self.put(order_of(key), key, acc);
+    }
+
+    fn put(&mut self, h: u64, key: u64, acc: Acc) {
+        let mask = self.mask();
+        let mut i = self.start(h);
+        loop {
+            let s = &mut self.slots[i];
+            if s.acc.count == 0 || s.key == key {
+                self.len += usize::from(s.acc.count == 0);
+                *s = Slot { key, acc };
+                return;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) {
+        self.resize((self.slots.len() * 2).max(FIRST));
+    }
+
+    fn resize(&mut self, n: usize) {
+        let old = std::mem::replace(&mut self.slots, vec![Slot::default(); n]);
+        self.shift = 64 - n.trailing_zeros();
+        self.len = 0;
+        for s in old.into_iter().filter(|s| s.acc.count > 0) {
+            self.put(order_of(s.key), s.key, s.acc);
+        }
+    }
+
+    /// `key`'s aggregate.
+    pub fn get(&self, key: u64) -> Option<&Acc> {
+        if self.len == 0 {
+            return None;
+        }
+        let mask = self.mask();
+        let mut i = self.start(order_of(key));
+        loop {
+            let s = &self.slots[i];
+            if s.acc.count == 0 {
+                return None;
+            }
+            if s.key == key {
+                return Some(&s.acc);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Every (key, aggregate), in slot order (almost `order_of` order).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Acc)> + '_ {
+        self.slots.iter().filter(|s| s.acc.count > 0).map(|s| (s.key, &s.acc))
+    }
+
+    /// Asks the CPU for the line where a probe for `h` starts, ahead of [`Self::add`].
+    #[inline]
+    pub fn prefetch(&self, h: u64) {
+        if let Some(s) = self.slots.get(self.start(h)) {
+            super::prefetch::prefetch(s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    #[test]
+    fn the_table_agrees_with_a_hash_map_through_growth_and_collisions() {
+        let mut t = SlotMap::default();
+        let mut want: HashMap<u64, (u64, f64)> = HashMap::new();
+        let mut x = 7u64;
+        for i in 0..50_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Few distinct keys early (updates), more later (growth); some share their probe
+            // start: the same low bits of `order_of`.
+            let key = if i < 1000 { x % 50 } else { x % 20_000 };
+            let v = (x % 1000) as f64;
+            t.add(order_of(key), key, v);
+            let e = want.entry(key).or_insert((0, f64::NEG_INFINITY));
+            e.0 += 1;
+            e.1 = e.1.max(v);
+        }
+        assert_eq!(t.len(), want.len());
+        for (k, (count, max)) in &want {
+            let a = t.get(*k).expect("present");
+            assert_eq!((a.count, a.max), (*count, *max), "key {k}");
+        }
+        assert_eq!(t.iter().count(), want.len());
+        assert!(t.get(1 << 40).is_none());
+        assert!(t.slots.len().is_power_of_two() && t.len * 4 <= t.slots.len() * 3);
+    }
+
+    #[test]
+    fn slots_hold_keys_almost_in_order_and_a_presized_table_does_not_grow() {
+        let mut t = SlotMap::with_capacity(1000);
+        let n = t.slots.len();
+        for k in 0..1000u64 {
+            t.insert(k, Acc { count: 1, ..Acc::default() });
+        }
+        assert_eq!(t.slots.len(), n, "no growth");
+        let order: Vec<u64> = t.iter().map(|(k, _)| order_of(k) << SHARD_BITS).collect();
+        let inversions = order.windows(2).filter(|w| w[0] > w[1]).count();
+        assert!(inversions < 250, "{inversions} descents among 1,000 slots");
+    }
+
+    #[test]
+    fn insert_replaces_and_a_slot_is_one_cache_line() {
+        let mut t = SlotMap::default();
+        let a = Acc { count: 3, sum_fx: 9, min: 1.0, max: 2.0 };
+        t.insert(5, a);
+        t.insert(5, Acc { count: 4, ..a });
+        assert_eq!((t.len(), t.get(5).map(|a| a.count)), (1, Some(4)));
+        assert_eq!(std::mem::size_of::<Slot>(), 64);
+        assert!(SlotMap::default().get(5).is_none());
+    }
+}
