@@ -8,6 +8,7 @@
 //! cargo run --release -p weir-bench --bin weir-e2e -- jitter [seconds]
 //! source scripts/services && cargo run --release -p weir-bench --bin weir-e2e -- backup [seconds] [runs]
 //! cargo run --release -p weir-bench --bin weir-e2e -- keys [seconds] [k1,k2,...]
+//! cargo run --release -p weir-bench --bin weir-e2e -- agg [k1,k2,...]
 //! ```
 //!
 //! `pipeline`: generator → tumbling 1 s windows (count/sum/min/max/avg) → sink, 10,000 keys, one
@@ -24,6 +25,10 @@
 //!
 //! `keys`: the job at several key counts on Weir (checkpoints every second) and on
 //! timely-dataflow (`weir_bench::keys`, `weir_bench::timely_job`).
+//!
+//! `agg`: 40 million generator rows through one window agg (1 s tumbling windows, firing
+//! included) per key count, best of three runs, in ns per row: the agg's hot path without the
+//! rest of the engine.
 //!
 //! `backup`: the remote store's figures against the S3 server of `scripts/services`
 //! (`weir_bench::backup`).
@@ -391,6 +396,44 @@ fn jitter(seconds: u64) {
     }
 }
 
+/// `k1,k2,...` (underscores allowed), else 10k, 100k, 1M, 4M.
+fn key_counts(list: Option<&String>) -> Vec<u64> {
+    match list {
+        Some(list) => list.split(',').filter_map(|k| k.trim().replace('_', "").parse().ok()).collect(),
+        None => vec![10_000, 100_000, 1_000_000, 4_000_000],
+    }
+}
+
+/// `agg`: ns per row through one agg, best of three.
+fn agg(keys: &[u64]) {
+    use weir_engine::operator::generator::{Generator, GeneratorSpec};
+    use weir_engine::operator::window::{WindowAgg, WindowSpec};
+    const ROWS: u64 = 40_000_000;
+    for &k in keys {
+        let g = Generator::new(GeneratorSpec { keys: k, rows_per_ms: 10_000, ..GeneratorSpec::default() }, 0);
+        let best = (0..3)
+            .map(|_| {
+                let mut agg = WindowAgg::new(WindowSpec::tumbling(1000), 0, 1);
+                let (mut o, mut results) = (0u64, 0u64);
+                let t = Instant::now();
+                while o < ROWS {
+                    let mut adder = agg.batch();
+                    for x in o..o + 4096 {
+                        let (ts, key, v) = g.row(x);
+                        adder.add(ts, key, v);
+                    }
+                    drop(adder);
+                    o += 4096;
+                    agg.advance(0, g.max_ts_before(o), |_| results += 1);
+                }
+                std::hint::black_box(results);
+                t.elapsed().as_nanos() as f64 / ROWS as f64
+            })
+            .fold(f64::INFINITY, f64::min);
+        println!("{k:>10} keys: {best:.1} ns per row");
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let num = |i: usize, d: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
@@ -401,16 +444,11 @@ fn main() {
         Some("checkpoints") => checkpoints(num(2, 5), num(3, 10) as usize),
         Some("jitter") => jitter(num(2, 20)),
         Some("backup") => weir_bench::backup::backup(num(2, 10), num(3, 3) as usize),
-        Some("keys") => {
-            let counts: Vec<u64> = match args.get(3) {
-                Some(list) => list.split(',').filter_map(|k| k.trim().replace('_', "").parse().ok()).collect(),
-                None => vec![10_000, 100_000, 1_000_000, 4_000_000],
-            };
-            weir_bench::keys::keys(&counts, num(2, 10))
-        }
+        Some("keys") => weir_bench::keys::keys(&key_counts(args.get(3)), num(2, 10)),
+        Some("agg") => agg(&key_counts(args.get(2))),
         _ => {
             eprintln!(
-                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...]"
+                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] | agg [k1,k2,...]"
             );
             std::process::exit(2);
         }
