@@ -21,7 +21,7 @@ fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: `source scripts/services` first"))
 }
 
-fn s3(prefix: &str) -> Arc<S3Store> {
+pub(crate) fn s3(prefix: &str) -> Arc<S3Store> {
     let opts = S3Options {
         endpoint: Some(var("WEIR_TEST_S3_ENDPOINT")),
         access_key: Some(var("WEIR_TEST_S3_ACCESS_KEY")),
@@ -31,7 +31,7 @@ fn s3(prefix: &str) -> Arc<S3Store> {
     Arc::new(S3Store::open(&var("WEIR_TEST_S3_BUCKET"), prefix, &opts).expect("the S3 store"))
 }
 
-fn unique(what: &str) -> String {
+pub(crate) fn unique(what: &str) -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     format!("bench-{what}-{nanos}")
 }

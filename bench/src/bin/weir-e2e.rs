@@ -9,6 +9,7 @@
 //! source scripts/services && cargo run --release -p weir-bench --bin weir-e2e -- backup [seconds] [runs]
 //! cargo run --release -p weir-bench --bin weir-e2e -- keys [seconds] [k1,k2,...]
 //! cargo run --release -p weir-bench --bin weir-e2e -- agg [k1,k2,...]
+//! source scripts/services && cargo run --release -p weir-bench --bin weir-e2e -- restore [keys]
 //! ```
 //!
 //! `pipeline`: generator → tumbling 1 s windows (count/sum/min/max/avg) → sink, 10,000 keys, one
@@ -29,6 +30,9 @@
 //! `agg`: 40 million generator rows through one window agg (1 s tumbling windows, firing
 //! included) per key count, best of three runs, in ns per row: the agg's hot path without the
 //! rest of the engine.
+//!
+//! `restore`: restore times of one agg checkpoint of `keys` keys (default 4,000,000), from the
+//! node's snapshot, `file://` and S3 (`weir_bench::restore`).
 //!
 //! `backup`: the remote store's figures against the S3 server of `scripts/services`
 //! (`weir_bench::backup`).
@@ -446,9 +450,10 @@ fn main() {
         Some("backup") => weir_bench::backup::backup(num(2, 10), num(3, 3) as usize),
         Some("keys") => weir_bench::keys::keys(&key_counts(args.get(3)), num(2, 10)),
         Some("agg") => agg(&key_counts(args.get(2))),
+        Some("restore") => weir_bench::restore::restore(num(2, 4_000_000)),
         _ => {
             eprintln!(
-                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] | agg [k1,k2,...]"
+                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] | agg [k1,k2,...] | restore [keys]"
             );
             std::process::exit(2);
         }

@@ -88,6 +88,12 @@ impl WindowTable {
         Self { shards: other.shards.iter().map(|s| Shard::Owned(ShardMap::with_capacity(s.map().len()))).collect() }
     }
 
+    /// An empty window whose shards have room for `sizes[i]` entries each.
+    pub fn with_shard_sizes(sizes: &[usize]) -> Self {
+        debug_assert_eq!(sizes.len(), SHARDS);
+        Self { shards: sizes.iter().map(|n| Shard::Owned(ShardMap::with_capacity(*n))).collect() }
+    }
+
     /// The shard of the key whose order is `h` (`order_of(key)`), writable.
     #[inline]
     pub fn map_for(&mut self, h: u64) -> &mut ShardMap {
