@@ -33,6 +33,8 @@ pub struct SlotMap {
     len: usize,
     /// `64 - log2(slots)`: the start of a probe is `(h << SHARD_BITS) >> shift`.
     shift: u32,
+    /// Slots of the first allocation, when there is none yet.
+    first: usize,
 }
 
 /// Slots of a table's first allocation.
@@ -51,11 +53,18 @@ impl SlotMap {
 
     /// A table for about `n` entries.
     pub fn with_capacity(n: usize) -> Self {
-        let mut t = Self::default();
+        let mut t = Self::expecting(n);
         if n > 0 {
-            t.resize((n * 2).next_power_of_two().max(FIRST));
+            t.resize(t.first);
         }
         t
+    }
+
+    /// An empty table that allocates room for about `n` entries on its first insert: a new
+    /// window's 256 tables allocate one by one as rows reach them, instead of all at once (half
+    /// a gigabyte at 4,000,000 keys) on the row that opens the window.
+    pub fn expecting(n: usize) -> Self {
+        Self { first: (n * 2).next_power_of_two().max(FIRST), ..Self::default() }
     }
 
     #[inline]
@@ -118,7 +127,7 @@ impl SlotMap {
     #[cold]
     #[inline(never)]
     fn grow(&mut self) {
-        self.resize((self.slots.len() * 2).max(FIRST));
+        self.resize((self.slots.len() * 2).max(self.first).max(FIRST));
     }
 
     fn resize(&mut self, n: usize) {
@@ -205,6 +214,10 @@ mod tests {
             t.insert(k, Acc { count: 1, ..Acc::default() });
         }
         assert_eq!(t.slots.len(), n, "no growth");
+        let mut lazy = SlotMap::expecting(1000);
+        assert!(lazy.slots.is_empty(), "nothing allocated before the first insert");
+        lazy.insert(1, Acc { count: 1, ..Acc::default() });
+        assert_eq!(lazy.slots.len(), n, "the first allocation has room for what was expected");
         let order: Vec<u64> = t.iter().map(|(k, _)| order_of(k) << SHARD_BITS).collect();
         let inversions = order.windows(2).filter(|w| w[0] > w[1]).count();
         assert!(inversions < 250, "{inversions} descents among 1,000 slots");

@@ -85,7 +85,7 @@ impl WindowTable {
     /// An empty window sized like `other` shard by shard (the next window over the same keys):
     /// its tables do not grow through every size on the way.
     pub fn sized_like(other: &WindowTable) -> Self {
-        Self { shards: other.shards.iter().map(|s| Shard::Owned(ShardMap::with_capacity(s.map().len()))).collect() }
+        Self { shards: other.shards.iter().map(|s| Shard::Owned(ShardMap::expecting(s.map().len()))).collect() }
     }
 
     /// An empty window whose shards have room for `sizes[i]` entries each.
