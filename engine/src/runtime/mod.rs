@@ -289,6 +289,7 @@ impl Engine {
                     throttle: cfg.sink_throttle,
                     stats: stats.clone(),
                     board: boards[&t.id].clone(),
+                    held: None,
                 })),
             };
             let mut task = task;

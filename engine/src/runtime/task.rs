@@ -290,10 +290,33 @@ pub(crate) struct SinkTask {
     pub(crate) throttle: Option<std::time::Duration>,
     pub(crate) stats: Arc<EngineStats>,
     pub(crate) board: Arc<TaskBoard>,
+    /// Results RocksDB held back (its flushes behind), with their upstream: written before any
+    /// message after them is taken.
+    pub(crate) held: Option<(TaskId, Vec<WindowResult>)>,
 }
 
 impl SinkTask {
+    /// Writes `rs`; false when RocksDB held them back (kept in `held` for the next poll).
+    fn write(&mut self, from: TaskId, rs: Vec<WindowResult>) -> Result<bool, TaskError> {
+        let written = self
+            .store
+            .try_upsert(self.stream, from, &rs)
+            .map_err(|source| TaskError::State { task: self.id, source })?;
+        if !written {
+            self.held = Some((from, rs));
+            return Ok(false);
+        }
+        self.stats.results_written.fetch_add(rs.len() as u64, Ordering::Relaxed);
+        self.board.rows_in.fetch_add(rs.len() as u64, Ordering::Relaxed);
+        Ok(true)
+    }
+
     fn poll(&mut self, attention: &AtomicBool, budget: usize) -> Result<Polled, TaskError> {
+        if let Some((from, rs)) = self.held.take()
+            && !self.write(from, rs)?
+        {
+            return Ok(Poll::Blocked.into());
+        }
         if self.inp.all_ended() {
             return Ok(Poll::Finished.into());
         }
@@ -318,11 +341,9 @@ impl SinkTask {
                 if let Some(d) = self.throttle {
                     std::thread::sleep(d);
                 }
-                self.store
-                    .upsert(self.stream, self.inp.source_of(i), &rs)
-                    .map_err(|source| TaskError::State { task: self.id, source })?;
-                self.stats.results_written.fetch_add(rs.len() as u64, Ordering::Relaxed);
-                self.board.rows_in.fetch_add(rs.len() as u64, Ordering::Relaxed);
+                if !self.write(self.inp.source_of(i), rs)? {
+                    break;
+                }
             }
         }
         Ok(Polled { poll: if worked { Poll::Busy } else { Poll::Idle }, signal })

@@ -79,7 +79,24 @@ impl ResultStore {
     /// blocks it writes again (same stream, window, upstream and first key), not single results
     /// inside other blocks.
     pub fn upsert(&self, stream: StreamId, upstream: TaskId, results: &[WindowResult]) -> Result<(), StateError> {
-        let Some(first) = results.first() else { return Ok(()) };
+        self.write(stream, upstream, results, false).map(|_| ())
+    }
+
+    /// [`Self::upsert`], unless RocksDB would hold the write back (its flushes are behind the
+    /// writes): then `Ok(false)` at once, nothing written, and the caller tries again later. A
+    /// sink's worker runs other tasks meanwhile instead of sleeping in RocksDB.
+    pub fn try_upsert(&self, stream: StreamId, upstream: TaskId, results: &[WindowResult]) -> Result<bool, StateError> {
+        self.write(stream, upstream, results, true)
+    }
+
+    fn write(
+        &self,
+        stream: StreamId,
+        upstream: TaskId,
+        results: &[WindowResult],
+        no_wait: bool,
+    ) -> Result<bool, StateError> {
+        let Some(first) = results.first() else { return Ok(true) };
         let mut b = rocksdb::WriteBatch::default();
         let mut v = Vec::new();
         let mut put = |rs: &[WindowResult]| {
@@ -95,8 +112,13 @@ impl ResultStore {
         }
         let mut wo = rocksdb::WriteOptions::default();
         wo.disable_wal(true);
+        wo.set_no_slowdown(no_wait);
         let g = self.db()?;
-        g.as_ref().expect("open").write_opt(b, &wo).map_err(db_err(&self.path))
+        match g.as_ref().expect("open").write_opt(b, &wo) {
+            Ok(()) => Ok(true),
+            Err(e) if no_wait && e.kind() == rocksdb::ErrorKind::Incomplete => Ok(false),
+            Err(e) => Err(db_err(&self.path)(e)),
+        }
     }
 
     /// The result of `key` in `stream`'s window `start`: one seek per upstream that wrote to the
@@ -281,5 +303,40 @@ impl NodeResults {
     /// The stores, one per local sink.
     pub fn stores(&self) -> &[std::sync::Arc<ResultStore>] {
         &self.stores
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(key: u64, start: i64) -> WindowResult {
+        WindowResult { key, start, count: 1, sum: 1.0, min: 1.0, max: 1.0 }
+    }
+
+    #[test]
+    fn a_write_rocksdb_would_hold_back_is_refused_at_once_and_goes_through_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ResultStore::open(dir.path()).unwrap();
+        let set = |opts: &[(&str, &str)]| store.db.read().unwrap().as_ref().unwrap().set_options(opts).unwrap();
+        // Two files in level 0 that no compaction picks up (its trigger far above), and writes
+        // that stop at two.
+        set(&[("level0_file_num_compaction_trigger", "100")]);
+        for start in [0, 1000] {
+            store.upsert(StreamId(1), TaskId(2), &[r(1, start)]).unwrap();
+            store.flush().unwrap();
+        }
+        set(&[("level0_slowdown_writes_trigger", "1"), ("level0_stop_writes_trigger", "2")]);
+        let t = std::time::Instant::now();
+        assert!(!store.try_upsert(StreamId(1), TaskId(2), &[r(1, 2000)]).unwrap(), "refused, not waited for");
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
+        assert_eq!(store.get(StreamId(1), 1, 2000).unwrap(), None, "nothing written");
+        set(&[
+            ("level0_slowdown_writes_trigger", "20"),
+            ("level0_stop_writes_trigger", "36"),
+            ("level0_file_num_compaction_trigger", "4"),
+        ]);
+        assert!(store.try_upsert(StreamId(1), TaskId(2), &[r(1, 2000)]).unwrap());
+        assert_eq!(store.get(StreamId(1), 1, 2000).unwrap(), Some(r(1, 2000)));
     }
 }
