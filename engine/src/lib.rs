@@ -8,6 +8,7 @@
 //!   runs the checkpoint protocol on them.
 //! - [`checkpoint`]: the protocol as pure state machines (task and coordinator).
 //! - [`backup`]: the store interface, the local-directory store, snapshot upload and download.
+//! - `sys`: the one module with `unsafe` code (a scheduling-class call and a prefetch hint).
 //!
 //! Every protocol type comes from [`wire`] (`weir-wire`), never from a copy here.
 
@@ -20,3 +21,4 @@ pub mod operator;
 pub mod runtime;
 pub mod spec;
 pub mod state;
+mod sys;

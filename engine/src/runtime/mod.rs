@@ -18,7 +18,6 @@ mod control;
 mod error;
 mod protocol_wire;
 mod router;
-mod sched;
 mod shared;
 mod status;
 mod task;

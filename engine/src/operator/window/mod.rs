@@ -23,7 +23,6 @@
 //! checkpoint's entries back.
 
 mod fixed;
-mod prefetch;
 mod slots;
 mod table;
 

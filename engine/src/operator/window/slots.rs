@@ -167,7 +167,7 @@ impl SlotMap {
     #[inline]
     pub fn prefetch(&self, h: u64) {
         if let Some(s) = self.slots.get(self.start(h)) {
-            super::prefetch::prefetch(s);
+            crate::sys::prefetch(s);
         }
     }
 }

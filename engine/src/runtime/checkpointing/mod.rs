@@ -157,7 +157,7 @@ impl Setup {
             store.clone(),
             spec.id,
             aligning.clone(),
-            super::sched::background_thread,
+            crate::sys::background_thread,
         )
         .map_err(EngineError::Thread)?;
         Ok(Setup {

@@ -1,0 +1,67 @@
+//! The one module with `unsafe` code: two calls past what safe Rust offers, each measured to
+//! matter.
+//!
+//! - [`background_thread`]: uploader threads run as `SCHED_BATCH` (an FFI call). The same CPU
+//!   share as other threads, but a waking uploader does not preempt the running thread. On a
+//!   machine whose cores the pinned workers keep busy, every fsync an upload waits for used to
+//!   end with the uploader preempting a worker — sometimes in the middle of an alignment or a
+//!   state copy. Measured with `weir-e2e checkpoints 10`, five runs with and five without this
+//!   call (docs/benchmarks.md): pause p99 2.6–5.9 ms (median 3.0) instead of 2.9–9.2 ms (median
+//!   4.7), for about 2.5 ms more trigger-to-commit time. The workers yield to waiting threads
+//!   between polls anyway (`runtime/mod.rs`), so uploads still run promptly.
+//! - [`prefetch`]: a prefetch hint, which the agg issues for the rows it aggregates next (their
+//!   hash-table lines arrive while it works on the rows before them; `weir-e2e agg`: 132 against
+//!   107–110 ns per row at 1,000,000 keys, docs/benchmarks.md).
+
+#![allow(unsafe_code)]
+
+/// Puts the calling thread in the batch scheduling class (Linux; elsewhere nothing). Failure only
+/// costs latency: it is logged, not returned.
+pub(crate) fn background_thread() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `sched_setscheduler` with pid 0 acts on the calling thread only; `param` is a
+        // valid, initialised `sched_param` that outlives the call, and SCHED_BATCH with priority
+        // 0 is permitted to unprivileged threads. No memory is shared with the kernel afterwards.
+        let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+        if r != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "cannot run an uploader as SCHED_BATCH");
+        }
+    }
+}
+
+/// Asks the CPU to bring the cache line of `r` closer; does nothing elsewhere than x86-64.
+#[inline(always)]
+pub fn prefetch<T>(r: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it reads nothing the program observes and never faults, and
+    // `r` is a valid reference besides.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>((r as *const T).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = r;
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    /// The calling thread's scheduling policy, from `/proc` (field 41 of `stat`).
+    fn policy() -> u32 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        after_name.split(' ').nth(41 - 3).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn a_background_thread_runs_in_the_batch_class() {
+        let p = std::thread::spawn(|| {
+            let before = policy();
+            super::background_thread();
+            (before, policy())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(p, (libc::SCHED_OTHER as u32, libc::SCHED_BATCH as u32));
+    }
+}
