@@ -4,7 +4,10 @@
 //! [`UploadIndex`] does not hold yet), and hand the outcome to the job's completion. A task never
 //! waits for it.
 //!
-//! Invariants: every job's completion runs exactly once, with the captured state handed back; a storage error is a failed upload, never a panic.
+//! Invariants: every job's completion runs exactly once, with the captured state handed back
+//! (an agg's frozen windows are let go as soon as they are written, before the upload: the
+//! operator copies every shard it writes to while a snapshot holds it); a storage error is a
+//! failed upload, never a panic.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -62,7 +65,7 @@ impl std::fmt::Debug for UploadJob {
 }
 
 impl UploadJob {
-    fn run(&self, store: &dyn Store, stream: StreamId) -> Result<UploadDone, CheckpointError> {
+    fn run(&mut self, store: &dyn Store, stream: StreamId) -> Result<UploadDone, CheckpointError> {
         let t0 = Instant::now();
         let (task, id) = (self.task, self.id);
         let failed = |reason: String, retryable: bool| CheckpointError::Upload { task, id, reason, retryable };
@@ -81,6 +84,11 @@ impl UploadJob {
                 let info = results.checkpoint(&self.dir).map_err(state)?;
                 tracing::debug!(task = %task, files = info.files, bytes = info.bytes, write_us = t0.elapsed().as_micros() as u64, "result store checkpointed");
             }
+        }
+        if let Captured::Window(_) = self.captured {
+            // Written: the operator gets its shards back now, not after the upload (it copies
+            // any shard it writes to while this holds it).
+            self.captured = Captured::Window(FrozenState::default());
         }
         let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
         let up = upload_snapshot_indexed(store, stream, task, id, self.version, &self.dir, &mut index)
@@ -133,7 +141,7 @@ impl UploaderPool {
                     .name(format!("weir-upload-{i}"))
                     .spawn(move || {
                         init();
-                        for job in rx {
+                        for mut job in rx {
                             wait_for_alignment(&aligning);
                             let result = job.run(store.as_ref(), stream);
                             match &result {
@@ -159,5 +167,79 @@ impl UploaderPool {
         for t in self.threads {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    use crossbeam_channel::{Receiver, Sender, bounded};
+    use weir_wire::{CheckpointId, StreamId, TaskId, Version};
+
+    use super::*;
+    use crate::backup::{LocalDirStore, StoreError};
+    use crate::operator::window::{WindowAgg, WindowSpec};
+
+    /// A local store whose puts wait until the test lets them go.
+    #[derive(Debug)]
+    struct Gate {
+        inner: LocalDirStore,
+        entered: Sender<()>,
+        open: Receiver<()>,
+    }
+
+    impl Store for Gate {
+        fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+            let _ = self.entered.try_send(());
+            let _ = self.open.recv_timeout(Duration::from_secs(10));
+            self.inner.put(key, bytes)
+        }
+        fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
+            self.inner.get(key)
+        }
+        fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
+            self.inner.size(key)
+        }
+        fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+            self.inner.list(prefix)
+        }
+        fn delete(&self, key: &str) -> Result<(), StoreError> {
+            self.inner.delete(key)
+        }
+    }
+
+    #[test]
+    fn an_agg_gets_its_shards_back_once_its_state_is_written_not_once_it_is_uploaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (entered_tx, entered) = bounded(1);
+        let (open, open_rx) = bounded::<()>(0);
+        let store = Gate { inner: LocalDirStore::new(dir.path().join("remote")), entered: entered_tx, open: open_rx };
+        let pool = UploaderPool::start(1, Arc::new(store), StreamId(1), Arc::new(AtomicUsize::new(0)), || {}).unwrap();
+        let mut agg = WindowAgg::new(WindowSpec::tumbling(1000), 0, 1);
+        (0..10_000u64).for_each(|k| agg.add(1, k, 1.0));
+        let frozen = agg.freeze();
+        let probe = frozen.windows[0].1[0].clone();
+        assert_eq!(Arc::strong_count(&probe), 3, "the agg, the snapshot and the probe");
+        let (done_tx, done) = bounded(1);
+        let job = UploadJob {
+            task: TaskId(2),
+            id: CheckpointId(1),
+            version: Version(0),
+            dir: dir.path().join("chk-1"),
+            captured: Captured::Window(frozen),
+            index: Arc::new(Mutex::new(UploadIndex::new())),
+            done: Box::new(move |r, _| {
+                let _ = done_tx.send(r.is_ok());
+            }),
+        };
+        pool.jobs().send(job).unwrap();
+        entered.recv_timeout(Duration::from_secs(10)).expect("the upload started");
+        assert_eq!(Arc::strong_count(&probe), 2, "released while the upload is under way");
+        drop(open);
+        assert_eq!(done.recv_timeout(Duration::from_secs(10)), Ok(true));
+        pool.join();
     }
 }
