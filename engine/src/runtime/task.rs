@@ -256,8 +256,13 @@ impl AggTask {
                 let rs = std::mem::take(&mut self.builders[i]);
                 self.stats.results_emitted.fetch_add(rs.len() as u64, Ordering::Relaxed);
                 self.board.rows_out.fetch_add(rs.len() as u64, Ordering::Relaxed);
-                for c in result_chunks(&rs) {
-                    self.out.push(i, Msg::Results(c.to_vec()));
+                // One message (the common case below a few thousand keys) goes as it is.
+                if result_chunks(&rs).next().is_none_or(|c| c.len() == rs.len()) {
+                    self.out.push(i, Msg::Results(rs));
+                } else {
+                    for c in result_chunks(&rs) {
+                        self.out.push(i, Msg::Results(c.to_vec()));
+                    }
                 }
             }
         }

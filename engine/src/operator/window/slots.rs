@@ -7,8 +7,9 @@
 //! [`SlotMap::prefetch`] can ask for ahead of time.
 //!
 //! Half full at most: at three quarters the agg loop was 20 % slower at 10,000 to 4,000,000 keys
-//! (`weir-e2e agg`: 42.8 / 98.3 / 141.8 against 35.3 / 77.7 / 117.6 ns per row), for a third less
-//! memory (a table's slots are 64 bytes, so an entry takes 128 to 256 bytes).
+//! (`weir-e2e agg` on a build with that limit, not committed: 42.8 / 98.3 / 141.8 against 35.3 /
+//! 77.7 / 117.6 ns per row), for a third less memory (a table's slots are 64 bytes, so an entry
+//! takes 128 to 256 bytes).
 //!
 //! Invariants: the number of slots is zero or a power of two, at most half used; a slot is empty
 //! when its count is zero (a live aggregate has counted at least one row); a key's probe starts
