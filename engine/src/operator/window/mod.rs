@@ -14,7 +14,6 @@
 //! - Sums are accumulated in fixed point (value × 2^32, rounded, in an i128), so they do not depend on
 //!   the order rows arrive in: a replay after recovery that interleaves upstreams differently gives
 //!   bit-identical results. Exact to 2^-32; values beyond ±2^94 saturate.
-//!
 //! - A fired window's results come out in [`order_of`] order of their keys (the result store's
 //!   order), window after window, oldest first.
 //!
