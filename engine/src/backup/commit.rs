@@ -241,42 +241,24 @@ mod tests {
         assert_eq!(last_commit(&store, StreamId(9)).unwrap(), None);
     }
 
-    /// A store whose puts of commit records store the object and then report an error (a lost
-    /// answer), or fail outright.
-    #[derive(Debug)]
-    struct Lossy {
-        inner: LocalDirStore,
-        store_then_fail: bool,
-    }
-
-    impl Store for Lossy {
-        fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-            if self.store_then_fail {
-                self.inner.put(key, bytes)?;
+    /// A store whose puts store the object and then report an error (a lost answer), or fail
+    /// outright.
+    fn lossy(dir: &std::path::Path, store_then_fail: bool) -> crate::backup::test_store::HookedStore {
+        crate::backup::test_store::HookedStore::new(LocalDirStore::new(dir), move |inner, key, bytes| {
+            if store_then_fail {
+                inner.put(key, bytes)?;
             }
             Err(StoreError::Unavailable { op: "put", key: key.into(), reason: "connection reset".into() })
-        }
-        fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-            self.inner.get(key)
-        }
-        fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
-            self.inner.size(key)
-        }
-        fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-            self.inner.list(prefix)
-        }
-        fn delete(&self, key: &str) -> Result<(), StoreError> {
-            self.inner.delete(key)
-        }
+        })
     }
 
     #[test]
     fn a_commit_record_stored_despite_an_error_counts_as_durable() {
         let dir = tempfile::tempdir().unwrap();
-        let stored = Lossy { inner: LocalDirStore::new(dir.path().join("a")), store_then_fail: true };
+        let stored = lossy(&dir.path().join("a"), true);
         assert_eq!(write_commit(&stored, StreamId(1), &rec(3)), CommitWrite::Durable);
         assert_eq!(last_commit(&stored, StreamId(1)).unwrap(), Some(rec(3)));
-        let lost = Lossy { inner: LocalDirStore::new(dir.path().join("b")), store_then_fail: false };
+        let lost = lossy(&dir.path().join("b"), false);
         assert!(
             matches!(write_commit(&lost, StreamId(1), &rec(3)), CommitWrite::Failed(w) if w.contains("connection reset"))
         );

@@ -28,6 +28,8 @@ pub mod retention;
 mod rsync;
 mod s3;
 mod snapshot;
+#[cfg(test)]
+pub(crate) mod test_store;
 mod throttle;
 pub mod uploader;
 mod url;

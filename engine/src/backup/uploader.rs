@@ -176,47 +176,25 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
     use std::time::Duration;
 
-    use crossbeam_channel::{Receiver, Sender, bounded};
+    use crossbeam_channel::bounded;
     use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
     use super::*;
-    use crate::backup::{LocalDirStore, StoreError};
+    use crate::backup::LocalDirStore;
+    use crate::backup::test_store::HookedStore;
     use crate::operator::window::{WindowAgg, WindowSpec};
-
-    /// A local store whose puts wait until the test lets them go.
-    #[derive(Debug)]
-    struct Gate {
-        inner: LocalDirStore,
-        entered: Sender<()>,
-        open: Receiver<()>,
-    }
-
-    impl Store for Gate {
-        fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-            let _ = self.entered.try_send(());
-            let _ = self.open.recv_timeout(Duration::from_secs(10));
-            self.inner.put(key, bytes)
-        }
-        fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-            self.inner.get(key)
-        }
-        fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
-            self.inner.size(key)
-        }
-        fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-            self.inner.list(prefix)
-        }
-        fn delete(&self, key: &str) -> Result<(), StoreError> {
-            self.inner.delete(key)
-        }
-    }
 
     #[test]
     fn an_agg_gets_its_shards_back_once_its_state_is_written_not_once_it_is_uploaded() {
         let dir = tempfile::tempdir().unwrap();
         let (entered_tx, entered) = bounded(1);
         let (open, open_rx) = bounded::<()>(0);
-        let store = Gate { inner: LocalDirStore::new(dir.path().join("remote")), entered: entered_tx, open: open_rx };
+        // Puts wait until the test lets them go.
+        let store = HookedStore::new(LocalDirStore::new(dir.path().join("remote")), move |inner, key, bytes| {
+            let _ = entered_tx.try_send(());
+            let _ = open_rx.recv_timeout(Duration::from_secs(10));
+            inner.put(key, bytes)
+        });
         let pool = UploaderPool::start(1, Arc::new(store), StreamId(1), Arc::new(AtomicUsize::new(0)), || {}).unwrap();
         let mut agg = WindowAgg::new(WindowSpec::tumbling(1000), 0, 1);
         (0..10_000u64).for_each(|k| agg.add(1, k, 1.0));

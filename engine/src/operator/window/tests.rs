@@ -178,9 +178,7 @@ proptest! {
     #[test]
     fn state_restored_midway_gives_the_same_results((spec, delay, ups, evs) in events(), cut in 0usize..120) {
         let cut = cut.min(evs.len());
-        let mut straight = WindowAgg::new(spec, delay, ups);
-        let mut want = Vec::new();
-        run(&mut straight, &evs, &mut want);
+        let (straight, mut want) = straight_run(spec, delay, ups, &evs);
 
         let mut first = WindowAgg::new(spec, delay, ups);
         let mut got = Vec::new();
@@ -200,9 +198,7 @@ proptest! {
         (spec, delay, ups, evs) in events(), cut in 0usize..120, slice in 1usize..8,
     ) {
         let cut = cut.min(evs.len());
-        let mut straight = WindowAgg::new(spec, delay, ups);
-        let mut want = Vec::new();
-        run(&mut straight, &evs, &mut want);
+        let (_, want) = straight_run(spec, delay, ups, &evs);
 
         let mut first = WindowAgg::new(spec, delay, ups);
         let mut got = Vec::new();
@@ -210,8 +206,7 @@ proptest! {
         let frozen = first.freeze();
         // The operator goes on after the barrier; the snapshot does not see it.
         run_sliced(&mut first, &evs[cut..], slice, &mut Vec::new());
-        let mut second = WindowAgg::new(spec, delay, ups);
-        second.restore(frozen.entries(), &frozen.progress, frozen.late_rows, frozen.rows).unwrap();
+        let mut second = restored(spec, delay, ups, &frozen);
         run_sliced(&mut second, &evs[cut..], slice, &mut got);
         second.emit_fired(usize::MAX, |r| got.push(r));
         prop_assert!(!second.has_fired());
@@ -226,6 +221,21 @@ proptest! {
         prop_assert_eq!(groups(&got), groups(&want));
         prop_assert_eq!(got.len(), want.len());
     }
+}
+
+/// The events run through one operator from start to end: the operator and its results.
+fn straight_run(spec: WindowSpec, delay: i64, ups: usize, evs: &[Ev]) -> (WindowAgg, Vec<WindowResult>) {
+    let mut agg = WindowAgg::new(spec, delay, ups);
+    let mut out = Vec::new();
+    run(&mut agg, evs, &mut out);
+    (agg, out)
+}
+
+/// A new operator restored from `frozen`.
+fn restored(spec: WindowSpec, delay: i64, ups: usize, frozen: &FrozenState) -> WindowAgg {
+    let mut agg = WindowAgg::new(spec, delay, ups);
+    agg.restore(frozen.entries(), &frozen.progress, frozen.late_rows, frozen.rows).unwrap();
+    agg
 }
 
 /// Like `run`, but fired windows go out `slice` results (whole shards) after each progress.
@@ -325,8 +335,7 @@ fn results_at_a_high_key_count_equal_the_reference_across_a_snapshot() {
     run_sliced(&mut first, &evs[..cut], 5_000, &mut got);
     assert!(first.has_fired(), "the cut falls in the middle of an emission");
     let frozen = first.freeze();
-    let mut second = WindowAgg::new(spec, 10, 1);
-    second.restore(frozen.entries(), &frozen.progress, frozen.late_rows, frozen.rows).unwrap();
+    let mut second = restored(spec, 10, 1, &frozen);
     run(&mut second, &evs[cut..], &mut got);
     got.sort_by_key(|r| (r.start, r.key));
     assert_eq!(got.len(), want.len());
