@@ -13,7 +13,7 @@ use weir_engine::backup::inspect::list_commits;
 use weir_engine::backup::{LocalDirStore, Store, fetch_manifest};
 use weir_engine::runtime::{Engine, Remote};
 use weir_engine::spec::{Placement, StreamSpec, TaskKind};
-use weir_engine::state::NodeResults;
+use weir_engine::state::{NodeResults, state_file_name};
 use weir_engine::wire::msg::RestoreBasis;
 use weir_engine::wire::{CheckpointId, NodeId};
 
@@ -25,12 +25,13 @@ fn flipped(mut bytes: Vec<u8>) -> Vec<u8> {
     bytes
 }
 
-/// Damages the state file of every agg in checkpoint `id`, in the local snapshot and in `store`.
+/// Damages the state file every agg wrote for checkpoint `id` (not the files of its chain that
+/// older checkpoints share), in the local snapshot and in `store`.
 fn damage_everywhere(store: &dyn Store, dir: &Path, spec: &StreamSpec, id: CheckpointId) -> usize {
     let mut damaged = 0;
     for t in spec.topology().tasks.iter().filter(|t| matches!(t.kind, TaskKind::Agg { .. })) {
         let m = fetch_manifest(store, spec.id, t.id, id, None).unwrap();
-        for f in m.files.iter().filter(|f| f.name.starts_with("state-")) {
+        for f in m.files.iter().filter(|f| f.name == state_file_name(id)) {
             store.put(&f.key, &flipped(store.get(&f.key).unwrap())).unwrap();
             let local = dir.join(format!("tasks/{}/snapshots/chk-{:020}/{}", t.id.0, id.0, f.name));
             if local.exists() {
@@ -130,7 +131,7 @@ fn a_node_that_cannot_go_back_alone_halts_the_stream_and_both_nodes_restarted_go
             continue;
         }
         let m = fetch_manifest(&store, spec.id, t.id, last, None).unwrap();
-        for f in m.files.iter().filter(|f| f.name.starts_with("state-")) {
+        for f in m.files.iter().filter(|f| f.name == state_file_name(last)) {
             store.put(&f.key, &flipped(store.get(&f.key).unwrap())).unwrap();
             let local = d2.path().join(format!("tasks/{}/snapshots/chk-{:020}/{}", t.id.0, last.0, f.name));
             if local.exists() {

@@ -1,6 +1,6 @@
 //! The uploader pool: threads that turn the state a task captured at a barrier into a snapshot
-//! directory (an SST file of window state, a RocksDB checkpoint of a sink's result store, or
-//! nothing but the offset), upload it with [`upload_snapshot_indexed`] (only the files the task's
+//! directory (an agg's window state as a [`WindowChain`]'s files, a RocksDB checkpoint of a
+//! sink's result store, or nothing but the offset), upload it with [`upload_snapshot_indexed`] (only the files the task's
 //! [`UploadIndex`] does not hold yet), and hand the outcome to the job's completion. A task never
 //! waits for it.
 //!
@@ -21,14 +21,15 @@ use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 use super::{Store, UploadIndex, upload_snapshot_indexed};
 use crate::checkpoint::{CheckpointError, UploadDone};
 use crate::operator::window::FrozenState;
-use crate::state::{ResultStore, StateError};
+use crate::state::{ResultStore, StateError, WindowChain};
 
 /// State copied at a barrier.
 #[derive(Debug)]
 pub enum Captured {
     /// An agg's open windows (shared with the operator until it writes to them: dropping this
-    /// once written lets the operator take them back without a copy).
-    Window(FrozenState),
+    /// once written lets the operator take them back without a copy), written on the task's
+    /// chain of files (the chain is held for the job: one snapshot of a task at a time).
+    Window(FrozenState, Arc<Mutex<WindowChain>>),
     /// A source's state is its offset, which the manifest (and the commit record) carry.
     Offset,
     /// A sink's result store, checkpointed by the uploader: it holds every result written before
@@ -72,12 +73,21 @@ impl UploadJob {
         let state = |e: StateError| failed(e.to_string(), e.is_retryable());
         let io = |e: std::io::Error| failed(format!("{}: {e}", self.dir.display()), true);
         let _ = std::fs::remove_dir_all(&self.dir);
-        match &self.captured {
-            Captured::Window(copy) => {
-                // Named by checkpoint: new by construction, so never confused with an earlier one.
-                let sst = self.dir.join(format!("state-{:020}.sst", id.0));
-                let bytes = crate::state::write_window_snapshot(copy, &sst).map_err(state)?;
-                tracing::debug!(task = %task, entries = copy.len(), bytes, write_us = t0.elapsed().as_micros() as u64, "state snapshot written");
+        let mut chain_write = None;
+        let chain = match &self.captured {
+            Captured::Window(_, chain) => Some(chain.clone()),
+            _ => None,
+        };
+        let mut chain = chain.as_ref().map(|c| c.lock().unwrap_or_else(|e| e.into_inner()));
+        match &mut self.captured {
+            Captured::Window(copy, _) => {
+                let held = chain.as_ref().expect("locked above");
+                let w = held.write(copy, id, &self.dir).map_err(state)?;
+                tracing::debug!(task = %task, entries = copy.len(), bytes = w.bytes, full = w.full, files = w.files.len(), write_us = t0.elapsed().as_micros() as u64, "state snapshot written");
+                // Written: the operator gets its shards back now, not after the upload (it
+                // copies any shard it writes to while this holds it).
+                *copy = FrozenState::default();
+                chain_write = Some(w);
             }
             Captured::Offset => std::fs::create_dir_all(&self.dir).map_err(io)?,
             Captured::Sink(results) => {
@@ -85,14 +95,12 @@ impl UploadJob {
                 tracing::debug!(task = %task, files = info.files, bytes = info.bytes, write_us = t0.elapsed().as_micros() as u64, "result store checkpointed");
             }
         }
-        if let Captured::Window(_) = self.captured {
-            // Written: the operator gets its shards back now, not after the upload (it copies
-            // any shard it writes to while this holds it).
-            self.captured = Captured::Window(FrozenState::default());
-        }
         let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
         let up = upload_snapshot_indexed(store, stream, task, id, self.version, &self.dir, &mut index)
             .map_err(|e| failed(e.to_string(), e.is_retryable()))?;
+        if let (Some(chain), Some(w)) = (chain.as_mut(), chain_write) {
+            chain.accept(w);
+        }
         Ok(UploadDone {
             manifest_crc: up.manifest_crc,
             bytes: up.bytes,
@@ -207,7 +215,7 @@ mod tests {
             id: CheckpointId(1),
             version: Version(0),
             dir: dir.path().join("chk-1"),
-            captured: Captured::Window(frozen),
+            captured: Captured::Window(frozen, Default::default()),
             index: Arc::new(Mutex::new(UploadIndex::new())),
             done: Box::new(move |r, _| {
                 let _ = done_tx.send(r.is_ok());
@@ -218,6 +226,56 @@ mod tests {
         assert_eq!(Arc::strong_count(&probe), 2, "released while the upload is under way");
         drop(open);
         assert_eq!(done.recv_timeout(Duration::from_secs(10)), Ok(true));
+        pool.join();
+    }
+
+    #[test]
+    fn an_aggs_second_upload_sends_what_changed_since_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(LocalDirStore::new(dir.path().join("remote")));
+        let pool = UploaderPool::start(1, store.clone(), StreamId(1), Arc::new(AtomicUsize::new(0)), || {}).unwrap();
+        let mut agg = WindowAgg::new(WindowSpec::tumbling(3_600_000), 0, 1);
+        (0..200_000u64).for_each(|k| agg.add(1, k, 1.0));
+        let (chain, index) = (Arc::new(Mutex::new(WindowChain::new())), Arc::new(Mutex::new(UploadIndex::new())));
+        let upload = |id: u64, captured: Captured| {
+            let (tx, rx) = bounded(1);
+            let job = UploadJob {
+                task: TaskId(2),
+                id: CheckpointId(id),
+                version: Version(0),
+                dir: dir.path().join(format!("chk-{id}")),
+                captured,
+                index: index.clone(),
+                done: Box::new(move |r, _| {
+                    let _ = tx.send(r);
+                }),
+            };
+            pool.jobs().send(job).unwrap();
+            rx.recv_timeout(Duration::from_secs(30)).unwrap().unwrap()
+        };
+        let first = upload(1, Captured::Window(agg.freeze(), chain.clone()));
+        (0..2_000u64).for_each(|k| agg.add(2, k * 100, 1.0));
+        let second = upload(2, Captured::Window(agg.freeze(), chain.clone()));
+        assert!(second.bytes * 20 < first.bytes, "second upload {} bytes, first {}", second.bytes, first.bytes);
+        assert_eq!(second.files, 2, "the first file and a delta");
+        // The second checkpoint restores the whole state from the store alone.
+        let m = crate::backup::download_snapshot(
+            store.as_ref(),
+            StreamId(1),
+            TaskId(2),
+            CheckpointId(2),
+            Some(second.manifest_crc),
+            &dir.path().join("dl"),
+        )
+        .unwrap();
+        assert_eq!(m.files.len(), 2);
+        let db = crate::state::TaskStore::open_from_snapshot(&dir.path().join("dl"), &dir.path().join("db")).unwrap();
+        let mut back = WindowAgg::new(WindowSpec::tumbling(3_600_000), 0, 1);
+        assert!(crate::state::load_window_state(&db, &mut back).unwrap());
+        let (mut a, mut b): (Vec<_>, Vec<_>) = (agg.state().collect(), back.state().collect());
+        a.sort_by_key(|e| e.1);
+        b.sort_by_key(|e| e.1);
+        assert!(a == b, "the restored state differs");
         pool.join();
     }
 }

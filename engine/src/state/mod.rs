@@ -16,12 +16,14 @@
 
 mod result_blocks;
 mod results;
+mod window_chain;
 mod window_state;
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 pub use results::{NodeResults, ResultStore, result_store_dir};
+pub use window_chain::{ChainFile, ChainWrite, MAX_FILES, MAX_READ_FACTOR, WindowChain, state_file_name};
 pub use window_state::{load_window_state, save_frozen_state, save_window_state, write_window_snapshot};
 
 /// Errors of the state stores.
@@ -164,8 +166,10 @@ impl TaskStore {
             }
             ssts.sort();
             let store = Self::open(path)?;
-            if !ssts.is_empty() {
-                store.db.ingest_external_file(ssts).map_err(db_or_corrupt(snapshot))?;
+            // One file at a time: the files of a chain overlap in key range (each gets its own
+            // sequence number; their keys differ).
+            for sst in ssts {
+                store.db.ingest_external_file(vec![sst]).map_err(db_or_corrupt(snapshot))?;
             }
             return Ok(store);
         }

@@ -1,13 +1,23 @@
-//! How an agg task's window state is laid out in its [`TaskStore`].
+//! How an agg task's window state is laid out in SST files (one file per snapshot: the whole
+//! state, or what changed since an older snapshot, see [`super::WindowChain`]) and read back.
 //!
 //! ```text
-//! key                                  value
-//! b'b' start:i64 chunk:u32 (big-endian, up to 4,096 entries of
-//!      start with its sign bit flipped   key:u64 count:u64 sum_fx:i128 min:f64 max:f64
-//!      so keys sort by time)             (little-endian, 48 bytes each)
-//! b"m:progress"                        per upstream: present:u8 max_ts:i64
-//! b"m:counters"                        late_rows:u64 rows:u64
+//! key                                          value
+//! b'b' start:i64 file:u64 chunk:u32            up to 4,096 entries of
+//!      (big-endian; start with its sign bit     key:u64 count:u64 sum_fx:i128 min:f64 max:f64
+//!      flipped so keys sort by time)            (little-endian, 48 bytes each)
+//! b'n' file:u64                                late_rows:u64 rows:u64
+//!                                              upstreams:u32, each present:u8 max_ts:i64
+//!                                              windows:u32, each start:i64; cursor:u32
 //! ```
+//!
+//! `file` is the file's place in its chain (the checkpoint id it was written for), so the files
+//! of a chain hold disjoint keys and read back in the order they were written: an entry of a
+//! later file replaces the same (window, key) of an earlier one. Only the last file's `n` record
+//! counts: the windows open at that snapshot (entries of any other window in older files fired
+//! since) and the shards of the oldest one already emitted (`cursor`: their entries are dropped).
+//! Format 3 and older wrote one file with 13-byte block keys (no `file`) and `m:progress` /
+//! `m:counters`: read as a chain of one file whose windows are all open.
 //!
 //! Why blocks of entries and not one RocksDB entry per (window, key): the state lives in memory
 //! and is only written at checkpoints and read at restore, never looked up by key, so what
@@ -15,22 +25,26 @@
 //! took most of a checkpoint's background time on a loaded machine; a few large values cost
 //! about a copy and a compression pass.
 
-use super::{StateError, TaskStore};
-use crate::operator::window::{Acc, FrozenState, WindowAgg};
+use std::collections::BTreeMap;
 
-const BLOCK_PREFIX: &[u8] = b"b";
-const PROGRESS: &[u8] = b"m:progress";
-const COUNTERS: &[u8] = b"m:counters";
+use super::{StateError, TaskStore};
+use crate::operator::window::{Acc, FrozenState, WindowAgg, shard_of};
+
+const BLOCK_PREFIX: u8 = b'b';
+const META_PREFIX: u8 = b'n';
+const OLD_PROGRESS: &[u8] = b"m:progress";
+const OLD_COUNTERS: &[u8] = b"m:counters";
 /// Bytes of one entry in a block.
-const ENTRY_LEN: usize = 8 + 8 + 16 + 8 + 8;
+pub(crate) const ENTRY_LEN: usize = 8 + 8 + 16 + 8 + 8;
 /// Entries per block (about 192 KiB).
 const BLOCK_ENTRIES: usize = 4096;
 
-fn block_key(start: i64, chunk: u32) -> [u8; 13] {
-    let mut k = [0u8; 13];
-    k[0] = BLOCK_PREFIX[0];
+fn block_key(start: i64, file: u64, chunk: u32) -> [u8; 21] {
+    let mut k = [0u8; 21];
+    k[0] = BLOCK_PREFIX;
     k[1..9].copy_from_slice(&((start as u64) ^ (1 << 63)).to_be_bytes());
-    k[9..13].copy_from_slice(&chunk.to_be_bytes());
+    k[9..17].copy_from_slice(&file.to_be_bytes());
+    k[17..21].copy_from_slice(&chunk.to_be_bytes());
     k
 }
 
@@ -41,39 +55,68 @@ pub fn save_window_state(store: &TaskStore, agg: &mut WindowAgg) -> Result<(), S
 
 /// Replaces the stored window state with `copy`, as one ingested SST file.
 pub fn save_frozen_state(store: &TaskStore, copy: &FrozenState) -> Result<(), StateError> {
-    with_state_kvs(copy, |kvs| store.replace_all(kvs))
+    with_state_kvs(copy, None, 0, |kvs| store.replace_all(kvs))
 }
 
-/// Writes `copy` as one SST file at `path` (a task's snapshot of its window state, in the layout
-/// above); returns the file's size. [`TaskStore::open_from_snapshot`] reads it back.
+/// Writes all of `copy` as one SST file at `path` (a chain of one file); returns the file's
+/// size. [`TaskStore::open_from_snapshot`] reads it back.
 pub fn write_window_snapshot(copy: &FrozenState, path: &std::path::Path) -> Result<u64, StateError> {
-    with_state_kvs(copy, |kvs| super::write_sst(path, kvs))
+    write_window_file(copy, None, 0, path).map(|w| w.0)
 }
 
-/// Calls `f` with the state's keys and values in ascending key order.
+/// Writes `copy` as file `file` of a chain at `path`: every entry, or with `since` the entries
+/// written after the snapshot of that epoch. Returns the file's size and its entries.
+pub(crate) fn write_window_file(
+    copy: &FrozenState,
+    since: Option<u32>,
+    file: u64,
+    path: &std::path::Path,
+) -> Result<(u64, u64), StateError> {
+    with_state_kvs(copy, since, file, |kvs| {
+        let mut entries = 0u64;
+        let size = super::write_sst(
+            path,
+            kvs.inspect(|(k, v)| entries += if k[0] == BLOCK_PREFIX { (v.len() / ENTRY_LEN) as u64 } else { 0 }),
+        )?;
+        Ok((size, entries))
+    })
+}
+
+/// The `n` record of `copy`.
+fn meta_record(copy: &FrozenState) -> Vec<u8> {
+    let mut m = Vec::with_capacity(28 + copy.progress.len() * 9 + copy.windows.len() * 8);
+    m.extend_from_slice(&copy.late_rows.to_le_bytes());
+    m.extend_from_slice(&copy.rows.to_le_bytes());
+    m.extend_from_slice(&(copy.progress.len() as u32).to_le_bytes());
+    for u in &copy.progress {
+        m.push(u.is_some() as u8);
+        m.extend_from_slice(&u.unwrap_or(0).to_le_bytes());
+    }
+    m.extend_from_slice(&(copy.windows.len() as u32).to_le_bytes());
+    for (start, _) in &copy.windows {
+        m.extend_from_slice(&start.to_le_bytes());
+    }
+    m.extend_from_slice(&(copy.cursor as u32).to_le_bytes());
+    m
+}
+
+/// Calls `f` with the keys and values of file `file` in ascending key order.
 fn with_state_kvs<R>(
     copy: &FrozenState,
+    since: Option<u32>,
+    file: u64,
     f: impl for<'a> FnOnce(&mut dyn Iterator<Item = (&'a [u8], &'a [u8])>) -> Result<R, StateError>,
 ) -> Result<R, StateError> {
-    let mut c = [0u8; 16];
-    c[0..8].copy_from_slice(&copy.late_rows.to_le_bytes());
-    c[8..16].copy_from_slice(&copy.rows.to_le_bytes());
-    let mut p = Vec::with_capacity(copy.progress.len() * 9);
-    for u in &copy.progress {
-        p.push(u.is_some() as u8);
-        p.extend_from_slice(&u.unwrap_or(0).to_le_bytes());
-    }
-    // Entries of one window, in blocks; `entries()` yields each window's entries together, but
-    // the blocks are sorted anyway: SST keys must ascend.
-    let mut blocks: Vec<([u8; 13], Vec<u8>)> = Vec::new();
-    let mut next_chunk: std::collections::BTreeMap<i64, u32> = Default::default();
+    // Entries of one window, in blocks; windows come oldest first, so the blocks ascend.
+    let mut blocks: Vec<([u8; 21], Vec<u8>)> = Vec::new();
+    let mut next_chunk: BTreeMap<i64, u32> = Default::default();
     let mut filling: Option<(i64, usize)> = None; // window start and index of the block being filled
-    for (start, key, a) in copy.entries() {
+    for (start, key, a) in copy.changed_since(since.unwrap_or(0)) {
         let i = match filling {
             Some((s, i)) if s == start && blocks[i].1.len() < BLOCK_ENTRIES * ENTRY_LEN => i,
             _ => {
                 let c = next_chunk.entry(start).or_insert(0);
-                blocks.push((block_key(start, *c), Vec::with_capacity(BLOCK_ENTRIES * ENTRY_LEN)));
+                blocks.push((block_key(start, file, *c), Vec::with_capacity(BLOCK_ENTRIES * ENTRY_LEN)));
                 *c += 1;
                 blocks.len() - 1
             }
@@ -87,48 +130,128 @@ fn with_state_kvs<R>(
         v.extend_from_slice(&a.max.to_le_bytes());
     }
     blocks.sort_unstable_by_key(|b| b.0);
-    // Keys ascending: "b…" < "m:counters" < "m:progress".
-    let meta = [(COUNTERS, &c[..]), (PROGRESS, &p[..])];
-    let mut kvs = blocks.iter().map(|(k, v)| (&k[..], &v[..])).chain(meta);
+    let mut meta_key = [0u8; 9];
+    meta_key[0] = META_PREFIX;
+    meta_key[1..9].copy_from_slice(&file.to_be_bytes());
+    let meta = meta_record(copy);
+    // Keys ascending: "b…" < "n…".
+    let mut kvs = blocks.iter().map(|(k, v)| (&k[..], &v[..])).chain([(&meta_key[..], &meta[..])]);
     f(&mut kvs)
 }
 
-/// Loads window state saved by [`save_window_state`] into `agg`. Returns false (and leaves `agg`
-/// as it is) when the store holds no state yet.
-pub fn load_window_state(store: &TaskStore, agg: &mut WindowAgg) -> Result<bool, StateError> {
-    let corrupt = |reason: String| StateError::Corrupt { path: store.path().to_path_buf(), reason };
-    let Some(p) = store.get(PROGRESS)? else { return Ok(false) };
+/// What a chain's last `n` record says.
+struct Meta {
+    progress: Vec<Option<i64>>,
+    late_rows: u64,
+    rows: u64,
+    /// `None`: format 3 and older (every window in the file is open).
+    windows: Option<Vec<i64>>,
+    cursor: usize,
+}
+
+/// A little-endian reader over one record.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+}
+
+fn parse_meta(v: &[u8]) -> Option<Meta> {
+    let mut r = Reader(v);
+    let (late_rows, rows) = (r.u64()?, r.u64()?);
+    let ups = r.u32()? as usize;
+    let progress = (0..ups)
+        .map(|_| {
+            let present = r.take::<1>()?[0] == 1;
+            let t = r.u64()? as i64;
+            Some(present.then_some(t))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let n = r.u32()? as usize;
+    let windows = (0..n).map(|_| r.u64().map(|s| s as i64)).collect::<Option<Vec<_>>>()?;
+    let cursor = r.u32()? as usize;
+    r.0.is_empty().then_some(Meta { progress, late_rows, rows, windows: Some(windows), cursor })
+}
+
+/// The format-3 records, when there is no `n` record.
+fn old_meta(store: &TaskStore, corrupt: &dyn Fn(String) -> StateError) -> Result<Option<Meta>, StateError> {
+    let Some(p) = store.get(OLD_PROGRESS)? else { return Ok(None) };
     if p.len() % 9 != 0 {
         return Err(corrupt(format!("progress record of {} bytes", p.len())));
     }
-    let progress: Vec<Option<i64>> = p
+    let progress = p
         .chunks_exact(9)
         .map(|c| (c[0] == 1).then(|| i64::from_le_bytes(c[1..9].try_into().expect("8 bytes"))))
         .collect();
-    let c = store.get(COUNTERS)?.ok_or_else(|| corrupt("counters missing".into()))?;
+    let c = store.get(OLD_COUNTERS)?.ok_or_else(|| corrupt("counters missing".into()))?;
     if c.len() != 16 {
         return Err(corrupt(format!("counters record of {} bytes", c.len())));
     }
-    let late = u64::from_le_bytes(c[0..8].try_into().expect("8 bytes"));
+    let late_rows = u64::from_le_bytes(c[0..8].try_into().expect("8 bytes"));
     let rows = u64::from_le_bytes(c[8..16].try_into().expect("8 bytes"));
+    Ok(Some(Meta { progress, late_rows, rows, windows: None, cursor: 0 }))
+}
+
+/// Loads window state saved by [`save_window_state`] (or a chain of files, see the module docs)
+/// into `agg`. Returns false (and leaves `agg` as it is) when the store holds no state yet.
+pub fn load_window_state(store: &TaskStore, agg: &mut WindowAgg) -> Result<bool, StateError> {
+    let corrupt = |reason: String| StateError::Corrupt { path: store.path().to_path_buf(), reason };
+    let mut last: Option<Vec<u8>> = None;
+    store.scan_prefix(&[META_PREFIX], |k, v| {
+        if k.len() != 9 {
+            return Err(corrupt(format!("state record key of {} bytes", k.len())));
+        }
+        last = Some(v.to_vec());
+        Ok(())
+    })?;
+    let meta = match last {
+        Some(v) => parse_meta(&v).ok_or_else(|| corrupt(format!("state record of {} bytes", v.len())))?,
+        None => match old_meta(store, &corrupt)? {
+            Some(m) => m,
+            None => return Ok(false),
+        },
+    };
+    let open: Option<std::collections::HashSet<i64>> = meta.windows.as_ref().map(|w| w.iter().copied().collect());
+    let oldest = meta.windows.as_ref().and_then(|w| w.first().copied());
     let mut entries = Vec::new();
-    store.scan_prefix(BLOCK_PREFIX, |k, v| {
-        if k.len() != 13 || v.len() % ENTRY_LEN != 0 {
+    store.scan_prefix(&[BLOCK_PREFIX], |k, v| {
+        if !(k.len() == 13 || k.len() == 21) || v.len() % ENTRY_LEN != 0 {
             return Err(corrupt(format!("window block of {}+{} bytes", k.len(), v.len())));
         }
         let start = (u64::from_be_bytes(k[1..9].try_into().expect("8")) ^ (1 << 63)) as i64;
+        if open.as_ref().is_some_and(|o| !o.contains(&start)) {
+            return Ok(()); // fired after this file was written
+        }
+        let emitted = if oldest == Some(start) { meta.cursor } else { 0 };
         for e in v.chunks_exact(ENTRY_LEN) {
             let key = u64::from_le_bytes(e[0..8].try_into().expect("8"));
+            if shard_of(key) < emitted {
+                continue;
+            }
             let acc = Acc {
                 count: u64::from_le_bytes(e[8..16].try_into().expect("8")),
                 sum_fx: i128::from_le_bytes(e[16..32].try_into().expect("16")),
                 min: f64::from_le_bytes(e[32..40].try_into().expect("8")),
                 max: f64::from_le_bytes(e[40..48].try_into().expect("8")),
             };
+            if acc.count == 0 {
+                return Err(corrupt(format!("an entry of key {key} counts no row")));
+            }
+            // Files in chain order: a later entry of the same key replaces the earlier.
             entries.push((start, key, acc));
         }
         Ok(())
     })?;
-    agg.restore(entries, &progress, late, rows).map_err(corrupt)?;
+    agg.restore(entries, &meta.progress, meta.late_rows, meta.rows).map_err(corrupt)?;
     Ok(true)
 }

@@ -142,6 +142,9 @@ pub struct WindowAgg {
     scratch: Vec<(u64, u64, Acc)>,
     /// The next shard of the oldest window to emit, once that window fired.
     cursor: usize,
+    /// What writes stamp on entries: the epoch of the next snapshot (1 after a start or a
+    /// restore, whose entries are stamped 0).
+    epoch: u32,
 }
 
 /// An agg's state at a barrier: the open windows' shards, shared with the operator until it
@@ -156,9 +159,29 @@ pub struct FrozenState {
     pub late_rows: u64,
     /// Rows so far.
     pub rows: u64,
+    /// The epoch of this snapshot: its entries are stamped at most this, and those stamped above
+    /// an older snapshot's epoch changed since that one ([`FrozenState::changed_since`]).
+    pub epoch: u32,
+    /// Shards of the oldest window emitted already (it fired and was being emitted), which
+    /// hold nothing any more.
+    pub cursor: usize,
 }
 
 impl FrozenState {
+    /// Every (window start, key, aggregate) written after the snapshot of `epoch` (one this
+    /// agg took earlier, or 0 for every entry), window by window.
+    pub fn changed_since(&self, epoch: u32) -> impl Iterator<Item = (i64, u64, Acc)> + '_ {
+        self.windows.iter().flat_map(move |(s, shards)| {
+            shards.iter().flat_map(move |m| m.iter_since(epoch).map(move |(k, a)| (*s, k, *a)))
+        })
+    }
+
+    /// An upper bound of [`Self::changed_since`]'s count, without looking at entries: the
+    /// entries of shards written after that snapshot.
+    pub fn changed_bound(&self, epoch: u32) -> usize {
+        self.windows.iter().flat_map(|(_, shards)| shards.iter()).filter(|m| m.epoch() > epoch).map(|m| m.len()).sum()
+    }
+
     /// Open (window start, key, aggregate) entries.
     pub fn len(&self) -> usize {
         self.windows.iter().flat_map(|(_, shards)| shards.iter()).map(|m| m.len()).sum()
@@ -190,6 +213,7 @@ impl WindowAgg {
             rows: 0,
             scratch: Vec::new(),
             cursor: 0,
+            epoch: 1,
         }
     }
 
@@ -229,7 +253,9 @@ impl WindowAgg {
         }
         if i == 0 || self.windows[i - 1].0 != start {
             // A new window: sized like the newest one, which is over the same keys.
-            let table = self.windows.last().map_or_else(WindowTable::default, |(_, t)| WindowTable::sized_like(t));
+            let e = self.epoch;
+            let table =
+                self.windows.last().map_or_else(|| WindowTable::empty(e), |(_, t)| WindowTable::sized_like(t, e));
             self.windows.insert(i, (start, table));
             return i;
         }
@@ -329,11 +355,16 @@ impl WindowAgg {
     /// The state as it is now, for a snapshot written elsewhere: the windows' shards are
     /// shared, not copied (microseconds whatever the state's size).
     pub fn freeze(&mut self) -> FrozenState {
+        let epoch = self.epoch;
+        self.epoch = epoch.checked_add(1).expect("fewer than 2^32 snapshots between two restores");
+        let next = self.epoch;
         FrozenState {
-            windows: self.windows.iter_mut().map(|(s, t)| (*s, t.freeze())).collect(),
+            windows: self.windows.iter_mut().map(|(s, t)| (*s, t.freeze(next))).collect(),
             progress: self.upstream.clone(),
             late_rows: self.late_rows,
             rows: self.rows,
+            epoch,
+            cursor: self.cursor,
         }
     }
 
@@ -371,6 +402,9 @@ impl WindowAgg {
         for (start, key, acc) in entries {
             self.window_mut(start).map_for(order_of(key)).insert(key, acc);
         }
+        // Restored entries are stamped 0 (they are in the checkpoint); what comes next, 1.
+        self.epoch = 1;
+        self.windows.iter_mut().for_each(|(_, t)| t.set_epoch(1));
         self.upstream.copy_from_slice(progress);
         self.watermark = self
             .upstream

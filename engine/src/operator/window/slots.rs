@@ -15,7 +15,9 @@
 //! when its count is zero (a live aggregate has counted at least one row); a key's probe starts
 //! at the slot named by the bits of `order_of(key)` right below the shard's ([`SHARD_BITS`]), so
 //! slots hold keys almost in `order_of` order (apart from probing's displacements) and a fired
-//! shard sorts in about one pass.
+//! shard sorts in about one pass; every write stamps the slot with the table's epoch (the
+//! snapshot it will first be part of), so a snapshot can write only what changed since an older
+//! one, and no slot's epoch is above the table's.
 
 use super::Acc;
 use super::table::{SHARD_BITS, order_of};
@@ -24,6 +26,8 @@ use super::table::{SHARD_BITS, order_of};
 #[repr(C, align(64))]
 struct Slot {
     key: u64,
+    /// The table's epoch at the last write (in what was padding before `acc`).
+    epoch: u32,
     acc: Acc,
 }
 
@@ -36,6 +40,8 @@ pub struct SlotMap {
     shift: u32,
     /// Slots of the first allocation, when there is none yet.
     first: usize,
+    /// The epoch writes stamp on slots (see [`Self::set_epoch`]).
+    epoch: u32,
 }
 
 /// Slots of a table's first allocation.
@@ -50,6 +56,18 @@ impl SlotMap {
     /// Whether there is no entry.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The epoch writes stamp on slots: at least that of every slot.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// Writes from now on stamp `epoch` (which must not be below the current one).
+    #[inline]
+    pub fn set_epoch(&mut self, epoch: u32) {
+        debug_assert!(epoch >= self.epoch);
+        self.epoch = epoch;
     }
 
     /// A table for about `n` entries.
@@ -90,12 +108,13 @@ impl SlotMap {
         loop {
             let s = &mut self.slots[i];
             if s.acc.count == 0 {
-                *s = Slot { key, acc: Acc::new(value) };
+                *s = Slot { key, epoch: self.epoch, acc: Acc::new(value) };
                 self.len += 1;
                 return;
             }
             if s.key == key {
                 s.acc.add(value);
+                s.epoch = self.epoch;
                 return;
             }
             i = (i + 1) & mask;
@@ -108,17 +127,17 @@ impl SlotMap {
         if (self.len + 1) * 2 > self.slots.len() {
             self.grow();
         }
-        self.put(order_of(key), key, acc);
+        self.put(order_of(key), key, self.epoch, acc);
     }
 
-    fn put(&mut self, h: u64, key: u64, acc: Acc) {
+    fn put(&mut self, h: u64, key: u64, epoch: u32, acc: Acc) {
         let mask = self.mask();
         let mut i = self.start(h);
         loop {
             let s = &mut self.slots[i];
             if s.acc.count == 0 || s.key == key {
                 self.len += usize::from(s.acc.count == 0);
-                *s = Slot { key, acc };
+                *s = Slot { key, epoch, acc };
                 return;
             }
             i = (i + 1) & mask;
@@ -136,7 +155,7 @@ impl SlotMap {
         self.shift = 64 - n.trailing_zeros();
         self.len = 0;
         for s in old.into_iter().filter(|s| s.acc.count > 0) {
-            self.put(order_of(s.key), s.key, s.acc);
+            self.put(order_of(s.key), s.key, s.epoch, s.acc);
         }
     }
 
@@ -162,6 +181,13 @@ impl SlotMap {
     /// Every (key, aggregate), in slot order (almost `order_of` order).
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Acc)> + '_ {
         self.slots.iter().filter(|s| s.acc.count > 0).map(|s| (s.key, &s.acc))
+    }
+
+    /// Every (key, aggregate) written at an epoch above `epoch`, in slot order.
+    pub fn iter_since(&self, epoch: u32) -> impl Iterator<Item = (u64, &Acc)> + '_ {
+        // A table stamped at `epoch` or below holds nothing newer: not even scanned.
+        let slots = if self.epoch > epoch { &self.slots[..] } else { &[] };
+        slots.iter().filter(move |s| s.acc.count > 0 && s.epoch > epoch).map(|s| (s.key, &s.acc))
     }
 
     /// Asks the CPU for the line where a probe for `h` starts, ahead of [`Self::add`].
@@ -233,5 +259,24 @@ mod tests {
         assert_eq!((t.len(), t.get(5).map(|a| a.count)), (1, Some(4)));
         assert_eq!(std::mem::size_of::<Slot>(), 64);
         assert!(SlotMap::default().get(5).is_none());
+    }
+
+    #[test]
+    fn writes_are_stamped_with_the_epoch_and_iter_since_sees_only_later_ones() {
+        let mut t = SlotMap::default();
+        (0..100u64).for_each(|k| t.add(order_of(k), k, 1.0));
+        t.set_epoch(3);
+        (50..150u64).for_each(|k| t.add(order_of(k), k, 1.0)); // 50 updated, 50 new
+        t.insert(7, Acc { count: 9, ..Acc::default() });
+        let mut since: Vec<u64> = t.iter_since(0).map(|(k, _)| k).collect();
+        since.sort_unstable();
+        let mut want: Vec<u64> = (50..150).collect();
+        want.insert(0, 7);
+        assert_eq!(since, want);
+        assert_eq!(t.iter_since(3).count(), 0, "nothing above the table's epoch");
+        // Growth keeps each slot's epoch.
+        (1000..5000u64).for_each(|k| t.add(order_of(k), k, 1.0));
+        assert_eq!(t.iter_since(0).count(), 101 + 4000);
+        assert_eq!(t.iter().count(), 4150);
     }
 }

@@ -14,7 +14,9 @@
 //!   window over millions of keys never holds its worker (and the barriers behind it) for long.
 //! - A shard grows on its own: no rehash of the whole window stalls the pipeline.
 //!
-//! Invariant: a key lives in shard `order_of(key) >> (64 - SHARD_BITS)` only.
+//! Invariants: a key lives in shard `order_of(key) >> (64 - SHARD_BITS)` only; every owned shard
+//! stamps the table's epoch on what it writes, and a shared shard holds nothing stamped later than
+//! the snapshot that froze it (so a snapshot can tell what changed since an older one).
 
 use std::sync::Arc;
 
@@ -73,25 +75,48 @@ impl Shard {
 #[derive(Debug)]
 pub struct WindowTable {
     shards: Box<[Shard]>,
+    /// What writes stamp (see [`SlotMap::set_epoch`]).
+    epoch: u32,
 }
 
 impl Default for WindowTable {
     fn default() -> Self {
-        Self { shards: (0..SHARDS).map(|_| Shard::Owned(ShardMap::default())).collect() }
+        Self::empty(0)
     }
 }
 
+fn owned(mut m: ShardMap, epoch: u32) -> Shard {
+    m.set_epoch(epoch);
+    Shard::Owned(m)
+}
+
 impl WindowTable {
-    /// An empty window sized like `other` shard by shard (the next window over the same keys):
-    /// its tables do not grow through every size on the way.
-    pub fn sized_like(other: &WindowTable) -> Self {
-        Self { shards: other.shards.iter().map(|s| Shard::Owned(ShardMap::expecting(s.map().len()))).collect() }
+    /// An empty window whose writes stamp `epoch`.
+    pub fn empty(epoch: u32) -> Self {
+        Self { shards: (0..SHARDS).map(|_| owned(ShardMap::default(), epoch)).collect(), epoch }
     }
 
-    /// An empty window whose shards have room for `sizes[i]` entries each.
+    /// An empty window sized like `other` shard by shard (the next window over the same keys):
+    /// its tables do not grow through every size on the way.
+    pub fn sized_like(other: &WindowTable, epoch: u32) -> Self {
+        let shards = other.shards.iter().map(|s| owned(ShardMap::expecting(s.map().len()), epoch)).collect();
+        Self { shards, epoch }
+    }
+
+    /// An empty window whose shards have room for `sizes[i]` entries each (a restore: epoch 0).
     pub fn with_shard_sizes(sizes: &[usize]) -> Self {
         debug_assert_eq!(sizes.len(), SHARDS);
-        Self { shards: sizes.iter().map(|n| Shard::Owned(ShardMap::with_capacity(*n))).collect() }
+        Self { shards: sizes.iter().map(|n| Shard::Owned(ShardMap::with_capacity(*n))).collect(), epoch: 0 }
+    }
+
+    /// Writes from now on stamp `epoch` (not below the current one).
+    pub fn set_epoch(&mut self, epoch: u32) {
+        self.epoch = epoch;
+        for s in self.shards.iter_mut() {
+            if let Shard::Owned(m) = s {
+                m.set_epoch(epoch);
+            }
+        }
     }
 
     /// The shard of the key whose order is `h` (`order_of(key)`), writable.
@@ -99,7 +124,7 @@ impl WindowTable {
     pub fn map_for(&mut self, h: u64) -> &mut ShardMap {
         let shard = &mut self.shards[shard_of_order(h)];
         if let Shard::Shared(_) = shard {
-            unshare(shard);
+            unshare(shard, self.epoch);
         }
         match shard {
             Shard::Owned(m) => m,
@@ -129,8 +154,10 @@ impl WindowTable {
     }
 
     /// The shards as they are now, for a snapshot: no entry is copied here. Every shard becomes
-    /// shared until its next write.
-    pub fn freeze(&mut self) -> Vec<Arc<ShardMap>> {
+    /// shared until its next write, which stamps `next_epoch` (above every epoch so far).
+    pub fn freeze(&mut self, next_epoch: u32) -> Vec<Arc<ShardMap>> {
+        debug_assert!(next_epoch >= self.epoch);
+        self.epoch = next_epoch;
         self.shards
             .iter_mut()
             .map(|s| match s {
@@ -152,7 +179,7 @@ impl WindowTable {
         scratch: &mut Vec<(u64, u64, Acc)>,
         mut f: impl FnMut(u64, &Acc),
     ) -> usize {
-        let shard = std::mem::replace(&mut self.shards[s], Shard::Owned(ShardMap::default()));
+        let shard = std::mem::replace(&mut self.shards[s], owned(ShardMap::default(), self.epoch));
         scratch.clear();
         scratch.extend(shard.map().iter().map(|(k, a)| (order_of(k), k, *a)));
         // Almost sorted already (see `SlotMap`): the stable sort finds the runs.
@@ -167,9 +194,9 @@ impl WindowTable {
 /// Takes a shared shard back: without a copy when the snapshot let go of it, else a copy.
 #[cold]
 #[inline(never)]
-fn unshare(shard: &mut Shard) {
+fn unshare(shard: &mut Shard, epoch: u32) {
     let Shard::Shared(a) = std::mem::replace(shard, Shard::Owned(ShardMap::default())) else { return };
-    *shard = Shard::Owned(Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()));
+    *shard = owned(Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()), epoch);
 }
 
 #[cfg(test)]
@@ -198,7 +225,7 @@ mod tests {
         for k in 0..1000 {
             t.map_for(order_of(k)).add(order_of(k), k, 1.0);
         }
-        let snap = t.freeze();
+        let snap = t.freeze(1);
         for k in 0..2000 {
             t.map_for(order_of(k)).add(order_of(k), k, 1.0);
         }
@@ -213,7 +240,7 @@ mod tests {
     fn a_window_goes_on_with_its_entries_once_the_snapshot_is_dropped() {
         let mut t = WindowTable::default();
         t.map_for(order_of(7)).insert(7, acc(1));
-        drop(t.freeze());
+        drop(t.freeze(1));
         t.map_for(order_of(7)).add(order_of(7), 7, 0.0);
         let got: Vec<_> = t.iter().map(|(k, a)| (k, a.count, a.sum_fx)).collect();
         assert_eq!(got, vec![(7, 2, 1)]);
@@ -226,7 +253,7 @@ mod tests {
             t.map_for(order_of(k)).insert(k, acc(k + 1));
         }
         let mut out = Vec::new();
-        let snap = t.freeze();
+        let snap = t.freeze(1);
         let n: usize =
             (0..SHARDS).map(|s| t.drain_shard_sorted(s, &mut Vec::new(), |k, a| out.push((k, a.count)))).sum();
         assert_eq!((n, out.len(), t.len()), (5000, 5000, 0));

@@ -221,6 +221,7 @@ impl Setup {
                 data: self.data.clone(),
                 store: self.store.clone(),
                 index,
+                chain: Default::default(),
                 located: std::cell::RefCell::new(match &self.node_point {
                     NodePoint::Ready(found) => found.get(&t.id).cloned().map(|(m, dir)| (m.id, m, dir)),
                     NodePoint::Damaged { .. } => None,

@@ -22,6 +22,7 @@ use crate::checkpoint::driver::{Clock, RestorePoint, Signal, TaskDriver, TaskEff
 use crate::checkpoint::{CheckpointError, CoordInput, TaskInput};
 use crate::runtime::control::{Control, ControlHandle};
 use crate::runtime::task::{Feed, Task};
+use crate::state::WindowChain;
 
 /// What the port needs besides the task.
 pub(crate) struct PortCtx {
@@ -31,6 +32,8 @@ pub(crate) struct PortCtx {
     pub(crate) store: Arc<dyn Store>,
     /// What the task's uploads stored (shared with its upload jobs).
     pub(crate) index: Arc<Mutex<UploadIndex>>,
+    /// An agg's chain of state files (shared with its upload jobs; unused by other tasks).
+    pub(crate) chain: Arc<Mutex<WindowChain>>,
     /// The files of the checkpoint the node checked before the start, verified already (taken by
     /// the restore of that checkpoint).
     pub(crate) located: std::cell::RefCell<Option<(CheckpointId, crate::backup::Manifest, PathBuf)>>,
@@ -71,7 +74,7 @@ impl TaskPort for EnginePort<'_> {
 
     fn capture(&mut self, id: CheckpointId) -> Result<Captured, CheckpointError> {
         Ok(match self.task {
-            Task::Agg(a) => Captured::Window(a.agg.freeze()),
+            Task::Agg(a) => Captured::Window(a.agg.freeze(), self.ctx.chain.clone()),
             Task::Source(_) => Captured::Offset,
             Task::Sink(s) => {
                 s.store.start_flush().map_err(|e| CheckpointError::Snapshot {
@@ -111,6 +114,7 @@ impl TaskPort for EnginePort<'_> {
             // A start from nothing: no state, no results, nothing known to be stored.
             let state = restore::fresh_state(&c.data, c.task)?;
             *c.index.lock().unwrap_or_else(|e| e.into_inner()) = UploadIndex::new();
+            c.chain.lock().unwrap_or_else(|e| e.into_inner()).clear();
             match self.task {
                 Task::Source(s) => {
                     s.offset = 0;
@@ -130,10 +134,12 @@ impl TaskPort for EnginePort<'_> {
             Task::Source(_) => {
                 restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |_, _| Ok(()))
             }
-            Task::Agg(a) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, _| {
+            Task::Agg(a) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, m| {
                 let db = restore::db_dir(&c.data, c.task);
                 let state = crate::state::TaskStore::open_from_snapshot(src, &db).map_err(|e| e.to_string())?;
-                crate::state::load_window_state(&state, &mut a.agg).map(|_| ()).map_err(|e| e.to_string())
+                crate::state::load_window_state(&state, &mut a.agg).map_err(|e| e.to_string())?;
+                // The next snapshot adds to the restored files.
+                c.chain.lock().unwrap_or_else(|e| e.into_inner()).restored(src, m.format).map_err(|e| e.to_string())
             }),
             Task::Sink(s) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, m| {
                 restore::sink_format_readable(m.format)?;

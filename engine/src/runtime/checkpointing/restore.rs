@@ -168,7 +168,9 @@ pub(crate) fn delete_snapshots_before(data: &Path, t: TaskId, id: CheckpointId, 
 /// Whether this Weir restores a sink's results from a manifest of `format`: `Err` names both
 /// formats and what to do.
 pub(crate) fn sink_format_readable(format: u32) -> Result<(), String> {
-    if format >= crate::backup::MANIFEST_FORMAT {
+    // The oldest format whose result store this Weir reads.
+    const RESULT_BLOCKS: u32 = 3;
+    if format >= RESULT_BLOCKS {
         return Ok(());
     }
     let how = if format < 2 {
@@ -178,7 +180,8 @@ pub(crate) fn sink_format_readable(format: u32) -> Result<(), String> {
     };
     Err(format!(
         "written by an older Weir (manifest format {format}, {how}); this Weir (format {}) keeps a sink's results \
-         in blocks and cannot restore this checkpoint's: start the stream afresh, or finish it with the older Weir",
+         in blocks (format {RESULT_BLOCKS} on) and cannot restore this checkpoint's: start the stream afresh, or \
+         finish it with the older Weir",
         crate::backup::MANIFEST_FORMAT
     ))
 }
@@ -191,8 +194,10 @@ mod tests {
     fn a_sink_checkpoint_of_an_older_format_is_refused_naming_both_formats() {
         for old in [1, 2] {
             let e = sink_format_readable(old).unwrap_err();
-            assert!(e.contains(&format!("manifest format {old}")) && e.contains("this Weir (format 3)"), "{e}");
+            let this = format!("this Weir (format {})", crate::backup::MANIFEST_FORMAT);
+            assert!(e.contains(&format!("manifest format {old}")) && e.contains(&this), "{e}");
         }
+        assert!(sink_format_readable(3).is_ok(), "result blocks since format 3");
         assert!(sink_format_readable(crate::backup::MANIFEST_FORMAT).is_ok());
     }
 
