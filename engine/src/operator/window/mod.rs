@@ -176,10 +176,18 @@ impl FrozenState {
         })
     }
 
-    /// An upper bound of [`Self::changed_since`]'s count, without looking at entries: the
+    /// An upper bound of [`Self::changed_since`]'s count, without looking at entries: exact
+    /// when `epoch` is this snapshot's predecessor (each shard counts what it stamps), else the
     /// entries of shards written after that snapshot.
     pub fn changed_bound(&self, epoch: u32) -> usize {
-        self.windows.iter().flat_map(|(_, shards)| shards.iter()).filter(|m| m.epoch() > epoch).map(|m| m.len()).sum()
+        let shards = self.windows.iter().flat_map(|(_, shards)| shards.iter());
+        shards
+            .map(|m| match m.epoch() {
+                e if e <= epoch => 0,
+                e if e == epoch + 1 => m.stamped(),
+                _ => m.len(),
+            })
+            .sum()
     }
 
     /// Open (window start, key, aggregate) entries.

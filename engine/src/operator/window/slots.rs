@@ -42,6 +42,8 @@ pub struct SlotMap {
     first: usize,
     /// The epoch writes stamp on slots (see [`Self::set_epoch`]).
     epoch: u32,
+    /// Slots stamped with `epoch`.
+    stamped: usize,
 }
 
 /// Slots of a table's first allocation.
@@ -67,7 +69,15 @@ impl SlotMap {
     #[inline]
     pub fn set_epoch(&mut self, epoch: u32) {
         debug_assert!(epoch >= self.epoch);
-        self.epoch = epoch;
+        if epoch != self.epoch {
+            self.epoch = epoch;
+            self.stamped = 0;
+        }
+    }
+
+    /// Entries stamped with [`Self::epoch`]: written since the table took that epoch.
+    pub fn stamped(&self) -> usize {
+        self.stamped
     }
 
     /// A table for about `n` entries.
@@ -110,11 +120,15 @@ impl SlotMap {
             if s.acc.count == 0 {
                 *s = Slot { key, epoch: self.epoch, acc: Acc::new(value) };
                 self.len += 1;
+                self.stamped += 1;
                 return;
             }
             if s.key == key {
                 s.acc.add(value);
-                s.epoch = self.epoch;
+                if s.epoch != self.epoch {
+                    s.epoch = self.epoch;
+                    self.stamped += 1;
+                }
                 return;
             }
             i = (i + 1) & mask;
@@ -137,6 +151,10 @@ impl SlotMap {
             let s = &mut self.slots[i];
             if s.acc.count == 0 || s.key == key {
                 self.len += usize::from(s.acc.count == 0);
+                // A slot takes the table's epoch: counted unless it had it (a growth moves slots
+                // with their own epochs).
+                let fresh = epoch == self.epoch && (s.acc.count == 0 || s.epoch != epoch);
+                self.stamped += usize::from(fresh);
                 *s = Slot { key, epoch, acc };
                 return;
             }
@@ -154,6 +172,7 @@ impl SlotMap {
         let old = std::mem::replace(&mut self.slots, vec![Slot::default(); n]);
         self.shift = 64 - n.trailing_zeros();
         self.len = 0;
+        self.stamped = 0;
         for s in old.into_iter().filter(|s| s.acc.count > 0) {
             self.put(order_of(s.key), s.key, s.epoch, s.acc);
         }
@@ -274,9 +293,13 @@ mod tests {
         want.insert(0, 7);
         assert_eq!(since, want);
         assert_eq!(t.iter_since(3).count(), 0, "nothing above the table's epoch");
+        assert_eq!(t.stamped(), 101, "written at epoch 3");
         // Growth keeps each slot's epoch.
         (1000..5000u64).for_each(|k| t.add(order_of(k), k, 1.0));
         assert_eq!(t.iter_since(0).count(), 101 + 4000);
         assert_eq!(t.iter().count(), 4150);
+        assert_eq!(t.stamped(), 4101, "through growth");
+        t.set_epoch(4);
+        assert_eq!(t.stamped(), 0);
     }
 }

@@ -49,7 +49,10 @@ fn a_delta_holds_only_the_entries_written_since_the_last_stored_snapshot() {
     // A tenth of the keys again, and a few new ones.
     (0..10_000u64).for_each(|k| agg.add(2, k * 10, 2.0));
     (100_000..100_500u64).for_each(|k| agg.add(3, k, 3.0));
-    let w2 = chain.write(&agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
+    let frozen = agg.freeze();
+    assert_eq!(frozen.changed_bound(1), 10_500, "counted as written, exactly");
+    assert_eq!(frozen.changed_bound(0), 100_500);
+    let w2 = chain.write(&frozen, CheckpointId(2), &snap(root.path(), 2)).unwrap();
     assert!(!w2.full, "{w2:?}");
     assert_eq!(w2.files.iter().map(|f| f.entries).collect::<Vec<_>>(), vec![100_000, 10_500]);
     let full_bytes = std::fs::metadata(&w2.files[0].path).unwrap().len();
