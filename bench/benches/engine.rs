@@ -58,7 +58,7 @@ fn parts(c: &mut Criterion) {
                 }
                 drop(adder);
                 offset += ROWS as u64;
-                agg.advance(0, generator.max_ts_before(offset), |_| fired += 1);
+                agg.advance(0, generator.max_ts_before(offset), |_| fired += 1).unwrap();
             })
         });
     }
@@ -143,7 +143,7 @@ fn result_writes(c: &mut Criterion) {
         agg.add(1, k, k as f64 / 7.0);
     }
     let mut window: Vec<WindowResult> = Vec::with_capacity(KEYS as usize);
-    agg.advance(0, 10_000, |r| window.push(r));
+    agg.advance(0, 10_000, |r| window.push(r)).unwrap();
     // A fresh store per sample, dropped after it: what one run of a sink writes, not gigabytes
     // left behind by the samples before (tmpfs first, before the disk's dirty pages).
     let mut bases = Vec::new();

@@ -11,7 +11,7 @@ fn feed(agg: &mut WindowAgg, generator: &Generator, from: u64, to: u64, out: &mu
         let (t, k, v) = generator.row(o);
         agg.add(t, k, v);
         if o % 500 == 499 {
-            agg.advance(0, generator.max_ts_before(o + 1), |r| out.push(r));
+            agg.advance(0, generator.max_ts_before(o + 1), |r| out.push(r)).unwrap();
         }
     }
 }
@@ -26,7 +26,7 @@ fn snapshot_then_open_from_snapshot_continues_with_the_same_results() {
     let mut straight = WindowAgg::new(window, 20, 1);
     let mut want = Vec::new();
     feed(&mut straight, &generator, 0, 60_000, &mut want);
-    straight.advance(0, i64::MAX, |r| want.push(r));
+    straight.advance(0, i64::MAX, |r| want.push(r)).unwrap();
 
     let dir = tempfile::tempdir().unwrap();
     let mut got = Vec::new();
@@ -51,7 +51,7 @@ fn snapshot_then_open_from_snapshot_continues_with_the_same_results() {
         (first.rows(), first.late_rows(), first.watermark())
     );
     feed(&mut second, &generator, 31_337, 60_000, &mut got);
-    second.advance(0, i64::MAX, |r| got.push(r));
+    second.advance(0, i64::MAX, |r| got.push(r)).unwrap();
 
     let key = |r: &WindowResult| (r.start, r.key);
     got.sort_by_key(key);
@@ -83,7 +83,7 @@ fn state_for_another_operator_shape_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = TaskStore::open(dir.path()).unwrap();
     let mut agg = WindowAgg::new(WindowSpec::tumbling(10), 0, 3);
-    agg.advance(0, 5, |_| {});
+    agg.advance(0, 5, |_| {}).unwrap();
     save_window_state(&store, &mut agg).unwrap();
     let mut other = WindowAgg::new(WindowSpec::tumbling(10), 0, 2);
     assert!(matches!(load_window_state(&store, &mut other), Err(StateError::Corrupt { .. })));
@@ -127,7 +127,7 @@ fn a_lookup_finds_every_result_of_windows_written_in_agg_messages() {
             let mut agg = WindowAgg::new(WindowSpec::tumbling(1000), 0, 1);
             keys.clone().for_each(|k| agg.add(start, k, k as f64));
             let mut w = Vec::new();
-            agg.advance(0, i64::MAX, |r| w.push(r));
+            agg.advance(0, i64::MAX, |r| w.push(r)).unwrap();
             for m in w.chunks(512) {
                 store.upsert(StreamId(1), up, m).unwrap();
             }

@@ -68,6 +68,10 @@ pub struct RunArgs {
     /// Uploader threads: snapshots shipped at the same time (each ships its files eight at a time).
     #[arg(long, env = "WEIR_UPLOADERS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     uploaders: u64,
+    /// Memory for window state, e.g. `512M` (all aggs together); beyond it state spills to each
+    /// agg's RocksDB. Default: all state in memory.
+    #[arg(long, env = "WEIR_STATE_BUDGET", value_name = "BYTES", value_parser = parse_bytes)]
+    state_budget: Option<u64>,
 }
 
 /// `512`, `64K`, `50M`, `1G` (binary multiples; an optional `B`, `iB`, `/s`).
@@ -139,6 +143,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let mut cfg = EngineConfig::new(NodeId(1), &run_dir);
     cfg.workers = args.workers;
     cfg.pin_workers = !args.no_pin;
+    cfg.state_budget = args.state_budget.map(|b| b as usize);
     if args.checkpoint_ms > 0 {
         let mut ck = CheckpointSettings::every(args.checkpoint_ms, &remote);
         if let Some(store) = named {

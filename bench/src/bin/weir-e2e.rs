@@ -428,7 +428,7 @@ fn agg(keys: &[u64]) {
                     }
                     drop(adder);
                     o += 4096;
-                    agg.advance(0, g.max_ts_before(o), |_| results += 1);
+                    agg.advance(0, g.max_ts_before(o), |_| results += 1).unwrap();
                 }
                 std::hint::black_box(results);
                 t.elapsed().as_nanos() as f64 / ROWS as f64

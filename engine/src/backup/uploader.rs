@@ -21,15 +21,16 @@ use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 use super::{Store, UploadIndex, upload_snapshot_indexed};
 use crate::checkpoint::{CheckpointError, UploadDone};
 use crate::operator::window::FrozenState;
-use crate::state::{ResultStore, StateError, WindowChain};
+use crate::state::{ResultStore, SpillSnapshot, StateError, WindowChain};
 
 /// State copied at a barrier.
 #[derive(Debug)]
 pub enum Captured {
     /// An agg's open windows (shared with the operator until it writes to them: dropping this
     /// once written lets the operator take them back without a copy), written on the task's
-    /// chain of files (the chain is held for the job: one snapshot of a task at a time).
-    Window(FrozenState, Arc<Mutex<WindowChain>>),
+    /// chain of files (the chain is held for the job: one snapshot of a task at a time), and
+    /// its spill store, held since the barrier, when it spills.
+    Window(FrozenState, Arc<Mutex<WindowChain>>, Option<SpillSnapshot>),
     /// A source's state is its offset, which the manifest (and the commit record) carry.
     Offset,
     /// A sink's result store, checkpointed by the uploader: it holds every result written before
@@ -75,12 +76,17 @@ impl UploadJob {
         let _ = std::fs::remove_dir_all(&self.dir);
         let mut chain_write = None;
         let chain = match &self.captured {
-            Captured::Window(_, chain) => Some(chain.clone()),
+            Captured::Window(_, chain, _) => Some(chain.clone()),
             _ => None,
         };
         let mut chain = chain.as_ref().map(|c| c.lock().unwrap_or_else(|e| e.into_inner()));
         match &mut self.captured {
-            Captured::Window(copy, _) => {
+            Captured::Window(copy, _, spill) => {
+                if let Some(spill) = spill.take() {
+                    // First: the agg spills again once this is taken.
+                    let info = spill.write_into(&self.dir).map_err(state)?;
+                    tracing::debug!(task = %task, files = info.files, bytes = info.bytes, "spill store checkpointed");
+                }
                 let held = chain.as_ref().expect("locked above");
                 let w = held.write(copy, id, &self.dir).map_err(state)?;
                 tracing::debug!(task = %task, entries = copy.len(), bytes = w.bytes, full = w.full, files = w.files.len(), write_us = t0.elapsed().as_micros() as u64, "state snapshot written");
@@ -215,7 +221,7 @@ mod tests {
             id: CheckpointId(1),
             version: Version(0),
             dir: dir.path().join("chk-1"),
-            captured: Captured::Window(frozen, Default::default()),
+            captured: Captured::Window(frozen, Default::default(), None),
             index: Arc::new(Mutex::new(UploadIndex::new())),
             done: Box::new(move |r, _| {
                 let _ = done_tx.send(r.is_ok());
@@ -253,9 +259,9 @@ mod tests {
             pool.jobs().send(job).unwrap();
             rx.recv_timeout(Duration::from_secs(30)).unwrap().unwrap()
         };
-        let first = upload(1, Captured::Window(agg.freeze(), chain.clone()));
+        let first = upload(1, Captured::Window(agg.freeze(), chain.clone(), None));
         (0..2_000u64).for_each(|k| agg.add(2, k * 100, 1.0));
-        let second = upload(2, Captured::Window(agg.freeze(), chain.clone()));
+        let second = upload(2, Captured::Window(agg.freeze(), chain.clone(), None));
         assert!(second.bytes * 20 < first.bytes, "second upload {} bytes, first {}", second.bytes, first.bytes);
         assert_eq!(second.files, 2, "the first file and a delta");
         // The second checkpoint restores the whole state from the store alone.

@@ -38,6 +38,9 @@ pub struct EngineConfig {
     pub sink_throttle: Option<Duration>,
     /// Checkpoints (and restore from the last commit at start); `None` runs without.
     pub checkpoint: Option<CheckpointSettings>,
+    /// Bytes of window state this engine's aggs keep in memory, split evenly between them;
+    /// beyond it, state spills to each agg's RocksDB (`None`: all in memory).
+    pub state_budget: Option<usize>,
 }
 
 impl EngineConfig {
@@ -56,6 +59,7 @@ impl EngineConfig {
             sync: SyncPolicy::GroupCommit(Duration::from_millis(10)),
             sink_throttle: None,
             checkpoint: None,
+            state_budget: None,
         }
     }
 }

@@ -194,6 +194,7 @@ impl Engine {
             )?),
             None => None,
         };
+        let aggs_here = local.iter().filter(|t| matches!(t.kind, TaskKind::Agg { .. })).count();
         for t in &local {
             let outs: Vec<Output> = t
                 .downstreams
@@ -268,6 +269,9 @@ impl Engine {
                 }
                 TaskKind::Agg { .. } => Task::Agg(Box::new(AggTask {
                     agg: WindowAgg::new(spec.window, spec.watermark_delay_ms, t.upstreams.len()),
+                    spill: None,
+                    spill_budget: cfg.state_budget.map(|b| b / aggs_here.max(1)),
+                    spill_root: checkpointing::restore::task_dir(&cfg.data_dir, t.id).join("spill"),
                     inp,
                     builders: vec![Vec::new(); t.downstreams.len()],
                     dispatch: t.dispatch,

@@ -67,6 +67,9 @@ pub enum TaskError {
     /// restore).
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// An agg's spill store failed (its path names the task).
+    #[error(transparent)]
+    Spill(#[from] crate::operator::window::SpillError),
     /// The ingest log failed.
     #[error("task {task}: {source}")]
     Log {
@@ -191,6 +194,11 @@ impl SourceTask {
 
 pub(crate) struct AggTask {
     pub(crate) agg: WindowAgg,
+    /// Where state past the budget goes: the store (held at a barrier until snapshotted), the
+    /// budget, and the folder its instances live in.
+    pub(crate) spill: Option<Arc<crate::state::SpillDb>>,
+    pub(crate) spill_budget: Option<usize>,
+    pub(crate) spill_root: std::path::PathBuf,
     pub(crate) inp: Inputs,
     pub(crate) out: Outputs,
     pub(crate) builders: Vec<Vec<WindowResult>>,
@@ -220,7 +228,7 @@ impl AggTask {
         // emission finds the rest in the snapshot).
         let mut worked = self.agg.has_fired();
         let builders = &mut self.builders;
-        self.agg.emit_fired(FIRE_SLICE, |r| builders[dispatch.pick(r.key, n_out)].push(r));
+        self.agg.emit_fired(FIRE_SLICE, |r| builders[dispatch.pick(r.key, n_out)].push(r))?;
         let mut signal = None;
         for _ in 0..budget {
             if attention.load(Ordering::Relaxed) {
@@ -251,6 +259,9 @@ impl AggTask {
                 }
             }
         }
+        // State past the budget goes to the task's spill store (between messages, never in a
+        // snapshot's way: the store says when it is held).
+        self.agg.maybe_spill()?;
         for i in 0..n_out {
             if !self.builders[i].is_empty() {
                 let rs = std::mem::take(&mut self.builders[i]);

@@ -16,6 +16,7 @@
 
 mod result_blocks;
 mod results;
+mod spill_store;
 mod window_chain;
 mod window_state;
 
@@ -23,6 +24,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 pub use results::{NodeResults, ResultStore, result_store_dir};
+pub use spill_store::{RocksSpill, SpillDb, SpillSnapshot};
 pub use window_chain::{ChainFile, ChainWrite, MAX_FILES, MAX_READ_FACTOR, WindowChain, state_file_name};
 pub use window_state::{load_window_state, save_frozen_state, save_window_state, write_window_snapshot};
 
@@ -175,6 +177,28 @@ impl TaskStore {
         }
         copy_checkpoint(snapshot, path)?;
         Self::open(path)
+    }
+
+    /// A fresh store at `path` (replaced) with the agg window files of `snapshot` ingested
+    /// (`state-*.sst`; a spill store's checkpoint beside them is left alone).
+    pub fn open_from_state_files(snapshot: &Path, path: &Path) -> Result<TaskStore, StateError> {
+        if path.exists() {
+            fs::remove_dir_all(path).map_err(io_err(path))?;
+        }
+        let mut ssts = Vec::new();
+        for entry in fs::read_dir(snapshot).map_err(io_err(snapshot))? {
+            let p = entry.map_err(io_err(snapshot))?.path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if name.starts_with("state-") && name.ends_with(".sst") {
+                ssts.push(p);
+            }
+        }
+        ssts.sort();
+        let store = Self::open(path)?;
+        for sst in ssts {
+            store.db.ingest_external_file(vec![sst]).map_err(db_or_corrupt(snapshot))?;
+        }
+        Ok(store)
     }
 
     /// The database directory.

@@ -52,6 +52,9 @@ pub struct WindowChain {
     /// Epoch of the chain's last snapshot ([`FrozenState::epoch`]); 0 for none, or a restore.
     epoch: u32,
     files: Vec<ChainFile>,
+    /// The agg's spills before the chain's last snapshot ([`FrozenState::spill_gen`]): after
+    /// a spill the entries of older files are in the spill store, so the next file is whole.
+    spill_gen: u32,
     /// Bumped by every restore: a write begun before one is not accepted after it.
     generation: u64,
 }
@@ -67,6 +70,7 @@ pub struct ChainWrite {
     pub full: bool,
     /// Bytes of the new file.
     pub bytes: u64,
+    spill_gen: u32,
     generation: u64,
 }
 
@@ -102,7 +106,7 @@ impl WindowChain {
             }
         }
         files.sort_by(|a, b| a.name.cmp(&b.name));
-        *self = Self { epoch: 0, files, generation: self.generation + 1 };
+        *self = Self { epoch: 0, files, spill_gen: 0, generation: self.generation + 1 };
         Ok(())
     }
 
@@ -127,6 +131,7 @@ impl WindowChain {
         let delta = !self.files.is_empty()
             && self.files.len() < MAX_FILES
             && copy.epoch > self.epoch
+            && copy.spill_gen == self.spill_gen
             && chained + changed <= MAX_READ_FACTOR * live.max(1)
             && self.files.iter().all(|f| f.name < name)
             && self.link_into(dir);
@@ -141,7 +146,14 @@ impl WindowChain {
         let since = delta.then_some(self.epoch);
         let (bytes, entries) = write_window_file(copy, since, id.0, &path)?;
         files.push(ChainFile { name, path, entries });
-        Ok(ChainWrite { files, epoch: copy.epoch, full: !delta, bytes, generation: self.generation })
+        Ok(ChainWrite {
+            files,
+            epoch: copy.epoch,
+            full: !delta,
+            bytes,
+            spill_gen: copy.spill_gen,
+            generation: self.generation,
+        })
     }
 
     /// Hard-links the chain's files into `dir` (copies where links fail); false when one is
@@ -164,6 +176,7 @@ impl WindowChain {
         if w.generation == self.generation {
             self.epoch = w.epoch;
             self.files = w.files;
+            self.spill_gen = w.spill_gen;
         }
     }
 }

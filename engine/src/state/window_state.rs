@@ -253,6 +253,9 @@ pub fn load_window_state(store: &TaskStore, agg: &mut WindowAgg) -> Result<bool,
         Ok(())
     })?;
     agg.restore(entries, &meta.progress, meta.late_rows, meta.rows).map_err(corrupt)?;
+    if let Some(windows) = &meta.windows {
+        agg.reopen(windows, meta.cursor);
+    }
     Ok(true)
 }
 

@@ -23,12 +23,14 @@
 
 mod fixed;
 mod slots;
+mod spill;
 mod table;
 
 use std::sync::Arc;
 
 pub use fixed::{from_fixed, to_fixed};
-pub use table::{SHARDS, ShardMap, WindowTable, order_of, shard_of};
+pub use spill::{MemSpill, RunWriter, SpillError, SpillStore};
+pub use table::{SHARDS, ShardMap, WindowTable, order_of, shard_of, shard_orders};
 
 /// Window shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,6 +147,11 @@ pub struct WindowAgg {
     /// What writes stamp on entries: the epoch of the next snapshot (1 after a start or a
     /// restore, whose entries are stamped 0).
     epoch: u32,
+    /// Where state beyond the memory budget goes, if anywhere.
+    spill: Option<spill::Spilling>,
+    /// Spills since the start or the restore: a snapshot after a spill cannot be a delta of
+    /// one before it (entries moved out of memory).
+    spill_gen: u32,
 }
 
 /// An agg's state at a barrier: the open windows' shards, shared with the operator until it
@@ -165,6 +172,9 @@ pub struct FrozenState {
     /// Shards of the oldest window emitted already (it fired and was being emitted), which
     /// hold nothing any more.
     pub cursor: usize,
+    /// Spills the agg made before this snapshot, since its start or restore: a snapshot is a
+    /// delta only of one with the same count.
+    pub spill_gen: u32,
 }
 
 impl FrozenState {
@@ -222,6 +232,8 @@ impl WindowAgg {
             scratch: Vec::new(),
             cursor: 0,
             epoch: 1,
+            spill: None,
+            spill_gen: 0,
         }
     }
 
@@ -310,9 +322,9 @@ impl WindowAgg {
 
     /// Upstream `input` has sent every row with event time up to `max_ts`. Fires the windows the
     /// new watermark closes, calling `emit` for each result, oldest window first.
-    pub fn advance(&mut self, input: usize, max_ts: i64, emit: impl FnMut(WindowResult)) {
+    pub fn advance(&mut self, input: usize, max_ts: i64, emit: impl FnMut(WindowResult)) -> Result<(), SpillError> {
         self.observe(input, max_ts);
-        self.emit_fired(usize::MAX, emit);
+        self.emit_fired(usize::MAX, emit).map(|_| ())
     }
 
     /// Upstream `input` has sent every row with event time up to `max_ts`: the watermark moves,
@@ -332,22 +344,29 @@ impl WindowAgg {
     }
 
     /// Emits fired windows, oldest first, shard by shard, until at least `max` results went out
-    /// (or none is left); returns how many did.
-    pub fn emit_fired(&mut self, max: usize, mut emit: impl FnMut(WindowResult)) -> usize {
+    /// (or none is left); returns how many did. Fails only when spilled partials cannot be read.
+    pub fn emit_fired(&mut self, max: usize, mut emit: impl FnMut(WindowResult)) -> Result<usize, SpillError> {
         let mut n = 0;
         while n < max && self.has_fired() {
             let (start, table) = &mut self.windows[0];
             let start = *start;
-            n += table.drain_shard_sorted(self.cursor, &mut self.scratch, |key, a| {
+            let mut out = |key, a: &Acc| {
                 emit(WindowResult { key, start, count: a.count, sum: from_fixed(a.sum_fx), min: a.min, max: a.max })
-            });
+            };
+            n += match &mut self.spill {
+                Some(sp) if sp.has(start) => sp.emit_shard(start, self.cursor, table, &mut self.scratch, &mut out)?,
+                _ => table.drain_shard_sorted(self.cursor, &mut self.scratch, out),
+            };
             self.cursor += 1;
             if self.cursor == SHARDS {
                 self.windows.remove(0);
                 self.cursor = 0;
+                if let Some(sp) = &mut self.spill {
+                    sp.fired(start)?;
+                }
             }
         }
-        n
+        Ok(n)
     }
 
     /// How many (window, key) entries are open.
@@ -373,6 +392,7 @@ impl WindowAgg {
             rows: self.rows,
             epoch,
             cursor: self.cursor,
+            spill_gen: self.spill_gen,
         }
     }
 
@@ -412,6 +432,7 @@ impl WindowAgg {
         }
         // Restored entries are stamped 0 (they are in the checkpoint); what comes next, 1.
         self.epoch = 1;
+        self.spill_gen = 0;
         self.windows.iter_mut().for_each(|(_, t)| t.set_epoch(1));
         self.upstream.copy_from_slice(progress);
         self.watermark = self
@@ -422,6 +443,18 @@ impl WindowAgg {
         self.late_rows = late_rows;
         self.rows = rows;
         Ok(())
+    }
+
+    /// After [`Self::restore`]: the windows open at the snapshot (some may hold no entry in
+    /// memory: all spilled), and how far the oldest one's emission had come.
+    pub fn reopen(&mut self, windows: &[i64], cursor: usize) {
+        for start in windows {
+            self.window_index(*start);
+        }
+        self.windows.iter_mut().for_each(|(_, t)| t.set_epoch(self.epoch));
+        if windows.first().is_some_and(|s| self.windows.first().is_some_and(|w| w.0 == *s)) {
+            self.cursor = cursor.min(SHARDS - 1);
+        }
     }
 }
 

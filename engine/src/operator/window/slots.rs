@@ -75,6 +75,11 @@ impl SlotMap {
         }
     }
 
+    /// Bytes of the table's slots.
+    pub fn bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<Slot>()
+    }
+
     /// Entries stamped with [`Self::epoch`]: written since the table took that epoch.
     pub fn stamped(&self) -> usize {
         self.stamped

@@ -50,6 +50,12 @@ pub fn shard_of(key: u64) -> usize {
     shard_of_order(order_of(key))
 }
 
+/// The orders of shard `s`'s keys: `lo..=hi`.
+pub fn shard_orders(s: usize) -> (u64, u64) {
+    let lo = (s as u64) << (64 - SHARD_BITS);
+    (lo, lo | (u64::MAX >> SHARD_BITS))
+}
+
 #[inline]
 fn shard_of_order(h: u64) -> usize {
     (h >> (64 - SHARD_BITS)) as usize
@@ -179,15 +185,26 @@ impl WindowTable {
         scratch: &mut Vec<(u64, u64, Acc)>,
         mut f: impl FnMut(u64, &Acc),
     ) -> usize {
+        self.take_shard_sorted(s, scratch);
+        for (_, k, a) in scratch.iter() {
+            f(*k, a);
+        }
+        scratch.len()
+    }
+
+    /// Empties shard `s` into `scratch` as (order, key, aggregate), in [`order_of`] order. A
+    /// snapshot that shares the shard keeps it.
+    pub fn take_shard_sorted(&mut self, s: usize, scratch: &mut Vec<(u64, u64, Acc)>) {
         let shard = std::mem::replace(&mut self.shards[s], owned(ShardMap::default(), self.epoch));
         scratch.clear();
         scratch.extend(shard.map().iter().map(|(k, a)| (order_of(k), k, *a)));
         // Almost sorted already (see `SlotMap`): the stable sort finds the runs.
         scratch.sort_by_key(|e| e.0);
-        for (_, k, a) in scratch.iter() {
-            f(*k, a);
-        }
-        scratch.len()
+    }
+
+    /// Bytes of the tables the window owns or shares (a snapshot may hold them too).
+    pub fn bytes(&self) -> usize {
+        self.shards.iter().map(|s| s.map().bytes()).sum()
     }
 }
 

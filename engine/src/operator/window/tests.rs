@@ -70,7 +70,7 @@ fn run(agg: &mut WindowAgg, evs: &[Ev], out: &mut Vec<WindowResult>) {
                 let mut adder = agg.batch();
                 rows.iter().for_each(|&(t, k, v)| adder.add(t, k, v));
             }
-            Ev::Progress(i, t) => agg.advance(*i, *t, |r| out.push(r)),
+            Ev::Progress(i, t) => agg.advance(*i, *t, |r| out.push(r)).unwrap(),
         }
     }
 }
@@ -208,7 +208,7 @@ proptest! {
         run_sliced(&mut first, &evs[cut..], slice, &mut Vec::new());
         let mut second = restored(spec, delay, ups, &frozen);
         run_sliced(&mut second, &evs[cut..], slice, &mut got);
-        second.emit_fired(usize::MAX, |r| got.push(r));
+        second.emit_fired(usize::MAX, |r| got.push(r)).unwrap();
         prop_assert!(!second.has_fired());
         // Each (window, shard) came out whole, in the same order: the same messages.
         let groups = |rs: &[WindowResult]| {
@@ -245,7 +245,7 @@ fn run_sliced(agg: &mut WindowAgg, evs: &[Ev], slice: usize, out: &mut Vec<Windo
             Ev::Rows(rows) => rows.iter().for_each(|&(t, k, v)| agg.add(t, k, v)),
             Ev::Progress(i, t) => {
                 agg.observe(*i, *t);
-                agg.emit_fired(slice, |r| out.push(r));
+                agg.emit_fired(slice, |r| out.push(r)).unwrap();
             }
         }
     }
@@ -259,8 +259,8 @@ fn sums_do_not_depend_on_arrival_order() {
     vals.iter().for_each(|v| a.add(1, 1, *v));
     vals.iter().rev().for_each(|v| b.add(1, 1, *v));
     let (mut ra, mut rb) = (Vec::new(), Vec::new());
-    a.advance(0, 100, |r| ra.push(r));
-    b.advance(0, 100, |r| rb.push(r));
+    a.advance(0, 100, |r| ra.push(r)).unwrap();
+    b.advance(0, 100, |r| rb.push(r)).unwrap();
     assert_eq!(ra.len(), 1);
     assert_eq!(ra[0].sum.to_bits(), rb[0].sum.to_bits());
     assert!((ra[0].sum - vals.iter().sum::<f64>()).abs() < 1e-6);
@@ -272,11 +272,11 @@ fn late_rows_are_counted_and_dropped() {
     let mut agg = WindowAgg::new(WindowSpec::tumbling(10), 0, 1);
     agg.add(5, 1, 1.0);
     let mut out = Vec::new();
-    agg.advance(0, 10, |r| out.push(r));
+    agg.advance(0, 10, |r| out.push(r)).unwrap();
     assert_eq!(out.len(), 1);
     agg.add(9, 1, 100.0); // window [0,10) already fired
     agg.add(10, 1, 2.0);
-    agg.advance(0, 20, |r| out.push(r));
+    agg.advance(0, 20, |r| out.push(r)).unwrap();
     assert_eq!(agg.late_rows(), 1);
     assert_eq!(out.iter().map(|r| (r.start, r.count)).collect::<Vec<_>>(), vec![(0, 1), (10, 1)]);
 }
@@ -286,11 +286,11 @@ fn watermark_waits_for_every_upstream() {
     let mut agg = WindowAgg::new(WindowSpec::tumbling(10), 2, 2);
     agg.add(1, 1, 1.0);
     let mut out = Vec::new();
-    agg.advance(0, 100, |r| out.push(r));
+    agg.advance(0, 100, |r| out.push(r)).unwrap();
     assert!(out.is_empty(), "upstream 1 has not reported");
-    agg.advance(1, 11, |r| out.push(r));
+    agg.advance(1, 11, |r| out.push(r)).unwrap();
     assert!(out.is_empty(), "min(100, 11) - 2 = 9 < 10");
-    agg.advance(1, 12, |r| out.push(r));
+    agg.advance(1, 12, |r| out.push(r)).unwrap();
     assert_eq!(out.len(), 1);
     assert_eq!(agg.watermark(), 10);
 }
@@ -341,4 +341,79 @@ fn results_at_a_high_key_count_equal_the_reference_across_a_snapshot() {
     assert_eq!(got.len(), want.len());
     assert!(got == want, "results differ from the reference");
     assert_eq!(second.late_rows(), late);
+}
+
+/// Like `run_sliced`, spilling whenever the agg is past its budget.
+fn run_spilling(agg: &mut WindowAgg, evs: &[Ev], slice: usize, out: &mut Vec<WindowResult>) -> u32 {
+    let mut spills = 0;
+    for ev in evs {
+        match ev {
+            Ev::Rows(rows) => {
+                let mut adder = agg.batch();
+                rows.iter().for_each(|&(t, k, v)| adder.add(t, k, v));
+                drop(adder);
+                spills += u32::from(agg.maybe_spill().unwrap());
+            }
+            Ev::Progress(i, t) => {
+                agg.observe(*i, *t);
+                agg.emit_fired(slice, |r| out.push(r)).unwrap();
+            }
+        }
+    }
+    spills
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, .. ProptestConfig::default() })]
+
+    #[test]
+    fn window_results_equal_the_reference_with_state_spilled(
+        (spec, delay, ups, evs) in events(), budget in 0usize..600_000, slice in 1usize..8,
+    ) {
+        let mut agg = WindowAgg::new(spec, delay, ups);
+        agg.set_spill(Box::<MemSpill>::default(), budget).unwrap();
+        let mut got = Vec::new();
+        run_spilling(&mut agg, &evs, slice, &mut got);
+        agg.emit_fired(usize::MAX, |r| got.push(r)).unwrap();
+        got.sort_by_key(|r| (r.start, r.key));
+        let (want, late) = reference(spec, delay, ups, &evs);
+        prop_assert_eq!(got, want);
+        prop_assert_eq!(agg.late_rows(), late);
+        prop_assert_eq!(agg.open_windows(), 0);
+    }
+}
+
+#[test]
+fn results_at_a_high_key_count_equal_the_reference_with_state_spilled() {
+    const KEYS: u64 = 200_000;
+    let spec = WindowSpec::tumbling(100);
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut evs = Vec::new();
+    let mut clock = 0i64;
+    for _ in 0..30 {
+        let rows: Vec<_> = (0..20_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                clock += (x % 3 == 0) as i64;
+                (clock / 100 - (x >> 60) as i64, (x >> 8) % KEYS, (x % 10_000) as f64 / 16.0)
+            })
+            .collect();
+        evs.push(Ev::Rows(rows));
+        evs.push(Ev::Progress(0, clock / 100));
+    }
+    evs.push(Ev::Progress(0, i64::MAX / 2));
+    let (want, late) = reference(spec, 10, 1, &evs);
+    let mut agg = WindowAgg::new(spec, 10, 1);
+    agg.set_spill(Box::<MemSpill>::default(), 4 << 20).unwrap();
+    let mut got = Vec::new();
+    let spills = run_spilling(&mut agg, &evs, 5_000, &mut got);
+    assert!(spills >= 5, "{spills} spills");
+    assert!(agg.memory_bytes() <= 4 << 20, "{} bytes in memory", agg.memory_bytes());
+    agg.emit_fired(usize::MAX, |r| got.push(r)).unwrap();
+    got.sort_by_key(|r| (r.start, r.key));
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "results differ from the reference");
+    assert_eq!(agg.late_rows(), late);
 }

@@ -74,7 +74,12 @@ impl TaskPort for EnginePort<'_> {
 
     fn capture(&mut self, id: CheckpointId) -> Result<Captured, CheckpointError> {
         Ok(match self.task {
-            Task::Agg(a) => Captured::Window(a.agg.freeze(), self.ctx.chain.clone()),
+            Task::Agg(a) => {
+                // The spill store is held until the uploader has its checkpoint: what it holds
+                // then is what was spilled before this barrier.
+                let spill = a.spill.as_ref().map(|db| db.hold());
+                Captured::Window(a.agg.freeze(), self.ctx.chain.clone(), spill)
+            }
             Task::Source(_) => Captured::Offset,
             Task::Sink(s) => {
                 s.store.start_flush().map_err(|e| CheckpointError::Snapshot {
@@ -124,6 +129,12 @@ impl TaskPort for EnginePort<'_> {
                 }
                 Task::Agg(a) => {
                     crate::state::load_window_state(&state, &mut a.agg).map_err(|e| failed(e.to_string()))?;
+                    if a.spill_budget.is_some() {
+                        a.agg.clear_spill();
+                        a.spill = None;
+                        let db = crate::state::SpillDb::fresh(&a.spill_root).map_err(|e| failed(e.to_string()))?;
+                        open_spill(a, db).map_err(failed)?;
+                    }
                 }
                 Task::Sink(s) => s.store.clear().map_err(|e| failed(e.to_string()))?,
             }
@@ -136,8 +147,14 @@ impl TaskPort for EnginePort<'_> {
             }
             Task::Agg(a) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, m| {
                 let db = restore::db_dir(&c.data, c.task);
-                let state = crate::state::TaskStore::open_from_snapshot(src, &db).map_err(|e| e.to_string())?;
+                let state = crate::state::TaskStore::open_from_state_files(src, &db).map_err(|e| e.to_string())?;
                 crate::state::load_window_state(&state, &mut a.agg).map_err(|e| e.to_string())?;
+                // Spilled partials restore whether or not this run spills: they are state.
+                a.agg.clear_spill();
+                a.spill = None;
+                if a.spill_budget.is_some() || src.join("CURRENT").is_file() {
+                    open_spill(a, crate::state::SpillDb::restore(src, &a.spill_root).map_err(|e| e.to_string())?)?;
+                }
                 // The next snapshot adds to the restored files.
                 c.chain.lock().unwrap_or_else(|e| e.into_inner()).restored(src, m.format).map_err(|e| e.to_string())
             }),
@@ -185,6 +202,14 @@ impl TaskPort for EnginePort<'_> {
         *c.index.lock().unwrap_or_else(|e| e.into_inner()) = index;
         Ok(version)
     }
+}
+
+/// Makes `db` the agg's spill store (with its budget; none: it only merges what is there).
+fn open_spill(a: &mut crate::runtime::task::AggTask, db: Arc<crate::state::SpillDb>) -> Result<(), String> {
+    let budget = a.spill_budget.unwrap_or(usize::MAX);
+    a.agg.set_spill(Box::new(crate::state::RocksSpill(db.clone())), budget).map_err(|e| e.to_string())?;
+    a.spill = Some(db);
+    Ok(())
 }
 
 /// Milliseconds and microseconds of the engine's clocks.

@@ -104,7 +104,7 @@ fn a_chain_is_written_whole_again_when_long_or_mostly_fired() {
     want.push((true, 1));
     assert_eq!(kinds, want, "a delta per snapshot until the chain is full, then one file");
     // The hour's window fires; a new one holds a few keys: the chain is mostly dead entries.
-    agg.advance(0, HOUR + 1, |_| {});
+    agg.advance(0, HOUR + 1, |_| {}).unwrap();
     (0..10u64).for_each(|k| agg.add(HOUR + 5, k, 1.0));
     let id = MAX_FILES as u64 + 2;
     let w = chain.write(&agg.freeze(), CheckpointId(id), &snap(root.path(), id)).unwrap();
@@ -178,9 +178,9 @@ fn chain_equals_full(seed: u64, keys: u64, size: i64, slice: usize) {
             rows.iter().for_each(|&(t, k, v)| adder.add(t, k, v));
             drop(adder);
             agg.observe(0, *progress);
-            agg.emit_fired(slice, |r| out.push(r));
+            agg.emit_fired(slice, |r| out.push(r)).unwrap();
         }
-        agg.advance(0, i64::MAX / 2, |r| out.push(r));
+        agg.advance(0, i64::MAX / 2, |r| out.push(r)).unwrap();
     };
     let mut want = Vec::new();
     run(&mut WindowAgg::new(spec, 3, 1), 0, &mut want);
@@ -196,7 +196,7 @@ fn chain_equals_full(seed: u64, keys: u64, size: i64, slice: usize) {
         rows.iter().for_each(|&(t, k, v)| adder.add(t, k, v));
         drop(adder);
         agg.observe(0, *progress);
-        agg.emit_fired(slice, |r| before.push(r));
+        agg.emit_fired(slice, |r| before.push(r)).unwrap();
         if i % 5 == 4 {
             let id = i as u64 + 1;
             let frozen = agg.freeze();
