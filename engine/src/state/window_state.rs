@@ -28,7 +28,7 @@
 use std::collections::BTreeMap;
 
 use super::{StateError, TaskStore};
-use crate::operator::window::{Acc, FrozenState, WindowAgg, shard_of};
+use crate::operator::window::{Acc, FrozenState, SHARDS, WindowAgg, shard_of};
 
 const BLOCK_PREFIX: u8 = b'b';
 const META_PREFIX: u8 = b'n';
@@ -223,15 +223,28 @@ pub fn load_window_state(store: &TaskStore, agg: &mut WindowAgg) -> Result<bool,
     };
     let open: Option<std::collections::HashSet<i64>> = meta.windows.as_ref().map(|w| w.iter().copied().collect());
     let oldest = meta.windows.as_ref().and_then(|w| w.first().copied());
-    let mut entries = Vec::new();
-    store.scan_prefix(&[BLOCK_PREFIX], |k, v| {
+    let check = |k: &[u8], v: &[u8]| {
         if !(k.len() == 13 || k.len() == 21) || v.len() % ENTRY_LEN != 0 {
             return Err(corrupt(format!("window block of {}+{} bytes", k.len(), v.len())));
         }
         let start = (u64::from_be_bytes(k[1..9].try_into().expect("8")) ^ (1 << 63)) as i64;
-        if open.as_ref().is_some_and(|o| !o.contains(&start)) {
-            return Ok(()); // fired after this file was written
+        // Entries of windows that fired after their file was written are not state.
+        Ok(open.as_ref().is_none_or(|o| o.contains(&start)).then_some(start))
+    };
+    // Two passes, so that no copy of the state is held besides the tables: the entries per
+    // window (blocks' lengths) to size them, then the entries straight into them.
+    let mut per_window: BTreeMap<i64, usize> = BTreeMap::new();
+    store.scan_prefix(&[BLOCK_PREFIX], |k, v| {
+        if let Some(start) = check(k, v)? {
+            *per_window.entry(start).or_insert(0) += v.len() / ENTRY_LEN;
         }
+        Ok(())
+    })?;
+    // Keys spread evenly over the shards (`order_of` mixes them); an eighth more for the spread.
+    let sizes = per_window.into_iter().map(|(s, n)| (s, vec![n / SHARDS + n / SHARDS / 8 + 1; SHARDS])).collect();
+    agg.restore_begin(sizes, &meta.progress, meta.late_rows, meta.rows).map_err(corrupt)?;
+    store.scan_prefix(&[BLOCK_PREFIX], |k, v| {
+        let Some(start) = check(k, v)? else { return Ok(()) };
         let emitted = if oldest == Some(start) { meta.cursor } else { 0 };
         for e in v.chunks_exact(ENTRY_LEN) {
             let key = u64::from_le_bytes(e[0..8].try_into().expect("8"));
@@ -248,11 +261,11 @@ pub fn load_window_state(store: &TaskStore, agg: &mut WindowAgg) -> Result<bool,
                 return Err(corrupt(format!("an entry of key {key} counts no row")));
             }
             // Files in chain order: a later entry of the same key replaces the earlier.
-            entries.push((start, key, acc));
+            agg.restore_put(start, key, acc);
         }
         Ok(())
     })?;
-    agg.restore(entries, &meta.progress, meta.late_rows, meta.rows).map_err(corrupt)?;
+    agg.restore_end();
     if let Some(windows) = &meta.windows {
         agg.reopen(windows, meta.cursor);
     }

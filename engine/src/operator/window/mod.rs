@@ -410,15 +410,6 @@ impl WindowAgg {
         late_rows: u64,
         rows: u64,
     ) -> Result<(), String> {
-        if progress.len() != self.upstream.len() {
-            return Err(format!(
-                "state has progress for {} upstreams, the operator has {}",
-                progress.len(),
-                self.upstream.len()
-            ));
-        }
-        self.windows.clear();
-        self.cursor = 0;
         // Tables sized first: inserting millions of entries into tables that double on the way
         // took half of a restore's time at 4,000,000 keys.
         let entries: Vec<(i64, u64, Acc)> = entries.into_iter().collect();
@@ -426,14 +417,34 @@ impl WindowAgg {
         for (start, key, _) in &entries {
             sizes.entry(*start).or_insert_with(|| vec![0; SHARDS])[shard_of(*key)] += 1;
         }
-        self.windows = sizes.into_iter().map(|(start, n)| (start, WindowTable::with_shard_sizes(&n))).collect();
+        self.restore_begin(sizes.into_iter().collect(), progress, late_rows, rows)?;
         for (start, key, acc) in entries {
-            self.window_mut(start).map_for(order_of(key)).insert(key, acc);
+            self.restore_put(start, key, acc);
         }
-        // Restored entries are stamped 0 (they are in the checkpoint); what comes next, 1.
-        self.epoch = 1;
-        self.spill_gen = 0;
-        self.windows.iter_mut().for_each(|(_, t)| t.set_epoch(1));
+        self.restore_end();
+        Ok(())
+    }
+
+    /// A restore entry by entry (the loader streams them from disk): empties the state, sizes
+    /// the windows (`sizes`: per window, entries expected per shard), and sets the progress and
+    /// counters; then [`Self::restore_put`] for each entry and [`Self::restore_end`].
+    pub fn restore_begin(
+        &mut self,
+        sizes: Vec<(i64, Vec<usize>)>,
+        progress: &[Option<i64>],
+        late_rows: u64,
+        rows: u64,
+    ) -> Result<(), String> {
+        if progress.len() != self.upstream.len() {
+            return Err(format!(
+                "state has progress for {} upstreams, the operator has {}",
+                progress.len(),
+                self.upstream.len()
+            ));
+        }
+        self.cursor = 0;
+        self.windows = sizes.into_iter().map(|(start, n)| (start, WindowTable::with_shard_sizes(&n))).collect();
+        self.windows.sort_by_key(|w| w.0);
         self.upstream.copy_from_slice(progress);
         self.watermark = self
             .upstream
@@ -443,6 +454,19 @@ impl WindowAgg {
         self.late_rows = late_rows;
         self.rows = rows;
         Ok(())
+    }
+
+    /// One entry of a restore (a later one of the same window and key replaces it).
+    pub fn restore_put(&mut self, start: i64, key: u64, acc: Acc) {
+        self.window_mut(start).map_for(order_of(key)).insert(key, acc);
+    }
+
+    /// The end of a restore: restored entries are stamped 0 (they are in the checkpoint);
+    /// what comes next, 1.
+    pub fn restore_end(&mut self) {
+        self.epoch = 1;
+        self.spill_gen = 0;
+        self.windows.iter_mut().for_each(|(_, t)| t.set_epoch(1));
     }
 
     /// After [`Self::restore`]: the windows open at the snapshot (some may hold no entry in
