@@ -166,3 +166,25 @@ fn a_result_store_checkpoint_restores_exactly_what_it_held_and_a_closed_store_ke
     again.clear().unwrap();
     assert!(again.scan(StreamId(1)).unwrap().is_empty());
 }
+
+#[test]
+fn the_first_results_of_a_node_are_those_of_a_full_scan_read_in_one_pass() {
+    use weir_engine::state::{NodeResults, result_store_dir};
+    let dir = tempfile::tempdir().unwrap();
+    for (sink, keys) in [(TaskId(5), [9u64, 2, 40]), (TaskId(6), [1, 30, 7])] {
+        let store = ResultStore::open(&result_store_dir(dir.path(), sink)).unwrap();
+        for start in [1000i64, 0] {
+            let rs: Vec<_> = keys
+                .iter()
+                .map(|&key| WindowResult { key, start, count: key + 1, sum: key as f64 / 3.0, min: -1.5, max: 2.0 })
+                .collect();
+            store.upsert(StreamId(1), TaskId(2), &rs).unwrap();
+        }
+    }
+    let node = NodeResults::open(dir.path()).unwrap();
+    let all = node.scan(StreamId(1)).unwrap();
+    assert_eq!(all.len(), 12);
+    for n in [0, 1, 3, 12, 20] {
+        assert_eq!(node.first(StreamId(1), n).unwrap(), all[..n.min(12)].to_vec(), "first {n}");
+    }
+}

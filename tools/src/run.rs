@@ -201,7 +201,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let rows = stats.rows_aggregated.load(Ordering::Relaxed);
     let written = stats.results_written.load(Ordering::Relaxed);
     let secs = t0.elapsed().as_secs_f64();
-    let sample = engine.results().scan(spec.id).context("reading results")?.into_iter().take(3).collect::<Vec<_>>();
+    let sample = engine.results().first(spec.id, 3).context("reading results")?;
     let ck = engine.checkpoints().map(|log| {
         let mut ms: Vec<f64> = log
             .finished()

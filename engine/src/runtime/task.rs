@@ -241,6 +241,10 @@ impl AggTask {
                     let mut adder = self.agg.batch();
                     rows.for_each(|t, k, v| adder.add(t, k, v));
                     drop(adder);
+                    // State past the budget goes to the spill store after each message (tables
+                    // grow a shard at a time: the budget is overshot by one shard's growth at
+                    // most), never in a snapshot's way (the store says when it is held).
+                    self.agg.maybe_spill()?;
                     self.stats.rows_aggregated.fetch_add(rows.len() as u64, Ordering::Relaxed);
                     self.board.rows_in.fetch_add(rows.len() as u64, Ordering::Relaxed);
                 }
@@ -259,9 +263,6 @@ impl AggTask {
                 }
             }
         }
-        // State past the budget goes to the task's spill store (between messages, never in a
-        // snapshot's way: the store says when it is held).
-        self.agg.maybe_spill()?;
         for i in 0..n_out {
             if !self.builders[i].is_empty() {
                 let rs = std::mem::take(&mut self.builders[i]);

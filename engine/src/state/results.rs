@@ -290,6 +290,34 @@ impl NodeResults {
         Ok(out)
     }
 
+    /// The first `n` results of `stream` in (key, window start) order, read in one pass that
+    /// holds `n` of them at a time (a summary's sample of millions of results).
+    pub fn first(&self, stream: StreamId, n: usize) -> Result<Vec<WindowResult>, StateError> {
+        let mut heap: std::collections::BinaryHeap<(u64, i64, [u64; 4])> = Default::default();
+        for s in &self.stores {
+            s.for_each(stream, |r| {
+                heap.push((r.key, r.start, [r.count, r.sum.to_bits(), r.min.to_bits(), r.max.to_bits()]));
+                if heap.len() > n {
+                    heap.pop(); // the largest goes
+                }
+                Ok(())
+            })?;
+        }
+        let mut out: Vec<WindowResult> = heap
+            .into_iter()
+            .map(|(key, start, [count, sum, min, max])| WindowResult {
+                key,
+                start,
+                count,
+                sum: f64::from_bits(sum),
+                min: f64::from_bits(min),
+                max: f64::from_bits(max),
+            })
+            .collect();
+        out.sort_unstable_by_key(|r| (r.key, r.start));
+        Ok(out)
+    }
+
     /// One result, from whichever sink holds it.
     pub fn get(&self, stream: StreamId, k: u64, start: i64) -> Result<Option<WindowResult>, StateError> {
         for s in &self.stores {
