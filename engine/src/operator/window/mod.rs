@@ -295,7 +295,7 @@ impl WindowAgg {
                 late = true;
             } else {
                 let h = order_of(key);
-                self.window_mut(start).map_for(h).add(h, key, value);
+                self.window_mut(start).add(h, key, value);
             }
             start -= self.spec.slide_ms;
         }
@@ -534,7 +534,7 @@ impl RowAdder<'_> {
         let slot = self.queued % AHEAD;
         if self.queued >= AHEAD {
             let (oh, ok, ov) = self.ring[slot];
-            table.map_for(oh).add(oh, ok, ov);
+            table.add(oh, ok, ov);
         }
         self.ring[slot] = (h, key, value);
         self.queued += 1;
@@ -547,7 +547,7 @@ impl RowAdder<'_> {
             let first = self.queued.saturating_sub(AHEAD);
             for i in first..self.queued {
                 let (h, k, v) = self.ring[i % AHEAD];
-                table.map_for(h).add(h, k, v);
+                table.add(h, k, v);
             }
         }
         self.queued = 0;

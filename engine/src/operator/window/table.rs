@@ -64,18 +64,35 @@ fn shard_of_order(h: u64) -> usize {
 #[derive(Debug)]
 enum Shard {
     Owned(ShardMap),
-    /// Held by a snapshot too; taken back (or copied) on the first write.
-    Shared(Arc<ShardMap>),
+    /// Held by a snapshot too, with the rows for it since (order, key, value), applied once the
+    /// snapshot lets go of the shard (no copy), or on a copy when they grow as many as its
+    /// entries or the shard must be read.
+    Shared(Arc<ShardMap>, Vec<(u64, u64, f64)>),
 }
 
 impl Shard {
     fn map(&self) -> &ShardMap {
         match self {
             Shard::Owned(m) => m,
-            Shard::Shared(a) => a,
+            Shard::Shared(a, _) => a,
+        }
+    }
+
+    /// The shard's entries with its deferred rows applied (a copy when there are any).
+    fn settled(&self) -> std::borrow::Cow<'_, ShardMap> {
+        match self {
+            Shard::Shared(a, rows) if !rows.is_empty() => {
+                let mut m = (**a).clone();
+                rows.iter().for_each(|&(h, k, v)| m.add(h, k, v));
+                std::borrow::Cow::Owned(m)
+            }
+            s => std::borrow::Cow::Borrowed(s.map()),
         }
     }
 }
+
+/// Rows a shared shard defers at least, before it is copied.
+const MIN_DEFERRED: usize = 64;
 
 /// The aggregates of one open window.
 #[derive(Debug)]
@@ -125,32 +142,59 @@ impl WindowTable {
         }
     }
 
-    /// The shard of the key whose order is `h` (`order_of(key)`), writable.
+    /// The shard of the key whose order is `h` (`order_of(key)`), writable (taken back from a
+    /// snapshot, or copied, with its deferred rows applied).
     #[inline]
     pub fn map_for(&mut self, h: u64) -> &mut ShardMap {
         let shard = &mut self.shards[shard_of_order(h)];
-        if let Shard::Shared(_) = shard {
+        if let Shard::Shared(..) = shard {
             unshare(shard, self.epoch);
         }
         match shard {
             Shard::Owned(m) => m,
-            Shard::Shared(_) => unreachable!("unshared above"),
+            Shard::Shared(..) => unreachable!("unshared above"),
+        }
+    }
+
+    /// Adds a row to the key whose order is `h`. A shard a snapshot still holds is not copied
+    /// for it: the row waits beside the shard until the snapshot lets go (the common case: the
+    /// uploader drops a snapshot's shards once it has written them), unless as many rows as the
+    /// shard has entries are waiting already.
+    #[inline]
+    pub fn add(&mut self, h: u64, key: u64, value: f64) {
+        let shard = &mut self.shards[shard_of_order(h)];
+        match shard {
+            Shard::Owned(m) => m.add(h, key, value),
+            Shard::Shared(a, rows) if Arc::strong_count(a) > 1 && rows.len() < a.len().max(MIN_DEFERRED) => {
+                rows.push((h, key, value))
+            }
+            Shard::Shared(..) => {
+                unshare(shard, self.epoch);
+                if let Shard::Owned(m) = shard {
+                    m.add(h, key, value)
+                }
+            }
         }
     }
 
     /// Entries.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.map().len()).sum()
+        self.shards.iter().map(|s| s.settled().len()).sum()
     }
 
     /// Whether the window has no entries.
     pub fn is_empty(&self) -> bool {
-        self.shards.iter().all(|s| s.map().is_empty())
+        self.len() == 0
     }
 
     /// Every entry, shard by shard (unordered within a shard).
     pub fn iter(&self) -> impl Iterator<Item = (u64, Acc)> + '_ {
-        self.shards.iter().flat_map(|s| s.map().iter().map(|(k, a)| (k, *a)))
+        self.shards.iter().flat_map(|s| s.settled().iter().map(|(k, a)| (k, *a)).collect::<Vec<_>>())
+    }
+
+    /// Shards a snapshot still holds that have rows waiting for them.
+    pub fn deferred(&self) -> usize {
+        self.shards.iter().map(|s| if let Shard::Shared(_, r) = s { r.len() } else { 0 }).sum()
     }
 
     /// Asks for the line where the probe of the key whose order is `h` starts.
@@ -163,15 +207,22 @@ impl WindowTable {
     /// shared until its next write, which stamps `next_epoch` (above every epoch so far).
     pub fn freeze(&mut self, next_epoch: u32) -> Vec<Arc<ShardMap>> {
         debug_assert!(next_epoch >= self.epoch);
+        let epoch = self.epoch;
         self.epoch = next_epoch;
         self.shards
             .iter_mut()
-            .map(|s| match s {
-                Shard::Shared(a) => a.clone(),
-                Shard::Owned(m) => {
-                    let a = Arc::new(std::mem::take(m));
-                    *s = Shard::Shared(a.clone());
-                    a
+            .map(|s| {
+                if matches!(s, Shard::Shared(_, rows) if !rows.is_empty()) {
+                    // Rows wait for it: this snapshot holds them (stamped with their epoch).
+                    unshare(s, epoch);
+                }
+                match s {
+                    Shard::Shared(a, _) => a.clone(),
+                    Shard::Owned(m) => {
+                        let a = Arc::new(std::mem::take(m));
+                        *s = Shard::Shared(a.clone(), Vec::new());
+                        a
+                    }
                 }
             })
             .collect()
@@ -197,14 +248,16 @@ impl WindowTable {
     pub fn take_shard_sorted(&mut self, s: usize, scratch: &mut Vec<(u64, u64, Acc)>) {
         let shard = std::mem::replace(&mut self.shards[s], owned(ShardMap::default(), self.epoch));
         scratch.clear();
-        scratch.extend(shard.map().iter().map(|(k, a)| (order_of(k), k, *a)));
+        scratch.extend(shard.settled().iter().map(|(k, a)| (order_of(k), k, *a)));
         // Almost sorted already (see `SlotMap`): the stable sort finds the runs.
         scratch.sort_by_key(|e| e.0);
     }
 
-    /// Bytes of the tables the window owns or shares (a snapshot may hold them too).
+    /// Bytes of the tables the window owns or shares (a snapshot may hold them too), and of
+    /// the rows waiting for shared ones.
     pub fn bytes(&self) -> usize {
-        self.shards.iter().map(|s| s.map().bytes()).sum()
+        let deferred = |s: &Shard| if let Shard::Shared(_, r) = s { r.capacity() * 24 } else { 0 };
+        self.shards.iter().map(|s| s.map().bytes() + deferred(s)).sum()
     }
 }
 
@@ -212,8 +265,11 @@ impl WindowTable {
 #[cold]
 #[inline(never)]
 fn unshare(shard: &mut Shard, epoch: u32) {
-    let Shard::Shared(a) = std::mem::replace(shard, Shard::Owned(ShardMap::default())) else { return };
-    *shard = owned(Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone()), epoch);
+    let Shard::Shared(a, rows) = std::mem::replace(shard, Shard::Owned(ShardMap::default())) else { return };
+    let mut m = Arc::try_unwrap(a).unwrap_or_else(|a| (*a).clone());
+    m.set_epoch(epoch);
+    rows.iter().for_each(|&(h, k, v)| m.add(h, k, v));
+    *shard = Shard::Owned(m);
 }
 
 #[cfg(test)]
@@ -251,6 +307,32 @@ mod tests {
         assert!(snap.iter().flat_map(|m| m.iter()).all(|(_, a)| a.count == 1), "the snapshot saw no later write");
         assert_eq!(t.len(), 2000);
         assert!(t.iter().filter(|(k, _)| *k < 1000).all(|(_, a)| a.count == 2));
+    }
+
+    #[test]
+    fn rows_for_a_shard_a_snapshot_holds_wait_beside_it_and_apply_once_it_is_let_go() {
+        let mut t = WindowTable::default();
+        (0..10_000u64).for_each(|k| t.add(order_of(k), k, 1.0));
+        let snap = t.freeze(1);
+        (0..5_000u64).for_each(|k| t.add(order_of(k), k, 2.0));
+        assert_eq!(t.deferred(), 5_000, "no shard copied");
+        assert!(snap.iter().flat_map(|m| m.iter()).all(|(_, a)| a.count == 1), "the snapshot saw no later row");
+        assert_eq!(t.len(), 10_000);
+        assert!(t.iter().all(|(k, a)| a.count == 1 + u64::from(k < 5_000)), "reads see the waiting rows");
+        drop(snap);
+        (5_000..5_100u64).for_each(|k| t.add(order_of(k), k, 2.0));
+        assert!(t.deferred() < 5_000, "shards taken back as rows reach them");
+        // A snapshot holding on: a shard's waiting rows stop at its entries, then it is copied.
+        let snap = t.freeze(2);
+        for _ in 0..3 {
+            (0..10_000u64).for_each(|k| t.add(order_of(k), k, 1.0));
+        }
+        assert!(t.deferred() <= 10_000 + 256 * MIN_DEFERRED, "{} rows waiting", t.deferred());
+        let again = t.freeze(3);
+        assert_eq!(t.deferred(), 0, "a snapshot takes the waiting rows");
+        // Keys below 5,100 had a row more (after the first snapshot).
+        assert!(again.iter().flat_map(|m| m.iter()).all(|(k, a)| a.count == if k < 5_100 { 5 } else { 4 }));
+        drop((snap, again));
     }
 
     #[test]
