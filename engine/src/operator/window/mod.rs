@@ -21,14 +21,16 @@
 //! hands a snapshot their shards without copying entries, and [`WindowAgg::restore`] puts a
 //! checkpoint's entries back.
 
+mod adder;
 mod fixed;
+mod frozen;
 mod slots;
 mod spill;
 mod table;
 
-use std::sync::Arc;
-
+pub use adder::RowAdder;
 pub use fixed::{from_fixed, to_fixed};
+pub use frozen::FrozenState;
 pub use spill::{MemSpill, RunWriter, SpillError, SpillStore};
 pub use table::{SHARDS, ShardMap, WindowTable, order_of, shard_of, shard_orders};
 
@@ -154,70 +156,6 @@ pub struct WindowAgg {
     spill_gen: u32,
 }
 
-/// An agg's state at a barrier: the open windows' shards, shared with the operator until it
-/// writes to them (see [`WindowTable`]), and the operator's progress and counters.
-#[derive(Clone, Debug, Default)]
-pub struct FrozenState {
-    /// Open windows, oldest first, each with its shards.
-    pub windows: Vec<(i64, Vec<Arc<ShardMap>>)>,
-    /// Progress per upstream.
-    pub progress: Vec<Option<i64>>,
-    /// Late rows so far.
-    pub late_rows: u64,
-    /// Rows so far.
-    pub rows: u64,
-    /// The epoch of this snapshot: its entries are stamped at most this, and those stamped above
-    /// an older snapshot's epoch changed since that one ([`FrozenState::changed_since`]).
-    pub epoch: u32,
-    /// Shards of the oldest window emitted already (it fired and was being emitted), which
-    /// hold nothing any more.
-    pub cursor: usize,
-    /// Spills the agg made before this snapshot, since its start or restore: a snapshot is a
-    /// delta only of one with the same count.
-    pub spill_gen: u32,
-}
-
-impl FrozenState {
-    /// Every (window start, key, aggregate) written after the snapshot of `epoch` (one this
-    /// agg took earlier, or 0 for every entry), window by window.
-    pub fn changed_since(&self, epoch: u32) -> impl Iterator<Item = (i64, u64, Acc)> + '_ {
-        self.windows.iter().flat_map(move |(s, shards)| {
-            shards.iter().flat_map(move |m| m.iter_since(epoch).map(move |(k, a)| (*s, k, *a)))
-        })
-    }
-
-    /// An upper bound of [`Self::changed_since`]'s count, without looking at entries: exact
-    /// when `epoch` is this snapshot's predecessor (each shard counts what it stamps), else the
-    /// entries of shards written after that snapshot.
-    pub fn changed_bound(&self, epoch: u32) -> usize {
-        let shards = self.windows.iter().flat_map(|(_, shards)| shards.iter());
-        shards
-            .map(|m| match m.epoch() {
-                e if e <= epoch => 0,
-                e if e == epoch + 1 => m.stamped(),
-                _ => m.len(),
-            })
-            .sum()
-    }
-
-    /// Open (window start, key, aggregate) entries.
-    pub fn len(&self) -> usize {
-        self.windows.iter().flat_map(|(_, shards)| shards.iter()).map(|m| m.len()).sum()
-    }
-
-    /// Whether no window holds an entry.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Every (window start, key, aggregate), window by window, unordered within a window.
-    pub fn entries(&self) -> impl Iterator<Item = (i64, u64, Acc)> + '_ {
-        self.windows
-            .iter()
-            .flat_map(|(s, shards)| shards.iter().flat_map(move |m| m.iter().map(move |(k, a)| (*s, k, *a))))
-    }
-}
-
 impl WindowAgg {
     /// An operator with `upstreams` inputs.
     pub fn new(spec: WindowSpec, delay_ms: i64, upstreams: usize) -> Self {
@@ -308,16 +246,7 @@ impl WindowAgg {
     /// event time moves slowly against the row rate) find their window and its lateness once.
     #[inline]
     pub fn batch(&mut self) -> RowAdder<'_> {
-        RowAdder {
-            agg: self,
-            lo: i64::MAX,
-            hi: i64::MIN,
-            window: None,
-            rows: 0,
-            late: 0,
-            ring: [(0, 0, 0.0); AHEAD],
-            queued: 0,
-        }
+        RowAdder::new(self)
     }
 
     /// Upstream `input` has sent every row with event time up to `max_ts`. Fires the windows the
@@ -479,86 +408,6 @@ impl WindowAgg {
         if windows.first().is_some_and(|s| self.windows.first().is_some_and(|w| w.0 == *s)) {
             self.cursor = cursor.min(SHARDS - 1);
         }
-    }
-}
-
-/// Rows a [`RowAdder`] holds between asking for a row's table line and aggregating it.
-const AHEAD: usize = 8;
-
-/// Adds rows to a [`WindowAgg`] (see [`WindowAgg::batch`]); the counters are updated, and the
-/// rows still held are aggregated, when it is dropped.
-///
-/// Each row's table line is prefetched as it comes in and the row aggregated [`AHEAD`] rows
-/// later: the agg's time is memory latency (a table line per row, out of cache from 100,000 keys
-/// on), and this way several rows' lines are on their way at once.
-#[derive(Debug)]
-pub struct RowAdder<'a> {
-    agg: &'a mut WindowAgg,
-    /// The event times `[lo, hi)` of the window the last row went to (tumbling windows only).
-    lo: i64,
-    hi: i64,
-    /// That window's index, or `None` when it is late.
-    window: Option<usize>,
-    rows: u64,
-    late: u64,
-    /// Rows of `window` prefetched and not yet aggregated: (order of the key, key, value).
-    ring: [(u64, u64, f64); AHEAD],
-    queued: usize,
-}
-
-impl RowAdder<'_> {
-    /// Adds one row (the same as [`WindowAgg::add`]).
-    #[inline]
-    pub fn add(&mut self, ts: i64, key: u64, value: f64) {
-        if self.agg.spec.slide_ms != self.agg.spec.size_ms {
-            self.agg.add(ts, key, value);
-            return;
-        }
-        self.rows += 1;
-        if !(ts >= self.lo && ts < self.hi) {
-            // Another window: found once for the run of rows that share it. Indices stay valid
-            // until the next miss: only a miss inserts a window, and nothing fires meanwhile.
-            self.drain();
-            let agg = &mut *self.agg;
-            self.lo = agg.spec.last_start(ts);
-            self.hi = self.lo.saturating_add(agg.spec.size_ms);
-            self.window = (self.hi > agg.watermark).then(|| agg.window_index(self.lo));
-        }
-        let Some(w) = self.window else {
-            self.late += 1;
-            return;
-        };
-        let h = order_of(key);
-        let table = &mut self.agg.windows[w].1;
-        table.prefetch(h);
-        let slot = self.queued % AHEAD;
-        if self.queued >= AHEAD {
-            let (oh, ok, ov) = self.ring[slot];
-            table.add(oh, ok, ov);
-        }
-        self.ring[slot] = (h, key, value);
-        self.queued += 1;
-    }
-
-    /// Aggregates the rows held.
-    fn drain(&mut self) {
-        if let Some(w) = self.window {
-            let table = &mut self.agg.windows[w].1;
-            let first = self.queued.saturating_sub(AHEAD);
-            for i in first..self.queued {
-                let (h, k, v) = self.ring[i % AHEAD];
-                table.add(h, k, v);
-            }
-        }
-        self.queued = 0;
-    }
-}
-
-impl Drop for RowAdder<'_> {
-    fn drop(&mut self) {
-        self.drain();
-        self.agg.rows += self.rows;
-        self.agg.late_rows += self.late;
     }
 }
 
