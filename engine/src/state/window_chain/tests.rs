@@ -37,6 +37,19 @@ fn files_in(dir: &Path) -> Vec<String> {
 
 const HOUR: i64 = 3_600_000;
 
+/// An hour's window over keys `0..keys`, its first snapshot (checkpoint 1) written whole and
+/// stored.
+fn started(keys: u64) -> (tempfile::TempDir, WindowAgg, WindowChain) {
+    let root = tempfile::tempdir().unwrap();
+    let mut agg = WindowAgg::new(WindowSpec::tumbling(HOUR), 0, 1);
+    (0..keys).for_each(|k| agg.add(1, k, 1.0));
+    let mut chain = WindowChain::new();
+    let w = chain.write(&agg.freeze(), CheckpointId(1), &snap(root.path(), 1)).unwrap();
+    assert!(w.full);
+    chain.accept(w);
+    (root, agg, chain)
+}
+
 #[test]
 fn a_delta_holds_only_the_entries_written_since_the_last_stored_snapshot() {
     let root = tempfile::tempdir().unwrap();
@@ -70,12 +83,7 @@ fn a_delta_holds_only_the_entries_written_since_the_last_stored_snapshot() {
 
 #[test]
 fn the_next_delta_covers_a_snapshot_whose_upload_failed() {
-    let root = tempfile::tempdir().unwrap();
-    let mut agg = WindowAgg::new(WindowSpec::tumbling(HOUR), 0, 1);
-    (0..1000u64).for_each(|k| agg.add(1, k, 1.0));
-    let mut chain = WindowChain::new();
-    let w = chain.write(&agg.freeze(), CheckpointId(1), &snap(root.path(), 1)).unwrap();
-    chain.accept(w);
+    let (root, mut agg, chain) = started(1000);
     (0..100u64).for_each(|k| agg.add(1, k, 1.0));
     let lost = chain.write(&agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
     assert_eq!(lost.files.last().unwrap().entries, 100);
@@ -114,12 +122,7 @@ fn a_chain_is_written_whole_again_when_long_or_mostly_fired() {
 
 #[test]
 fn a_chain_file_gone_from_the_node_makes_the_snapshot_whole() {
-    let root = tempfile::tempdir().unwrap();
-    let mut agg = WindowAgg::new(WindowSpec::tumbling(HOUR), 0, 1);
-    (0..1000u64).for_each(|k| agg.add(1, k, 1.0));
-    let mut chain = WindowChain::new();
-    let w = chain.write(&agg.freeze(), CheckpointId(1), &snap(root.path(), 1)).unwrap();
-    chain.accept(w);
+    let (root, mut agg, chain) = started(1000);
     std::fs::remove_dir_all(snap(root.path(), 1)).unwrap(); // a dropped snapshot directory
     agg.add(1, 5, 1.0);
     let w = chain.write(&agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
@@ -129,12 +132,7 @@ fn a_chain_file_gone_from_the_node_makes_the_snapshot_whole() {
 
 #[test]
 fn a_write_begun_before_a_restore_is_not_accepted_after_it() {
-    let root = tempfile::tempdir().unwrap();
-    let mut agg = WindowAgg::new(WindowSpec::tumbling(HOUR), 0, 1);
-    (0..1000u64).for_each(|k| agg.add(1, k, 1.0));
-    let mut chain = WindowChain::new();
-    let w1 = chain.write(&agg.freeze(), CheckpointId(1), &snap(root.path(), 1)).unwrap();
-    chain.accept(w1);
+    let (root, mut agg, mut chain) = started(1000);
     agg.add(1, 1, 1.0);
     let stale = chain.write(&agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
     chain.restored(&snap(root.path(), 1), CHAIN_FORMAT).unwrap();
