@@ -202,11 +202,20 @@ impl ResultStore {
     /// Starts writing the memtable to an SST file in the background and returns at once (a
     /// memtable switch): called at the barrier, so that the checkpoint that follows finds the
     /// flush done or under way instead of starting it.
+    ///
+    /// Not while an earlier flush is still writing: RocksDB would wait for it before switching
+    /// (a flush that would stall writes waits), and the barrier with it (seconds when the disk
+    /// is behind, at millions of keys). The uploader's checkpoint flushes what is left anyway.
     pub fn start_flush(&self) -> Result<(), StateError> {
+        let g = self.db()?;
+        let db = g.as_ref().expect("open");
+        let pending = db.property_int_value("rocksdb.num-immutable-mem-table").map_err(db_err(&self.path))?;
+        if pending.unwrap_or(0) > 0 {
+            return Ok(());
+        }
         let mut fo = rocksdb::FlushOptions::default();
         fo.set_wait(false);
-        let g = self.db()?;
-        g.as_ref().expect("open").flush_opt(&fo).map_err(db_err(&self.path))
+        db.flush_opt(&fo).map_err(db_err(&self.path))
     }
 
     /// Takes a RocksDB checkpoint into `dir` (which must not exist): the memtable flushed, hard
