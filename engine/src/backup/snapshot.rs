@@ -26,9 +26,10 @@ pub struct ManifestEntry {
 /// checkpoint (format 1 named none: its results stayed on the node). 3: that result store keeps
 /// its results in blocks (`state::result_blocks`; format 2 kept one entry per result). 4: an
 /// agg's manifest names a chain of state files, a full one and deltas (`state::WindowChain`;
-/// format 3 and older named one file, which reads as a chain of one). Formats 1 to 4 are read;
-/// a sink refuses to restore a result store older than 3.
-pub const MANIFEST_FORMAT: u32 = 4;
+/// format 3 and older named one file, which reads as a chain of one). 5: those files hold
+/// compact entries (varint counts and sums; format 4's fixed ones are read, and a chain may hold
+/// both). Formats 1 to 5 are read; a sink refuses to restore a result store older than 3.
+pub const MANIFEST_FORMAT: u32 = 5;
 
 /// What one task's checkpoint consists of.
 #[derive(Clone, Debug, PartialEq, Eq)]
