@@ -128,10 +128,13 @@ impl TaskPort for EnginePort<'_> {
                     }
                 }
                 Task::Agg(a) => {
+                    // Nothing, whatever the operator held before (a stream gone back to nothing).
+                    let ups = vec![None; a.agg.progress().len()];
+                    a.agg.restore(std::iter::empty(), &ups, 0, 0).map_err(failed)?;
                     crate::state::load_window_state(&state, &mut a.agg).map_err(|e| failed(e.to_string()))?;
+                    a.agg.clear_spill();
+                    a.spill = None;
                     if a.spill_budget.is_some() {
-                        a.agg.clear_spill();
-                        a.spill = None;
                         let db = crate::state::SpillDb::fresh(&a.spill_root).map_err(|e| failed(e.to_string()))?;
                         open_spill(a, db).map_err(failed)?;
                     }
