@@ -1,13 +1,15 @@
 //! The uploader pool: threads that turn the state a task captured at a barrier into a snapshot
-//! directory (an agg's window state as a [`WindowChain`]'s files, a RocksDB checkpoint of a
-//! sink's result store, or nothing but the offset), upload it with [`upload_snapshot_indexed`] (only the files the task's
+//! directory (an agg's window state as files of its [`WindowChain`], with its spill store's
+//! RocksDB checkpoint when it spills; a RocksDB checkpoint of a sink's result store; or nothing
+//! but the offset), upload it with [`upload_snapshot_indexed`] (only the files the task's
 //! [`UploadIndex`] does not hold yet), and hand the outcome to the job's completion. A task never
 //! waits for it.
 //!
 //! Invariants: every job's completion runs exactly once, with the captured state handed back
-//! (an agg's frozen windows are let go as soon as they are written, before the upload: the
-//! operator copies every shard it writes to while a snapshot holds it); a storage error is a
-//! failed upload, never a panic.
+//! (an agg's frozen windows are let go as soon as they are written, before the upload: rows for
+//! shards a snapshot holds wait until it lets go); an agg's spill store is released as soon as
+//! its checkpoint is taken (or the job fails); its chain changes only after a successful upload;
+//! a storage error is a failed upload, never a panic.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
