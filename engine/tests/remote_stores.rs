@@ -97,8 +97,27 @@ fn a_wrong_rsync_password_is_refused_with_an_error_naming_the_store() {
 
 #[test]
 fn an_unreachable_store_fails_within_its_timeout_and_says_retrying_may_help() {
-    // A port nothing listens on: bound, then closed.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // A port that hangs up on every connection (held for the test: a port bound and closed
+    // again could go to another test's server meanwhile, which answers).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => drop(conn),
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        unreachable_stores_fail_and_say_retrying_may_help(port);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+}
+
+fn unreachable_stores_fail_and_say_retrying_may_help(port: u16) {
     let s3 = S3Store::open(
         "b",
         "p",
