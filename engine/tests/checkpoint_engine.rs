@@ -46,15 +46,7 @@ fn an_engine_stopped_midway_restores_the_last_commit_and_ends_with_the_same_resu
         let commits = std::fs::read_dir(dir.path().join("remote/7/checkpoints")).map_or(0, |d| d.count());
         assert!(commits > round, "round {round}: only {commits} commits so far");
     }
-    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config(dir.path(), 80)).unwrap();
-    assert!(
-        matches!(engine.restored(), Some((weir_engine::wire::msg::RestoreBasis::Committed, Some(_)))),
-        "{:?}",
-        engine.restored()
-    );
-    engine.wait().unwrap();
-    let got = NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap();
-    assert_eq!(got, util::reference(&spec));
+    util::ckpt::restart_ends_exact(&spec, config(dir.path(), 80), dir.path());
 }
 
 /// Lets both engines finish the stream; returns the results of both nodes, in (key, start) order.

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use weir_engine::runtime::Engine;
 use weir_engine::spec::{Placement, SourceKind, TaskKind};
-use weir_engine::state::NodeResults;
 use weir_engine::wire::NodeId;
 
 use util::ckpt::{config, spec};
@@ -51,14 +50,5 @@ fn a_stream_whose_state_spills_ends_with_exact_results_across_stops_and_restores
         })
         .count();
     assert!(with_spill > 0, "no agg snapshot holds spilled state");
-    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), with_budget()).unwrap();
-    assert!(
-        matches!(engine.restored(), Some((weir_engine::wire::msg::RestoreBasis::Committed, Some(_)))),
-        "{:?}",
-        engine.restored()
-    );
-    engine.wait().unwrap();
-    let got = NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap();
-    assert_eq!(got.len(), util::reference(&spec).len());
-    assert!(got == util::reference(&spec), "results differ from the reference");
+    util::ckpt::restart_ends_exact(&spec, with_budget(), dir.path());
 }

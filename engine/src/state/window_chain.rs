@@ -128,13 +128,14 @@ impl WindowChain {
         let chained: u64 = self.files.iter().map(|f| f.entries).sum();
         let changed = copy.changed_bound(self.epoch) as u64;
         let name = state_file_name(id);
-        let delta = !self.files.is_empty()
+        let may_delta = !self.files.is_empty()
             && self.files.len() < MAX_FILES
             && copy.epoch > self.epoch
             && copy.spill_gen == self.spill_gen
             && chained + changed <= MAX_READ_FACTOR * live.max(1)
-            && self.files.iter().all(|f| f.name < name)
-            && self.link_into(dir);
+            && self.files.iter().all(|f| f.name < name);
+        // A delta needs the chain's files beside it; one missing makes the snapshot whole.
+        let delta = may_delta && self.link_into(dir);
         let mut files = if delta { self.relinked(dir) } else { Vec::new() };
         if !delta {
             // A full file: nothing else of the chain belongs in the directory.

@@ -16,6 +16,23 @@ pub fn config(dir: &std::path::Path, interval_ms: u64) -> EngineConfig {
     cfg
 }
 
+/// Starts `spec` on one node with `cfg` over a data directory that holds commits: the engine
+/// restores the last one, runs the bounded stream to its end, and the results equal the
+/// reference.
+pub fn restart_ends_exact(spec: &weir_engine::spec::StreamSpec, cfg: EngineConfig, dir: &std::path::Path) {
+    let engine = Engine::start(spec, &Placement::single(NodeId(1)), cfg).unwrap();
+    assert!(
+        matches!(engine.restored(), Some((weir_engine::wire::msg::RestoreBasis::Committed, Some(_)))),
+        "{:?}",
+        engine.restored()
+    );
+    engine.wait().unwrap();
+    let got = weir_engine::state::NodeResults::open(dir).unwrap().scan(spec.id).unwrap();
+    let want = super::reference(spec);
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "results differ from the reference");
+}
+
 /// Starts `spec` on one node with `cfg`, lets `n` checkpoints commit, and stops it.
 pub fn commit_then_stop(spec: &weir_engine::spec::StreamSpec, cfg: EngineConfig, n: u64) {
     let engine = Engine::start(spec, &Placement::single(NodeId(1)), cfg).unwrap();

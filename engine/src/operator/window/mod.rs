@@ -31,7 +31,9 @@ mod table;
 pub use adder::RowAdder;
 pub use fixed::{from_fixed, to_fixed};
 pub use frozen::FrozenState;
-pub use spill::{MemSpill, RunWriter, SpillError, SpillStore};
+#[cfg(test)]
+pub(crate) use spill::MemSpill;
+pub use spill::{RunWriter, SpillError, SpillStore};
 pub use table::{SHARDS, ShardMap, WindowTable, order_of, shard_of, shard_orders};
 
 /// Window shape.

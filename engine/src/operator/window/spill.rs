@@ -210,66 +210,74 @@ pub(crate) fn merge(a: &mut Acc, b: &Acc) {
     a.max = a.max.max(b.max);
 }
 
-/// A spill store in memory, for tests of the operator.
-#[derive(Debug, Default)]
-pub struct MemSpill {
-    /// (start, order, run) → (key, partial).
-    pub entries: std::collections::BTreeMap<(i64, u64, u32), (u64, Acc)>,
-    /// Runs written.
-    pub runs: u32,
-    /// Set to hold writes back.
-    pub hold: bool,
-}
+#[cfg(test)]
+pub(crate) use mem::MemSpill;
 
-struct MemRun<'a> {
-    store: &'a mut MemSpill,
-    run: u32,
-    last: Option<(i64, u64)>,
-}
+#[cfg(test)]
+mod mem {
+    use super::{Acc, RunWriter, SpillError, SpillStore};
 
-impl RunWriter for MemRun<'_> {
-    fn put(&mut self, start: i64, order: u64, key: u64, acc: &Acc) -> Result<(), SpillError> {
-        assert!(self.last < Some((start, order)), "a run ascends");
-        self.last = Some((start, order));
-        self.store.entries.insert((start, order, self.run), (key, *acc));
-        Ok(())
+    /// A spill store in memory, for tests of the operator.
+    #[derive(Debug, Default)]
+    pub struct MemSpill {
+        /// (start, order, run) → (key, partial).
+        pub entries: std::collections::BTreeMap<(i64, u64, u32), (u64, Acc)>,
+        /// Runs written.
+        pub runs: u32,
+        /// Set to hold writes back.
+        pub hold: bool,
     }
 
-    fn finish(self: Box<Self>) -> Result<(), SpillError> {
-        self.store.runs += 1;
-        Ok(())
-    }
-}
-
-impl SpillStore for MemSpill {
-    fn begin_run(&mut self, run: u32) -> Result<Box<dyn RunWriter + '_>, SpillError> {
-        assert!(!self.hold, "no run while held");
-        Ok(Box::new(MemRun { store: self, run, last: None }))
+    struct MemRun<'a> {
+        store: &'a mut MemSpill,
+        run: u32,
+        last: Option<(i64, u64)>,
     }
 
-    fn read(&self, start: i64, lo: u64, hi: u64, f: &mut dyn FnMut(u64, u64, Acc)) -> Result<(), SpillError> {
-        for ((_, order, _), (key, acc)) in self.entries.range((start, lo, 0)..=(start, hi, u32::MAX)) {
-            f(*order, *key, *acc);
+    impl RunWriter for MemRun<'_> {
+        fn put(&mut self, start: i64, order: u64, key: u64, acc: &Acc) -> Result<(), SpillError> {
+            assert!(self.last < Some((start, order)), "a run ascends");
+            self.last = Some((start, order));
+            self.store.entries.insert((start, order, self.run), (key, *acc));
+            Ok(())
         }
-        Ok(())
+
+        fn finish(self: Box<Self>) -> Result<(), SpillError> {
+            self.store.runs += 1;
+            Ok(())
+        }
     }
 
-    fn drop_window(&mut self, start: i64) -> Result<(), SpillError> {
-        self.entries.retain(|k, _| k.0 != start);
-        Ok(())
-    }
+    impl SpillStore for MemSpill {
+        fn begin_run(&mut self, run: u32) -> Result<Box<dyn RunWriter + '_>, SpillError> {
+            assert!(!self.hold, "no run while held");
+            Ok(Box::new(MemRun { store: self, run, last: None }))
+        }
 
-    fn held(&self) -> bool {
-        self.hold
-    }
+        fn read(&self, start: i64, lo: u64, hi: u64, f: &mut dyn FnMut(u64, u64, Acc)) -> Result<(), SpillError> {
+            for ((_, order, _), (key, acc)) in self.entries.range((start, lo, 0)..=(start, hi, u32::MAX)) {
+                f(*order, *key, *acc);
+            }
+            Ok(())
+        }
 
-    fn next_run(&self) -> u32 {
-        self.entries.keys().map(|k| k.2 + 1).max().unwrap_or(0)
-    }
+        fn drop_window(&mut self, start: i64) -> Result<(), SpillError> {
+            self.entries.retain(|k, _| k.0 != start);
+            Ok(())
+        }
 
-    fn windows(&self) -> Result<Vec<i64>, SpillError> {
-        let mut w: Vec<i64> = self.entries.keys().map(|k| k.0).collect();
-        w.dedup();
-        Ok(w)
+        fn held(&self) -> bool {
+            self.hold
+        }
+
+        fn next_run(&self) -> u32 {
+            self.entries.keys().map(|k| k.2 + 1).max().unwrap_or(0)
+        }
+
+        fn windows(&self) -> Result<Vec<i64>, SpillError> {
+            let mut w: Vec<i64> = self.entries.keys().map(|k| k.0).collect();
+            w.dedup();
+            Ok(w)
+        }
     }
 }

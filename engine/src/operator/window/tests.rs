@@ -168,11 +168,7 @@ proptest! {
         let mut agg = WindowAgg::new(spec, delay, ups);
         let mut got = Vec::new();
         run(&mut agg, &evs, &mut got);
-        got.sort_by_key(|r| (r.start, r.key));
-        let (want, late) = reference(spec, delay, ups, &evs);
-        prop_assert_eq!(got, want);
-        prop_assert_eq!(agg.late_rows(), late);
-        prop_assert_eq!(agg.open_windows(), 0);
+        equals_the_reference(&agg, got, spec, delay, ups, &evs)?;
     }
 
     #[test]
@@ -221,6 +217,24 @@ proptest! {
         prop_assert_eq!(groups(&got), groups(&want));
         prop_assert_eq!(got.len(), want.len());
     }
+}
+
+/// `got` (an operator's results, in any order) and the operator's counters are the reference's,
+/// and nothing is left open.
+fn equals_the_reference(
+    agg: &WindowAgg,
+    mut got: Vec<WindowResult>,
+    spec: WindowSpec,
+    delay: i64,
+    ups: usize,
+    evs: &[Ev],
+) -> Result<(), TestCaseError> {
+    got.sort_by_key(|r| (r.start, r.key));
+    let (want, late) = reference(spec, delay, ups, evs);
+    prop_assert_eq!(got, want);
+    prop_assert_eq!(agg.late_rows(), late);
+    prop_assert_eq!(agg.open_windows(), 0);
+    Ok(())
 }
 
 /// The events run through one operator from start to end: the operator and its results.
@@ -375,11 +389,7 @@ proptest! {
         let mut got = Vec::new();
         run_spilling(&mut agg, &evs, slice, &mut got);
         agg.emit_fired(usize::MAX, |r| got.push(r)).unwrap();
-        got.sort_by_key(|r| (r.start, r.key));
-        let (want, late) = reference(spec, delay, ups, &evs);
-        prop_assert_eq!(got, want);
-        prop_assert_eq!(agg.late_rows(), late);
-        prop_assert_eq!(agg.open_windows(), 0);
+        equals_the_reference(&agg, got, spec, delay, ups, &evs)?;
     }
 }
 
