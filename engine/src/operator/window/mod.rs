@@ -28,6 +28,8 @@ mod slots;
 mod spill;
 mod table;
 
+use slots::SlotPool;
+
 pub use adder::RowAdder;
 pub use fixed::{from_fixed, to_fixed};
 pub use frozen::FrozenState;
@@ -156,6 +158,8 @@ pub struct WindowAgg {
     /// Spills since the start or the restore: a snapshot after a spill cannot be a delta of
     /// one before it (entries moved out of memory).
     spill_gen: u32,
+    /// Fired windows' slot arrays for the next windows (none kept under a memory budget).
+    pool: SlotPool,
 }
 
 impl WindowAgg {
@@ -174,6 +178,7 @@ impl WindowAgg {
             epoch: 1,
             spill: None,
             spill_gen: 0,
+            pool: SlotPool::default(),
         }
     }
 
@@ -214,8 +219,9 @@ impl WindowAgg {
         if i == 0 || self.windows[i - 1].0 != start {
             // A new window: sized like the newest one, which is over the same keys.
             let e = self.epoch;
+            let pool = &mut self.pool;
             let table =
-                self.windows.last().map_or_else(|| WindowTable::empty(e), |(_, t)| WindowTable::sized_like(t, e));
+                self.windows.last().map_or_else(|| WindowTable::empty(e), |(_, t)| WindowTable::sized_like(t, e, pool));
             self.windows.insert(i, (start, table));
             return i;
         }
@@ -278,15 +284,22 @@ impl WindowAgg {
     /// (or none is left); returns how many did. Fails only when spilled partials cannot be read.
     pub fn emit_fired(&mut self, max: usize, mut emit: impl FnMut(WindowResult)) -> Result<usize, SpillError> {
         let mut n = 0;
+        self.pool.reclaim_one();
         while n < max && self.has_fired() {
             let (start, table) = &mut self.windows[0];
             let start = *start;
+            if self.cursor == 0 && self.spill.is_none() {
+                // The pool keeps up to one window's tables: what the next window will take.
+                self.pool.set_limit(self.pool.limit().max(table.bytes()));
+            }
             let mut out = |key, a: &Acc| {
                 emit(WindowResult { key, start, count: a.count, sum: from_fixed(a.sum_fx), min: a.min, max: a.max })
             };
             n += match &mut self.spill {
-                Some(sp) if sp.has(start) => sp.emit_shard(start, self.cursor, table, &mut self.scratch, &mut out)?,
-                _ => table.drain_shard_sorted(self.cursor, &mut self.scratch, out),
+                Some(sp) if sp.has(start) => {
+                    sp.emit_shard(start, self.cursor, table, &mut self.scratch, &mut self.pool, &mut out)?
+                }
+                _ => table.drain_shard_sorted(self.cursor, &mut self.scratch, &mut self.pool, out),
             };
             self.cursor += 1;
             if self.cursor == SHARDS {

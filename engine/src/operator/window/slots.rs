@@ -101,6 +101,31 @@ impl SlotMap {
         Self { first: (n * 2).next_power_of_two().max(FIRST), ..Self::default() }
     }
 
+    /// An empty table for about `n` entries whose slots come from `pool` when it has a table of
+    /// the size the first allocation would have (no page to fault in and clear), else lazily
+    /// as [`Self::expecting`].
+    pub fn from_pool(n: usize, pool: &mut SlotPool) -> Self {
+        let mut t = Self::expecting(n);
+        if let Some(slots) = pool.take(t.first) {
+            t.shift = 64 - slots.len().trailing_zeros();
+            t.slots = slots;
+        }
+        t
+    }
+
+    /// Empties the table into `out` as (order, key, aggregate), in slot order, keeping its
+    /// slots (every one empty again) for [`SlotPool::put`].
+    pub fn drain_into(&mut self, out: &mut Vec<(u64, u64, Acc)>) {
+        out.reserve(self.len);
+        for s in self.slots.iter_mut().filter(|s| s.acc.count > 0) {
+            out.push((order_of(s.key), s.key, s.acc));
+            // The line is in cache already: emptying it here is nearly free.
+            s.acc.count = 0;
+        }
+        self.len = 0;
+        self.stamped = 0;
+    }
+
     #[inline]
     fn mask(&self) -> usize {
         self.slots.len().wrapping_sub(1)
@@ -219,6 +244,90 @@ impl SlotMap {
     pub fn prefetch(&self, h: u64) {
         if let Some(s) = self.slots.get(self.start(h)) {
             crate::sys::prefetch(s);
+        }
+    }
+}
+
+/// Slot arrays of fired windows, kept for the next windows' tables.
+///
+/// Why: every window allocates its tables afresh, and at millions of keys a window's tables are
+/// hundreds of megabytes that the allocator had given back to the kernel when the last window
+/// went; the kernel then faults in and clears every page again (`perf` of `weir run --keys
+/// 4000000` on tmpfs: 42 % of all CPU in `clear_page_erms`, 31 % under `SlotMap::resize`). A
+/// table handed back here is emptied while it is drained (its lines are in cache then), so the
+/// next window takes it as it is.
+///
+/// Invariants: every array held is a power of two in length with every slot empty; the arrays
+/// held take at most `limit` bytes; tables a snapshot still shared when their window fired wait
+/// in `shared` until the snapshot lets go.
+#[derive(Debug, Default)]
+pub struct SlotPool {
+    /// Arrays held, by log2 of their length.
+    free: Vec<Vec<Vec<Slot>>>,
+    bytes: usize,
+    limit: usize,
+    shared: Vec<std::sync::Arc<SlotMap>>,
+}
+
+impl SlotPool {
+    /// Bytes of the arrays held (the shared ones not counted: a snapshot holds those).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Holds at most `limit` bytes from now on (0: nothing, and what is held goes).
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit;
+        if limit == 0 {
+            *self = Self::default();
+        }
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Keeps `m`'s slots (an emptied table: see [`SlotMap::drain_into`]) if there is room.
+    pub fn put(&mut self, m: SlotMap) {
+        debug_assert!(m.is_empty());
+        let b = m.bytes();
+        if m.slots.is_empty() || self.bytes + b > self.limit {
+            return;
+        }
+        debug_assert!(m.slots.iter().all(|s| s.acc.count == 0));
+        let log = m.slots.len().trailing_zeros() as usize;
+        if self.free.len() <= log {
+            self.free.resize_with(log + 1, Vec::new);
+        }
+        self.bytes += b;
+        self.free[log].push(m.slots);
+    }
+
+    /// Keeps a table a snapshot still holds, to empty and keep once the snapshot lets go
+    /// ([`Self::reclaim_one`]).
+    pub fn put_shared(&mut self, m: std::sync::Arc<SlotMap>) {
+        if self.limit > 0 && !m.slots.is_empty() {
+            self.shared.push(m);
+        }
+    }
+
+    /// An array of `n` (a power of two) empty slots, if one is held.
+    fn take(&mut self, n: usize) -> Option<Vec<Slot>> {
+        let v = self.free.get_mut(n.trailing_zeros() as usize)?.pop()?;
+        self.bytes -= v.capacity() * std::mem::size_of::<Slot>();
+        Some(v)
+    }
+
+    /// Empties and keeps one of the shared tables no snapshot holds any more, if there is one:
+    /// a bounded piece of work (one table), called between messages.
+    pub fn reclaim_one(&mut self) {
+        let Some(i) = self.shared.iter().position(|a| std::sync::Arc::strong_count(a) == 1) else { return };
+        if let Ok(mut m) = std::sync::Arc::try_unwrap(self.shared.swap_remove(i)) {
+            m.slots.iter_mut().for_each(|s| s.acc.count = 0);
+            m.len = 0;
+            m.stamped = 0;
+            self.put(m);
         }
     }
 }

@@ -16,6 +16,7 @@
 
 use std::collections::BTreeSet;
 
+use super::slots::SlotPool;
 use super::{Acc, SHARDS, WindowAgg, WindowTable, shard_orders};
 
 /// Why a spill store failed.
@@ -83,9 +84,10 @@ impl Spilling {
         s: usize,
         table: &mut WindowTable,
         scratch: &mut Vec<(u64, u64, Acc)>,
+        pool: &mut SlotPool,
         out: &mut impl FnMut(u64, &Acc),
     ) -> Result<usize, SpillError> {
-        table.take_shard_sorted(s, scratch);
+        table.take_shard_sorted(s, scratch, pool);
         let merged = &mut self.merged;
         merged.clear();
         let (lo, hi) = shard_orders(s);
@@ -150,12 +152,19 @@ impl WindowAgg {
         };
         sp.drop_dead()?;
         self.spill = Some(sp);
+        // Under a budget, memory a fired window gave back is not kept.
+        self.pool.set_limit(0);
         Ok(())
     }
 
     /// Stops spilling (the store is let go; a restore sets the next one).
     pub fn clear_spill(&mut self) {
         self.spill = None;
+    }
+
+    /// Bytes of fired windows' tables kept for the next windows (none under a budget).
+    pub fn pooled_bytes(&self) -> usize {
+        self.pool.bytes()
     }
 
     /// Bytes of the open windows' tables.
@@ -180,7 +189,7 @@ impl WindowAgg {
         let mut entries = 0usize;
         for (start, table) in &mut self.windows {
             for s in 0..SHARDS {
-                table.take_shard_sorted(s, scratch);
+                table.take_shard_sorted(s, scratch, &mut self.pool);
                 for (o, k, a) in scratch.iter() {
                     w.put(*start, *o, *k, a)?;
                 }

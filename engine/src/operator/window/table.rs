@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use super::Acc;
-use super::slots::SlotMap;
+use super::slots::{SlotMap, SlotPool};
 
 /// log2 of the shards per window.
 pub const SHARD_BITS: u32 = 8;
@@ -120,9 +120,10 @@ impl WindowTable {
     }
 
     /// An empty window sized like `other` shard by shard (the next window over the same keys):
-    /// its tables do not grow through every size on the way.
-    pub fn sized_like(other: &WindowTable, epoch: u32) -> Self {
-        let shards = other.shards.iter().map(|s| owned(ShardMap::expecting(s.map().len()), epoch)).collect();
+    /// its tables do not grow through every size on the way, and take their slots from `pool`
+    /// where it has them.
+    pub fn sized_like(other: &WindowTable, epoch: u32, pool: &mut SlotPool) -> Self {
+        let shards = other.shards.iter().map(|s| owned(ShardMap::from_pool(s.map().len(), pool), epoch)).collect();
         Self { shards, epoch }
     }
 
@@ -234,21 +235,32 @@ impl WindowTable {
         &mut self,
         s: usize,
         scratch: &mut Vec<(u64, u64, Acc)>,
+        pool: &mut SlotPool,
         mut f: impl FnMut(u64, &Acc),
     ) -> usize {
-        self.take_shard_sorted(s, scratch);
+        self.take_shard_sorted(s, scratch, pool);
         for (_, k, a) in scratch.iter() {
             f(*k, a);
         }
         scratch.len()
     }
 
-    /// Empties shard `s` into `scratch` as (order, key, aggregate), in [`order_of`] order. A
-    /// snapshot that shares the shard keeps it.
-    pub fn take_shard_sorted(&mut self, s: usize, scratch: &mut Vec<(u64, u64, Acc)>) {
+    /// Empties shard `s` into `scratch` as (order, key, aggregate), in [`order_of`] order; its
+    /// slots go to `pool`. A snapshot that shares the shard keeps it.
+    pub fn take_shard_sorted(&mut self, s: usize, scratch: &mut Vec<(u64, u64, Acc)>, pool: &mut SlotPool) {
         let shard = std::mem::replace(&mut self.shards[s], owned(ShardMap::default(), self.epoch));
         scratch.clear();
-        scratch.extend(shard.settled().iter().map(|(k, a)| (order_of(k), k, *a)));
+        match shard {
+            Shard::Owned(mut m) => {
+                m.drain_into(scratch);
+                pool.put(m);
+            }
+            Shard::Shared(a, rows) if rows.is_empty() => {
+                scratch.extend(a.iter().map(|(k, a)| (order_of(k), k, *a)));
+                pool.put_shared(a);
+            }
+            shard => scratch.extend(shard.settled().iter().map(|(k, a)| (order_of(k), k, *a))),
+        }
         // Almost sorted already (see `SlotMap`): the stable sort finds the runs.
         scratch.sort_by_key(|e| e.0);
     }
@@ -353,8 +365,9 @@ mod tests {
         }
         let mut out = Vec::new();
         let snap = t.freeze(1);
-        let n: usize =
-            (0..SHARDS).map(|s| t.drain_shard_sorted(s, &mut Vec::new(), |k, a| out.push((k, a.count)))).sum();
+        let n: usize = (0..SHARDS)
+            .map(|s| t.drain_shard_sorted(s, &mut Vec::new(), &mut SlotPool::default(), |k, a| out.push((k, a.count))))
+            .sum();
         assert_eq!((n, out.len(), t.len()), (5000, 5000, 0));
         assert_eq!(snap.iter().map(|m| m.len()).sum::<usize>(), 5000, "the snapshot keeps what was drained");
         assert!(out.windows(2).all(|w| order_of(w[0].0) < order_of(w[1].0)));

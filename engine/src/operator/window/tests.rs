@@ -357,6 +357,46 @@ fn results_at_a_high_key_count_equal_the_reference_across_a_snapshot() {
     assert_eq!(second.late_rows(), late);
 }
 
+/// Windows one after the other over the same keys: each fired window's tables go to the pool and
+/// the next window takes them (also those a snapshot held when their window fired, once it let
+/// go), and the results stay the reference's.
+#[test]
+fn tables_of_fired_windows_serve_the_next_windows_and_results_stay_exact() {
+    let spec = WindowSpec::tumbling(10);
+    let mut evs = Vec::new();
+    for w in 0..12i64 {
+        let rows = (0..20_000u64).map(|k| (w * 10 + (k % 10) as i64, k, (k % 97) as f64 - 40.0 + w as f64)).collect();
+        evs.push(Ev::Rows(rows));
+        evs.push(Ev::Progress(0, w * 10 + 9));
+    }
+    evs.push(Ev::Progress(0, 1_000));
+    let mut agg = WindowAgg::new(spec, 0, 1);
+    let mut got = Vec::new();
+    let (mut held, mut served, mut reclaimed) = (None, 0, false);
+    for (i, ev) in evs.iter().enumerate() {
+        let before = agg.pooled_bytes();
+        run(&mut agg, std::slice::from_ref(ev), &mut got);
+        match ev {
+            // A new window took tables from the pool.
+            Ev::Rows(_) if agg.pooled_bytes() < before => served += 1,
+            Ev::Progress(..) if i == 9 => held = Some(agg.freeze()),
+            // The window the snapshot holds has fired: its tables wait for the snapshot.
+            Ev::Progress(..) if i == 11 => {
+                let waiting = agg.pooled_bytes();
+                drop(held.take());
+                (0..SHARDS).for_each(|_| {
+                    agg.emit_fired(0, |_| {}).unwrap();
+                });
+                reclaimed = agg.pooled_bytes() > waiting;
+            }
+            _ => {}
+        }
+    }
+    assert!(served >= 8, "{served} windows took pooled tables");
+    assert!(reclaimed, "tables a snapshot held came back once it let go");
+    equals_the_reference(&agg, got, spec, 0, 1, &evs).unwrap();
+}
+
 /// Like `run_sliced`, spilling whenever the agg is past its budget.
 fn run_spilling(agg: &mut WindowAgg, evs: &[Ev], slice: usize, out: &mut Vec<WindowResult>) -> u32 {
     let mut spills = 0;
