@@ -1,6 +1,7 @@
 //! Engine parts: the generator, window aggregation, the ingest log append path, a window agg's
 //! checkpoint (the synchronous freeze of its state, at 10,000 and 1,000,000 keys, and the
-//! background snapshot write and store), and a sink's result writes.
+//! background snapshot write and store, and a state file at a million keys), and a sink's result
+//! writes.
 //! Results and the command are in docs/benchmarks.md.
 
 use std::time::{Duration, Instant};
@@ -12,7 +13,7 @@ use weir_engine::operator::generator::{Generator, GeneratorSpec};
 use weir_engine::operator::window::WindowResult;
 use weir_engine::operator::window::{WindowAgg, WindowSpec};
 use weir_engine::spec::shuffle;
-use weir_engine::state::{ResultStore, write_window_snapshot};
+use weir_engine::state::{ResultStore, write_window_snapshot, write_window_snapshot_with};
 use weir_engine::wire::{Batch, CheckpointId, StreamId, TaskId, Version};
 
 const ROWS: usize = 4096;
@@ -172,5 +173,44 @@ fn result_writes(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, parts, result_writes);
+/// An agg's background snapshot write at a million keys: the benchmark job's state after 2.5 M
+/// generator rows in one window (about 920,000 keys over 1,000,000), written as one state file
+/// on tmpfs (where it exists): the encoding and the SST writer's own cost, without the disk.
+fn state_writes(c: &mut Criterion) {
+    let mut g = c.benchmark_group("checkpoint");
+    g.measurement_time(Duration::from_secs(10));
+    g.sample_size(10);
+    let generator =
+        Generator::new(GeneratorSpec { keys: 1_000_000, rows_per_ms: 10_000, ..GeneratorSpec::default() }, 0);
+    let mut agg = WindowAgg::new(WindowSpec::tumbling(1_000_000), 0, 1);
+    {
+        let mut adder = agg.batch();
+        for o in 0..2_500_000u64 {
+            let (t, k, v) = generator.row(o);
+            adder.add(t, k, v);
+        }
+    }
+    let frozen = agg.freeze();
+    g.throughput(Throughput::Elements(agg.state_len() as u64));
+    let base = if std::path::Path::new("/dev/shm").is_dir() { "/dev/shm".into() } else { std::env::temp_dir() };
+    let dir = tempfile::tempdir_in(base).expect("temp dir");
+    let mut n = 0u64;
+    // LZ4 as a chain's full file tries it; uncompressed as its deltas go when that did not shrink.
+    for (name, lz4) in
+        [("write_state_file_1m_keys_on_tmpfs", true), ("write_state_file_1m_keys_on_tmpfs_uncompressed", false)]
+    {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                n += 1;
+                let path = dir.path().join(format!("state-{n}.sst"));
+                let size = write_window_snapshot_with(&frozen, &path, lz4).expect("write");
+                std::fs::remove_file(&path).expect("remove");
+                size
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, parts, result_writes, state_writes);
 criterion_main!(benches);

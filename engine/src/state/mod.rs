@@ -26,7 +26,9 @@ use std::path::{Path, PathBuf};
 pub use results::{NodeResults, ResultStore, result_store_dir};
 pub use spill_store::{RocksSpill, SpillDb, SpillSnapshot};
 pub use window_chain::{ChainFile, ChainWrite, MAX_FILES, MAX_READ_FACTOR, WindowChain, state_file_name};
-pub use window_state::{load_window_state, save_frozen_state, save_window_state, write_window_snapshot};
+pub use window_state::{
+    load_window_state, save_frozen_state, save_window_state, write_window_snapshot, write_window_snapshot_with,
+};
 
 /// Errors of the state stores.
 #[derive(Debug, thiserror::Error)]
@@ -80,14 +82,26 @@ fn db_or_corrupt(path: &Path) -> impl FnOnce(rocksdb::Error) -> StateError + '_ 
     }
 }
 
-/// Writes `kvs` (keys strictly ascending) as one SST file at `path`, synced to disk; returns its
-/// size. A `path` that exists is replaced.
+/// Writes `kvs` (keys strictly ascending) as one SST file at `path`, synced to disk, LZ4
+/// compressed; returns its size. A `path` that exists is replaced.
 pub fn write_sst<'a>(path: &Path, kvs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Result<u64, StateError> {
+    write_sst_with(path, kvs, true)
+}
+
+/// [`write_sst`], compressed with LZ4 or not. Not, where the data does not shrink: RocksDB keeps
+/// a block raw when LZ4 takes off too little, but it has tried, which cost half the write of a
+/// state file of random `f64` aggregates (criterion `checkpoint/write_state_file_1m_keys_on_tmpfs`,
+/// docs/benchmarks.md).
+pub fn write_sst_with<'a>(
+    path: &Path,
+    kvs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    lz4: bool,
+) -> Result<u64, StateError> {
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).map_err(io_err(parent))?;
     }
     let mut o = rocksdb::Options::default();
-    o.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    o.set_compression_type(if lz4 { rocksdb::DBCompressionType::Lz4 } else { rocksdb::DBCompressionType::None });
     let mut w = rocksdb::SstFileWriter::create(&o);
     w.open(path).map_err(db_err(path))?;
     for (k, v) in kvs {

@@ -17,6 +17,9 @@
 //! - A restore replaces the chain with the restored checkpoint's files (its entries are stamped
 //!   epoch 0, so the next delta holds what changed after the restore); an upload begun before
 //!   the restore is not accepted into the new chain (the generation differs).
+//! - Files go LZ4-compressed while that shrinks them: every full file tries, and the deltas on
+//!   it follow what it found (random `f64` aggregates do not shrink, and trying cost half the
+//!   write).
 
 use std::path::{Path, PathBuf};
 
@@ -57,6 +60,9 @@ pub struct WindowChain {
     spill_gen: u32,
     /// Bumped by every restore: a write begun before one is not accepted after it.
     generation: u64,
+    /// The chain's last file was written without LZ4, or with it and did not shrink: deltas go
+    /// uncompressed, and the next full file tries LZ4 again (the data may have changed).
+    plain: bool,
 }
 
 /// A snapshot written on a chain, to [`WindowChain::accept`] once it is stored.
@@ -70,8 +76,11 @@ pub struct ChainWrite {
     pub full: bool,
     /// Bytes of the new file.
     pub bytes: u64,
+    /// Whether the new file went LZ4-compressed.
+    pub lz4: bool,
     spill_gen: u32,
     generation: u64,
+    shrank: bool,
 }
 
 /// The name of the state file written for checkpoint `id`.
@@ -100,13 +109,14 @@ impl WindowChain {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with("state-") && name.ends_with(".sst") {
                 let len = e.metadata().map_err(super::io_err(dir))?.len();
-                // Compressed on disk, by less than half: an upper bound of its entries (the
-                // sooner the chain is written whole again, the less a restore reads).
+                // Raw, or compressed by less than half (an entry takes at least 26 bytes): an
+                // upper bound of its entries (the sooner the chain is written whole again, the
+                // less a restore reads).
                 files.push(ChainFile { path: e.path(), name, entries: len * 2 / ENTRY_LEN as u64 });
             }
         }
         files.sort_by(|a, b| a.name.cmp(&b.name));
-        *self = Self { epoch: 0, files, spill_gen: 0, generation: self.generation + 1 };
+        *self = Self { epoch: 0, files, spill_gen: 0, generation: self.generation + 1, plain: false };
         Ok(())
     }
 
@@ -145,15 +155,18 @@ impl WindowChain {
         }
         let path = dir.join(&name);
         let since = delta.then_some(self.epoch);
-        let (bytes, entries) = write_window_file(copy, since, id.0, &path)?;
-        files.push(ChainFile { name, path, entries });
+        let lz4 = !delta || !self.plain;
+        let w = write_window_file(copy, since, id.0, &path, lz4)?;
+        files.push(ChainFile { name, path, entries: w.entries });
         Ok(ChainWrite {
             files,
             epoch: copy.epoch,
             full: !delta,
-            bytes,
+            bytes: w.bytes,
+            lz4,
             spill_gen: copy.spill_gen,
             generation: self.generation,
+            shrank: w.shrank,
         })
     }
 
@@ -178,6 +191,7 @@ impl WindowChain {
             self.epoch = w.epoch;
             self.files = w.files;
             self.spill_gen = w.spill_gen;
+            self.plain = !w.shrank;
         }
     }
 }

@@ -148,24 +148,46 @@ pub fn save_frozen_state(store: &TaskStore, copy: &FrozenState) -> Result<(), St
 /// Writes all of `copy` as one SST file at `path` (a chain of one file); returns the file's
 /// size. [`TaskStore::open_from_snapshot`] reads it back.
 pub fn write_window_snapshot(copy: &FrozenState, path: &std::path::Path) -> Result<u64, StateError> {
-    write_window_file(copy, None, 0, path).map(|w| w.0)
+    write_window_snapshot_with(copy, path, true)
 }
 
-/// Writes `copy` as file `file` of a chain at `path`: every entry, or with `since` the entries
-/// written after the snapshot of that epoch. Returns the file's size and its entries.
+/// [`write_window_snapshot`], LZ4-compressed or not.
+pub fn write_window_snapshot_with(copy: &FrozenState, path: &std::path::Path, lz4: bool) -> Result<u64, StateError> {
+    write_window_file(copy, None, 0, path, lz4).map(|w| w.bytes)
+}
+
+/// What writing a state file did.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FileWrite {
+    /// The file's size.
+    pub bytes: u64,
+    /// Its entries.
+    pub entries: u64,
+    /// Whether it was LZ4-compressed and came out at most 7/8 of its keys and values: worth
+    /// compressing the next file too.
+    pub shrank: bool,
+}
+
+/// Writes `copy` as file `file` of a chain at `path` (LZ4-compressed when `lz4`): every entry,
+/// or with `since` the entries written after the snapshot of that epoch.
 pub(crate) fn write_window_file(
     copy: &FrozenState,
     since: Option<u32>,
     file: u64,
     path: &std::path::Path,
-) -> Result<(u64, u64), StateError> {
+    lz4: bool,
+) -> Result<FileWrite, StateError> {
     with_state_kvs(copy, since, file, |kvs| {
-        let mut entries = 0u64;
-        let size = super::write_sst(
+        let (mut entries, mut raw) = (0u64, 0u64);
+        let bytes = super::write_sst_with(
             path,
-            kvs.inspect(|(k, v)| entries += if k[0] == BLOCK_PREFIX { block_len(k, v) as u64 } else { 0 }),
+            kvs.inspect(|(k, v)| {
+                raw += (k.len() + v.len()) as u64;
+                entries += if k[0] == BLOCK_PREFIX { block_len(k, v) as u64 } else { 0 };
+            }),
+            lz4,
         )?;
-        Ok((size, entries))
+        Ok(FileWrite { bytes, entries, shrank: lz4 && bytes * 8 <= raw * 7 })
     })
 }
 
@@ -450,9 +472,10 @@ mod tests {
         // Then a compact delta on it.
         (1000..4000u64).for_each(|k| agg.add(7, k, 1.5));
         let second = agg.freeze();
-        let (_, written) =
-            write_window_file(&second, Some(first.epoch), 2, &snap.join("state-00000000000000000002.sst")).unwrap();
-        assert_eq!(written, 3000);
+        let written =
+            write_window_file(&second, Some(first.epoch), 2, &snap.join("state-00000000000000000002.sst"), true)
+                .unwrap();
+        assert_eq!(written.entries, 3000);
         let store = TaskStore::open_from_state_files(&snap, &dir.path().join("db")).unwrap();
         let mut back = WindowAgg::new(crate::operator::window::WindowSpec::tumbling(1000), 0, 1);
         assert!(load_window_state(&store, &mut back).unwrap());

@@ -245,3 +245,47 @@ proptest! {
         chain_equals_full(seed, keys, size, slice);
     }
 }
+
+/// Random keys and `f64` aggregates do not shrink under LZ4: the full file tries, its deltas go
+/// raw, and the next full file tries again; aggregates that do shrink stay compressed. Either
+/// way the chain restores to the state.
+#[test]
+fn deltas_go_uncompressed_when_their_full_file_did_not_shrink() {
+    for random in [true, false] {
+        let root = tempfile::tempdir().unwrap();
+        let mut agg = WindowAgg::new(WindowSpec::tumbling(HOUR), 0, 1);
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let keys: Vec<u64> = (0..20_000u64).map(|k| if random { next() } else { k }).collect();
+        let mut value = move || if random { (next() >> 11) as f64 / (1u64 << 53) as f64 * 1000.0 } else { 1.0 };
+        keys.iter().for_each(|&k| agg.add(1, k, value()));
+        let mut chain = WindowChain::new();
+        let (mut kinds, mut mixed) = (Vec::new(), Vec::new());
+        for id in 1..=MAX_FILES as u64 + 1 {
+            (0..2_000usize).for_each(|i| agg.add(1, keys[(i * 7 + id as usize) % keys.len()], value()));
+            let w = chain.write(&agg.freeze(), CheckpointId(id), &snap(root.path(), id)).unwrap();
+            kinds.push((w.full, w.lz4));
+            chain.accept(w);
+            if id == MAX_FILES as u64 {
+                mixed = sorted(&agg);
+            }
+        }
+        let want: Vec<(bool, bool)> = (0..=MAX_FILES)
+            .map(|i| {
+                let full = i == 0 || i == MAX_FILES;
+                (full, full || !random)
+            })
+            .collect();
+        assert_eq!(kinds, want, "random values: {random}");
+        let last = snap(root.path(), MAX_FILES as u64 + 1);
+        assert_eq!(sorted(&load(&last, WindowSpec::tumbling(HOUR), 0)), sorted(&agg));
+        let before_full = snap(root.path(), MAX_FILES as u64);
+        assert_eq!(files_in(&before_full).len(), MAX_FILES, "a chain of a full file and its deltas");
+        assert_eq!(sorted(&load(&before_full, WindowSpec::tumbling(HOUR), 0)), mixed);
+    }
+}
