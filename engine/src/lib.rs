@@ -18,6 +18,7 @@ pub mod backup;
 pub mod checkpoint;
 pub mod ingest;
 pub mod operator;
+pub mod reference;
 pub mod runtime;
 pub mod spec;
 pub mod state;

@@ -1,12 +1,14 @@
 //! The `weir` command. Libraries never print or install a logger; this binary does both.
 
 mod checkpoints;
+mod config;
 mod demo;
+mod logging;
+mod node;
 mod remote;
 mod run;
 
 use clap::{Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
 
 #[derive(Parser, Debug)]
 #[command(name = "weir", version, about = "Weir: a distributed stream engine with exactly-once checkpoints")]
@@ -19,6 +21,8 @@ struct Cli {
 enum Command {
     /// The embedded default: a whole stream in this process, with a live status line.
     Run(run::RunArgs),
+    /// One member of a cluster, from the cluster's config file.
+    Node(node::NodeArgs),
     /// What a remote store holds: list, show, verify and collect checkpoints.
     Checkpoints(checkpoints::CheckpointsArgs),
     /// Two transports on 127.0.0.1 in this process: handshake, batch throughput and round trips.
@@ -27,13 +31,21 @@ enum Command {
 
 /// Exit codes: 0 success, 1 a finding (damage `weir checkpoints verify` found), 2 an error.
 fn main() -> std::process::ExitCode {
-    // `WEIR_LOG` (or `RUST_LOG`) selects what is logged, e.g. `WEIR_LOG=weir_wire=debug`.
-    let filter = EnvFilter::try_from_env("WEIR_LOG")
-        .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    let result = match Cli::parse().command {
-        Command::Run(args) => run::run(&args).map(|()| std::process::ExitCode::SUCCESS),
+    let command = Cli::parse().command;
+    let mut run_log = None;
+    match &command {
+        // A node names itself in every line; it knows its id once the config is read.
+        Command::Node(args) => {
+            if let Ok((_, me)) = node::load(args) {
+                logging::init_prefixed(format!("node={}", me.id));
+            }
+        }
+        Command::Run(args) => run_log = logging::init_run(args.data_dir()),
+        _ => logging::init(),
+    }
+    let result = match command {
+        Command::Run(args) => run::run(&args, run_log.as_deref()).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Node(args) => node::run(&args),
         Command::Checkpoints(args) => checkpoints::run(&args),
         Command::Demo(args) => demo::run(&args).map(|()| std::process::ExitCode::SUCCESS),
     };

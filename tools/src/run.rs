@@ -22,9 +22,9 @@ use weir_engine::wire::{NodeId, StreamId};
 /// Options of `weir run`.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// How long to run (seconds).
-    #[arg(long, default_value_t = 10)]
-    seconds: u64,
+    /// How long to run, e.g. `30s`, `2m`.
+    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    duration: Duration,
     /// Where results and state go.
     #[arg(long, default_value = "weir-data")]
     data_dir: std::path::PathBuf,
@@ -40,9 +40,9 @@ pub struct RunArgs {
     /// Distinct series keys.
     #[arg(long, default_value_t = 10_000)]
     keys: u64,
-    /// Tumbling window size (ms).
-    #[arg(long, default_value_t = 1000)]
-    window_ms: i64,
+    /// Tumbling window size, e.g. `1s`, `250ms`, `1m`.
+    #[arg(long, default_value = "1s", value_parser = crate::config::parse_duration)]
+    window: Duration,
     /// Events per second per partition (omit for as fast as possible).
     #[arg(long)]
     rate: Option<u64>,
@@ -52,9 +52,9 @@ pub struct RunArgs {
     /// Events per partition, then the stream ends (and `weir run` with it); default: endless.
     #[arg(long)]
     events: Option<u64>,
-    /// Checkpoint interval (ms); 0 turns checkpoints off.
-    #[arg(long, default_value_t = 1000)]
-    checkpoint_ms: u64,
+    /// Time between checkpoints, e.g. `1s`, `100ms`; `0s` turns checkpoints off.
+    #[arg(long, default_value = "1s", value_parser = crate::config::parse_duration)]
+    checkpoint_interval: Duration,
     /// Continue from the last committed checkpoint instead of starting afresh.
     #[arg(long)]
     resume: bool,
@@ -75,7 +75,7 @@ pub struct RunArgs {
 }
 
 /// `512`, `64K`, `50M`, `1G` (binary multiples; an optional `B`, `iB`, `/s`).
-fn parse_bytes(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim().trim_end_matches("/s").trim_end_matches('B').trim_end_matches('i');
     let (num, mult) = match t.char_indices().last() {
         Some((i, 'K' | 'k')) => (&t[..i], 1u64 << 10),
@@ -88,6 +88,13 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         return Err(format!("{s:?}: the limit must be above zero"));
     }
     Ok((n * mult as f64) as u64)
+}
+
+impl RunArgs {
+    /// Where the run keeps its data (and its log file).
+    pub(crate) fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
+    }
 }
 
 /// The remote store of a run, and how to name it.
@@ -118,10 +125,11 @@ fn rss_mib() -> u64 {
         .map_or(0, |pages| (pages * 4096) >> 20)
 }
 
-/// Runs the embedded stream.
-pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+/// Runs the embedded stream (`log`: the file the log goes to, if not the terminal).
+pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<()> {
     let mut spec = StreamSpec::generator(StreamId(1), args.partitions, args.aggs, 1);
-    spec.window = WindowSpec::tumbling(args.window_ms);
+    let window_ms = i64::try_from(args.window.as_millis()).unwrap_or(i64::MAX);
+    spec.window = WindowSpec::tumbling(window_ms);
     if let SourceKind::Generator { spec: g, rate, limit } = &mut spec.source {
         g.keys = args.keys;
         // Event time runs about as fast as the wall clock at 10 M events/s per partition.
@@ -144,8 +152,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     cfg.workers = args.workers;
     cfg.pin_workers = !args.no_pin;
     cfg.state_budget = args.state_budget.map(|b| b as usize);
-    if args.checkpoint_ms > 0 {
-        let mut ck = CheckpointSettings::every(args.checkpoint_ms, &remote);
+    if !args.checkpoint_interval.is_zero() {
+        let mut ck = CheckpointSettings::every(args.checkpoint_interval.as_millis().max(1) as u64, &remote);
         if let Some(store) = named {
             ck.remote = Remote::Store(store);
         }
@@ -154,24 +162,28 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         cfg.checkpoint = Some(ck);
     }
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).context("starting the engine")?;
+    let live = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "weir run: {} source partitions -> {} aggs ({} ms tumbling windows, {} keys) -> sink, {} workers; data in {}",
         args.partitions,
         args.aggs,
-        args.window_ms,
+        window_ms,
         args.keys,
         args.workers,
         run_dir.display()
     )?;
+    if let Some(log) = log {
+        writeln!(out, "          log in {} (WEIR_LOG=info shows it here)", log.display())?;
+    }
     let engine = std::sync::Arc::new(engine);
     let stats = engine.stats();
     let t0 = Instant::now();
     let (mut last_t, mut last_rows) = (t0, 0u64);
     let mut peak_rate = 0f64;
     let done = |e: &Engine| args.events.is_some() && e.is_finished();
-    while t0.elapsed() < Duration::from_secs(args.seconds) && !done(&engine) {
+    while t0.elapsed() < args.duration && !done(&engine) {
         std::thread::sleep(Duration::from_millis(if args.events.is_some() { 100 } else { 1000 }));
         let now = Instant::now();
         if now.duration_since(last_t) < Duration::from_millis(900) {
@@ -183,8 +195,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         let (committed, last_ms) = engine
             .checkpoints()
             .map_or((0, 0.0), |log| (log.totals().0, log.recent(1).last().map_or(0.0, |c| c.duration_us as f64 / 1e3)));
-        // One line a second: log lines (stderr) interleave cleanly with it on a terminal.
-        writeln!(
+        // On a terminal the status line is rewritten in place (the log is in a file then, see
+        // `logging::init_run`); elsewhere one line a second, between the log's lines.
+        write!(out, "{}", if live { "\r\x1b[2K" } else { "" })?;
+        write!(
             out,
             "  {:>5.1}s  {:>7.2} M events/s  {:>14} events  {:>9} window results  {:>4} checkpoints (last {:>5.1} ms)  rss {:>4} MiB",
             t0.elapsed().as_secs_f64(),
@@ -195,6 +209,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             last_ms,
             rss_mib()
         )?;
+        if !live {
+            writeln!(out)?;
+        }
         out.flush()?;
         (last_t, last_rows) = (now, rows);
     }
@@ -218,6 +235,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         engine.stop();
     }
     engine.wait().context("stopping the engine")?;
+    if live {
+        writeln!(out)?; // below the last status line
+    }
     writeln!(
         out,
         "summary: {rows} events in {secs:.1} s = {:.2} M events/s (peak {:.2} M/s)",

@@ -10,7 +10,7 @@ fn weir() -> Command {
 fn weir_run_processes_events_and_prints_a_summary() {
     let dir = tempfile::tempdir().unwrap();
     let out = weir()
-        .args(["run", "--seconds", "2", "--no-pin", "--keys", "100", "--data-dir"])
+        .args(["run", "--duration", "2s", "--no-pin", "--keys", "100", "--data-dir"])
         .arg(dir.path())
         .output()
         .unwrap();
@@ -35,7 +35,7 @@ fn weir_demo_runs_the_transport_end_to_end() {
 
 #[test]
 fn bad_arguments_are_refused_with_usage() {
-    let out = weir().args(["run", "--seconds", "soon"]).output().unwrap();
+    let out = weir().args(["run", "--duration", "soon"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value"));
 }
@@ -43,9 +43,9 @@ fn bad_arguments_are_refused_with_usage() {
 /// A bounded stream of `events` per partition (2 partitions, 100,000 events/s each), slow enough
 /// to be killed in the middle, checkpointing every 100 ms.
 fn bounded(events: u64) -> Vec<String> {
-    ["run", "--events", &events.to_string(), "--rate", "100000", "--keys", "100", "--window-ms", "100"]
+    ["run", "--events", &events.to_string(), "--rate", "100000", "--keys", "100", "--window", "100ms"]
         .into_iter()
-        .chain(["--no-pin", "--checkpoint-ms", "100", "--seconds", "600", "--workers", "2"])
+        .chain(["--no-pin", "--checkpoint-interval", "100ms", "--duration", "10m", "--workers", "2"])
         .map(String::from)
         .collect()
 }
@@ -189,7 +189,7 @@ fn weir_run_with_a_bad_remote_says_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
     for (url, says) in [("ftp://host/x", "unknown scheme"), ("s3://", "no bucket"), ("rsync://host", "no module")] {
         let out =
-            weir().args(["run", "--seconds", "1", "--remote", url, "--data-dir"]).arg(dir.path()).output().unwrap();
+            weir().args(["run", "--duration", "1s", "--remote", url, "--data-dir"]).arg(dir.path()).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{url}");
         assert!(stderr.contains(url) && stderr.contains(says), "{url}: {stderr}");

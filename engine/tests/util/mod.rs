@@ -5,10 +5,8 @@ pub mod ckpt;
 pub mod services;
 pub mod uploads;
 
-use std::collections::BTreeMap;
-
-use weir_engine::operator::generator::{Generator, GeneratorSpec};
-use weir_engine::operator::window::{WindowResult, WindowSpec, from_fixed, to_fixed};
+use weir_engine::operator::generator::GeneratorSpec;
+use weir_engine::operator::window::{WindowResult, WindowSpec};
 use weir_engine::spec::{SourceKind, StreamSpec};
 use weir_engine::wire::StreamId;
 
@@ -36,34 +34,7 @@ pub fn bounded_spec(partitions: u32, aggs: u32, sinks: u32, rows: u64, window: W
 
 /// What the stream must produce, computed row by row without the engine.
 pub fn reference(spec: &StreamSpec) -> Vec<WindowResult> {
-    let SourceKind::Generator { spec: g, limit: Some(limit), .. } = &spec.source else { panic!("bounded generator") };
-    let mut acc: BTreeMap<(u64, i64), (u64, i128, f64, f64)> = BTreeMap::new();
-    for p in 0..spec.partitions {
-        let generator = Generator::new(*g, p);
-        for o in 0..*limit {
-            let (ts, key, v) = generator.row(o);
-            let w = spec.window;
-            let mut s = w.last_start(ts);
-            while s > ts - w.size_ms {
-                let e = acc.entry((key, s)).or_insert((0, 0, f64::INFINITY, f64::NEG_INFINITY));
-                e.0 += 1;
-                e.1 += to_fixed(v);
-                e.2 = e.2.min(v);
-                e.3 = e.3.max(v);
-                s -= w.slide_ms;
-            }
-        }
-    }
-    acc.into_iter()
-        .map(|((key, start), (count, sum, min, max))| WindowResult {
-            key,
-            start,
-            count,
-            sum: from_fixed(sum),
-            min,
-            max,
-        })
-        .collect()
+    weir_engine::reference::bounded_results(spec).expect("bounded generator")
 }
 
 /// Resident set size of this process in bytes.

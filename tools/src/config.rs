@@ -1,0 +1,380 @@
+//! The cluster config file of `weir node`: defaults, then the TOML file, then `WEIR_*`
+//! environment variables, into typed settings the engine takes.
+//!
+//! One file describes the whole cluster (every node reads the same file and picks its own entry
+//! by id): the nodes and their addresses, the coordinator, the stream, checkpoints and the
+//! remote store. An unknown key is an error naming it and its line; an environment variable
+//! `WEIR_A__B` sets key `b` of table `a` (`WEIR_CHECKPOINT__INTERVAL=2s`), and
+//! `WEIR_CLUSTER_SECRET` the secret. Variables whose first part names no top-level key
+//! (`WEIR_LOG`, say) are not config. Durations are human (`"1s"`, `"250ms"`, `"2m"`), sizes
+//! binary (`"512M"`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+
+/// The file, as written.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFile {
+    /// Cluster name: peers and clients of another cluster are refused.
+    #[serde(default = "default_cluster")]
+    pub cluster: String,
+    /// The shared secret every node and client proves (or `WEIR_CLUSTER_SECRET`). Required.
+    pub cluster_secret: Option<String>,
+    /// The node that runs the checkpoint coordinator (default: the lowest node id).
+    pub coordinator: Option<u32>,
+    /// Where nodes keep their data: `<data_dir>/node-<id>` unless a node names its own.
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+    /// Worker threads per node.
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// Pin each worker to a core.
+    #[serde(default = "default_true")]
+    pub pin_workers: bool,
+    /// Memory for window state per node, e.g. `"512M"`; beyond it state spills to RocksDB.
+    #[serde(default, deserialize_with = "de_size")]
+    pub state_budget: Option<u64>,
+    /// The members.
+    pub nodes: Vec<NodeEntry>,
+    /// The stream every node runs its share of.
+    pub stream: StreamFile,
+    /// Checkpoints and the remote store.
+    #[serde(default)]
+    pub checkpoint: CheckpointFile,
+}
+
+/// One member.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct NodeEntry {
+    /// Node id (1 and up).
+    pub id: u32,
+    /// Where it listens for peers and clients (and where the others reach it).
+    pub addr: SocketAddr,
+    /// Its data directory (default `<data_dir>/node-<id>`).
+    pub data_dir: Option<PathBuf>,
+    /// Its worker threads (default: the cluster's `workers`).
+    pub workers: Option<usize>,
+    /// Whether its workers are pinned (default: the cluster's `pin_workers`).
+    pub pin_workers: Option<bool>,
+}
+
+/// The stream.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct StreamFile {
+    /// Stream id.
+    #[serde(default = "default_stream_id")]
+    pub id: u64,
+    /// Name shown in logs and status.
+    pub name: Option<String>,
+    /// Source partitions (one source task each).
+    #[serde(default = "default_two")]
+    pub partitions: u32,
+    /// Window agg tasks.
+    #[serde(default = "default_two")]
+    pub aggs: u32,
+    /// Sink tasks.
+    #[serde(default = "default_one")]
+    pub sinks: u32,
+    /// `"spread"` (every level round robin over the nodes) or a table of task id to node id.
+    #[serde(default)]
+    pub placement: PlacementFile,
+    /// Window size.
+    #[serde(default = "default_window", deserialize_with = "de_duration")]
+    pub window: Duration,
+    /// Window slide (default: the size, tumbling windows).
+    #[serde(default, deserialize_with = "de_opt_duration")]
+    pub slide: Option<Duration>,
+    /// Disorder tolerated before rows count as late.
+    #[serde(default, deserialize_with = "de_duration")]
+    pub watermark_delay: Duration,
+    /// The generator source.
+    #[serde(default)]
+    pub generator: GeneratorFile,
+}
+
+/// Task placement.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum PlacementFile {
+    /// `"spread"`.
+    Named(String),
+    /// Task id (as a string key) to node id; tasks not named go to the coordinator's node.
+    Explicit(BTreeMap<String, u32>),
+}
+
+impl Default for PlacementFile {
+    fn default() -> Self {
+        PlacementFile::Named("spread".into())
+    }
+}
+
+/// Generator parameters: rows are a pure function of (seed, partition, offset).
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct GeneratorFile {
+    /// Distinct series keys.
+    #[serde(default = "default_keys")]
+    pub keys: u64,
+    /// Rows per millisecond of event time per partition.
+    #[serde(default = "default_rows_per_ms")]
+    pub rows_per_ms: u64,
+    /// Seed.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Events per second per partition (omit for as fast as possible).
+    pub rate: Option<u64>,
+    /// Events per partition, then the stream ends (omit for endless).
+    pub events: Option<u64>,
+    /// Share of rows emitted late, up to `max_disorder`.
+    #[serde(default)]
+    pub out_of_order: f64,
+    /// Largest disorder of a late row.
+    #[serde(default, deserialize_with = "de_duration")]
+    pub max_disorder: Duration,
+}
+
+impl Default for GeneratorFile {
+    fn default() -> Self {
+        toml::from_str("").expect("every generator key has a default")
+    }
+}
+
+/// Checkpoints.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointFile {
+    /// Time between checkpoint starts; `"0s"` turns checkpoints off.
+    #[serde(default = "default_interval", deserialize_with = "de_duration")]
+    pub interval: Duration,
+    /// A checkpoint running longer fails.
+    #[serde(default = "default_timeout", deserialize_with = "de_duration")]
+    pub timeout: Duration,
+    /// Committed checkpoints kept in the store (0: all).
+    #[serde(default = "default_retain")]
+    pub retain: usize,
+    /// `file://PATH`, `s3://bucket/prefix` or `rsync://[user@]host[:port]/module/prefix`
+    /// (default `file://<data_dir>/remote`: one directory every node of the machine shares).
+    pub remote: Option<String>,
+    /// S3 endpoint of a server other than AWS.
+    pub s3_endpoint: Option<String>,
+    /// S3 region (default `AWS_REGION`, else us-east-1).
+    pub s3_region: Option<String>,
+    /// File with the rsync user's password (else `RSYNC_PASSWORD`).
+    pub rsync_password_file: Option<PathBuf>,
+    /// Upload bandwidth limit per node and second, e.g. `"50M"`.
+    #[serde(default, deserialize_with = "de_size")]
+    pub upload_limit: Option<u64>,
+    /// Uploader threads per node.
+    #[serde(default = "default_uploaders")]
+    pub uploaders: usize,
+}
+
+impl Default for CheckpointFile {
+    fn default() -> Self {
+        toml::from_str("").expect("every checkpoint key has a default")
+    }
+}
+
+fn default_cluster() -> String {
+    "weir".into()
+}
+fn default_data_dir() -> PathBuf {
+    "weir-data".into()
+}
+fn default_workers() -> usize {
+    2
+}
+fn default_true() -> bool {
+    true
+}
+fn default_stream_id() -> u64 {
+    1
+}
+fn default_one() -> u32 {
+    1
+}
+fn default_two() -> u32 {
+    2
+}
+fn default_window() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_keys() -> u64 {
+    10_000
+}
+fn default_rows_per_ms() -> u64 {
+    1_000
+}
+fn default_seed() -> u64 {
+    42
+}
+fn default_interval() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_retain() -> usize {
+    3
+}
+fn default_uploaders() -> usize {
+    4
+}
+
+/// `"1s"`, `"250ms"`, `"1m 30s"`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?} is not a duration like 30s, 250ms or 2m: {e}"))
+}
+
+fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+fn de_opt_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    de_duration(d).map(Some)
+}
+
+fn de_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    match Size::deserialize(d)? {
+        Size::Bytes(b) => Ok(Some(b)),
+        Size::Text(s) => crate::run::parse_bytes(&s).map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+/// Top-level keys: the environment variables that are config (`WEIR_<KEY>` or `WEIR_<KEY>__…`).
+const TOP_KEYS: &[&str] = &[
+    "cluster",
+    "cluster_secret",
+    "coordinator",
+    "data_dir",
+    "workers",
+    "pin_workers",
+    "state_budget",
+    "stream",
+    "checkpoint",
+];
+
+/// Reads `path`, then applies the `WEIR_*` variables of `env`.
+pub fn load(path: &std::path::Path, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<ClusterFile> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading the config file {}", path.display()))?;
+    // The file alone first: its errors name the key and the line.
+    toml::from_str::<ClusterFile>(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim()))?;
+    let mut table: toml::Table = toml::from_str(&text).expect("parsed above");
+    let mut applied = Vec::new();
+    for (name, value) in env {
+        let Some(rest) = name.strip_prefix("WEIR_") else { continue };
+        let parts: Vec<String> = rest.split("__").map(str::to_lowercase).collect();
+        if !TOP_KEYS.contains(&parts[0].as_str()) {
+            continue;
+        }
+        set(&mut table, &parts, parse_value(&value)).with_context(|| format!("environment variable {name}"))?;
+        applied.push(name);
+    }
+    toml::Value::Table(table)
+        .try_into::<ClusterFile>()
+        .map_err(|e| anyhow::anyhow!("{} with {}: {}", path.display(), applied.join(", "), e.to_string().trim()))
+}
+
+/// An environment value as TOML (`5`, `true`, `[1, 2]`), else as a string (`2s`).
+fn parse_value(v: &str) -> toml::Value {
+    toml::from_str::<toml::Table>(&format!("v = {v}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(v.to_string()))
+}
+
+fn set(table: &mut toml::Table, path: &[String], value: toml::Value) -> anyhow::Result<()> {
+    let (last, parents) = path.split_last().expect("at least one part");
+    let mut t = table;
+    for p in parents {
+        let entry = t.entry(p.clone()).or_insert_with(|| toml::Value::Table(Default::default()));
+        t = entry.as_table_mut().with_context(|| format!("{p} is not a table"))?;
+    }
+    t.insert(last.clone(), value);
+    Ok(())
+}
+
+impl ClusterFile {
+    /// The secret; an error when none is set (never a default).
+    pub fn secret(&self) -> anyhow::Result<Vec<u8>> {
+        match &self.cluster_secret {
+            Some(s) if !s.is_empty() => Ok(s.as_bytes().to_vec()),
+            _ => bail!("no cluster secret: set cluster_secret in the config file or WEIR_CLUSTER_SECRET"),
+        }
+    }
+
+    /// The entry of node `id`, or of the only node when `id` is `None`.
+    pub fn node(&self, id: Option<u32>) -> anyhow::Result<&NodeEntry> {
+        let ids = || self.nodes.iter().map(|n| n.id.to_string()).collect::<Vec<_>>().join(", ");
+        match id {
+            Some(id) => self
+                .nodes
+                .iter()
+                .find(|n| n.id == id)
+                .with_context(|| format!("node {id} is not in the config (its nodes: {})", ids())),
+            None if self.nodes.len() == 1 => Ok(&self.nodes[0]),
+            None => bail!("the config lists nodes {}: say which this is with --node-id N (or WEIR_NODE_ID)", ids()),
+        }
+    }
+
+    /// Checks what the types cannot: ids, addresses, the coordinator, the placement.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.nodes.is_empty() {
+            bail!("the config lists no nodes ([[nodes]] with id and addr)");
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for n in &self.nodes {
+            if n.id == 0 {
+                bail!("node ids start at 1");
+            }
+            if !seen.insert(n.id) {
+                bail!("node {} is listed twice", n.id);
+            }
+            if n.workers == Some(0) {
+                bail!("node {}: workers must be at least 1", n.id);
+            }
+        }
+        if self.workers == 0 {
+            bail!("workers must be at least 1");
+        }
+        let lowest = *seen.first().expect("nodes");
+        if let Some(c) = self.coordinator {
+            if !seen.contains(&c) {
+                bail!("coordinator = {c} is not a listed node");
+            }
+            if c != lowest {
+                bail!("coordinator = {c}: the coordinator runs on the lowest node id ({lowest}); renumber the nodes");
+            }
+        }
+        if let PlacementFile::Named(n) = &self.stream.placement
+            && n != "spread"
+        {
+            bail!("stream.placement = {n:?}: \"spread\" or a table of task id = node id");
+        }
+        if let PlacementFile::Explicit(m) = &self.stream.placement {
+            for (task, node) in m {
+                task.parse::<u32>().with_context(|| format!("stream.placement: {task:?} is not a task id"))?;
+                if !seen.contains(node) {
+                    bail!("stream.placement: task {task} on node {node}, which is not listed");
+                }
+            }
+        }
+        Ok(())
+    }
+}

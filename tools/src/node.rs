@@ -1,0 +1,167 @@
+//! `weir node`: one member of a cluster, from the cluster's config file.
+//!
+//! The node starts its share of the stream (the tasks the placement puts on it), listens for
+//! peers and clients at its address, dials the peers with lower ids (the others dial it), and
+//! runs until SIGTERM or Ctrl-C (then it stops its tasks, abandons a checkpoint in flight, and
+//! exits 0) or until a bounded stream has ended on it. Every log line names the node.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use weir_engine::operator::generator::GeneratorSpec;
+use weir_engine::operator::window::WindowSpec;
+use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig, Remote};
+use weir_engine::spec::{Placement, SourceKind, StreamSpec};
+use weir_engine::wire::transport::{PeerConfig, TransportConfig};
+use weir_engine::wire::{NodeId, StreamId, TaskId};
+
+use crate::config::{ClusterFile, NodeEntry, PlacementFile};
+use crate::remote::RemoteArgs;
+
+/// Options of `weir node`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Example, three nodes on this machine (one terminal each):\n  \
+    weir node --config examples/three-node.toml --node-id 1\n  \
+    weir node --config examples/three-node.toml --node-id 2\n  \
+    weir node --config examples/three-node.toml --node-id 3\n\n\
+    Environment: WEIR_CLUSTER_SECRET (the secret, if the file has none), WEIR_<KEY> and \
+    WEIR_<TABLE>__<KEY> override the file (WEIR_CHECKPOINT__INTERVAL=2s), WEIR_LOG selects logs.")]
+pub struct NodeArgs {
+    /// The cluster's config file (TOML), the same for every node.
+    #[arg(long, value_name = "FILE")]
+    config: std::path::PathBuf,
+    /// Which of the file's nodes this is (may be left out when it lists one).
+    #[arg(long, env = "WEIR_NODE_ID", value_name = "N")]
+    node_id: Option<u32>,
+}
+
+/// The cluster file with the environment applied, and this node's entry.
+pub fn load(args: &NodeArgs) -> anyhow::Result<(ClusterFile, NodeEntry)> {
+    let file = crate::config::load(&args.config, std::env::vars())?;
+    file.validate().with_context(|| format!("in {}", args.config.display()))?;
+    let me = file.node(args.node_id)?.clone();
+    Ok((file, me))
+}
+
+/// The stream the file describes.
+pub fn stream_spec(file: &ClusterFile) -> anyhow::Result<StreamSpec> {
+    let s = &file.stream;
+    let mut spec = StreamSpec::generator(StreamId(s.id), s.partitions, s.aggs, s.sinks);
+    if let Some(name) = &s.name {
+        spec.name = name.clone();
+    }
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    spec.window = match s.slide {
+        Some(slide) => WindowSpec::hopping(ms(s.window), ms(slide)),
+        None => WindowSpec::tumbling(ms(s.window)),
+    };
+    spec.watermark_delay_ms = ms(s.watermark_delay);
+    let g = &s.generator;
+    spec.source = SourceKind::Generator {
+        spec: GeneratorSpec {
+            seed: g.seed,
+            keys: g.keys,
+            rows_per_ms: g.rows_per_ms,
+            out_of_order: g.out_of_order,
+            max_disorder_ms: ms(g.max_disorder),
+            ..GeneratorSpec::default()
+        },
+        limit: g.events,
+        rate: g.rate,
+    };
+    spec.validate().map_err(|e| anyhow::anyhow!("stream: {e}"))?;
+    Ok(spec)
+}
+
+/// Where the file puts each task.
+pub fn placement(file: &ClusterFile, spec: &StreamSpec) -> Placement {
+    let mut ids: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
+    ids.sort();
+    match &file.stream.placement {
+        PlacementFile::Named(_) => Placement::spread(&spec.topology(), &ids),
+        PlacementFile::Explicit(m) => {
+            let mut p = Placement::single(ids[0]);
+            for (task, node) in m {
+                p.assign(TaskId(task.parse().expect("validated")), NodeId(*node));
+            }
+            p
+        }
+    }
+}
+
+/// This node's engine settings.
+pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<EngineConfig> {
+    let data_dir = me.data_dir.clone().unwrap_or_else(|| file.data_dir.join(format!("node-{}", me.id)));
+    let mut cfg = EngineConfig::new(NodeId(me.id), &data_dir);
+    cfg.workers = me.workers.unwrap_or(file.workers);
+    cfg.pin_workers = me.pin_workers.unwrap_or(file.pin_workers);
+    cfg.state_budget = file.state_budget.map(|b| b as usize);
+    let mut t = TransportConfig::new(&file.cluster, NodeId(me.id), file.secret()?);
+    t.listen = Some(me.addr);
+    // Each pair connects once: the higher id dials the lower (reconnects retry with backoff, so
+    // the start order does not matter).
+    t.peers = file
+        .nodes
+        .iter()
+        .filter(|n| n.id != me.id)
+        .map(|n| PeerConfig { node: NodeId(n.id), addr: (n.id < me.id).then_some(n.addr) })
+        .collect();
+    cfg.transport = Some(t);
+    let ck = &file.checkpoint;
+    if !ck.interval.is_zero() {
+        let url = ck.remote.clone().unwrap_or_else(|| format!("file://{}", file.data_dir.join("remote").display()));
+        let remote = RemoteArgs {
+            remote: Some(url.clone()),
+            s3_endpoint: ck.s3_endpoint.clone(),
+            s3_region: ck.s3_region.clone(),
+            rsync_password_file: ck.rsync_password_file.clone(),
+        };
+        let mut s = CheckpointSettings::every(ck.interval.as_millis().max(1) as u64, file.data_dir.join("remote"));
+        s.remote = Remote::Store(remote.open(&url)?);
+        s.timeout_ms = ck.timeout.as_millis() as u64;
+        s.retain = ck.retain;
+        s.upload_limit = ck.upload_limit;
+        s.uploaders = ck.uploaders.max(1);
+        cfg.checkpoint = Some(s);
+    }
+    Ok(cfg)
+}
+
+/// Runs the node until a signal or the end of a bounded stream.
+pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
+    let (file, me) = load(args)?;
+    let spec = stream_spec(&file)?;
+    let placement = placement(&file, &spec);
+    let cfg = engine_config(&file, &me)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
+    }
+    let data_dir = cfg.data_dir.clone();
+    let engine = Engine::start(&spec, &placement, cfg).with_context(|| format!("starting node {}", me.id))?;
+    let local: Vec<String> = spec
+        .topology()
+        .tasks
+        .iter()
+        .filter(|t| placement.node_of(t.id) == NodeId(me.id))
+        .map(|t| t.id.0.to_string())
+        .collect();
+    tracing::info!(
+        stream = %spec.name,
+        addr = %engine.transport_addr().map_or_else(|| me.addr.to_string(), |a| a.to_string()),
+        data_dir = %data_dir.display(),
+        tasks = %local.join(","),
+        "node started"
+    );
+    while !stop.load(Ordering::Relaxed) && !engine.is_finished() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let signalled = stop.load(Ordering::Relaxed);
+    engine.stop();
+    engine.wait().with_context(|| format!("node {}", me.id))?;
+    tracing::info!(stream = %spec.name, reason = if signalled { "signal" } else { "stream ended" }, "node stopped");
+    Ok(ExitCode::SUCCESS)
+}
