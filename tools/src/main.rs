@@ -7,6 +7,7 @@ mod logging;
 mod node;
 mod remote;
 mod run;
+mod status;
 
 use clap::{Parser, Subcommand};
 
@@ -23,13 +24,16 @@ enum Command {
     Run(run::RunArgs),
     /// One member of a cluster, from the cluster's config file.
     Node(node::NodeArgs),
+    /// What the nodes of a cluster report: nodes, tasks, health, recent checkpoints.
+    Status(status::StatusArgs),
     /// What a remote store holds: list, show, verify and collect checkpoints.
     Checkpoints(checkpoints::CheckpointsArgs),
     /// Two transports on 127.0.0.1 in this process: handshake, batch throughput and round trips.
     Demo(demo::DemoArgs),
 }
 
-/// Exit codes: 0 success, 1 a finding (damage `weir checkpoints verify` found), 2 an error.
+/// Exit codes: 0 success, 1 a finding (damage `weir checkpoints verify` found, a node `weir status`
+/// asked did not answer), 2 an error.
 fn main() -> std::process::ExitCode {
     let command = Cli::parse().command;
     let mut run_log = None;
@@ -46,6 +50,7 @@ fn main() -> std::process::ExitCode {
     let result = match command {
         Command::Run(args) => run::run(&args, run_log.as_deref()).map(|()| std::process::ExitCode::SUCCESS),
         Command::Node(args) => node::run(&args),
+        Command::Status(args) => status::run(&args),
         Command::Checkpoints(args) => checkpoints::run(&args),
         Command::Demo(args) => demo::run(&args).map(|()| std::process::ExitCode::SUCCESS),
     };

@@ -290,3 +290,89 @@ fn the_environment_overrides_the_file_and_supplies_the_secret() {
     };
     assert!(got == weir_engine::reference::bounded_results(&spec).unwrap(), "results differ from the reference");
 }
+
+#[test]
+fn weir_status_reports_nodes_tasks_and_checkpoints_and_refuses_a_wrong_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = adjusted(example("one-node.toml"), dir.path(), |t| {
+        set(t, &["checkpoint", "interval"], "200ms");
+    });
+    let mut node = Nodes(vec![spawn_piped(&config)]);
+    let rx = lines_of(&mut node.0[0]);
+    line_with(&rx, "checkpoint committed", Duration::from_secs(30));
+    let file: toml::Table = toml::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    let addr = file["nodes"][0]["addr"].as_str().unwrap().to_string();
+
+    let out = weir().args(["status", "--config"]).arg(&config).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(&addr) && text.contains(" up ") && text.contains("healthy"), "{text}");
+    assert!(text.contains("end to end") && text.contains("committed"), "{text}");
+
+    let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let n = &v["nodes"][0];
+    assert_eq!((n["up"].as_bool(), n["node"].as_u64()), (Some(true), Some(1)), "{v}");
+    assert_eq!(n["tasks"].as_array().unwrap().len(), 5, "2 sources, 2 aggs, 1 sink: {v}");
+    assert_eq!(n["streams"][0]["healthy"].as_bool(), Some(true), "{v}");
+    let c = &n["checkpoints"][0];
+    assert!(c["duration_us"].as_u64().unwrap() > 0 && c["outcome"] == "committed", "{v}");
+
+    // A node that does not answer: exit code 1, and the others still reported.
+    let gone = format!("127.0.0.1:{}", free_ports(1)[0]);
+    let out = weir().args(["status", "--node", &addr, "--node", &gone, "--config"]).arg(&config).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains(&gone) && text.contains("down") && text.contains("running"), "{text}");
+
+    // A wrong secret is refused, clearly.
+    let out = weir()
+        .args(["status", "--node", &addr, "--cluster", "weir-one-node"])
+        .env("WEIR_CLUSTER_SECRET", "not-the-secret")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("refused this client") && err.contains("secret"), "{err}");
+    // The node kept serving its stream.
+    line_with(&rx, "checkpoint committed", Duration::from_secs(30));
+}
+
+#[test]
+fn garbage_sent_to_a_node_closes_that_connection_and_the_node_keeps_its_stream() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let config = adjusted(example("one-node.toml"), dir.path(), |t| {
+        set(t, &["checkpoint", "interval"], "200ms");
+    });
+    let mut node = Nodes(vec![spawn_piped(&config)]);
+    let rx = lines_of(&mut node.0[0]);
+    line_with(&rx, "checkpoint committed", Duration::from_secs(30));
+    let file: toml::Table = toml::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    let addr: std::net::SocketAddr = file["nodes"][0]["addr"].as_str().unwrap().parse().unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let garbage: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let _ = s.write_all(&garbage); // the node may hang up before it has read it all
+    let mut buf = [0u8; 256];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(_) => {}
+            Err(e) => break e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::TimedOut,
+        }
+    };
+    assert!(closed, "the node closed the connection that sent garbage");
+    // Still checkpointing (new commits, not lines logged before), and still answering clients.
+    while rx.try_recv().is_ok() {}
+    let t0 = Instant::now();
+    let mut commits = 0;
+    while commits < 2 {
+        line_with(&rx, "checkpoint committed", Duration::from_secs(30));
+        commits += 1;
+    }
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    let out = weir().args(["status", "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -1,0 +1,254 @@
+//! `weir status`: what every node of a cluster reports: whether it is up, its tasks with their
+//! state and counters, and, from the coordinator, the stream's health and its recent checkpoints
+//! with their per-phase durations. Clients authenticate like peers (the cluster's secret).
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::{Value, json};
+use weir_engine::wire::NodeId;
+use weir_engine::wire::msg::CloseCode;
+use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats, StatusReq, StatusRsp, TaskState};
+use weir_engine::wire::transport::client::{BlockingClient, ClientError};
+
+/// Options of `weir status`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    weir status --config examples/three-node.toml            every node of the file\n  \
+    weir status --node 127.0.0.1:7101 --config examples/three-node.toml --watch\n  \
+    WEIR_CLUSTER_SECRET=... weir status --node 10.0.0.5:7101 --cluster lab --json\n\n\
+    Exit codes: 0 every node asked answered, 1 a node did not, 2 an error (a refused secret).")]
+pub struct StatusArgs {
+    /// A node to ask (repeat for more); default: every node of `--config`.
+    #[arg(long = "node", value_name = "ADDR")]
+    nodes: Vec<SocketAddr>,
+    /// The cluster's config file: its name, secret and nodes.
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
+    /// The cluster's name, without `--config`.
+    #[arg(long, default_value = "weir")]
+    cluster: String,
+    /// Print JSON (one object; the fields are documented in docs/cluster.md).
+    #[arg(long)]
+    json: bool,
+    /// Refresh in place every second until Ctrl-C.
+    #[arg(long)]
+    watch: bool,
+    /// How long to wait for each node, e.g. `2s`.
+    #[arg(long, default_value = "3s", value_parser = crate::config::parse_duration)]
+    timeout: Duration,
+}
+
+/// The node id a client presents: no member has it (member ids start at 1).
+const CLIENT: NodeId = NodeId(0);
+
+/// What one node said, or why it said nothing.
+enum Answer {
+    Up(StatusRsp),
+    Down(String),
+}
+
+fn ask(addr: SocketAddr, cluster: &str, secret: &[u8], timeout: Duration) -> anyhow::Result<Answer> {
+    let refused = |e: &ClientError| match e {
+        ClientError::Closed { code: CloseCode::AuthFailed, message, .. } => Some(message.clone()),
+        ClientError::Handshake { reason, .. } => Some(reason.clone()),
+        _ => None,
+    };
+    let result = BlockingClient::connect(addr, cluster, CLIENT, secret, timeout).and_then(|mut c| {
+        c.send(&StatusReq { request: 1 })?;
+        let frame = c.recv()?;
+        frame.to_owned::<StatusRsp>().map_err(|e| ClientError::Handshake { addr, reason: format!("not a status: {e}") })
+    });
+    match result {
+        Ok(rsp) => Ok(Answer::Up(rsp)),
+        Err(e) => match refused(&e) {
+            Some(why) => anyhow::bail!("{addr} refused this client: {why} (is the cluster secret or name wrong?)"),
+            None => Ok(Answer::Down(e.to_string())),
+        },
+    }
+}
+
+fn state(s: &TaskState) -> &'static str {
+    match s {
+        TaskState::Uninit => "waiting",
+        TaskState::Ready => "running",
+        TaskState::Checkpointing => "checkpointing",
+        TaskState::Paused => "paused",
+        TaskState::Stopped => "stopped",
+    }
+}
+
+fn outcome(o: &CheckpointOutcome) -> String {
+    match o {
+        CheckpointOutcome::InProgress => "in progress".into(),
+        CheckpointOutcome::Committed => "committed".into(),
+        CheckpointOutcome::Failed { reason } => format!("failed: {reason}"),
+    }
+}
+
+/// The slowest task's background part (state write, local checkpoint, upload), µs.
+fn upload_us(c: &CheckpointStats) -> u64 {
+    c.tasks.iter().map(|t| t.stats.upload_us).max().unwrap_or(0)
+}
+
+fn to_json(answers: &[(SocketAddr, Answer)]) -> Value {
+    let nodes: Vec<Value> = answers
+        .iter()
+        .map(|(addr, a)| match a {
+            Answer::Up(r) => json!({
+                "addr": addr.to_string(), "node": r.node.0, "up": true, "uptime_ms": r.uptime_ms,
+                "tasks": r.tasks.iter().map(|t| json!({
+                    "stream": t.stream.0, "task": t.task.0, "state": state(&t.state),
+                    "rows_in": t.rows_in, "rows_out": t.rows_out,
+                    "latest_committed": t.latest.map(|c| c.0), "active": t.active.map(|c| c.0),
+                    "last_failed": t.failed.map(|c| c.0),
+                })).collect::<Vec<_>>(),
+                "streams": r.streams.iter().map(|s| json!({
+                    "stream": s.stream.0, "healthy": s.healthy, "consecutive_failures": s.consecutive_failures,
+                    "committed": s.committed, "failed": s.failed,
+                })).collect::<Vec<_>>(),
+                "checkpoints": r.checkpoints.iter().map(|c| json!({
+                    "stream": c.stream.0, "checkpoint": c.checkpoint.0, "started_at_ms": c.started_at_ms,
+                    "duration_us": c.duration_us, "max_align_us": c.max_align_us,
+                    "max_snapshot_us": c.max_snapshot_us, "max_upload_us": upload_us(c),
+                    "upload_bytes": c.upload_bytes, "outcome": outcome(&c.outcome),
+                })).collect::<Vec<_>>(),
+            }),
+            Answer::Down(why) => json!({ "addr": addr.to_string(), "up": false, "error": why }),
+        })
+        .collect();
+    json!({ "nodes": nodes })
+}
+
+fn ms(us: u64) -> String {
+    format!("{:.1} ms", us as f64 / 1e3)
+}
+
+fn to_text(answers: &[(SocketAddr, Answer)]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(out, "{:<6} {:<22} {:<6} since or why", "node", "addr", "state");
+    for (addr, a) in answers {
+        let _ = match a {
+            Answer::Up(r) => writeln!(
+                out,
+                "{:<6} {:<22} {:<6} for {}",
+                r.node.0,
+                addr,
+                "up",
+                humantime::format_duration(Duration::from_secs(r.uptime_ms / 1000))
+            ),
+            Answer::Down(why) => writeln!(out, "{:<6} {:<22} {:<6} {why}", "?", addr, "down"),
+        };
+    }
+    let _ = writeln!(
+        out,
+        "\n{:<7} {:<5} {:<6} {:<14} {:>14} {:>14} {:>10} {:>10}",
+        "stream", "task", "node", "state", "rows in", "rows out", "committed", "failed"
+    );
+    for (_, a) in answers {
+        if let Answer::Up(r) = a {
+            for t in &r.tasks {
+                let id = |c: Option<weir_engine::wire::CheckpointId>| c.map_or("-".into(), |c| format!("chk-{}", c.0));
+                let _ = writeln!(
+                    out,
+                    "{:<7} {:<5} {:<6} {:<14} {:>14} {:>14} {:>10} {:>10}",
+                    t.stream.0,
+                    t.task.0,
+                    r.node.0,
+                    state(&t.state),
+                    t.rows_in,
+                    t.rows_out,
+                    id(t.latest),
+                    id(t.failed)
+                );
+            }
+        }
+    }
+    for (_, a) in answers {
+        let Answer::Up(r) = a else { continue };
+        for s in &r.streams {
+            let _ = writeln!(
+                out,
+                "\nstream {} (coordinated by node {}): {}, {} checkpoints committed and {} failed since that node started{}",
+                s.stream.0,
+                r.node.0,
+                if s.healthy { "healthy" } else { "UNHEALTHY" },
+                s.committed,
+                s.failed,
+                if s.consecutive_failures > 0 {
+                    format!(", {} failed in a row", s.consecutive_failures)
+                } else {
+                    String::new()
+                }
+            );
+        }
+        if !r.checkpoints.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n{:<12} {:>12} {:>12} {:>12} {:>12} {:>12}  outcome",
+                "checkpoint", "end to end", "alignment", "snapshot", "upload", "bytes"
+            );
+            for c in r.checkpoints.iter().rev().take(10) {
+                let _ = writeln!(
+                    out,
+                    "{:<12} {:>12} {:>12} {:>12} {:>12} {:>12}  {}",
+                    format!("chk-{}", c.checkpoint.0),
+                    ms(c.duration_us),
+                    ms(c.max_align_us),
+                    ms(c.max_snapshot_us),
+                    ms(upload_us(c)),
+                    c.upload_bytes,
+                    outcome(&c.outcome)
+                );
+            }
+        }
+    }
+    out
+}
+
+/// Asks the nodes, prints what they said.
+#[allow(clippy::print_stdout)]
+pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
+    let file = match &args.config {
+        Some(path) => {
+            let f = crate::config::load(path, std::env::vars())?;
+            f.validate().with_context(|| format!("in {}", path.display()))?;
+            Some(f)
+        }
+        None => None,
+    };
+    let (cluster, secret) = match &file {
+        Some(f) => (f.cluster.clone(), f.secret()?),
+        None => match std::env::var("WEIR_CLUSTER_SECRET") {
+            Ok(s) if !s.is_empty() => (args.cluster.clone(), s.into_bytes()),
+            _ => anyhow::bail!("no cluster secret: pass --config FILE or set WEIR_CLUSTER_SECRET"),
+        },
+    };
+    let nodes: Vec<SocketAddr> = if !args.nodes.is_empty() {
+        args.nodes.clone()
+    } else if let Some(f) = &file {
+        f.nodes.iter().map(|n| n.addr).collect()
+    } else {
+        anyhow::bail!("which nodes? pass --node ADDR or --config FILE");
+    };
+    loop {
+        let answers: Vec<(SocketAddr, Answer)> = nodes
+            .iter()
+            .map(|a| ask(*a, &cluster, &secret, args.timeout).map(|r| (*a, r)))
+            .collect::<anyhow::Result<_>>()?;
+        let all_up = answers.iter().all(|(_, a)| matches!(a, Answer::Up(_)));
+        let text = if args.json { serde_json::to_string_pretty(&to_json(&answers))? } else { to_text(&answers) };
+        if args.watch {
+            // Home and clear: the table is redrawn in place.
+            print!("\x1b[H\x1b[2J{text}");
+            std::io::Write::flush(&mut std::io::stdout())?;
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
+        }
+        println!("{text}");
+        return Ok(if all_up { ExitCode::SUCCESS } else { ExitCode::from(1) });
+    }
+}
