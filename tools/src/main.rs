@@ -1,6 +1,7 @@
 //! The `weir` command. Libraries never print or install a logger; this binary does both.
 
 mod checkpoints;
+mod client;
 mod config;
 mod demo;
 mod logging;
@@ -8,6 +9,7 @@ mod node;
 mod remote;
 mod run;
 mod status;
+mod stop;
 
 use clap::{Parser, Subcommand};
 
@@ -26,6 +28,8 @@ enum Command {
     Node(node::NodeArgs),
     /// What the nodes of a cluster report: nodes, tasks, health, recent checkpoints.
     Status(status::StatusArgs),
+    /// Stops a stream on every node (with `--checkpoint`, after a final committed checkpoint).
+    Stop(stop::StopArgs),
     /// What a remote store holds: list, show, verify and collect checkpoints.
     Checkpoints(checkpoints::CheckpointsArgs),
     /// Two transports on 127.0.0.1 in this process: handshake, batch throughput and round trips.
@@ -51,6 +55,7 @@ fn main() -> std::process::ExitCode {
         Command::Run(args) => run::run(&args, run_log.as_deref()).map(|()| std::process::ExitCode::SUCCESS),
         Command::Node(args) => node::run(&args),
         Command::Status(args) => status::run(&args),
+        Command::Stop(args) => stop::run(&args),
         Command::Checkpoints(args) => checkpoints::run(&args),
         Command::Demo(args) => demo::run(&args).map(|()| std::process::ExitCode::SUCCESS),
     };

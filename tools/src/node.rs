@@ -3,7 +3,8 @@
 //! The node starts its share of the stream (the tasks the placement puts on it), listens for
 //! peers and clients at its address, dials the peers with lower ids (the others dial it), and
 //! runs until SIGTERM or Ctrl-C (then it stops its tasks, abandons a checkpoint in flight, and
-//! exits 0) or until a bounded stream has ended on it. Every log line names the node.
+//! exits 0), until `weir stop` asks (the same), or until a bounded stream has ended on it. Every
+//! log line names the node.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -156,12 +157,18 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         tasks = %local.join(","),
         "node started"
     );
-    while !stop.load(Ordering::Relaxed) && !engine.is_finished() {
+    while !stop.load(Ordering::Relaxed) && !engine.is_finished() && !engine.stop_requested() {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let signalled = stop.load(Ordering::Relaxed);
+    let reason = if stop.load(Ordering::Relaxed) {
+        "signal"
+    } else if engine.stop_requested() {
+        "weir stop"
+    } else {
+        "stream ended"
+    };
     engine.stop();
     engine.wait().with_context(|| format!("node {}", me.id))?;
-    tracing::info!(stream = %spec.name, reason = if signalled { "signal" } else { "stream ended" }, "node stopped");
+    tracing::info!(stream = %spec.name, reason, "node stopped");
     Ok(ExitCode::SUCCESS)
 }

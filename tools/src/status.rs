@@ -6,12 +6,8 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
 use serde_json::{Value, json};
-use weir_engine::wire::NodeId;
-use weir_engine::wire::msg::CloseCode;
-use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats, StatusReq, StatusRsp, TaskState};
-use weir_engine::wire::transport::client::{BlockingClient, ClientError};
+use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats, StatusRsp, TaskState};
 
 /// Options of `weir status`.
 #[derive(clap::Args, Debug)]
@@ -41,33 +37,10 @@ pub struct StatusArgs {
     timeout: Duration,
 }
 
-/// The node id a client presents: no member has it (member ids start at 1).
-const CLIENT: NodeId = NodeId(0);
-
 /// What one node said, or why it said nothing.
 enum Answer {
     Up(StatusRsp),
     Down(String),
-}
-
-fn ask(addr: SocketAddr, cluster: &str, secret: &[u8], timeout: Duration) -> anyhow::Result<Answer> {
-    let refused = |e: &ClientError| match e {
-        ClientError::Closed { code: CloseCode::AuthFailed, message, .. } => Some(message.clone()),
-        ClientError::Handshake { reason, .. } => Some(reason.clone()),
-        _ => None,
-    };
-    let result = BlockingClient::connect(addr, cluster, CLIENT, secret, timeout).and_then(|mut c| {
-        c.send(&StatusReq { request: 1 })?;
-        let frame = c.recv()?;
-        frame.to_owned::<StatusRsp>().map_err(|e| ClientError::Handshake { addr, reason: format!("not a status: {e}") })
-    });
-    match result {
-        Ok(rsp) => Ok(Answer::Up(rsp)),
-        Err(e) => match refused(&e) {
-            Some(why) => anyhow::bail!("{addr} refused this client: {why} (is the cluster secret or name wrong?)"),
-            None => Ok(Answer::Down(e.to_string())),
-        },
-    }
 }
 
 fn state(s: &TaskState) -> &'static str {
@@ -212,32 +185,12 @@ fn to_text(answers: &[(SocketAddr, Answer)]) -> String {
 /// Asks the nodes, prints what they said.
 #[allow(clippy::print_stdout)]
 pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
-    let file = match &args.config {
-        Some(path) => {
-            let f = crate::config::load(path, std::env::vars())?;
-            f.validate().with_context(|| format!("in {}", path.display()))?;
-            Some(f)
-        }
-        None => None,
-    };
-    let (cluster, secret) = match &file {
-        Some(f) => (f.cluster.clone(), f.secret()?),
-        None => match std::env::var("WEIR_CLUSTER_SECRET") {
-            Ok(s) if !s.is_empty() => (args.cluster.clone(), s.into_bytes()),
-            _ => anyhow::bail!("no cluster secret: pass --config FILE or set WEIR_CLUSTER_SECRET"),
-        },
-    };
-    let nodes: Vec<SocketAddr> = if !args.nodes.is_empty() {
-        args.nodes.clone()
-    } else if let Some(f) = &file {
-        f.nodes.iter().map(|n| n.addr).collect()
-    } else {
-        anyhow::bail!("which nodes? pass --node ADDR or --config FILE");
-    };
+    let t = crate::client::target(args.config.as_deref(), &args.nodes, &args.cluster)?;
     loop {
-        let answers: Vec<(SocketAddr, Answer)> = nodes
+        let answers: Vec<(SocketAddr, Answer)> = t
+            .nodes
             .iter()
-            .map(|a| ask(*a, &cluster, &secret, args.timeout).map(|r| (*a, r)))
+            .map(|a| crate::client::status(&t, *a, args.timeout).map(|r| (*a, r.map_or_else(Answer::Down, Answer::Up))))
             .collect::<anyhow::Result<_>>()?;
         let all_up = answers.iter().all(|(_, a)| matches!(a, Answer::Up(_)));
         let text = if args.json { serde_json::to_string_pretty(&to_json(&answers))? } else { to_text(&answers) };

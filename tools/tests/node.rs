@@ -376,3 +376,59 @@ fn garbage_sent_to_a_node_closes_that_connection_and_the_node_keeps_its_stream()
     let out = weir().args(["status", "--config"]).arg(&config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn weir_stop_with_a_checkpoint_stops_every_node_and_a_restart_resumes_from_that_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = adjusted(example("three-node.toml"), dir.path(), |t| {
+        set(t, &["stream", "generator", "rate"], 200_000);
+    });
+    let logs: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
+    let mut nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1])).collect());
+    // Running and committing on all three.
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&logs[0]).unwrap().contains("checkpoint committed") {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no commit");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = weir().args(["stop", "--checkpoint", "--config"]).arg(&config).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
+    let final_id: u64 = said
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("chk-").and_then(|n| n.parse().ok()))
+        .unwrap_or_else(|| panic!("which checkpoint: {said}"));
+    for (i, c) in nodes.0.iter_mut().enumerate() {
+        let status = exit_within(c, Duration::from_secs(30), &format!("node {} after weir stop", i + 1));
+        let log = std::fs::read_to_string(&logs[i]).unwrap();
+        assert!(status.success() && log.contains("reason=\"weir stop\""), "{status}\n{log}");
+    }
+    // Started again, every node restores the final checkpoint or a later one (a commit may have
+    // landed between it and the stop).
+    let logs2: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("again-{n}.log"))).collect();
+    let mut again = Nodes((1..=3).map(|n| start(&config, n, &logs2[n as usize - 1])).collect());
+    for log in &logs2 {
+        let t0 = Instant::now();
+        let restored = loop {
+            let text = std::fs::read_to_string(log).unwrap();
+            if let Some(l) = text.lines().find(|l| l.contains("restoring from the last commit")) {
+                break l.to_string();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "no restore in {}: {text}", log.display());
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let id: u64 = restored
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("checkpoint=chk-").and_then(|n| n.parse().ok()))
+            .unwrap_or_else(|| panic!("{restored}"));
+        assert!(id >= final_id, "restored chk-{id}, the final checkpoint was chk-{final_id}");
+    }
+    // A stop sent to a node that does not coordinate reaches every node too.
+    let file: toml::Table = toml::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    let third = file["nodes"][2]["addr"].as_str().unwrap().to_string();
+    let out = weir().args(["stop", "--node", &third, "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for (i, c) in again.0.iter_mut().enumerate() {
+        assert!(exit_within(c, Duration::from_secs(30), &format!("node {}", i + 1)).success());
+    }
+}

@@ -139,6 +139,8 @@ roundtrip! {
     roundtrip_checkpoint_now_rsp: CheckpointNowRsp = CheckpointNowRsp {
         request: 6, node: NodeId(2), outcome: CheckpointNowOutcome::NotCoordinator { coordinator: NodeId(1) },
     };
+    roundtrip_stop_req: StopReq = StopReq { request: 8, stream: StreamId(2), forwarded: true };
+    roundtrip_stop_rsp: StopRsp = StopRsp { request: 8, node: NodeId(3), stopping: true, peers: vec![NodeId(1), NodeId(2)] };
     roundtrip_status_rsp: StatusRsp = StatusRsp {
         request: 5, node: NodeId(1), uptime_ms: 1000,
         tasks: vec![TaskStatus {

@@ -320,6 +320,14 @@ impl Engine {
             coordinates: coordinator.as_ref().is_some_and(|c| c.coordinator.is_some()),
             trigger,
             peer_tasks: Default::default(),
+            peers: {
+                let mut p: Vec<weir_wire::NodeId> =
+                    topo.tasks.iter().map(|t| placement.node_of(t.id)).filter(|n| *n != me).collect();
+                p.sort();
+                p.dedup();
+                p
+            },
+            stop_requested: Default::default(),
         });
 
         // With a transport, the router acknowledges ingest requests to their clients; without

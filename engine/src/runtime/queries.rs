@@ -55,6 +55,13 @@ impl Engine {
         self.ingest_acks.as_ref()
     }
 
+    /// Whether a client asked for the stream to stop (a `StopReq` to this node or to a peer,
+    /// which sent it on): the engine keeps running until [`Engine::stop`]; `weir node` stops it
+    /// and exits.
+    pub fn stop_requested(&self) -> bool {
+        self.status.stop_requested.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Whether every local task has finished (a bounded stream ended, or the engine stopped).
     pub fn is_finished(&self) -> bool {
         self.workers.iter().all(|w| w.is_finished())

@@ -207,6 +207,10 @@ impl Run {
                     Err(e) => tracing::error!(error = %e, "cannot encode a checkpoint-now response"),
                 }
             }
+            Kind::StopReq => {
+                let Ok(req) = frame.to_owned::<weir_wire::msg::StopReq>() else { return };
+                self.on_stop(node, req);
+            }
             Kind::StatusReq => {
                 let Ok(req) = frame.to_owned::<weir_wire::msg::StatusReq>() else { return };
                 match self.encoder.encode(&self.status.response(req.request)) {
@@ -241,6 +245,43 @@ impl Run {
                 }
                 None => tracing::debug!(kind = ?other, %node, "frame not handled by the data plane"),
             },
+        }
+    }
+
+    /// A stop request from a client (sent on to every peer) or from a peer (not sent on).
+    fn on_stop(&mut self, from: NodeId, req: weir_wire::msg::StopReq) {
+        let stopping = req.stream == self.status.stream;
+        let mut told = Vec::new();
+        if stopping {
+            tracing::info!(stream = %req.stream, %from, forwarded = req.forwarded, "stop requested");
+            self.status.stop_requested.store(true, Ordering::Release);
+            if !req.forwarded {
+                let on = weir_wire::msg::StopReq { forwarded: true, ..req };
+                for peer in &self.status.peers {
+                    let sent = self.encoder.encode(&on).map_err(|e| e.to_string()).and_then(|f| {
+                        self.transport
+                            .sender()
+                            .send_timeout(*peer, f, Duration::from_secs(1))
+                            .map_err(|e| e.to_string())
+                    });
+                    match sent {
+                        Ok(()) => told.push(*peer),
+                        Err(e) => tracing::warn!(%peer, error = %e, "cannot send the stop request on"),
+                    }
+                }
+            }
+        }
+        if req.forwarded {
+            return; // a peer's request: nobody waits for an answer
+        }
+        let rsp = weir_wire::msg::StopRsp { request: req.request, node: self.status.node, stopping, peers: told };
+        match self.encoder.encode(&rsp) {
+            Ok(f) => {
+                if let Err(e) = self.transport.sender().send_timeout(from, f, Duration::from_secs(1)) {
+                    tracing::warn!(client = %from, error = %e, "cannot deliver a stop response");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot encode a stop response"),
         }
     }
 

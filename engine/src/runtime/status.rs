@@ -32,6 +32,10 @@ pub(crate) struct StatusBoard {
     pub(crate) trigger: ManualTrigger,
     /// What the other nodes' heartbeats last said of their tasks (written by the router).
     pub(crate) peer_tasks: Mutex<BTreeMap<TaskId, (NodeId, TaskHeartbeat)>>,
+    /// The other nodes that run tasks of the stream (a stop request goes on to them).
+    pub(crate) peers: Vec<NodeId>,
+    /// A client asked for the stream to stop (`StopReq`); whoever runs the engine stops it.
+    pub(crate) stop_requested: std::sync::atomic::AtomicBool,
 }
 
 impl StatusBoard {

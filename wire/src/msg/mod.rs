@@ -155,4 +155,6 @@ kinds! {
     41 => StatusRsp,
     42 => CheckpointNowReq,
     43 => CheckpointNowRsp,
+    44 => StopReq,
+    45 => StopRsp,
 }

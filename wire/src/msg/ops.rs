@@ -171,3 +171,30 @@ archived! {
         pub outcome: CheckpointNowOutcome,
     }
 }
+
+archived! {
+    /// Client → node, or node → its peers: stop `stream` on every node (each node's process
+    /// exits 0, its checkpoints kept; started again, it resumes from the last commit).
+    pub struct StopReq {
+        /// Echoed in the response.
+        pub request: u64,
+        /// Stream.
+        pub stream: StreamId,
+        /// Sent on by a node to its peers (who do not send it on again); false from a client.
+        pub forwarded: bool,
+    }
+}
+
+archived! {
+    /// Node → client: what became of a [`StopReq`].
+    pub struct StopRsp {
+        /// The request this answers.
+        pub request: u64,
+        /// Answering node.
+        pub node: NodeId,
+        /// Whether the node stops the stream (and told its peers to); false: it does not run it.
+        pub stopping: bool,
+        /// The peers it told.
+        pub peers: Vec<NodeId>,
+    }
+}

@@ -1,0 +1,80 @@
+//! What the client commands (`weir status`, `weir stop`) share: which cluster and nodes they
+//! talk to, with which secret, and an authenticated request to one node.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use weir_engine::wire::msg::{CloseCode, Message, StatusReq, StatusRsp};
+use weir_engine::wire::transport::client::{BlockingClient, ClientError};
+use weir_engine::wire::{Frame, NodeId};
+
+use crate::config::ClusterFile;
+
+/// The node id a client presents: no member has it (member ids start at 1).
+const CLIENT: NodeId = NodeId(0);
+
+/// The cluster a command talks to.
+pub struct Target {
+    pub cluster: String,
+    pub secret: Vec<u8>,
+    /// The nodes to ask (`--node`, else every node of the file).
+    pub nodes: Vec<SocketAddr>,
+    pub file: Option<ClusterFile>,
+}
+
+/// From `--config` (name, secret, nodes) or `WEIR_CLUSTER_SECRET` with `cluster` and `nodes`.
+pub fn target(config: Option<&std::path::Path>, nodes: &[SocketAddr], cluster: &str) -> anyhow::Result<Target> {
+    let file = match config {
+        Some(path) => {
+            let f = crate::config::load(path, std::env::vars())?;
+            f.validate().with_context(|| format!("in {}", path.display()))?;
+            Some(f)
+        }
+        None => None,
+    };
+    let (cluster, secret) = match &file {
+        Some(f) => (f.cluster.clone(), f.secret()?),
+        None => match std::env::var("WEIR_CLUSTER_SECRET") {
+            Ok(s) if !s.is_empty() => (cluster.to_string(), s.into_bytes()),
+            _ => anyhow::bail!("no cluster secret: pass --config FILE or set WEIR_CLUSTER_SECRET"),
+        },
+    };
+    let nodes = match (&file, nodes.is_empty()) {
+        (_, false) => nodes.to_vec(),
+        (Some(f), true) => f.nodes.iter().map(|n| n.addr).collect(),
+        (None, true) => anyhow::bail!("which nodes? pass --node ADDR or --config FILE"),
+    };
+    Ok(Target { cluster, secret, nodes, file })
+}
+
+/// Why a request got no answer: the node refused this client (fatal: the secret or the cluster
+/// name is wrong), or it could not be reached (it may be down).
+pub enum Failure {
+    Refused(anyhow::Error),
+    Unreachable(String),
+}
+
+/// Sends `req` to `addr` and returns the answer's frame.
+pub fn request<Q: Message>(t: &Target, addr: SocketAddr, req: &Q, timeout: Duration) -> Result<Frame, Failure> {
+    let result = BlockingClient::connect(addr, &t.cluster, CLIENT, &t.secret, timeout).and_then(|mut c| {
+        c.send(req)?;
+        c.recv()
+    });
+    result.map_err(|e| match &e {
+        ClientError::Closed { code: CloseCode::AuthFailed, message, .. }
+        | ClientError::Handshake { reason: message, .. } => Failure::Refused(anyhow::anyhow!(
+            "{addr} refused this client: {message} (is the cluster secret or name wrong?)"
+        )),
+        _ => Failure::Unreachable(e.to_string()),
+    })
+}
+
+/// `addr`'s status: `Ok(None)` when it cannot be reached.
+pub fn status(t: &Target, addr: SocketAddr, timeout: Duration) -> anyhow::Result<Result<StatusRsp, String>> {
+    match request(t, addr, &StatusReq { request: 1 }, timeout) {
+        Ok(f) => Ok(f.to_owned::<StatusRsp>().map_err(|e| format!("{addr} answered, not with a status: {e}"))),
+        Err(Failure::Refused(e)) => Err(e),
+        Err(Failure::Unreachable(why)) => Ok(Err(why)),
+    }
+}
