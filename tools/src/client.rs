@@ -14,6 +14,27 @@ use crate::config::ClusterFile;
 /// The node id a client presents: no member has it (member ids start at 1).
 const CLIENT: NodeId = NodeId(0);
 
+/// Which cluster and nodes a client command talks to.
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    /// A node of the cluster (repeat for more); default: the nodes of `--config`.
+    #[arg(long = "node", value_name = "ADDR")]
+    pub nodes: Vec<SocketAddr>,
+    /// The cluster's config file: its name, secret, nodes and stream.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
+    /// The cluster's name, without `--config` (the secret then comes from `WEIR_CLUSTER_SECRET`).
+    #[arg(long, default_value = "weir")]
+    pub cluster: String,
+}
+
+impl ClusterArgs {
+    /// The cluster these name.
+    pub fn target(&self) -> anyhow::Result<Target> {
+        target(self.config.as_deref(), &self.nodes, &self.cluster)
+    }
+}
+
 /// The cluster a command talks to.
 pub struct Target {
     pub cluster: String,

@@ -17,15 +17,8 @@ use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats, StatusRsp, Task
     WEIR_CLUSTER_SECRET=... weir status --node 10.0.0.5:7101 --cluster lab --json\n\n\
     Exit codes: 0 every node asked answered, 1 a node did not, 2 an error (a refused secret).")]
 pub struct StatusArgs {
-    /// A node to ask (repeat for more); default: every node of `--config`.
-    #[arg(long = "node", value_name = "ADDR")]
-    nodes: Vec<SocketAddr>,
-    /// The cluster's config file: its name, secret and nodes.
-    #[arg(long, value_name = "FILE")]
-    config: Option<std::path::PathBuf>,
-    /// The cluster's name, without `--config`.
-    #[arg(long, default_value = "weir")]
-    cluster: String,
+    #[command(flatten)]
+    cluster: crate::client::ClusterArgs,
     /// Print JSON (one object; the fields are documented in docs/cluster.md).
     #[arg(long)]
     json: bool,
@@ -185,7 +178,7 @@ fn to_text(answers: &[(SocketAddr, Answer)]) -> String {
 /// Asks the nodes, prints what they said.
 #[allow(clippy::print_stdout)]
 pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
-    let t = crate::client::target(args.config.as_deref(), &args.nodes, &args.cluster)?;
+    let t = args.cluster.target()?;
     loop {
         let answers: Vec<(SocketAddr, Answer)> = t
             .nodes

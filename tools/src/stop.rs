@@ -25,15 +25,8 @@ use crate::client::{Failure, Target};
     weir stop --config examples/three-node.toml --checkpoint   final checkpoint, then stop every node\n  \
     WEIR_CLUSTER_SECRET=... weir stop --node 10.0.0.5:7101 --cluster lab --stream 1")]
 pub struct StopArgs {
-    /// A node of the cluster (it tells the others); default: the first node of `--config`.
-    #[arg(long = "node", value_name = "ADDR")]
-    nodes: Vec<SocketAddr>,
-    /// The cluster's config file: its name, secret, nodes and stream.
-    #[arg(long, value_name = "FILE")]
-    config: Option<std::path::PathBuf>,
-    /// The cluster's name, without `--config`.
-    #[arg(long, default_value = "weir")]
-    cluster: String,
+    #[command(flatten)]
+    cluster: crate::client::ClusterArgs,
     /// The stream (default: the one of `--config`, else 1).
     #[arg(long)]
     stream: Option<u64>,
@@ -109,7 +102,7 @@ fn final_checkpoint(t: &Target, stream: StreamId, limit: Duration) -> anyhow::Re
 /// Runs `weir stop`.
 #[allow(clippy::print_stdout)]
 pub fn run(args: &StopArgs) -> anyhow::Result<ExitCode> {
-    let t = crate::client::target(args.config.as_deref(), &args.nodes, &args.cluster)?;
+    let t = args.cluster.target()?;
     let stream = StreamId(args.stream.or(t.file.as_ref().map(|f| f.stream.id)).unwrap_or(1));
     let last = if args.checkpoint { Some(final_checkpoint(&t, stream, args.timeout)?) } else { None };
     let mut errors = Vec::new();
