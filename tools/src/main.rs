@@ -10,6 +10,7 @@ mod remote;
 mod run;
 mod status;
 mod stop;
+mod verify;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,8 @@ enum Command {
     Status(status::StatusArgs),
     /// Stops a stream on every node (with `--checkpoint`, after a final committed checkpoint).
     Stop(stop::StopArgs),
+    /// Compares a bounded generator stream's results on every node with the expected ones.
+    Verify(verify::VerifyArgs),
     /// What a remote store holds: list, show, verify and collect checkpoints.
     Checkpoints(checkpoints::CheckpointsArgs),
     /// Two transports on 127.0.0.1 in this process: handshake, batch throughput and round trips.
@@ -56,6 +59,7 @@ fn main() -> std::process::ExitCode {
         Command::Node(args) => node::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Stop(args) => stop::run(&args),
+        Command::Verify(args) => verify::run(&args),
         Command::Checkpoints(args) => checkpoints::run(&args),
         Command::Demo(args) => demo::run(&args).map(|()| std::process::ExitCode::SUCCESS),
     };

@@ -3,8 +3,9 @@
 //! The node starts its share of the stream (the tasks the placement puts on it), listens for
 //! peers and clients at its address, dials the peers with lower ids (the others dial it), and
 //! runs until SIGTERM or Ctrl-C (then it stops its tasks, abandons a checkpoint in flight, and
-//! exits 0), until `weir stop` asks (the same), or until a bounded stream has ended on it. Every
-//! log line names the node.
+//! exits 0) or until `weir stop` asks (the same). A bounded stream that has ended on it leaves it
+//! serving status and results (for `weir verify`), or, with `--exit-when-done`, it exits 0.
+//! Every log line names the node.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -37,6 +38,10 @@ pub struct NodeArgs {
     /// Which of the file's nodes this is (may be left out when it lists one).
     #[arg(long, env = "WEIR_NODE_ID", value_name = "N")]
     node_id: Option<u32>,
+    /// Exit (code 0) once a bounded stream has ended on this node, instead of serving status
+    /// and results until stopped.
+    #[arg(long)]
+    exit_when_done: bool,
 }
 
 /// The cluster file with the environment applied, and this node's entry.
@@ -157,15 +162,26 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         tasks = %local.join(","),
         "node started"
     );
-    while !stop.load(Ordering::Relaxed) && !engine.is_finished() && !engine.stop_requested() {
+    let mut ended = false;
+    let reason = loop {
+        if stop.load(Ordering::Relaxed) {
+            break "signal";
+        }
+        if engine.stop_requested() {
+            break "weir stop";
+        }
+        if engine.failure().is_some() {
+            break "failure"; // `wait` below says what failed, and the exit code is 2
+        }
+        if !ended && engine.is_finished() {
+            ended = true;
+            if args.exit_when_done {
+                break "stream ended";
+            }
+            // A bounded stream's results stay readable (`weir verify`, `weir status`).
+            tracing::info!(stream = %spec.name, "stream ended on this node; serving status and results until stopped");
+        }
         std::thread::sleep(Duration::from_millis(50));
-    }
-    let reason = if stop.load(Ordering::Relaxed) {
-        "signal"
-    } else if engine.stop_requested() {
-        "weir stop"
-    } else {
-        "stream ended"
     };
     engine.stop();
     engine.wait().with_context(|| format!("node {}", me.id))?;

@@ -141,6 +141,14 @@ roundtrip! {
     };
     roundtrip_stop_req: StopReq = StopReq { request: 8, stream: StreamId(2), forwarded: true };
     roundtrip_stop_rsp: StopRsp = StopRsp { request: 8, node: NodeId(3), stopping: true, peers: vec![NodeId(1), NodeId(2)] };
+    roundtrip_results_req: ResultsReq = ResultsReq {
+        request: 9, stream: StreamId(2), store: 1, after: vec![0, 1, 2, 255], max: 4096,
+    };
+    roundtrip_results_rsp: ResultsRsp = ResultsRsp {
+        request: 9, node: NodeId(3), stores: 2,
+        results: vec![ResultRow { key: 7, start: -1000, count: 3, sum: 1.5, min: -0.5, max: 1e300 }],
+        next: Some(vec![9, 9]), error: String::new(),
+    };
     roundtrip_status_rsp: StatusRsp = StatusRsp {
         request: 5, node: NodeId(1), uptime_ms: 1000,
         tasks: vec![TaskStatus {

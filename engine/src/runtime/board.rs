@@ -28,6 +28,8 @@ pub(crate) struct TaskBoard {
     published: AtomicCell<Published>,
     pub(crate) rows_in: AtomicU64,
     pub(crate) rows_out: AtomicU64,
+    /// Its input has ended and it has emitted everything (a bounded stream): reported stopped.
+    finished: std::sync::atomic::AtomicBool,
 }
 
 impl TaskBoard {
@@ -43,6 +45,7 @@ impl TaskBoard {
             }),
             rows_in: AtomicU64::new(0),
             rows_out: AtomicU64::new(0),
+            finished: Default::default(),
         })
     }
 
@@ -78,9 +81,15 @@ impl TaskBoard {
         }
     }
 
+    /// The task has finished (its worker polls it no more).
+    pub(crate) fn finish(&self) {
+        self.finished.store(true, Ordering::Release);
+    }
+
     pub(crate) fn read(&self, stream: StreamId) -> TaskStatus {
         let p = self.published.load();
         let (state, active) = match p.state {
+            _ if self.finished.load(Ordering::Acquire) => (WireState::Stopped, None),
             TaskState::Uninit => (WireState::Uninit, None),
             TaskState::Ready => (WireState::Ready, None),
             TaskState::Checkpointing(id) => (WireState::Checkpointing, Some(id)),

@@ -328,6 +328,7 @@ impl Engine {
                 p
             },
             stop_requested: Default::default(),
+            results: results.clone(),
         });
 
         // With a transport, the router acknowledges ingest requests to their clients; without

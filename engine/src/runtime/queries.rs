@@ -62,6 +62,12 @@ impl Engine {
         self.status.stop_requested.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Why the engine failed (a task's error, lost data on a channel, a halt of the
+    /// coordinator), once it has; [`Engine::wait`] returns it too.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failure.get().cloned()
+    }
+
     /// Whether every local task has finished (a bounded stream ended, or the engine stopped).
     pub fn is_finished(&self) -> bool {
         self.workers.iter().all(|w| w.is_finished())

@@ -207,6 +207,19 @@ impl Run {
                     Err(e) => tracing::error!(error = %e, "cannot encode a checkpoint-now response"),
                 }
             }
+            Kind::ResultsReq => {
+                let Ok(req) = frame.to_owned::<weir_wire::msg::ResultsReq>() else { return };
+                // Read here, on the network thread: a page is at most 100,000 results (a few
+                // milliseconds); a query service of its own is the way for heavier reads.
+                match self.encoder.encode(&self.status.results_page(&req)) {
+                    Ok(f) => {
+                        if let Err(e) = self.transport.sender().send_timeout(node, f, Duration::from_secs(5)) {
+                            tracing::warn!(client = %node, error = %e, "cannot deliver a results page");
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "cannot encode a results page"),
+                }
+            }
             Kind::StopReq => {
                 let Ok(req) = frame.to_owned::<weir_wire::msg::StopReq>() else { return };
                 self.on_stop(node, req);

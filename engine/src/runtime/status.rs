@@ -16,7 +16,7 @@ use super::checkpointing::coordinator::ManualTrigger;
 /// Checkpoints a status response lists.
 const RECENT: usize = 20;
 
-/// Everything a status response is made of.
+/// What a node tells its clients: everything a status response is made of, and its results.
 #[derive(Debug)]
 pub(crate) struct StatusBoard {
     pub(crate) node: NodeId,
@@ -36,6 +36,8 @@ pub(crate) struct StatusBoard {
     pub(crate) peers: Vec<NodeId>,
     /// A client asked for the stream to stop (`StopReq`); whoever runs the engine stops it.
     pub(crate) stop_requested: std::sync::atomic::AtomicBool,
+    /// The local sinks' result stores, which clients read page by page (`ResultsReq`).
+    pub(crate) results: crate::state::NodeResults,
 }
 
 impl StatusBoard {
@@ -45,6 +47,30 @@ impl StatusBoard {
         for t in tasks.into_iter().filter(|t| t.stream == self.stream) {
             p.insert(t.task, (from, t));
         }
+    }
+
+    /// The answer to a `ResultsReq`.
+    pub(crate) fn results_page(&self, req: &weir_wire::msg::ResultsReq) -> weir_wire::msg::ResultsRsp {
+        let stores = self.results.stores();
+        let mut rsp = weir_wire::msg::ResultsRsp {
+            request: req.request,
+            node: self.node,
+            stores: stores.len() as u32,
+            results: Vec::new(),
+            next: None,
+            error: String::new(),
+        };
+        // A page fits a frame: 40 bytes a result, frames of 16 MiB.
+        let max = (req.max as usize).clamp(1, 100_000);
+        match stores.get(req.store as usize).map(|s| s.page(req.stream, &req.after, max)) {
+            Some(Ok((rows, next))) => {
+                rsp.results = rows.into_iter().map(Into::into).collect();
+                rsp.next = next;
+            }
+            Some(Err(e)) => rsp.error = e.to_string(),
+            None => rsp.error = format!("node {} has {} result stores, not {}", self.node, stores.len(), req.store + 1),
+        }
+        rsp
     }
 
     /// The status response to `request`.

@@ -155,7 +155,12 @@ pub(crate) fn run(
             }
             match p {
                 Poll::Busy => busy = true,
-                Poll::Finished => finished[i] = true,
+                Poll::Finished => {
+                    if !finished[i] {
+                        tasks[i].board.finish();
+                    }
+                    finished[i] = true;
+                }
                 Poll::Idle | Poll::Blocked => {}
             }
         }

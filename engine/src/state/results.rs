@@ -193,6 +193,39 @@ impl ResultStore {
         Ok(())
     }
 
+    /// A page of `stream`'s results: whole blocks after the block key `after` (empty: from the
+    /// first) until at least `max` results; with the last block's key when more may follow.
+    pub fn page(
+        &self,
+        stream: StreamId,
+        after: &[u8],
+        max: usize,
+    ) -> Result<(Vec<WindowResult>, Option<Vec<u8>>), StateError> {
+        let prefix = stream.0.to_be_bytes();
+        let mut ro = rocksdb::ReadOptions::default();
+        if let Some(next) = stream.0.checked_add(1) {
+            ro.set_iterate_upper_bound(next.to_be_bytes().to_vec());
+        }
+        let from: &[u8] = if after.is_empty() { &prefix } else { after };
+        let g = self.db()?;
+        let it =
+            g.as_ref().expect("open").iterator_opt(rocksdb::IteratorMode::From(from, rocksdb::Direction::Forward), ro);
+        let mut out = Vec::new();
+        for item in it {
+            let (k, v) = item.map_err(db_err(&self.path))?;
+            if !after.is_empty() && &k[..] <= after {
+                continue; // the block the last page ended with
+            }
+            blocks::check(&k, &v).map_err(|r| corrupt(&self.path, r))?;
+            let (_, start, _) = blocks::parse_key(&k).expect("checked length");
+            out.extend(blocks::decode(&v, start));
+            if out.len() >= max {
+                return Ok((out, Some(k.to_vec())));
+            }
+        }
+        Ok((out, None))
+    }
+
     /// Writes the memtable to SST files: everything written so far is on disk.
     pub fn flush(&self) -> Result<(), StateError> {
         let g = self.db()?;
@@ -375,5 +408,34 @@ mod tests {
         ]);
         assert!(store.try_upsert(StreamId(1), TaskId(2), &[r(1, 2000)]).unwrap());
         assert_eq!(store.get(StreamId(1), 1, 2000).unwrap(), Some(r(1, 2000)));
+    }
+
+    #[test]
+    fn pages_of_a_stream_read_back_every_result_once_and_stop_at_the_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ResultStore::open(dir.path()).unwrap();
+        for start in [-1000, 0, 1000] {
+            let rs: Vec<WindowResult> = (0..1500u64).map(|k| r(k, start)).collect();
+            for b in blocks::sorted_windows(&rs) {
+                for m in b.chunks(512) {
+                    store.upsert(StreamId(1), TaskId(2), m).unwrap();
+                }
+            }
+        }
+        store.upsert(StreamId(2), TaskId(2), &[r(5, 0)]).unwrap(); // another stream's
+        let (mut got, mut after, mut pages) = (Vec::new(), Vec::new(), 0);
+        loop {
+            let (rows, next) = store.page(StreamId(1), &after, 700).unwrap();
+            assert!(rows.len() >= 700 || next.is_none(), "a page is full unless it is the last");
+            got.extend(rows);
+            pages += 1;
+            match next {
+                Some(n) => after = n,
+                None => break,
+            }
+        }
+        assert!(pages > 3, "{pages} pages");
+        assert_eq!(got, store.scan(StreamId(1)).unwrap(), "the pages are the scan, in its order");
+        assert_eq!(got.len(), 4500);
     }
 }

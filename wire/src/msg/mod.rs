@@ -157,4 +157,6 @@ kinds! {
     43 => CheckpointNowRsp,
     44 => StopReq,
     45 => StopRsp,
+    46 => ResultsReq,
+    47 => ResultsRsp,
 }

@@ -21,7 +21,8 @@ archived! {
         Checkpointing,
         /// Paused by an operator.
         Paused,
-        /// Stopped.
+        /// Stopped: its input ended and it emitted everything (a bounded stream), or the engine
+        /// stops.
         Stopped,
     }
 }
@@ -196,5 +197,58 @@ archived! {
         pub stopping: bool,
         /// The peers it told.
         pub peers: Vec<NodeId>,
+    }
+}
+
+archived! {
+    /// One window result in a [`ResultsRsp`].
+    pub struct ResultRow {
+        /// Series key.
+        pub key: u64,
+        /// Window start (ms).
+        pub start: i64,
+        /// Rows.
+        pub count: u64,
+        /// Sum.
+        pub sum: f64,
+        /// Minimum.
+        pub min: f64,
+        /// Maximum.
+        pub max: f64,
+    }
+}
+
+archived! {
+    /// Client → node: a page of `stream`'s results from the result store `store` of the node
+    /// (its sinks' stores, numbered from 0), after the block `after` (empty: from the start).
+    pub struct ResultsReq {
+        /// Echoed in the response.
+        pub request: u64,
+        /// Stream.
+        pub stream: StreamId,
+        /// Which of the node's result stores.
+        pub store: u32,
+        /// The last block of the previous page ([`ResultsRsp::next`]); empty for the first.
+        pub after: Vec<u8>,
+        /// Results wanted at most (whole blocks: a page may hold up to a block more).
+        pub max: u32,
+    }
+}
+
+archived! {
+    /// Node → client: a page of results.
+    pub struct ResultsRsp {
+        /// The request this answers.
+        pub request: u64,
+        /// Answering node.
+        pub node: NodeId,
+        /// Result stores on the node.
+        pub stores: u32,
+        /// The results, in the store's order (window start, upstream, key order).
+        pub results: Vec<ResultRow>,
+        /// Where the next page starts (`after` of the next request); `None`: the store is done.
+        pub next: Option<Vec<u8>>,
+        /// Why there is no page (an unknown store, a read that failed); empty when there is.
+        pub error: String,
     }
 }

@@ -127,6 +127,18 @@ pub struct WindowResult {
     pub max: f64,
 }
 
+impl From<WindowResult> for weir_wire::msg::ResultRow {
+    fn from(r: WindowResult) -> Self {
+        Self { key: r.key, start: r.start, count: r.count, sum: r.sum, min: r.min, max: r.max }
+    }
+}
+
+impl From<&weir_wire::msg::ResultRow> for WindowResult {
+    fn from(r: &weir_wire::msg::ResultRow) -> Self {
+        Self { key: r.key, start: r.start, count: r.count, sum: r.sum, min: r.min, max: r.max }
+    }
+}
+
 impl WindowResult {
     /// Average.
     pub fn avg(&self) -> f64 {

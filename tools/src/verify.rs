@@ -1,0 +1,178 @@
+//! `weir verify`: recomputes a generator stream's window results from the generator's
+//! parameters (the config file's), reads what every node's result stores hold over the wire
+//! protocol, page by page, and compares them row by row. Exit code 0 only on an exact match.
+//!
+//! For a bounded stream that has ended on every node (every task reports `stopped`); a running
+//! stream is refused, with why (comparing up to its last commit is not done yet).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use weir_engine::operator::window::WindowResult;
+use weir_engine::wire::StreamId;
+use weir_engine::wire::msg::{ResultsReq, ResultsRsp, TaskState};
+
+use crate::client::{Failure, Target};
+
+/// Options of `weir verify`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Example:\n  \
+    weir verify --config examples/three-node.toml\n\n\
+    Exit codes: 0 every result is exactly the expected one, 1 a mismatch (the first ones are \
+    printed), 2 an error (a node down, the stream still running).")]
+pub struct VerifyArgs {
+    /// The cluster (`--config` is needed: the generator's parameters are in it).
+    #[command(flatten)]
+    cluster: crate::client::ClusterArgs,
+    /// Mismatches printed at most.
+    #[arg(long, default_value_t = 10)]
+    show: usize,
+}
+
+const ASK: Duration = Duration::from_secs(10);
+/// Results per page.
+const PAGE: u32 = 50_000;
+
+fn fail(f: Failure) -> anyhow::Error {
+    match f {
+        Failure::Refused(e) => e,
+        Failure::Unreachable(why) => anyhow::anyhow!(why),
+    }
+}
+
+/// Every result of `stream` on every node, sorted by (key, window start).
+fn found(t: &Target, stream: StreamId) -> anyhow::Result<Vec<WindowResult>> {
+    let mut out = Vec::new();
+    for addr in &t.nodes {
+        let mut store = 0u32;
+        let mut after = Vec::new();
+        loop {
+            let req = ResultsReq { request: 1, stream, store, after: after.clone(), max: PAGE };
+            let f = crate::client::request(t, *addr, &req, ASK).map_err(fail)?;
+            let rsp = f.to_owned::<ResultsRsp>().with_context(|| format!("{addr}'s answer"))?;
+            if rsp.stores == 0 {
+                break;
+            }
+            if !rsp.error.is_empty() {
+                bail!("{addr}: {}", rsp.error);
+            }
+            out.extend(rsp.results.iter().map(WindowResult::from));
+            match rsp.next {
+                Some(n) => after = n,
+                None if store + 1 < rsp.stores => (store, after) = (store + 1, Vec::new()),
+                None => break,
+            }
+        }
+    }
+    out.sort_by_key(|r| (r.key, r.start));
+    Ok(out)
+}
+
+fn row(r: &WindowResult) -> String {
+    format!("count {} sum {} min {} max {}", r.count, r.sum, r.min, r.max)
+}
+
+/// Runs `weir verify`.
+#[allow(clippy::print_stdout)]
+pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
+    let t = args.cluster.target()?;
+    let Some(file) = &t.file else {
+        bail!("weir verify needs --config FILE: the stream's generator parameters are in it")
+    };
+    let spec = crate::node::stream_spec(file)?;
+    let stream = spec.id;
+    if !matches!(&spec.source, weir_engine::spec::SourceKind::Generator { limit: Some(_), .. }) {
+        bail!(
+            "stream {} is endless (no generator events limit): verify compares a bounded stream once it has ended",
+            stream.0
+        );
+    }
+    // Every task of the stream, reported by its node, has ended.
+    let mut running = Vec::new();
+    let mut seen = 0;
+    for addr in &t.nodes {
+        let rsp = crate::client::status(&t, *addr, ASK)?.map_err(|why| anyhow::anyhow!("{addr} is down: {why}"))?;
+        for task in rsp.tasks.iter().filter(|x| x.stream == stream) {
+            seen += 1;
+            if task.state != TaskState::Stopped {
+                running.push(task.task.0.to_string());
+            }
+        }
+    }
+    let tasks = spec.topology().tasks.len();
+    if seen < tasks {
+        bail!(
+            "the nodes asked report {seen} of stream {}'s {tasks} tasks: ask every node (or use --config alone)",
+            stream.0
+        );
+    }
+    if !running.is_empty() {
+        bail!(
+            "stream {} has not ended (tasks {} still running): verify compares a bounded stream once it has ended",
+            stream.0,
+            running.join(", ")
+        );
+    }
+    let want = weir_engine::reference::bounded_results(&spec).expect("a bounded generator");
+    let got = found(&t, stream)?;
+    let (mut i, mut j, mut bad, mut shown) = (0, 0, 0usize, 0);
+    let mut show = |what: String| {
+        if shown < args.show {
+            println!("{what}");
+            shown += 1;
+        }
+    };
+    while i < want.len() || j < got.len() {
+        let order = match (want.get(i), got.get(j)) {
+            (Some(w), Some(g)) => (w.key, w.start).cmp(&(g.key, g.start)),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            _ => std::cmp::Ordering::Greater,
+        };
+        match order {
+            std::cmp::Ordering::Less => {
+                show(format!(
+                    "key {} window {}: expected {}, found nothing",
+                    want[i].key,
+                    want[i].start,
+                    row(&want[i])
+                ));
+                (i, bad) = (i + 1, bad + 1);
+            }
+            std::cmp::Ordering::Greater => {
+                show(format!("key {} window {}: expected nothing, found {}", got[j].key, got[j].start, row(&got[j])));
+                (j, bad) = (j + 1, bad + 1);
+            }
+            std::cmp::Ordering::Equal => {
+                if want[i] != got[j] {
+                    show(format!(
+                        "key {} window {}: expected {}, found {}",
+                        want[i].key,
+                        want[i].start,
+                        row(&want[i]),
+                        row(&got[j])
+                    ));
+                    bad += 1;
+                }
+                (i, j) = (i + 1, j + 1);
+            }
+        }
+    }
+    if bad == 0 {
+        println!(
+            "stream {}: all {} window results match the generator's, from {} nodes",
+            stream.0,
+            got.len(),
+            t.nodes.len()
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!(
+            "stream {}: {bad} of {} expected results differ or are missing ({} found)",
+            stream.0,
+            want.len(),
+            got.len()
+        );
+        Ok(ExitCode::from(1))
+    }
+}

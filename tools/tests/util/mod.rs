@@ -1,0 +1,175 @@
+//! Helpers of the `weir node` and cluster tests: the example configs on free ports, node
+//! processes that are killed when a test leaves them running, their logs, and results.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use weir_engine::operator::generator::GeneratorSpec;
+use weir_engine::operator::window::{WindowResult, WindowSpec};
+use weir_engine::spec::{SourceKind, StreamSpec};
+use weir_engine::wire::StreamId;
+
+pub fn weir() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+}
+
+/// An example config of the repository, as a table to adjust.
+pub fn example(name: &str) -> toml::Table {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
+    toml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+/// Ports free on 127.0.0.1 right now (held together while they are picked, so they differ).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+/// `example` with its nodes on free ports and its data and store under `dir`, written there.
+pub fn adjusted(example: toml::Table, dir: &Path, tune: impl FnOnce(&mut toml::Table)) -> PathBuf {
+    let mut t = example;
+    let nodes = t["nodes"].as_array_mut().unwrap();
+    for (node, port) in nodes.iter_mut().zip(free_ports(3)) {
+        node.as_table_mut().unwrap().insert("addr".into(), format!("127.0.0.1:{port}").into());
+    }
+    t.insert("data_dir".into(), dir.join("data").display().to_string().into());
+    let ck = t["checkpoint"].as_table_mut().unwrap();
+    ck.insert("remote".into(), format!("file://{}", dir.join("remote").display()).into());
+    tune(&mut t);
+    let path = dir.join("cluster.toml");
+    std::fs::write(&path, toml::to_string(&t).unwrap()).unwrap();
+    path
+}
+
+pub fn set(t: &mut toml::Table, path: &[&str], v: impl Into<toml::Value>) {
+    let (last, parents) = path.split_last().unwrap();
+    let mut t = t;
+    for p in parents {
+        t = t.get_mut(*p).unwrap().as_table_mut().unwrap();
+    }
+    t.insert(last.to_string(), v.into());
+}
+
+/// Node processes, killed if a test leaves them running.
+pub struct Nodes(pub Vec<Child>);
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn start(config: &Path, id: u32, log: &Path, args: &[&str]) -> Child {
+    weir()
+        .args(["node", "--config"])
+        .arg(config)
+        .args(["--node-id", &id.to_string()])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `child` to exit by itself (at most `limit`).
+pub fn exit_within(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(t0.elapsed() < limit, "{what} still running after {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The stream of `examples/three-node.toml` with `events` per partition.
+pub fn three_node_stream(events: u64) -> StreamSpec {
+    let mut s = StreamSpec::generator(StreamId(1), 3, 3, 3);
+    s.window = WindowSpec::tumbling(1000);
+    s.source = SourceKind::Generator {
+        spec: GeneratorSpec { seed: 42, keys: 10_000, rows_per_ms: 1000, ..GeneratorSpec::default() },
+        limit: Some(events),
+        rate: None,
+    };
+    s
+}
+
+pub fn results_of(dirs: &[PathBuf]) -> Vec<WindowResult> {
+    let mut got = Vec::new();
+    for d in dirs {
+        got.extend(weir_engine::state::NodeResults::open(d).unwrap().scan(StreamId(1)).unwrap());
+    }
+    got.sort_by_key(|r| (r.key, r.start));
+    got
+}
+
+/// `weir verify --config FILE` with `env`: exit code and stdout.
+pub fn verify(config: &Path, env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let mut cmd = weir();
+    cmd.args(["verify", "--config"]).arg(config);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+/// Lines of a node's stderr, as they come.
+pub fn lines_of(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a line containing `what` (at most `limit`); returns it.
+pub fn line_with(rx: &std::sync::mpsc::Receiver<String>, what: &str, limit: Duration) -> String {
+    let t0 = Instant::now();
+    while let Some(left) = limit.checked_sub(t0.elapsed()) {
+        match rx.recv_timeout(left) {
+            Ok(l) if l.contains(what) => return l,
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    panic!("no line with {what:?} within {limit:?}");
+}
+
+/// `l` without terminal colours.
+pub fn strip_ansi(l: &str) -> String {
+    let mut out = String::with_capacity(l.len());
+    let mut chars = l.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|c| c.is_ascii_alphabetic());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+pub fn spawn_piped(config: &Path) -> Child {
+    weir()
+        .args(["node", "--config"])
+        .arg(config)
+        .env("WEIR_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
