@@ -55,7 +55,7 @@ pub fn init_run(data_dir: &std::path::Path) -> Option<std::path::PathBuf> {
     Some(path)
 }
 
-/// Logs to stderr, every line starting with `prefix` (`node=2`): a node's engine threads log
+/// Logs to stderr, every line starting with `prefix` (`node=2 stream=bench`): a node's engine threads log
 /// without knowing which node they serve, and several nodes often share one terminal or file.
 pub fn init_prefixed(prefix: String) {
     let inner = tracing_subscriber::fmt::format();

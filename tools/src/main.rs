@@ -45,10 +45,11 @@ fn main() -> std::process::ExitCode {
     let command = Cli::parse().command;
     let mut run_log = None;
     match &command {
-        // A node names itself in every line; it knows its id once the config is read.
+        // A node names itself and its stream in every line; it knows them once the config is read.
         Command::Node(args) => {
-            if let Ok((_, me)) = node::load(args) {
-                logging::init_prefixed(format!("node={}", me.id));
+            if let Ok((file, me)) = node::load(args) {
+                let stream = file.stream.name.clone().unwrap_or_else(|| format!("stream-{}", file.stream.id));
+                logging::init_prefixed(format!("node={} stream={stream}", me.id));
             }
         }
         Command::Run(args) => run_log = logging::init_run(args.data_dir()),

@@ -133,6 +133,13 @@ fn to_text(answers: &[(SocketAddr, Answer)]) -> String {
             }
         }
     }
+    if !answers.iter().any(|(_, a)| matches!(a, Answer::Up(r) if !r.streams.is_empty())) {
+        let _ = writeln!(
+            out,
+            "\nno node asked coordinates a stream: if the coordinator (the lowest node id) is down, the stream waits \
+             for it and nothing commits (the other nodes keep their data)"
+        );
+    }
     for (_, a) in answers {
         let Answer::Up(r) = a else { continue };
         for s in &r.streams {

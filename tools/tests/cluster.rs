@@ -48,7 +48,8 @@ fn three_nodes_from_the_example_run_a_bounded_stream_and_weir_verify_finds_every
         let status = exit_within(c, Duration::from_secs(30), &format!("node {}", i + 1));
         let log = std::fs::read_to_string(&logs[i]).unwrap();
         assert!(status.success(), "node {} exited with {status}:\n{log}", i + 1);
-        assert!(log.lines().all(|l| l.starts_with(&format!("node={} ", i + 1))), "every line names the node:\n{log}");
+        let prefix = format!("node={} stream=bench ", i + 1);
+        assert!(log.lines().all(|l| l.starts_with(&prefix)), "every line names the node and stream:\n{log}");
         assert!(log.contains("stream ended on this node"), "{log}");
     }
     let data: Vec<PathBuf> = (1..=3).map(|n| dir.path().join("data").join(format!("node-{n}"))).collect();
@@ -160,4 +161,24 @@ fn a_node_killed_with_sigkill_and_the_cluster_restarted_ends_with_exact_results(
     let got = results_of(&data);
     assert_eq!(got.len(), want.len());
     assert!(got == want, "results differ from the reference");
+}
+
+#[test]
+fn status_says_the_stream_waits_while_its_coordinator_is_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = adjusted(example("three-node.toml"), dir.path(), |_| {});
+    let _node2 = Nodes(vec![start(&config, 2, &dir.path().join("node-2.log"), &[])]);
+    let t0 = Instant::now();
+    let text = loop {
+        let out = weir().args(["status", "--config"]).arg(&config).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("waiting") {
+            assert_eq!(out.status.code(), Some(1), "nodes 1 and 3 are down: {text}");
+            break text;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "node 2 never answered: {text}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(text.contains("the stream waits for it and nothing commits"), "{text}");
+    assert!(text.lines().filter(|l| l.contains(" down ")).count() == 2, "{text}");
 }
