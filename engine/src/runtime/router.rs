@@ -198,27 +198,13 @@ impl Run {
                 let Ok(req) = frame.to_owned::<weir_wire::msg::CheckpointNowReq>() else { return };
                 let outcome = self.status.trigger.answer(req.stream);
                 let rsp = weir_wire::msg::CheckpointNowRsp { request: req.request, node: self.status.node, outcome };
-                match self.encoder.encode(&rsp) {
-                    Ok(f) => {
-                        if let Err(e) = self.transport.sender().send_timeout(node, f, Duration::from_secs(1)) {
-                            tracing::warn!(client = %node, error = %e, "cannot deliver a checkpoint-now response");
-                        }
-                    }
-                    Err(e) => tracing::error!(error = %e, "cannot encode a checkpoint-now response"),
-                }
+                self.reply(node, &rsp, Duration::from_secs(1), "checkpoint-now response");
             }
             Kind::ResultsReq => {
                 let Ok(req) = frame.to_owned::<weir_wire::msg::ResultsReq>() else { return };
                 // Read here, on the network thread: a page is at most 100,000 results (a few
                 // milliseconds); a query service of its own is the way for heavier reads.
-                match self.encoder.encode(&self.status.results_page(&req)) {
-                    Ok(f) => {
-                        if let Err(e) = self.transport.sender().send_timeout(node, f, Duration::from_secs(5)) {
-                            tracing::warn!(client = %node, error = %e, "cannot deliver a results page");
-                        }
-                    }
-                    Err(e) => tracing::error!(error = %e, "cannot encode a results page"),
-                }
+                self.reply(node, &self.status.results_page(&req), Duration::from_secs(5), "results page");
             }
             Kind::StopReq => {
                 let Ok(req) = frame.to_owned::<weir_wire::msg::StopReq>() else { return };
@@ -226,14 +212,7 @@ impl Run {
             }
             Kind::StatusReq => {
                 let Ok(req) = frame.to_owned::<weir_wire::msg::StatusReq>() else { return };
-                match self.encoder.encode(&self.status.response(req.request)) {
-                    Ok(f) => {
-                        if let Err(e) = self.transport.sender().send_timeout(node, f, Duration::from_secs(1)) {
-                            tracing::warn!(client = %node, error = %e, "cannot deliver a status response");
-                        }
-                    }
-                    Err(e) => tracing::error!(error = %e, "cannot encode a status response"),
-                }
+                self.reply(node, &self.status.response(req.request), Duration::from_secs(1), "status response");
             }
             other => match super::protocol_wire::decode(&frame) {
                 Some(super::protocol_wire::Routed::ToTask(t, input)) => match self.proto.0.get(&t) {
@@ -258,6 +237,18 @@ impl Run {
                 }
                 None => tracing::debug!(kind = ?other, %node, "frame not handled by the data plane"),
             },
+        }
+    }
+
+    /// Sends `msg` to `to` (a client), logging what could not go: nobody else waits for it.
+    fn reply<M: weir_wire::msg::Message>(&mut self, to: NodeId, msg: &M, timeout: Duration, what: &str) {
+        match self.encoder.encode(msg) {
+            Ok(f) => {
+                if let Err(e) = self.transport.sender().send_timeout(to, f, timeout) {
+                    tracing::warn!(client = %to, error = %e, "cannot deliver {what}");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot encode {what}"),
         }
     }
 
@@ -288,14 +279,7 @@ impl Run {
             return; // a peer's request: nobody waits for an answer
         }
         let rsp = weir_wire::msg::StopRsp { request: req.request, node: self.status.node, stopping, peers: told };
-        match self.encoder.encode(&rsp) {
-            Ok(f) => {
-                if let Err(e) = self.transport.sender().send_timeout(from, f, Duration::from_secs(1)) {
-                    tracing::warn!(client = %from, error = %e, "cannot deliver a stop response");
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "cannot encode a stop response"),
-        }
+        self.reply(from, &rsp, Duration::from_secs(1), "stop response");
     }
 
     fn on_ingest(&mut self, node: NodeId, frame: &Frame) {
@@ -324,13 +308,6 @@ impl Run {
 
     fn send_ack(&mut self, t: IngestToken, partition: u32, outcome: IngestOutcome) {
         let ack = IngestAck { stream: t.stream, partition, request: t.request, outcome };
-        match self.encoder.encode(&ack) {
-            Ok(f) => {
-                if let Err(e) = self.transport.sender().send_timeout(t.node, f, Duration::from_secs(1)) {
-                    tracing::warn!(client = %t.node, error = %e, "cannot deliver ingest ack");
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "cannot encode ingest ack"),
-        }
+        self.reply(t.node, &ack, Duration::from_secs(1), "ingest ack");
     }
 }
