@@ -110,7 +110,38 @@ fn killed_with_sigkill_and_resumed_it_ends_with_the_results_of_an_uninterrupted_
     let summary = stdout.lines().find(|l| l.starts_with("summary:")).expect("summary");
     let events: u64 = summary.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(events < 2 * per_partition, "the resumed run replayed everything: {summary}");
-    assert_eq!(results(crashed.path()), want);
+    assert_same_results(&results(crashed.path()), &want);
+}
+
+/// `got` equals `want`; else the first differences, side by side (the whole vectors are too
+/// long to read, and a rare failure must say what went wrong).
+fn assert_same_results(
+    got: &[weir_engine::operator::window::WindowResult],
+    want: &[weir_engine::operator::window::WindowResult],
+) {
+    if got == want {
+        return;
+    }
+    let at = |rs: &[weir_engine::operator::window::WindowResult]| {
+        rs.iter().map(|r| ((r.key, r.start), *r)).collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let (g, w) = (at(got), at(want));
+    let diffs: Vec<String> = w
+        .keys()
+        .chain(g.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|k| g.get(k) != w.get(k))
+        .map(|k| format!("key {} window {}: got {:?}, want {:?}", k.0, k.1, g.get(k), w.get(k)))
+        .collect();
+    let windows: std::collections::BTreeSet<i64> =
+        diffs.iter().filter_map(|d| d.split_whitespace().nth(3)?.trim_end_matches(':').parse().ok()).collect();
+    panic!(
+        "{} of {} results differ (windows {windows:?}); the first:\n{}",
+        diffs.len(),
+        want.len(),
+        diffs.iter().take(12).cloned().collect::<Vec<_>>().join("\n")
+    );
 }
 
 fn service(name: &str) -> String {

@@ -173,3 +173,17 @@ pub fn spawn_piped(config: &Path) -> Child {
         .spawn()
         .unwrap()
 }
+
+/// `examples/one-node.toml` (checkpoints every 200 ms) running under `dir` until its first
+/// commit: the config, the node, its stderr lines, and its address.
+pub fn one_node_committing(dir: &Path) -> (PathBuf, Nodes, std::sync::mpsc::Receiver<String>, String) {
+    let config = adjusted(example("one-node.toml"), dir, |t| {
+        set(t, &["checkpoint", "interval"], "200ms");
+    });
+    let mut node = Nodes(vec![spawn_piped(&config)]);
+    let rx = lines_of(&mut node.0[0]);
+    line_with(&rx, "checkpoint committed", Duration::from_secs(30));
+    let file: toml::Table = toml::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    let addr = file["nodes"][0]["addr"].as_str().unwrap().to_string();
+    (config, node, rx, addr)
+}
