@@ -14,11 +14,7 @@ use weir_engine::wire::StreamId;
 fn three_nodes_from_the_example_run_a_bounded_stream_and_weir_verify_finds_every_result_exact() {
     const EVENTS: u64 = 150_000;
     let dir = tempfile::tempdir().unwrap();
-    let config = adjusted(example("three-node.toml"), dir.path(), |t| {
-        set(t, &["stream", "generator", "events"], EVENTS as i64);
-        set(t, &["stream", "generator", "rate"], 100_000); // 1.5 s of stream: time for checkpoints
-        set(t, &["checkpoint", "interval"], "200ms");
-    });
+    let config = bounded_three_node(dir.path(), EVENTS); // 1.5 s of stream: time for checkpoints
     let logs: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
     let mut nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1], &[])).collect());
     // While the stream runs, verify says so and compares nothing.
@@ -72,11 +68,7 @@ fn weir_stop_with_a_checkpoint_stops_every_node_and_a_restart_resumes_from_that_
     let logs: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
     let mut nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1], &[])).collect());
     // Running and committing on all three.
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(&logs[0]).unwrap().contains("checkpoint committed") {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no commit");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    line_in(&logs[0], "checkpoint committed", Duration::from_secs(60));
     let out = weir().args(["stop", "--checkpoint", "--config"]).arg(&config).output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
@@ -94,15 +86,7 @@ fn weir_stop_with_a_checkpoint_stops_every_node_and_a_restart_resumes_from_that_
     let logs2: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("again-{n}.log"))).collect();
     let mut again = Nodes((1..=3).map(|n| start(&config, n, &logs2[n as usize - 1], &[])).collect());
     for log in &logs2 {
-        let t0 = Instant::now();
-        let restored = loop {
-            let text = std::fs::read_to_string(log).unwrap();
-            if let Some(l) = text.lines().find(|l| l.contains("restoring from the last commit")) {
-                break l.to_string();
-            }
-            assert!(t0.elapsed() < Duration::from_secs(30), "no restore in {}: {text}", log.display());
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let restored = line_in(log, "restoring from the last commit", Duration::from_secs(30));
         let id: u64 = restored
             .split_whitespace()
             .find_map(|w| w.strip_prefix("checkpoint=chk-").and_then(|n| n.parse().ok()))
@@ -127,18 +111,10 @@ fn weir_stop_with_a_checkpoint_stops_every_node_and_a_restart_resumes_from_that_
 fn a_node_killed_with_sigkill_and_the_cluster_restarted_ends_with_exact_results() {
     const EVENTS: u64 = 400_000;
     let dir = tempfile::tempdir().unwrap();
-    let config = adjusted(example("three-node.toml"), dir.path(), |t| {
-        set(t, &["stream", "generator", "events"], EVENTS as i64);
-        set(t, &["stream", "generator", "rate"], 100_000); // 4 s of stream
-        set(t, &["checkpoint", "interval"], "200ms");
-    });
+    let config = bounded_three_node(dir.path(), EVENTS); // 4 s of stream
     let log = |name: &str| dir.path().join(format!("{name}.log"));
     let mut nodes = Nodes((1..=3).map(|n| start(&config, n, &log(&format!("first-{n}")), &[])).collect());
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(log("first-1")).unwrap().contains("checkpoint committed") {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no commit");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    line_in(&log("first-1"), "checkpoint committed", Duration::from_secs(60));
     nodes.0[2].kill().unwrap(); // SIGKILL
     nodes.0[2].wait().unwrap();
     let mut alone = Nodes(vec![start(&config, 3, &log("alone-3"), &[])]);

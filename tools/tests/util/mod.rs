@@ -187,3 +187,26 @@ pub fn one_node_committing(dir: &Path) -> (PathBuf, Nodes, std::sync::mpsc::Rece
     let addr = file["nodes"][0]["addr"].as_str().unwrap().to_string();
     (config, node, rx, addr)
 }
+
+/// `examples/three-node.toml` as a bounded stream of `events` per partition at 100,000 events/s
+/// each, checkpointing every 200 ms, under `dir`.
+pub fn bounded_three_node(dir: &Path, events: u64) -> PathBuf {
+    adjusted(example("three-node.toml"), dir, |t| {
+        set(t, &["stream", "generator", "events"], events as i64);
+        set(t, &["stream", "generator", "rate"], 100_000);
+        set(t, &["checkpoint", "interval"], "200ms");
+    })
+}
+
+/// Waits for a line containing `what` in the log file `path` (at most `limit`); returns it.
+pub fn line_in(path: &Path, what: &str, limit: Duration) -> String {
+    let t0 = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(l) = text.lines().find(|l| l.contains(what)) {
+            return l.to_string();
+        }
+        assert!(t0.elapsed() < limit, "no line with {what:?} in {} within {limit:?}: {text}", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
