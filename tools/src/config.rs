@@ -47,6 +47,9 @@ pub struct ClusterFile {
     /// Checkpoints and the remote store.
     #[serde(default)]
     pub checkpoint: CheckpointFile,
+    /// What a node does when its stream fails.
+    #[serde(default)]
+    pub restart: RestartFile,
 }
 
 /// One member.
@@ -183,6 +186,51 @@ impl Default for CheckpointFile {
     }
 }
 
+/// Restarts after a failure (a lost node, a gap on a channel, a task's error), as Flink's
+/// restart strategies: a delay before each, and at most `max_restarts` within `window`.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RestartFile {
+    /// `"fixed-delay"`, `"exponential-backoff"` (the delay doubles with each restart within
+    /// `window`, up to `max_delay`) or `"none"` (the node exits at the first failure).
+    #[serde(default = "default_strategy")]
+    pub strategy: String,
+    /// The delay before a restart (the first one, with backoff).
+    #[serde(default = "default_restart_delay", deserialize_with = "de_duration")]
+    pub delay: Duration,
+    /// The longest delay of exponential backoff.
+    #[serde(default = "default_max_delay", deserialize_with = "de_duration")]
+    pub max_delay: Duration,
+    /// Restarts allowed within `window`; one more and the stream is reported failed (exit 2).
+    #[serde(default = "default_max_restarts")]
+    pub max_restarts: u32,
+    /// The time window `max_restarts` counts in.
+    #[serde(default = "default_restart_window", deserialize_with = "de_duration")]
+    pub window: Duration,
+}
+
+impl Default for RestartFile {
+    fn default() -> Self {
+        toml::from_str("").expect("every restart key has a default")
+    }
+}
+
+fn default_strategy() -> String {
+    "fixed-delay".into()
+}
+fn default_restart_delay() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_max_delay() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_max_restarts() -> u32 {
+    10
+}
+fn default_restart_window() -> Duration {
+    Duration::from_secs(600)
+}
+
 fn default_cluster() -> String {
     "weir".into()
 }
@@ -267,6 +315,7 @@ const TOP_KEYS: &[&str] = &[
     "state_budget",
     "stream",
     "checkpoint",
+    "restart",
 ];
 
 /// Reads `path`, then applies the `WEIR_*` variables of `env`.
@@ -361,6 +410,12 @@ impl ClusterFile {
             if c != lowest {
                 bail!("coordinator = {c}: the coordinator runs on the lowest node id ({lowest}); renumber the nodes");
             }
+        }
+        if !["fixed-delay", "exponential-backoff", "none"].contains(&self.restart.strategy.as_str()) {
+            bail!(
+                "restart.strategy = {:?}: \"fixed-delay\", \"exponential-backoff\" or \"none\"",
+                self.restart.strategy
+            );
         }
         if let PlacementFile::Named(n) = &self.stream.placement
             && n != "spread"

@@ -4,6 +4,7 @@ mod checkpoints;
 mod client;
 mod config;
 mod demo;
+mod failover;
 mod logging;
 mod node;
 mod remote;

@@ -17,6 +17,7 @@ use weir_engine::operator::generator::GeneratorSpec;
 use weir_engine::operator::window::WindowSpec;
 use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig, Remote};
 use weir_engine::spec::{Placement, SourceKind, StreamSpec};
+use weir_engine::wire::msg::RestartInfo;
 use weir_engine::wire::transport::{PeerConfig, TransportConfig};
 use weir_engine::wire::{NodeId, StreamId, TaskId};
 
@@ -115,6 +116,8 @@ pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<Engin
         .filter(|n| n.id != me.id)
         .map(|n| PeerConfig { node: NodeId(n.id), addr: (n.id < me.id).then_some(n.addr) })
         .collect();
+    // A restarted peer is redialled within a second (the default backoff reaches 5 s).
+    t.reconnect_max = Duration::from_secs(1);
     cfg.transport = Some(t);
     let ck = &file.checkpoint;
     if !ck.interval.is_zero() {
@@ -136,18 +139,132 @@ pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<Engin
     Ok(cfg)
 }
 
-/// Runs the node until a signal or the end of a bounded stream.
+/// How one engine's run ended.
+enum Ended {
+    /// SIGTERM or Ctrl-C.
+    Signal,
+    /// `weir stop`.
+    StopRequested,
+    /// A bounded stream ended here and `--exit-when-done` was given.
+    Done,
+    /// The stream failed here (why), maybe because a peer runs a newer incarnation.
+    Failed(String, Option<u64>),
+}
+
+/// Runs the node until a signal, `weir stop`, the end of a bounded stream (`--exit-when-done`),
+/// or a failure the restart strategy gives up on (exit code 2).
 pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let (file, me) = load(args)?;
     let spec = stream_spec(&file)?;
     let placement = placement(&file, &spec);
-    let cfg = engine_config(&file, &me)?;
+    let policy = crate::failover::RestartPolicy::new(&file.restart);
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
     }
-    let data_dir = cfg.data_dir.clone();
-    let engine = Engine::start(&spec, &placement, cfg).with_context(|| format!("starting node {}", me.id))?;
+    let data_dir = engine_config(&file, &me)?.data_dir;
+    let mut incarnation = crate::failover::next(crate::failover::last(&data_dir)?, None);
+    let mut restarts: Vec<RestartInfo> = Vec::new();
+    let mut restart_times: Vec<u64> = Vec::new();
+    loop {
+        crate::failover::record(&data_dir, incarnation)?;
+        let mut cfg = engine_config(&file, &me)?;
+        cfg.failover = true;
+        cfg.restarts = restarts.clone();
+        if let Some(t) = cfg.transport.as_mut() {
+            t.incarnation = incarnation;
+        }
+        let engine = Engine::start(&spec, &placement, cfg).with_context(|| format!("starting node {}", me.id))?;
+        log_start(&spec, &placement, &me, &engine, &data_dir, incarnation);
+        let ended = supervise(&engine, &stop, args.exit_when_done, &spec.name);
+        engine.stop();
+        let result = engine.wait();
+        let (why, newer) = match ended {
+            Ended::Failed(why, newer) => (why, newer),
+            ended => {
+                result.with_context(|| format!("node {}", me.id))?;
+                let reason = match ended {
+                    Ended::Signal => "signal",
+                    Ended::StopRequested => "weir stop",
+                    _ => "stream ended",
+                };
+                tracing::info!(stream = %spec.name, reason, "node stopped");
+                return Ok(ExitCode::SUCCESS);
+            }
+        };
+        let now = now_ms();
+        match policy.next(&restart_times, now) {
+            Ok(delay) => {
+                let next = crate::failover::next(incarnation, newer);
+                tracing::warn!(
+                    stream = %spec.name, reason = %why, incarnation = next, delay = %humantime::format_duration(delay),
+                    "the stream failed; restarting it from the last commit"
+                );
+                restart_times.push(now);
+                restarts.push(RestartInfo { at_ms: now, incarnation: next, reason: why });
+                incarnation = next;
+                if !sleep_unless(&stop, delay) {
+                    tracing::info!(stream = %spec.name, reason = "signal", "node stopped");
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+            Err(gave_up) => {
+                tracing::error!(stream = %spec.name, reason = %why, "the stream failed and is not restarted: {gave_up}");
+                anyhow::bail!("node {}: the stream failed ({why}) and is not restarted: {gave_up}", me.id);
+            }
+        }
+    }
+}
+
+/// Watches the engine until it should stop, and says why.
+fn supervise(engine: &Engine, stop: &AtomicBool, exit_when_done: bool, stream: &str) -> Ended {
+    let mut ended = false;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Ended::Signal;
+        }
+        if engine.stop_requested() {
+            return Ended::StopRequested;
+        }
+        if let Some(why) = engine.failure() {
+            return Ended::Failed(why, engine.newer_incarnation());
+        }
+        if !ended && engine.is_finished() {
+            ended = true;
+            if exit_when_done {
+                return Ended::Done;
+            }
+            // A bounded stream's results stay readable (`weir verify`, `weir status`).
+            tracing::info!(stream, "stream ended on this node; serving status and results until stopped");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sleeps `d` unless a signal comes first (then false).
+fn sleep_unless(stop: &AtomicBool, d: Duration) -> bool {
+    let until = std::time::Instant::now() + d;
+    while std::time::Instant::now() < until {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    !stop.load(Ordering::Relaxed)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn log_start(
+    spec: &StreamSpec,
+    placement: &Placement,
+    me: &NodeEntry,
+    engine: &Engine,
+    data_dir: &std::path::Path,
+    incarnation: u64,
+) {
     let local: Vec<String> = spec
         .topology()
         .tasks
@@ -160,31 +277,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         addr = %engine.transport_addr().map_or_else(|| me.addr.to_string(), |a| a.to_string()),
         data_dir = %data_dir.display(),
         tasks = %local.join(","),
+        incarnation,
         "node started"
     );
-    let mut ended = false;
-    let reason = loop {
-        if stop.load(Ordering::Relaxed) {
-            break "signal";
-        }
-        if engine.stop_requested() {
-            break "weir stop";
-        }
-        if engine.failure().is_some() {
-            break "failure"; // `wait` below says what failed, and the exit code is 2
-        }
-        if !ended && engine.is_finished() {
-            ended = true;
-            if args.exit_when_done {
-                break "stream ended";
-            }
-            // A bounded stream's results stay readable (`weir verify`, `weir status`).
-            tracing::info!(stream = %spec.name, "stream ended on this node; serving status and results until stopped");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    engine.stop();
-    engine.wait().with_context(|| format!("node {}", me.id))?;
-    tracing::info!(stream = %spec.name, reason, "node stopped");
-    Ok(ExitCode::SUCCESS)
 }

@@ -65,6 +65,10 @@ fn to_json(answers: &[(SocketAddr, Answer)]) -> Value {
         .map(|(addr, a)| match a {
             Answer::Up(r) => json!({
                 "addr": addr.to_string(), "node": r.node.0, "up": true, "uptime_ms": r.uptime_ms,
+                "incarnation": r.incarnation,
+                "restarts": r.restarts.iter().map(|x| json!({
+                    "at_ms": x.at_ms, "incarnation": x.incarnation, "reason": x.reason,
+                })).collect::<Vec<_>>(),
                 "tasks": r.tasks.iter().map(|t| json!({
                     "stream": t.stream.0, "task": t.task.0, "state": state(&t.state),
                     "rows_in": t.rows_in, "rows_out": t.rows_out,
@@ -92,6 +96,20 @@ fn ms(us: u64) -> String {
     format!("{:.1} ms", us as f64 / 1e3)
 }
 
+/// What a node says of its stream's restarts, after its uptime (which counts from the last).
+fn restarts(r: &StatusRsp) -> String {
+    let Some(last) = r.restarts.last() else { return String::new() };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let ago = humantime::format_duration(Duration::from_secs(now.saturating_sub(last.at_ms) / 1000));
+    let n = r.restarts.len();
+    format!(
+        " (incarnation {}; {n} restart{}, the last {ago} ago: {})",
+        r.incarnation,
+        if n == 1 { "" } else { "s" },
+        last.reason
+    )
+}
+
 fn to_text(answers: &[(SocketAddr, Answer)]) -> String {
     use std::fmt::Write;
     let mut out = String::new();
@@ -100,11 +118,12 @@ fn to_text(answers: &[(SocketAddr, Answer)]) -> String {
         let _ = match a {
             Answer::Up(r) => writeln!(
                 out,
-                "{:<6} {:<22} {:<6} for {}",
+                "{:<6} {:<22} {:<6} for {}{}",
                 r.node.0,
                 addr,
                 "up",
-                humantime::format_duration(Duration::from_secs(r.uptime_ms / 1000))
+                humantime::format_duration(Duration::from_secs(r.uptime_ms / 1000)),
+                restarts(r)
             ),
             Answer::Down(why) => writeln!(out, "{:<6} {:<22} {:<6} {why}", "?", addr, "down"),
         };

@@ -49,9 +49,9 @@ macro_rules! roundtrip {
 }
 
 roundtrip! {
-    roundtrip_hello: Hello = Hello { cluster: "c1".into(), node: NodeId(4), protocol_version: 1, nonce: [7; 32] };
+    roundtrip_hello: Hello = Hello { cluster: "c1".into(), node: NodeId(4), protocol_version: 1, incarnation: 3, nonce: [7; 32] };
     roundtrip_challenge: Challenge = Challenge {
-        cluster: "c1".into(), node: NodeId(5), protocol_version: 1, nonce: [1; 32], proof: [2; 32],
+        cluster: "c1".into(), node: NodeId(5), protocol_version: 1, incarnation: 2, nonce: [1; 32], proof: [2; 32],
     };
     roundtrip_auth: Auth = Auth { proof: [9; 32] };
     roundtrip_heartbeat: Heartbeat = Heartbeat {
@@ -163,6 +163,8 @@ roundtrip! {
         streams: vec![StreamHealth {
             stream: StreamId(1), healthy: false, consecutive_failures: 4, committed: 10, failed: 6,
         }],
+        incarnation: 3,
+        restarts: vec![RestartInfo { at_ms: 17, incarnation: 3, reason: "node 2 lost".into() }],
     };
 }
 

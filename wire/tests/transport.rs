@@ -126,6 +126,45 @@ fn invalid_payload_with_valid_checksum_closes_only_that_connection() {
     assert!(a.events().try_iter().all(|e| !matches!(e, Event::Frame { .. })), "invalid frame was delivered");
 }
 
+/// Node 1 at incarnation `a` listening, node 2 at `b` dialing it.
+fn members(a: u64, b: u64) -> (Transport, Transport) {
+    let mut a_cfg = config(1);
+    a_cfg.incarnation = a;
+    a_cfg.peers.push(PeerConfig { node: NodeId(2), addr: None });
+    let a = Transport::start(a_cfg).unwrap();
+    let mut b_cfg = config(2);
+    b_cfg.incarnation = b;
+    b_cfg.peers.push(PeerConfig { node: NodeId(1), addr: a.local_addr() });
+    (a, Transport::start(b_cfg).unwrap())
+}
+
+#[test]
+fn members_at_different_incarnations_never_connect_and_the_older_one_hears_of_the_newer() {
+    for (older_dials, (ia, ib)) in [(true, (5, 4)), (false, (4, 5))] {
+        let (a, b) = members(ia, ib);
+        let (old, new, new_node) = if older_dials { (&b, &a, NodeId(1)) } else { (&a, &b, NodeId(2)) };
+        match wait_for(old, |e| matches!(e, Event::NewerIncarnation { .. })) {
+            Event::NewerIncarnation { node, incarnation } => assert_eq!((node, incarnation), (new_node, 5)),
+            _ => unreachable!(),
+        }
+        match wait_for(new, |e| matches!(e, Event::Refused { .. })) {
+            Event::Refused { code, reason, .. } => assert_eq!(code, CloseCode::Stale, "{reason}"),
+            _ => unreachable!(),
+        }
+        // Redials are refused the same way: no frame ever flows between the two.
+        thread::sleep(Duration::from_millis(300));
+        for t in [&a, &b] {
+            assert!(t.events().try_iter().all(|e| !matches!(e, Event::PeerUp { .. } | Event::Frame { .. })));
+        }
+    }
+    // The same incarnation connects; a client (incarnation 0) is served at any incarnation.
+    let (a, b) = members(7, 7);
+    wait_for(&a, |e| matches!(e, Event::PeerUp { node: NodeId(2), .. }));
+    wait_for(&b, |e| matches!(e, Event::PeerUp { node: NodeId(1), .. }));
+    let c = BlockingClient::connect(a.local_addr().unwrap(), CLUSTER, NodeId(90), SECRET, WAIT);
+    assert!(c.is_ok(), "{:?}", c.err());
+}
+
 #[test]
 fn restarted_peer_is_reconnected() {
     let (a, b) = pair();
@@ -133,7 +172,7 @@ fn restarted_peer_is_reconnected() {
     // a (node 1) is dialed by b (node 2); restart a on the same address: b must dial again.
     a.shutdown();
     match wait_for(&b, |e| matches!(e, Event::PeerDown { .. })) {
-        Event::PeerDown { node, reason } => {
+        Event::PeerDown { node, reason, .. } => {
             assert_eq!(node, NodeId(1));
             assert!(reason.contains("Shutdown"), "{reason}");
         }
@@ -238,7 +277,13 @@ fn other_protocol_version_is_refused_with_a_reason() {
     let mut raw = TcpStream::connect(a.local_addr().unwrap()).unwrap();
     raw.set_read_timeout(Some(WAIT)).unwrap();
     let mut hello = FrameEncoder::new()
-        .encode(&Hello { cluster: CLUSTER.into(), node: NodeId(5), protocol_version: 9, nonce: [0; 32] })
+        .encode(&Hello {
+            cluster: CLUSTER.into(),
+            node: NodeId(5),
+            protocol_version: 9,
+            incarnation: 0,
+            nonce: [0; 32],
+        })
         .unwrap()
         .as_bytes()
         .to_vec();
@@ -269,7 +314,7 @@ fn silent_peer_is_declared_dead() {
     wait_for(&a, |e| matches!(e, Event::PeerUp { node: NodeId(7), .. }));
     let t0 = Instant::now();
     match wait_for(&a, |e| matches!(e, Event::PeerDown { .. })) {
-        Event::PeerDown { node, reason } => {
+        Event::PeerDown { node, reason, .. } => {
             assert_eq!(node, NodeId(7));
             assert!(reason.contains("no frame"), "{reason}");
         }

@@ -86,6 +86,11 @@ impl TaskBoard {
         self.finished.store(true, Ordering::Release);
     }
 
+    /// Whether the task has finished.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::Acquire)
+    }
+
     pub(crate) fn read(&self, stream: StreamId) -> TaskStatus {
         let p = self.published.load();
         let (state, active) = match p.state {

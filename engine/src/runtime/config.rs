@@ -41,6 +41,15 @@ pub struct EngineConfig {
     /// Bytes of window state this engine's aggs keep in memory, split evenly between them;
     /// beyond it, state spills to each agg's RocksDB (`None`: all in memory).
     pub state_budget: Option<usize>,
+    /// A member of a cluster that restarts its stream on failure (`weir node`): the engine
+    /// fails when a peer of the stream vanishes (not when it leaves in order: it restarts at a
+    /// newer incarnation when it comes back) or runs at a newer incarnation (the transport's
+    /// `incarnation`), and tasks not on the coordinator's node take their restore point from
+    /// the coordinator instead of reading the commit record themselves (a record it writes
+    /// while they restart must not split the stream between two points).
+    pub failover: bool,
+    /// The stream's restarts on this node so far, for status.
+    pub restarts: Vec<weir_wire::msg::RestartInfo>,
 }
 
 impl EngineConfig {
@@ -60,6 +69,8 @@ impl EngineConfig {
             sink_throttle: None,
             checkpoint: None,
             state_budget: None,
+            failover: false,
+            restarts: Vec::new(),
         }
     }
 }

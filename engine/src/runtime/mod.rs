@@ -119,6 +119,7 @@ impl Engine {
             aligning: Arc::new(AtomicUsize::new(0)),
             failure: OnceLock::new(),
             unparkers: unparkers.clone(),
+            newer_incarnation: Default::default(),
         });
         let stats = Arc::new(EngineStats::default());
         // One result store per local sink: its share of the results is part of its checkpoints.
@@ -329,6 +330,9 @@ impl Engine {
             },
             stop_requested: Default::default(),
             results: results.clone(),
+            incarnation: cfg.transport.as_ref().map_or(0, |t| t.incarnation),
+            restarts: cfg.restarts.clone(),
+            failover: cfg.failover,
         });
 
         // With a transport, the router acknowledges ingest requests to their clients; without

@@ -68,6 +68,12 @@ impl Engine {
         self.shared.failure.get().cloned()
     }
 
+    /// The newest incarnation a peer runs the stream at, when it is above this engine's: the
+    /// incarnation to restart at.
+    pub fn newer_incarnation(&self) -> Option<u64> {
+        Some(self.shared.newer_incarnation.load(std::sync::atomic::Ordering::Acquire)).filter(|i| *i > 0)
+    }
+
     /// Whether every local task has finished (a bounded stream ended, or the engine stopped).
     pub fn is_finished(&self) -> bool {
         self.workers.iter().all(|w| w.is_finished())

@@ -103,8 +103,12 @@ impl Run {
             crossbeam_channel::select! {
                 recv(self.transport.events()) -> ev => match ev {
                     Ok(Event::Frame { from, frame }) => self.on_frame(from, frame),
-                    Ok(Event::PeerDown { node, reason }) => {
+                    Ok(Event::PeerDown { node, reason, orderly }) => {
                         tracing::warn!(peer = %node, %reason, "peer down");
+                        if self.status.failover && !orderly && self.status.peers.contains(&node) && !self.status.finished() {
+                            // Frames to and from it are lost: the stream restarts from its last commit.
+                            self.fail(format!("node {node} of the stream was lost ({reason})"));
+                        }
                         // Its tasks cannot finish a checkpoint in flight: the coordinator fails it.
                         if let Some(inbox) = &self.proto.1 {
                             let _ = inbox.send(crate::checkpoint::CoordInput::NodeLost { node });
@@ -116,6 +120,11 @@ impl Run {
                             let _ = inbox.send(crate::checkpoint::CoordInput::NodeUp { node });
                         }
                     }
+                    Ok(Event::NewerIncarnation { node, incarnation }) => {
+                        self.shared.newer_incarnation.fetch_max(incarnation, Ordering::AcqRel);
+                        self.fail(format!("node {node} restarted the stream (incarnation {incarnation})"));
+                    }
+                    Ok(Event::Refused { code: weir_wire::msg::CloseCode::Stale, .. }) => {}
                     Ok(Event::Refused { reason, .. }) => tracing::warn!(%reason, "connection refused"),
                     Ok(Event::Heartbeat { from, tasks }) => self.status.heard(from, tasks),
                     Err(_) => return,

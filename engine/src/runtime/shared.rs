@@ -28,6 +28,8 @@ pub(crate) struct Shared {
     pub(crate) aligning: Arc<AtomicUsize>,
     pub(crate) failure: OnceLock<String>,
     pub(crate) unparkers: Vec<Unparker>,
+    /// The newest incarnation a peer was seen at, when above this engine's (0: none).
+    pub(crate) newer_incarnation: AtomicU64,
 }
 
 impl Shared {

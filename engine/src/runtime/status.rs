@@ -38,6 +38,12 @@ pub(crate) struct StatusBoard {
     pub(crate) stop_requested: std::sync::atomic::AtomicBool,
     /// The local sinks' result stores, which clients read page by page (`ResultsReq`).
     pub(crate) results: crate::state::NodeResults,
+    /// The incarnation this engine runs at (0: not a cluster member).
+    pub(crate) incarnation: u64,
+    /// The stream's restarts on this node before this engine.
+    pub(crate) restarts: Vec<weir_wire::msg::RestartInfo>,
+    /// Fail when a peer of the stream vanishes (`EngineConfig::failover`).
+    pub(crate) failover: bool,
 }
 
 impl StatusBoard {
@@ -94,6 +100,13 @@ impl StatusBoard {
                 }
                 _ => Vec::new(),
             },
+            incarnation: self.incarnation,
+            restarts: self.restarts.iter().rev().take(RECENT).rev().cloned().collect(),
         }
+    }
+
+    /// Whether every local task has finished.
+    pub(crate) fn finished(&self) -> bool {
+        self.tasks.iter().all(|t| t.is_finished())
     }
 }

@@ -11,6 +11,9 @@ archived! {
         pub node: NodeId,
         /// The dialer's protocol version (also in every frame header).
         pub protocol_version: u8,
+        /// The dialer's incarnation of the cluster's streams (0: a client, not a member): members
+        /// only exchange frames at the same incarnation (see `TransportConfig::incarnation`).
+        pub incarnation: u64,
         /// Random challenge for the accepting side to prove the secret over.
         pub nonce: [u8; NONCE_LEN],
     }
@@ -25,6 +28,8 @@ archived! {
         pub node: NodeId,
         /// The acceptor's protocol version.
         pub protocol_version: u8,
+        /// The acceptor's incarnation (0: not a member).
+        pub incarnation: u64,
         /// Random challenge for the dialer to prove the secret over.
         pub nonce: [u8; NONCE_LEN],
         /// HMAC-SHA256 over both nonces and identities, keyed by the cluster secret.
@@ -91,6 +96,8 @@ archived! {
         ProtocolViolation,
         /// Another connection to the same node replaced this one.
         Replaced,
+        /// The two ends run the stream at different incarnations: the older one restarts.
+        Stale,
     }
 }
 

@@ -129,6 +129,23 @@ archived! {
         pub checkpoints: Vec<CheckpointStats>,
         /// Health of the streams this node coordinates.
         pub streams: Vec<StreamHealth>,
+        /// The incarnation the node runs the stream at (0: not a cluster member).
+        pub incarnation: u64,
+        /// The stream's restarts on this node since the process started, oldest first (the
+        /// last 20).
+        pub restarts: Vec<RestartInfo>,
+    }
+}
+
+archived! {
+    /// One restart of a stream on a node.
+    pub struct RestartInfo {
+        /// When the stream stopped for it (ms since the epoch).
+        pub at_ms: u64,
+        /// The incarnation it restarted at.
+        pub incarnation: u64,
+        /// Why it stopped.
+        pub reason: String,
     }
 }
 

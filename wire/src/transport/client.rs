@@ -99,6 +99,7 @@ impl BlockingClient {
             cluster: cluster.to_string(),
             node: me,
             protocol_version: PROTOCOL_VERSION,
+            incarnation: 0,
             nonce: dialer_nonce,
         })?;
         let frame = c.recv()?;

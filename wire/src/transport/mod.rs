@@ -75,6 +75,11 @@ pub struct TransportConfig {
     pub reconnect_min: Duration,
     /// Largest reconnect delay (default 5 s).
     pub reconnect_max: Duration,
+    /// This node's incarnation of the cluster's streams (default 0: not a member, as a client).
+    /// Two members exchange frames only at the same incarnation: a handshake between different
+    /// ones is refused ([`crate::msg::CloseCode::Stale`]) and the older end hears
+    /// [`Event::NewerIncarnation`], so a restarted stream never takes frames from a stale one.
+    pub incarnation: u64,
     /// What every heartbeat says of this node's tasks (the seed's heartbeat content: latest,
     /// active and failed checkpoint per task); `None` sends plain heartbeats.
     pub heartbeat_tasks: Option<HeartbeatTasks>,
@@ -100,6 +105,7 @@ impl std::fmt::Debug for TransportConfig {
             .field("handshake_timeout", &self.handshake_timeout)
             .field("reconnect_min", &self.reconnect_min)
             .field("reconnect_max", &self.reconnect_max)
+            .field("incarnation", &self.incarnation)
             .field("heartbeat_tasks", &self.heartbeat_tasks.is_some())
             .finish()
     }
@@ -122,6 +128,7 @@ impl TransportConfig {
             handshake_timeout: Duration::from_secs(5),
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(5),
+            incarnation: 0,
             heartbeat_tasks: None,
         }
     }
@@ -176,6 +183,17 @@ pub enum Event {
         node: NodeId,
         /// Why.
         reason: String,
+        /// The peer said goodbye (`Close(Shutdown)`: it stopped on purpose) rather than
+        /// vanishing (a crash, a reset, silence, a bad frame).
+        orderly: bool,
+    },
+    /// A member runs at a newer incarnation than this node: this node's stream is stale and
+    /// must restart at `incarnation` (the handshake was refused).
+    NewerIncarnation {
+        /// The peer.
+        node: NodeId,
+        /// Its incarnation.
+        incarnation: u64,
     },
     /// A validated frame from an authenticated peer.
     Frame {

@@ -291,7 +291,7 @@ impl<C> TaskDriver<C> {
         };
         self.cannot = None;
         match checkpoint {
-            Some(_) => tracing::info!(task = %self.task(), ?checkpoint, ?basis, version = version.0, "restored"),
+            Some(id) => tracing::info!(task = %self.task(), checkpoint = %id, ?basis, version = version.0, "restored"),
             None => tracing::debug!(task = %self.task(), "starting from the beginning"),
         }
         fx.restored(basis, checkpoint);

@@ -116,7 +116,14 @@ impl Setup {
         let coord_node = node_of.values().min().copied().unwrap_or(cfg.node);
         let store = settings.open_store();
         let restored = Arc::new(OnceLock::new());
-        let last = last_commit(store.as_ref(), spec.id).map_err(|e| EngineError::Store(e.to_string()))?;
+        let last = if cfg.failover && coord_node != cfg.node {
+            // The coordinator's answer is the point: it reads the record once its own old
+            // engine has stopped, so every node of a restart restores the same commit.
+            tracing::info!(stream = %spec.id, coordinator = %coord_node, "the tasks take their restore point from the coordinator");
+            None
+        } else {
+            last_commit(store.as_ref(), spec.id).map_err(|e| EngineError::Store(e.to_string()))?
+        };
         let local: Vec<TaskId> = topo.tasks.iter().map(|t| t.id).filter(|t| node_of[t] == cfg.node).collect();
         let node_point = match &last {
             Some(r) => verify::check_node(store.as_ref(), spec.id, &cfg.data_dir, &local, r)?,
@@ -138,6 +145,7 @@ impl Setup {
                     let _ = restored.set((RestoreBasis::Fresh, None));
                 }
             },
+            None if cfg.failover && coord_node != cfg.node => {}
             None => tracing::info!(
                 stream = %spec.id,
                 "no commit record: the tasks ask the coordinator where to start (the consensus of what they committed, or the beginning)"

@@ -33,6 +33,16 @@ impl EventLoop {
                 format!("peer claims this node's id {}", hello.node),
             );
         }
+        if let Some(theirs) = self.newer(hello.incarnation) {
+            // This node is stale: it hears so, and refuses until it has restarted. (An older
+            // dialer gets the challenge, sees this node's incarnation there and hangs up.)
+            self.emit(Event::NewerIncarnation { node: hello.node, incarnation: theirs });
+            let reason = format!(
+                "peer {} runs at incarnation {theirs}, this node at {}: this node restarts",
+                hello.node, self.cfg.incarnation
+            );
+            return self.refuse(token, CloseCode::Stale, reason);
+        }
         let acceptor_nonce = match proof::nonce() {
             Ok(n) => n,
             Err(e) => return self.refuse(token, CloseCode::Shutdown, format!("no randomness: {e}")),
@@ -48,6 +58,7 @@ impl EventLoop {
             cluster: self.cfg.cluster.clone(),
             node: self.cfg.node,
             protocol_version: PROTOCOL_VERSION,
+            incarnation: self.cfg.incarnation,
             nonce: acceptor_nonce,
             proof: proof::prove(&self.cfg.secret, Side::Acceptor, &t),
         };
@@ -78,6 +89,21 @@ impl EventLoop {
         if target.is_some_and(|t| t != ch.node) {
             let reason = format!("dialed {:?} but {} answered", target, ch.node);
             return self.refuse(token, CloseCode::ProtocolViolation, reason);
+        }
+        if let Some(theirs) = self.newer(ch.incarnation) {
+            self.emit(Event::NewerIncarnation { node: ch.node, incarnation: theirs });
+            let reason = format!(
+                "peer {} runs at incarnation {theirs}, this node at {}: this node restarts",
+                ch.node, self.cfg.incarnation
+            );
+            return self.refuse(token, CloseCode::Stale, reason);
+        }
+        if self.cfg.incarnation > 0 && ch.incarnation > 0 && ch.incarnation < self.cfg.incarnation {
+            let reason = format!(
+                "peer {} runs at incarnation {}, this node at {}: the peer restarts",
+                ch.node, ch.incarnation, self.cfg.incarnation
+            );
+            return self.refuse(token, CloseCode::Stale, reason);
         }
         let t = Transcript {
             cluster: &self.cfg.cluster,
@@ -119,6 +145,11 @@ impl EventLoop {
             return self.refuse(token, CloseCode::AuthFailed, reason);
         }
         self.established(token, peer)
+    }
+
+    /// `theirs`, when both ends are members and the peer's incarnation is above this node's.
+    fn newer(&self, theirs: u64) -> Option<u64> {
+        (self.cfg.incarnation > 0 && theirs > self.cfg.incarnation).then_some(theirs)
     }
 
     /// The handshake on `token` completed with `peer`. False if this connection lost to another.

@@ -114,14 +114,16 @@ struct Ending {
     notify: bool,
     /// Report as a handshake refusal (and by whom).
     refused: Option<bool>,
+    /// The peer closed with `Close(Shutdown)`: it stopped on purpose.
+    orderly: bool,
 }
 
 impl Ending {
     fn quiet(reason: impl Into<String>) -> Self {
-        Ending { code: CloseCode::Shutdown, reason: reason.into(), notify: false, refused: None }
+        Ending { code: CloseCode::Shutdown, reason: reason.into(), notify: false, refused: None, orderly: false }
     }
     fn tell(code: CloseCode, reason: impl Into<String>) -> Self {
-        Ending { code, reason: reason.into(), notify: true, refused: None }
+        Ending { code, reason: reason.into(), notify: true, refused: None, orderly: false }
     }
 }
 
@@ -330,6 +332,7 @@ impl EventLoop {
                 cluster: self.cfg.cluster.clone(),
                 node: self.cfg.node,
                 protocol_version: PROTOCOL_VERSION,
+                incarnation: self.cfg.incarnation,
                 nonce,
             };
             conn.phase = Phase::AwaitChallenge { nonce };
@@ -422,6 +425,7 @@ impl EventLoop {
             };
             let handshaking = !matches!(conn.phase, Phase::Established { .. });
             let ending = Ending {
+                orderly: code == CloseCode::Shutdown,
                 code: code.clone(),
                 reason: format!("peer closed: {code:?}: {message}"),
                 notify: false,
@@ -476,7 +480,7 @@ impl EventLoop {
 
     fn refuse(&mut self, token: Token, code: CloseCode, reason: String) -> bool {
         self.shared.stats.refused.fetch_add(1, Ordering::Relaxed);
-        let ending = Ending { code, reason, notify: true, refused: Some(false) };
+        let ending = Ending { code, reason, notify: true, refused: Some(false), orderly: false };
         self.end(token, ending);
         false
     }

@@ -85,7 +85,10 @@ impl EventLoop {
                 _ => {
                     if now.duration_since(c.started) > self.cfg.handshake_timeout {
                         let reason = format!("handshake with {} not done in {:?}", c.addr, self.cfg.handshake_timeout);
-                        ends.push((*t, Ending { code: CloseCode::Timeout, reason, notify: true, refused: None }));
+                        ends.push((
+                            *t,
+                            Ending { code: CloseCode::Timeout, reason, notify: true, refused: None, orderly: false },
+                        ));
                     }
                 }
             }
@@ -127,7 +130,12 @@ impl EventLoop {
             if by_peer {
                 self.shared.stats.refused.fetch_add(1, Ordering::Relaxed);
             }
-            tracing::warn!(%node, ?peer, %addr, code = ?ending.code, by_peer, reason = %ending.reason, "handshake refused");
+            if ending.code == CloseCode::Stale {
+                // Expected while a stream restarts: the older end restarts.
+                tracing::info!(%node, ?peer, %addr, by_peer, reason = %ending.reason, "handshake refused");
+            } else {
+                tracing::warn!(%node, ?peer, %addr, code = ?ending.code, by_peer, reason = %ending.reason, "handshake refused");
+            }
             self.emit(Event::Refused {
                 addr,
                 node: peer,
@@ -188,7 +196,7 @@ impl EventLoop {
             }
             if was_established {
                 tracing::info!(%node, %peer, reason = %ending.reason, "peer down");
-                self.emit(Event::PeerDown { node: peer, reason: ending.reason });
+                self.emit(Event::PeerDown { node: peer, reason: ending.reason, orderly: ending.orderly });
             }
         }
     }
