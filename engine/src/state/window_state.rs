@@ -220,7 +220,12 @@ fn with_state_kvs<R>(
     let mut blocks: Vec<([u8; 21], Vec<u8>, u32)> = Vec::new();
     let mut next_chunk: BTreeMap<i64, u32> = Default::default();
     let mut filling: Option<(i64, usize)> = None; // window start and index of the block being filled
-    for (start, key, a) in copy.changed_since(since.unwrap_or(0)) {
+    // A whole file holds every entry: restored ones too, which are stamped 0 and no delta sees.
+    let entries: Box<dyn Iterator<Item = (i64, u64, crate::operator::window::Acc)> + '_> = match since {
+        Some(epoch) => Box::new(copy.changed_since(epoch)),
+        None => Box::new(copy.entries()),
+    };
+    for (start, key, a) in entries {
         let i = match filling {
             Some((s, i)) if s == start && (blocks[i].2 as usize) < BLOCK_ENTRIES => i,
             _ => {

@@ -29,7 +29,9 @@ pub struct FrozenState {
 
 impl FrozenState {
     /// Every (window start, key, aggregate) written after the snapshot of `epoch` (one this
-    /// agg took earlier, or 0 for every entry), window by window.
+    /// agg took earlier, or 0: every entry written since the start or the restore), window by
+    /// window. Restored entries are stamped 0, so no epoch sees them: a whole snapshot takes
+    /// [`Self::entries`].
     pub fn changed_since(&self, epoch: u32) -> impl Iterator<Item = (i64, u64, Acc)> + '_ {
         self.windows.iter().flat_map(move |(s, shards)| {
             shards.iter().flat_map(move |m| m.iter_since(epoch).map(move |(k, a)| (*s, k, *a)))

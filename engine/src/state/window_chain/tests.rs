@@ -130,6 +130,21 @@ fn a_chain_file_gone_from_the_node_makes_the_snapshot_whole() {
     assert_eq!(sorted(&load(&snap(root.path(), 2), WindowSpec::tumbling(HOUR), 0)), sorted(&agg));
 }
 
+/// The soak of issue 12 found it: after a restore, a snapshot written whole (its chain's files
+/// gone from the node) lost every restored entry no row had touched since.
+#[test]
+fn a_whole_snapshot_after_a_restore_keeps_the_restored_entries_no_row_touched_since() {
+    let (root, _, _) = started(1000);
+    let mut agg = load(&snap(root.path(), 1), WindowSpec::tumbling(HOUR), 0);
+    let mut chain = WindowChain::new();
+    chain.restored(&snap(root.path(), 1), CHAIN_FORMAT).unwrap();
+    (0..10u64).for_each(|k| agg.add(1, k, 1.0));
+    std::fs::remove_dir_all(snap(root.path(), 1)).unwrap(); // the restored snapshot dropped
+    let w = chain.write(&agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
+    assert!(w.full && w.files[0].entries == 1000, "{w:?}");
+    assert_eq!(sorted(&load(&snap(root.path(), 2), WindowSpec::tumbling(HOUR), 0)), sorted(&agg));
+}
+
 #[test]
 fn a_write_begun_before_a_restore_is_not_accepted_after_it() {
     let (root, mut agg, mut chain) = started(1000);
