@@ -107,7 +107,9 @@ fn weir_stop_with_a_checkpoint_stops_every_node_and_a_restart_resumes_from_that_
 /// likely in the middle of one) and started again on its own: the survivors restart the stream
 /// by themselves at the newer incarnation, every node restores the same commit, and `weir
 /// verify` finds every result exact.
-fn killed_and_restarted_node_rejoins_and_the_results_are_exact(victim: u32) {
+/// With `wipe`, the victim's data directory is deleted before it starts again: it restores its
+/// tasks from the remote store.
+fn killed_and_restarted_node_rejoins_and_the_results_are_exact(victim: u32, wipe: bool) {
     const EVENTS: u64 = 400_000;
     let dir = tempfile::tempdir().unwrap();
     let config = bounded_three_node(dir.path(), EVENTS); // 4 s of stream
@@ -117,6 +119,10 @@ fn killed_and_restarted_node_rejoins_and_the_results_are_exact(victim: u32) {
     let v = victim as usize - 1;
     nodes.0[v].kill().unwrap(); // SIGKILL
     nodes.0[v].wait().unwrap();
+    let data = dir.path().join("data").join(format!("node-{victim}"));
+    if wipe {
+        std::fs::remove_dir_all(&data).unwrap();
+    }
     nodes.0[v] = start(&config, victim, &log("again"), &[]);
     let t0 = Instant::now();
     let said = loop {
@@ -130,7 +136,11 @@ fn killed_and_restarted_node_rejoins_and_the_results_are_exact(victim: u32) {
     };
     assert!(said.contains("all 10000 window results match"), "{said}");
     let again = std::fs::read_to_string(log("again")).unwrap();
-    assert!(again.contains("incarnation=2"), "the returning node starts above its last incarnation:\n{again}");
+    if wipe {
+        assert!(again.contains("downloading the snapshot"), "restored from the remote store:\n{again}");
+    } else {
+        assert!(again.contains("incarnation=2"), "the returning node starts above its last incarnation:\n{again}");
+    }
     for n in (1..=3).filter(|n| *n != victim) {
         let text = std::fs::read_to_string(log(&format!("node-{n}"))).unwrap();
         assert!(text.contains("restarting it from the last commit"), "node {n} did not restart:\n{text}");
@@ -150,12 +160,56 @@ fn killed_and_restarted_node_rejoins_and_the_results_are_exact(victim: u32) {
 
 #[test]
 fn a_node_killed_with_sigkill_and_restarted_rejoins_and_weir_verify_passes() {
-    killed_and_restarted_node_rejoins_and_the_results_are_exact(3);
+    killed_and_restarted_node_rejoins_and_the_results_are_exact(3, false);
 }
 
 #[test]
 fn the_coordinator_killed_with_sigkill_and_restarted_resumes_and_weir_verify_passes() {
-    killed_and_restarted_node_rejoins_and_the_results_are_exact(1);
+    killed_and_restarted_node_rejoins_and_the_results_are_exact(1, false);
+}
+
+#[test]
+fn a_node_whose_data_directory_was_deleted_restores_from_the_remote_store_and_weir_verify_passes() {
+    killed_and_restarted_node_rejoins_and_the_results_are_exact(2, true);
+}
+
+/// A soak behind `WEIR_CLUSTER_SOAK=N`: N SIGKILLs of random nodes (the coordinator included),
+/// each started again after a random pause, while a longer bounded stream runs; then `weir
+/// verify` passes.
+#[test]
+fn soak_random_kills_of_random_nodes_end_with_exact_results() {
+    let Some(kills) = std::env::var("WEIR_CLUSTER_SOAK").ok().and_then(|v| v.parse::<u64>().ok()) else {
+        return;
+    };
+    let events = 400_000 + kills * 150_000; // 100,000 events/s per partition
+    let dir = tempfile::tempdir().unwrap();
+    let config = bounded_three_node(dir.path(), events);
+    let log = |n: u32, round: u64| dir.path().join(format!("node-{n}-{round}.log"));
+    let mut nodes = Nodes((1..=3).map(|n| start(&config, n, &log(n, 0), &[])).collect());
+    line_in(&log(1, 0), "checkpoint committed", Duration::from_secs(60));
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for round in 1..=kills {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let victim = (x % 3) as usize;
+        std::thread::sleep(Duration::from_millis(300 + x % 900));
+        nodes.0[victim].kill().unwrap();
+        nodes.0[victim].wait().unwrap();
+        std::thread::sleep(Duration::from_millis(x % 500));
+        nodes.0[victim] = start(&config, victim as u32 + 1, &log(victim as u32 + 1, round), &[]);
+    }
+    let t0 = Instant::now();
+    let said = loop {
+        let (code, out, err) = verify(&config, &[]);
+        if code == Some(0) {
+            break out;
+        }
+        assert_eq!(code, Some(2), "{out} {err}");
+        assert!(t0.elapsed() < Duration::from_secs(300), "the stream did not end: {err}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(said.contains("window results match"), "{said}");
 }
 
 #[test]
