@@ -75,23 +75,31 @@ fn killed_with_sigkill_and_resumed_it_ends_with_the_results_of_an_uninterrupted_
     let crashed = tempfile::tempdir().unwrap();
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let mut kills = 0;
-    for _ in 0..rounds {
+    let logs = tempfile::tempdir().unwrap();
+    for round in 0..rounds {
+        let log = logs.path().join(format!("round-{round}.log"));
         let mut child = weir()
             .args(bounded(per_partition))
             .arg("--resume")
             .arg("--data-dir")
             .arg(crashed.path())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
+        if round == 0 {
+            // However slow the machine, the kills come after a commit: the last run must have
+            // one to restore.
+            wait_for_line(&log, "checkpoint committed", std::time::Duration::from_secs(60));
+        }
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
         std::thread::sleep(std::time::Duration::from_millis(300 + seed % 600));
         if let Some(status) = child.try_wait().unwrap() {
             // Resumed runs can finish the remaining work before the next kill: that is fine.
-            assert!(status.success(), "a resumed run failed");
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            assert!(status.success(), "a resumed run failed ({status}):\n{text}");
             break;
         }
         child.kill().unwrap(); // SIGKILL: no destructor, flush or sync runs
@@ -111,6 +119,16 @@ fn killed_with_sigkill_and_resumed_it_ends_with_the_results_of_an_uninterrupted_
     let events: u64 = summary.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(events < 2 * per_partition, "the resumed run replayed everything: {summary}");
     assert_same_results(&results(crashed.path()), &want);
+}
+
+/// Waits for a line holding `what` in the file at `path` (`weir run` logs to stderr when it is
+/// not a terminal).
+fn wait_for_line(path: &std::path::Path, what: &str, limit: std::time::Duration) {
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(path).unwrap_or_default().contains(what) {
+        assert!(t0.elapsed() < limit, "no {what:?} within {limit:?}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// `got` equals `want`; else the first differences, side by side (the whole vectors are too
