@@ -5,6 +5,9 @@
 //! runs until SIGTERM or Ctrl-C (then it stops its tasks, abandons a checkpoint in flight, and
 //! exits 0) or until `weir stop` asks (the same). A bounded stream that has ended on it leaves it
 //! serving status and results (for `weir verify`), or, with `--exit-when-done`, it exits 0.
+//! When the stream fails (a lost peer, a gap, a peer at a newer incarnation) the node stops its
+//! engine and starts it again from the last commit, at a newer incarnation, as the restart
+//! strategy allows (`failover.rs`); when it allows no more, the node exits 2.
 //! Every log line names the node.
 
 use std::process::ExitCode;
