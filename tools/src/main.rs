@@ -9,6 +9,7 @@ mod logging;
 mod node;
 mod remote;
 mod run;
+mod standby;
 mod status;
 mod stop;
 mod verify;

@@ -206,9 +206,19 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 restart_times.push(now);
                 restarts.push(RestartInfo { at_ms: now, incarnation: next, reason: why });
                 incarnation = next;
-                if !sleep_unless(&stop, delay) {
-                    tracing::info!(stream = %spec.name, reason = "signal", "node stopped");
-                    return Ok(ExitCode::SUCCESS);
+                let mut transport = engine_config(&file, &me)?.transport.expect("a node has a transport");
+                transport.incarnation = incarnation;
+                match crate::standby::wait(transport, spec.id, &restarts, delay, &stop) {
+                    crate::standby::Waited::Restart(newer) => {
+                        incarnation = incarnation.max(newer.unwrap_or(0));
+                        if let Some(r) = restarts.last_mut() {
+                            r.incarnation = incarnation;
+                        }
+                    }
+                    crate::standby::Waited::Stopped(reason) => {
+                        tracing::info!(stream = %spec.name, reason, "node stopped");
+                        return Ok(ExitCode::SUCCESS);
+                    }
                 }
             }
             Err(gave_up) => {
@@ -242,18 +252,6 @@ fn supervise(engine: &Engine, stop: &AtomicBool, exit_when_done: bool, stream: &
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// Sleeps `d` unless a signal comes first (then false).
-fn sleep_unless(stop: &AtomicBool, d: Duration) -> bool {
-    let until = std::time::Instant::now() + d;
-    while std::time::Instant::now() < until {
-        if stop.load(Ordering::Relaxed) {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    !stop.load(Ordering::Relaxed)
 }
 
 fn now_ms() -> u64 {

@@ -65,7 +65,7 @@ fn to_json(answers: &[(SocketAddr, Answer)]) -> Value {
         .map(|(addr, a)| match a {
             Answer::Up(r) => json!({
                 "addr": addr.to_string(), "node": r.node.0, "up": true, "uptime_ms": r.uptime_ms,
-                "incarnation": r.incarnation,
+                "incarnation": r.incarnation, "restarting": crate::standby::is_restarting(r),
                 "restarts": r.restarts.iter().map(|x| json!({
                     "at_ms": x.at_ms, "incarnation": x.incarnation, "reason": x.reason,
                 })).collect::<Vec<_>>(),
@@ -116,6 +116,9 @@ fn to_text(answers: &[(SocketAddr, Answer)]) -> String {
     let _ = writeln!(out, "{:<6} {:<22} {:<6} since or why", "node", "addr", "state");
     for (addr, a) in answers {
         let _ = match a {
+            Answer::Up(r) if crate::standby::is_restarting(r) => {
+                writeln!(out, "{:<6} {:<22} {:<6} restarting its stream{}", r.node.0, addr, "up", restarts(r))
+            }
             Answer::Up(r) => writeln!(
                 out,
                 "{:<6} {:<22} {:<6} for {}{}",

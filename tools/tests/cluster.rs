@@ -119,6 +119,17 @@ fn killed_and_restarted_node_rejoins_and_the_results_are_exact(victim: u32, wipe
     let v = victim as usize - 1;
     nodes.0[v].kill().unwrap(); // SIGKILL
     nodes.0[v].wait().unwrap();
+    // The survivors answer status while they wait to restart.
+    let t0 = Instant::now();
+    loop {
+        let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if json["nodes"].as_array().unwrap().iter().any(|n| n["restarting"] == true) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no node said it was restarting: {json:#}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let data = dir.path().join("data").join(format!("node-{victim}"));
     if wipe {
         std::fs::remove_dir_all(&data).unwrap();

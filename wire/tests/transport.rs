@@ -157,6 +157,21 @@ fn members_at_different_incarnations_never_connect_and_the_older_one_hears_of_th
             assert!(t.events().try_iter().all(|e| !matches!(e, Event::PeerUp { .. } | Event::Frame { .. })));
         }
     }
+    // A node between two runs of its stream serves clients only.
+    let mut standby = config(1);
+    standby.incarnation = 6;
+    standby.clients_only = true;
+    let a = Transport::start(standby).unwrap();
+    let mut b_cfg = config(2);
+    b_cfg.incarnation = 6;
+    b_cfg.peers.push(PeerConfig { node: NodeId(1), addr: a.local_addr() });
+    let b = Transport::start(b_cfg).unwrap();
+    match wait_for(&b, |e| matches!(e, Event::Refused { .. })) {
+        Event::Refused { code, by_peer, .. } => assert_eq!((code, by_peer), (CloseCode::Restarting, true)),
+        _ => unreachable!(),
+    }
+    assert!(BlockingClient::connect(a.local_addr().unwrap(), CLUSTER, NodeId(91), SECRET, WAIT).is_ok());
+    drop((a, b));
     // The same incarnation connects; a client (incarnation 0) is served at any incarnation.
     let (a, b) = members(7, 7);
     wait_for(&a, |e| matches!(e, Event::PeerUp { node: NodeId(2), .. }));

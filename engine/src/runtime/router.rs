@@ -124,7 +124,9 @@ impl Run {
                         self.shared.newer_incarnation.fetch_max(incarnation, Ordering::AcqRel);
                         self.fail(format!("node {node} restarted the stream (incarnation {incarnation})"));
                     }
-                    Ok(Event::Refused { code: weir_wire::msg::CloseCode::Stale, .. }) => {}
+                    Ok(Event::Refused {
+                        code: weir_wire::msg::CloseCode::Stale | weir_wire::msg::CloseCode::Restarting, ..
+                    }) => {}
                     Ok(Event::Refused { reason, .. }) => tracing::warn!(%reason, "connection refused"),
                     Ok(Event::Heartbeat { from, tasks }) => self.status.heard(from, tasks),
                     Err(_) => return,

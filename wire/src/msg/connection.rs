@@ -98,6 +98,8 @@ archived! {
         Replaced,
         /// The two ends run the stream at different incarnations: the older one restarts.
         Stale,
+        /// The node is between two runs of its stream and serves clients only: a member retries.
+        Restarting,
     }
 }
 

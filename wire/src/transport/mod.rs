@@ -80,6 +80,10 @@ pub struct TransportConfig {
     /// ones is refused ([`crate::msg::CloseCode::Stale`]) and the older end hears
     /// [`Event::NewerIncarnation`], so a restarted stream never takes frames from a stale one.
     pub incarnation: u64,
+    /// Serve clients only (a node between two runs of its stream, answering status): members
+    /// (a `Hello` with an incarnation) are refused with [`crate::msg::CloseCode::Restarting`]
+    /// and redial with backoff.
+    pub clients_only: bool,
     /// What every heartbeat says of this node's tasks (the seed's heartbeat content: latest,
     /// active and failed checkpoint per task); `None` sends plain heartbeats.
     pub heartbeat_tasks: Option<HeartbeatTasks>,
@@ -106,6 +110,7 @@ impl std::fmt::Debug for TransportConfig {
             .field("reconnect_min", &self.reconnect_min)
             .field("reconnect_max", &self.reconnect_max)
             .field("incarnation", &self.incarnation)
+            .field("clients_only", &self.clients_only)
             .field("heartbeat_tasks", &self.heartbeat_tasks.is_some())
             .finish()
     }
@@ -129,6 +134,7 @@ impl TransportConfig {
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(5),
             incarnation: 0,
+            clients_only: false,
             heartbeat_tasks: None,
         }
     }

@@ -33,6 +33,14 @@ impl EventLoop {
                 format!("peer claims this node's id {}", hello.node),
             );
         }
+        if self.cfg.clients_only && hello.incarnation > 0 {
+            // The incarnation to restart at, if the peer's is newer.
+            if let Some(theirs) = self.newer(hello.incarnation) {
+                self.emit(Event::NewerIncarnation { node: hello.node, incarnation: theirs });
+            }
+            let reason = format!("node {} is restarting its stream and serves clients only", self.cfg.node);
+            return self.refuse(token, CloseCode::Restarting, reason);
+        }
         if let Some(theirs) = self.newer(hello.incarnation) {
             // This node is stale: it hears so, and refuses until it has restarted. (An older
             // dialer gets the challenge, sees this node's incarnation there and hangs up.)

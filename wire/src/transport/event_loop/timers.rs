@@ -130,7 +130,7 @@ impl EventLoop {
             if by_peer {
                 self.shared.stats.refused.fetch_add(1, Ordering::Relaxed);
             }
-            if ending.code == CloseCode::Stale {
+            if matches!(ending.code, CloseCode::Stale | CloseCode::Restarting) {
                 // Expected while a stream restarts: the older end restarts.
                 tracing::info!(%node, ?peer, %addr, by_peer, reason = %ending.reason, "handshake refused");
             } else {
