@@ -169,17 +169,20 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let mut incarnation = crate::failover::next(crate::failover::last(&data_dir)?, None);
     let mut restarts: Vec<RestartInfo> = Vec::new();
     let mut restart_times: Vec<u64> = Vec::new();
+    let mut links: Vec<weir_engine::wire::msg::PeerLink> = Vec::new();
     loop {
         crate::failover::record(&data_dir, incarnation)?;
         let mut cfg = engine_config(&file, &me)?;
         cfg.failover = true;
         cfg.restarts = restarts.clone();
+        cfg.links = links.clone();
         if let Some(t) = cfg.transport.as_mut() {
             t.incarnation = incarnation;
         }
         let engine = Engine::start(&spec, &placement, cfg).with_context(|| format!("starting node {}", me.id))?;
         log_start(&spec, &placement, &me, &engine, &data_dir, incarnation);
         let ended = supervise(&engine, &stop, args.exit_when_done, &spec.name);
+        links = engine.status().peers;
         engine.stop();
         let result = engine.wait();
         let (why, newer) = match ended {
@@ -208,7 +211,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 incarnation = next;
                 let mut transport = engine_config(&file, &me)?.transport.expect("a node has a transport");
                 transport.incarnation = incarnation;
-                match crate::standby::wait(transport, spec.id, &restarts, delay, &stop) {
+                match crate::standby::wait(transport, spec.id, &restarts, &links, delay, &stop) {
                     crate::standby::Waited::Restart(newer) => {
                         incarnation = incarnation.max(newer.unwrap_or(0));
                         if let Some(r) = restarts.last_mut() {

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use weir_engine::wire::msg::{RestartInfo, StatusReq, StatusRsp, StopReq, StopRsp};
+use weir_engine::wire::msg::{PeerLink, RestartInfo, StatusReq, StatusRsp, StopReq, StopRsp};
 use weir_engine::wire::transport::{Event, Transport, TransportConfig};
 use weir_engine::wire::{FrameEncoder, Kind, StreamId};
 
@@ -23,6 +23,7 @@ pub fn wait(
     mut cfg: TransportConfig,
     stream: StreamId,
     restarts: &[RestartInfo],
+    links: &[PeerLink],
     delay: Duration,
     stop: &AtomicBool,
 ) -> Waited {
@@ -70,6 +71,7 @@ pub fn wait(
                     streams: Vec::new(),
                     incarnation: restarts.last().map_or(0, |r| r.incarnation),
                     restarts: restarts.iter().rev().take(20).rev().cloned().collect(),
+                    peers: links.to_vec(),
                 })
                 .ok()
             }),

@@ -59,13 +59,16 @@ fn upload_us(c: &CheckpointStats) -> u64 {
     c.tasks.iter().map(|t| t.stats.upload_us).max().unwrap_or(0)
 }
 
-fn to_json(answers: &[(SocketAddr, Answer)]) -> Value {
+fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
     let nodes: Vec<Value> = answers
         .iter()
         .map(|(addr, a)| match a {
             Answer::Up(r) => json!({
                 "addr": addr.to_string(), "node": r.node.0, "up": true, "uptime_ms": r.uptime_ms,
                 "incarnation": r.incarnation, "restarting": crate::standby::is_restarting(r),
+                "peers": r.peers.iter().map(|p| json!({
+                    "node": p.node.0, "up": p.up, "since_ms": p.since_ms, "reason": p.reason,
+                })).collect::<Vec<_>>(),
                 "restarts": r.restarts.iter().map(|x| json!({
                     "at_ms": x.at_ms, "incarnation": x.incarnation, "reason": x.reason,
                 })).collect::<Vec<_>>(),
@@ -86,7 +89,13 @@ fn to_json(answers: &[(SocketAddr, Answer)]) -> Value {
                     "upload_bytes": c.upload_bytes, "outcome": outcome(&c.outcome),
                 })).collect::<Vec<_>>(),
             }),
-            Answer::Down(why) => json!({ "addr": addr.to_string(), "up": false, "error": why }),
+            Answer::Down(why) => {
+                let lost = ids.get(addr).and_then(|id| lost_since(answers, *id));
+                json!({
+                    "addr": addr.to_string(), "node": ids.get(addr), "up": false, "error": why,
+                    "down_since_ms": lost.as_ref().map(|l| l.0), "down_reason": lost.map(|l| l.2),
+                })
+            }
         })
         .collect();
     json!({ "nodes": nodes })
@@ -96,11 +105,32 @@ fn ms(us: u64) -> String {
     format!("{:.1} ms", us as f64 / 1e3)
 }
 
+/// Node ids by address, from the config file (a down node says nothing of itself).
+type Ids = std::collections::HashMap<SocketAddr, u32>;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn ago(at_ms: u64) -> humantime::FormattedDuration {
+    humantime::format_duration(Duration::from_secs(now_ms().saturating_sub(at_ms) / 1000))
+}
+
+/// When the nodes that answered last saw node `id` go (ms), which one, and why.
+fn lost_since(answers: &[(SocketAddr, Answer)], id: u32) -> Option<(u64, u32, String)> {
+    answers
+        .iter()
+        .filter_map(|(_, a)| if let Answer::Up(r) = a { Some(r) } else { None })
+        .flat_map(|r| r.peers.iter().map(move |p| (r.node.0, p)))
+        .filter(|(_, p)| p.node.0 == id && !p.up && p.since_ms > 0)
+        .map(|(by, p)| (p.since_ms, by, p.reason.clone()))
+        .max_by_key(|l| l.0)
+}
+
 /// What a node says of its stream's restarts, after its uptime (which counts from the last).
 fn restarts(r: &StatusRsp) -> String {
     let Some(last) = r.restarts.last() else { return String::new() };
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-    let ago = humantime::format_duration(Duration::from_secs(now.saturating_sub(last.at_ms) / 1000));
+    let ago = ago(last.at_ms);
     let n = r.restarts.len();
     format!(
         " (incarnation {}; {n} restart{}, the last {ago} ago: {})",
@@ -110,7 +140,7 @@ fn restarts(r: &StatusRsp) -> String {
     )
 }
 
-fn to_text(answers: &[(SocketAddr, Answer)]) -> String {
+fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let _ = writeln!(out, "{:<6} {:<22} {:<6} since or why", "node", "addr", "state");
@@ -128,7 +158,14 @@ fn to_text(answers: &[(SocketAddr, Answer)]) -> String {
                 humantime::format_duration(Duration::from_secs(r.uptime_ms / 1000)),
                 restarts(r)
             ),
-            Answer::Down(why) => writeln!(out, "{:<6} {:<22} {:<6} {why}", "?", addr, "down"),
+            Answer::Down(why) => {
+                let id = ids.get(addr).map_or("?".to_string(), |i| i.to_string());
+                let lost =
+                    ids.get(addr).and_then(|i| lost_since(answers, *i)).map_or(String::new(), |(at, by, why)| {
+                        format!("since {} ago (node {by} lost it: {why}); ", ago(at))
+                    });
+                writeln!(out, "{:<6} {:<22} {:<6} {lost}{why}", id, addr, "down")
+            }
         };
     }
     let _ = writeln!(
@@ -215,7 +252,9 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
             .map(|a| crate::client::status(&t, *a, args.timeout).map(|r| (*a, r.map_or_else(Answer::Down, Answer::Up))))
             .collect::<anyhow::Result<_>>()?;
         let all_up = answers.iter().all(|(_, a)| matches!(a, Answer::Up(_)));
-        let text = if args.json { serde_json::to_string_pretty(&to_json(&answers))? } else { to_text(&answers) };
+        let ids: Ids = t.file.iter().flat_map(|f| f.nodes.iter().map(|n| (n.addr, n.id))).collect();
+        let text =
+            if args.json { serde_json::to_string_pretty(&to_json(&answers, &ids))? } else { to_text(&answers, &ids) };
         if args.watch {
             // Home and clear: the table is redrawn in place.
             print!("\x1b[H\x1b[2J{text}");

@@ -124,7 +124,11 @@ fn killed_and_restarted_node_rejoins_and_the_results_are_exact(victim: u32, wipe
     loop {
         let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
         let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        if json["nodes"].as_array().unwrap().iter().any(|n| n["restarting"] == true) {
+        let nodes = json["nodes"].as_array().unwrap();
+        if nodes.iter().any(|n| n["restarting"] == true) {
+            // And they say since when the lost node is gone.
+            let lost = &nodes[v];
+            assert!(lost["up"] == false && lost["down_since_ms"].as_u64().is_some_and(|t| t > 0), "{json:#}");
             break;
         }
         assert!(t0.elapsed() < Duration::from_secs(20), "no node said it was restarting: {json:#}");

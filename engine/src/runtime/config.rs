@@ -50,6 +50,9 @@ pub struct EngineConfig {
     pub failover: bool,
     /// The stream's restarts on this node so far, for status.
     pub restarts: Vec<weir_wire::msg::RestartInfo>,
+    /// What the node knew of its links to its peers before this engine (a restart), for status
+    /// until they change.
+    pub links: Vec<weir_wire::msg::PeerLink>,
 }
 
 impl EngineConfig {
@@ -71,6 +74,7 @@ impl EngineConfig {
             state_budget: None,
             failover: false,
             restarts: Vec::new(),
+            links: Vec::new(),
         }
     }
 }

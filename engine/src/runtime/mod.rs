@@ -333,6 +333,7 @@ impl Engine {
             incarnation: cfg.transport.as_ref().map_or(0, |t| t.incarnation),
             restarts: cfg.restarts.clone(),
             failover: cfg.failover,
+            links: std::sync::Mutex::new(cfg.links.iter().map(|l| (l.node, l.clone())).collect()),
         });
 
         // With a transport, the router acknowledges ingest requests to their clients; without

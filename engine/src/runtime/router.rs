@@ -105,7 +105,16 @@ impl Run {
                     Ok(Event::Frame { from, frame }) => self.on_frame(from, frame),
                     Ok(Event::PeerDown { node, reason, orderly }) => {
                         tracing::warn!(peer = %node, %reason, "peer down");
-                        if self.status.failover && !orderly && self.status.peers.contains(&node) && !self.status.finished() {
+                        self.status.link(node, false, reason.clone());
+                        // Not once the stream stops here: peers go as they stop, not always in order.
+                        let stopping = self.shared.stop.load(Ordering::Acquire)
+                            || self.status.stop_requested.load(Ordering::Acquire);
+                        if self.status.failover
+                            && !orderly
+                            && !stopping
+                            && self.status.peers.contains(&node)
+                            && !self.status.finished()
+                        {
                             // Frames to and from it are lost: the stream restarts from its last commit.
                             self.fail(format!("node {node} of the stream was lost ({reason})"));
                         }
@@ -116,6 +125,7 @@ impl Run {
                     }
                     Ok(Event::PeerUp { node, .. }) => {
                         tracing::debug!(peer = %node, "peer up");
+                        self.status.link(node, true, String::new());
                         if let Some(inbox) = &self.proto.1 {
                             let _ = inbox.send(crate::checkpoint::CoordInput::NodeUp { node });
                         }

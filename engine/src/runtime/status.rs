@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use weir_wire::msg::{StatusRsp, StreamHealth, TaskHeartbeat};
+use weir_wire::msg::{PeerLink, StatusRsp, StreamHealth, TaskHeartbeat};
 use weir_wire::{NodeId, StreamId, TaskId};
 
 use super::board::TaskBoard;
@@ -44,6 +44,8 @@ pub(crate) struct StatusBoard {
     pub(crate) restarts: Vec<weir_wire::msg::RestartInfo>,
     /// Fail when a peer of the stream vanishes (`EngineConfig::failover`).
     pub(crate) failover: bool,
+    /// The links to `peers` (written by the router).
+    pub(crate) links: Mutex<BTreeMap<NodeId, PeerLink>>,
 }
 
 impl StatusBoard {
@@ -102,7 +104,23 @@ impl StatusBoard {
             },
             incarnation: self.incarnation,
             restarts: self.restarts.iter().rev().take(RECENT).rev().cloned().collect(),
+            peers: {
+                let l = self.links.lock().unwrap_or_else(|e| e.into_inner());
+                let never = |node| PeerLink { node, up: false, since_ms: 0, reason: String::new() };
+                self.peers.iter().map(|n| l.get(n).cloned().unwrap_or_else(|| never(*n))).collect()
+            },
         }
+    }
+
+    /// The link to `node` came up or went down (`reason`).
+    pub(crate) fn link(&self, node: NodeId, up: bool, reason: String) {
+        if !self.peers.contains(&node) {
+            return; // a client
+        }
+        let since_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let mut l = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        l.insert(node, PeerLink { node, up, since_ms, reason });
     }
 
     /// Whether every local task has finished.

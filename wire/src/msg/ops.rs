@@ -134,6 +134,22 @@ archived! {
         /// The stream's restarts on this node since the process started, oldest first (the
         /// last 20).
         pub restarts: Vec<RestartInfo>,
+        /// This node's links to the other nodes of the stream.
+        pub peers: Vec<PeerLink>,
+    }
+}
+
+archived! {
+    /// What a node knows of its link to another node of the stream.
+    pub struct PeerLink {
+        /// The other node.
+        pub node: NodeId,
+        /// Connected now.
+        pub up: bool,
+        /// Since when (ms since the epoch; 0: never connected since this engine started).
+        pub since_ms: u64,
+        /// Why it went down (empty when up or never connected).
+        pub reason: String,
     }
 }
 
