@@ -33,7 +33,8 @@ enum Command {
     Status(status::StatusArgs),
     /// Stops a stream on every node (with `--checkpoint`, after a final committed checkpoint).
     Stop(stop::StopArgs),
-    /// Compares a bounded generator stream's results on every node with the expected ones.
+    /// Compares a generator stream's results on every node with the expected ones (a running
+    /// stream's up to its last commit).
     Verify(verify::VerifyArgs),
     /// What a remote store holds: list, show, verify and collect checkpoints.
     Checkpoints(checkpoints::CheckpointsArgs),

@@ -2,8 +2,11 @@
 //! parameters (the config file's), reads what every node's result stores hold over the wire
 //! protocol, page by page, and compares them row by row. Exit code 0 only on an exact match.
 //!
-//! For a bounded stream that has ended on every node (every task reports `stopped`); a running
-//! stream is refused, with why (comparing up to its last commit is not done yet).
+//! For a bounded stream that has ended on every node (every task reports `stopped`): every
+//! result. For a running stream (endless, or not ended yet): the windows its last commit closed,
+//! from the commit record's source offsets (rows in order only: a window every partition has
+//! passed holds exactly the rows before the offsets), read again a few times before a mismatch
+//! counts (the sinks may still be writing the windows the commit closed).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -19,8 +22,9 @@ use crate::client::{Failure, Target};
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Example:\n  \
     weir verify --config examples/three-node.toml\n\n\
+    A running stream is compared up to its last commit (the windows it closed).\n\n\
     Exit codes: 0 every result is exactly the expected one, 1 a mismatch (the first ones are \
-    printed), 2 an error (a node down, the stream still running).")]
+    printed), 2 an error (a node down or restarting, no commit yet).")]
 pub struct VerifyArgs {
     /// The cluster (`--config` is needed: the generator's parameters are in it).
     #[command(flatten)]
@@ -82,12 +86,7 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     };
     let spec = crate::node::stream_spec(file)?;
     let stream = spec.id;
-    if !matches!(&spec.source, weir_engine::spec::SourceKind::Generator { limit: Some(_), .. }) {
-        bail!(
-            "stream {} is endless (no generator events limit): verify compares a bounded stream once it has ended",
-            stream.0
-        );
-    }
+    let bounded = matches!(&spec.source, weir_engine::spec::SourceKind::Generator { limit: Some(_), .. });
     // Every task of the stream, reported by its node, has ended.
     let mut running = Vec::new();
     let mut seen = 0;
@@ -110,18 +109,113 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
             stream.0
         );
     }
-    if !running.is_empty() {
-        bail!(
-            "stream {} has not ended (tasks {} still running): verify compares a bounded stream once it has ended",
-            stream.0,
-            running.join(", ")
-        );
+    if !running.is_empty() || !bounded {
+        return committed(args, &t, file, &spec);
     }
     let want = weir_engine::reference::bounded_results(&spec).expect("a bounded generator");
     let got = found(&t, stream)?;
+    let bad = compare(&want, &got, args.show);
+    if bad == 0 {
+        println!(
+            "stream {}: all {} window results match the generator's, from {} nodes",
+            stream.0,
+            got.len(),
+            t.nodes.len()
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!(
+            "stream {}: {bad} of {} expected results differ or are missing ({} found)",
+            stream.0,
+            want.len(),
+            got.len()
+        );
+        Ok(ExitCode::from(1))
+    }
+}
+
+/// A running stream: the windows its last commit closed.
+#[allow(clippy::print_stdout)]
+fn committed(
+    args: &VerifyArgs,
+    t: &Target,
+    file: &crate::config::ClusterFile,
+    spec: &weir_engine::spec::StreamSpec,
+) -> anyhow::Result<ExitCode> {
+    let weir_engine::spec::SourceKind::Generator { spec: g, .. } = &spec.source else {
+        bail!("stream {} has no generator source", spec.id.0)
+    };
+    if g.out_of_order > 0.0 {
+        bail!("stream {} is running and its rows come out of order: verify compares it once it has ended", spec.id.0);
+    }
+    let ck = &file.checkpoint;
+    let url = ck.remote.clone().unwrap_or_else(|| format!("file://{}", file.data_dir.join("remote").display()));
+    let remote = crate::remote::RemoteArgs {
+        remote: Some(url.clone()),
+        s3_endpoint: ck.s3_endpoint.clone(),
+        s3_region: ck.s3_region.clone(),
+        rsync_password_file: ck.rsync_password_file.clone(),
+    };
+    let store = remote.open(&url)?;
+    let record = weir_engine::backup::commit::last_commit(store.as_ref(), spec.id)
+        .with_context(|| format!("reading stream {}'s last commit from {url}", spec.id.0))?;
+    let Some(record) = record.filter(|r| !r.versions.is_empty()) else {
+        bail!("stream {} is running and has no commit with source offsets yet: try again later", spec.id.0)
+    };
+    let offsets: Vec<u64> =
+        (0..spec.partitions).map(|p| record.versions.get(&weir_engine::wire::TaskId(p)).map_or(0, |v| v.0)).collect();
+    // Every partition has passed `closed`: the windows ending there hold rows before the offsets only.
+    let progress = offsets
+        .iter()
+        .enumerate()
+        .map(|(p, o)| weir_engine::operator::generator::Generator::new(*g, p as u32).max_ts_before(*o))
+        .min()
+        .unwrap_or(i64::MIN);
+    let closed = progress.saturating_sub(spec.watermark_delay_ms);
+    let size = spec.window.size_ms;
+    let in_closed = |r: &WindowResult| r.start.saturating_add(size) <= closed;
+    let want: Vec<WindowResult> = weir_engine::reference::generator_results(spec, &offsets)
+        .expect("a generator stream")
+        .into_iter()
+        .filter(in_closed)
+        .collect();
+    let mut tries = 0;
+    loop {
+        let got: Vec<WindowResult> = found(t, spec.id)?.into_iter().filter(in_closed).collect();
+        let last = tries == 3;
+        let bad = compare(&want, &got, if last { args.show } else { 0 });
+        if bad == 0 {
+            println!(
+                "stream {} (running): all {} results of the windows its last commit ({}) closed match the generator's, from {} nodes",
+                spec.id.0,
+                got.len(),
+                record.id,
+                t.nodes.len()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        if last {
+            println!(
+                "stream {} (running): {bad} of {} expected results of the windows {} closed differ or are missing ({} found)",
+                spec.id.0,
+                want.len(),
+                record.id,
+                got.len()
+            );
+            return Ok(ExitCode::from(1));
+        }
+        tries += 1;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Compares `want` with `got` (both sorted by key and window), printing the first `show`
+/// differences; returns how many there are.
+#[allow(clippy::print_stdout)]
+fn compare(want: &[WindowResult], got: &[WindowResult], show_at_most: usize) -> usize {
     let (mut i, mut j, mut bad, mut shown) = (0, 0, 0usize, 0);
     let mut show = |what: String| {
-        if shown < args.show {
+        if shown < show_at_most {
             println!("{what}");
             shown += 1;
         }
@@ -161,21 +255,5 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    if bad == 0 {
-        println!(
-            "stream {}: all {} window results match the generator's, from {} nodes",
-            stream.0,
-            got.len(),
-            t.nodes.len()
-        );
-        Ok(ExitCode::SUCCESS)
-    } else {
-        println!(
-            "stream {}: {bad} of {} expected results differ or are missing ({} found)",
-            stream.0,
-            want.len(),
-            got.len()
-        );
-        Ok(ExitCode::from(1))
-    }
+    bad
 }

@@ -16,21 +16,8 @@ fn three_nodes_from_the_example_run_a_bounded_stream_and_weir_verify_finds_every
     let config = bounded_three_node(dir.path(), EVENTS); // 1.5 s of stream: time for checkpoints
     let logs: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
     let mut nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1], &[])).collect());
-    // While the stream runs, verify says so and compares nothing.
-    let (code, _, err) = verify(&config, &[]);
-    assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("has not ended") || err.contains("down"), "{err}");
     // Once it has ended on every node (they keep serving), every result is exact.
-    let t0 = Instant::now();
-    let said = loop {
-        let (code, out, err) = verify(&config, &[]);
-        if code == Some(0) {
-            break out;
-        }
-        assert!(err.contains("has not ended"), "{code:?} {out} {err}");
-        assert!(t0.elapsed() < Duration::from_secs(90), "the stream did not end: {err}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let said = verify_until_ended(&config, Duration::from_secs(90));
     assert!(said.contains("all 10000 window results match"), "{said}");
     // Verify can fail: against another seed, every result differs.
     let (code, out, _) = verify(&config, &[("WEIR_STREAM__GENERATOR__SEED", "43")]);
@@ -139,16 +126,7 @@ fn killed_and_restarted_node_rejoins_and_the_results_are_exact(victim: u32, wipe
         std::fs::remove_dir_all(&data).unwrap();
     }
     nodes.0[v] = start(&config, victim, &log("again"), &[]);
-    let t0 = Instant::now();
-    let said = loop {
-        let (code, out, err) = verify(&config, &[]);
-        if code == Some(0) {
-            break out;
-        }
-        assert!(code == Some(2) && (err.contains("has not ended") || err.contains("down")), "{code:?} {out} {err}");
-        assert!(t0.elapsed() < Duration::from_secs(120), "the stream did not end: {err}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let said = verify_until_ended(&config, Duration::from_secs(120));
     assert!(said.contains("all 10000 window results match"), "{said}");
     let again = std::fs::read_to_string(log("again")).unwrap();
     if wipe {
@@ -214,16 +192,7 @@ fn soak_random_kills_of_random_nodes_end_with_exact_results() {
         std::thread::sleep(Duration::from_millis(x % 500));
         nodes.0[victim] = start(&config, victim as u32 + 1, &log(victim as u32 + 1, round), &[]);
     }
-    let t0 = Instant::now();
-    let said = loop {
-        let (code, out, err) = verify(&config, &[]);
-        if code == Some(0) {
-            break out;
-        }
-        assert_eq!(code, Some(2), "{out} {err}");
-        assert!(t0.elapsed() < Duration::from_secs(300), "the stream did not end: {err}");
-        std::thread::sleep(Duration::from_millis(500));
-    };
+    let said = verify_until_ended(&config, Duration::from_secs(300));
     assert!(said.contains("window results match"), "{said}");
 }
 

@@ -186,3 +186,27 @@ fn node_with(config: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>,
 }
 
 const MINIMAL: &str = "cluster_secret = \"s\"\n[[nodes]]\nid = 1\naddr = \"127.0.0.1:1\"\n[stream]\n";
+
+#[test]
+fn weir_verify_of_a_running_stream_compares_the_windows_its_last_commit_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, _node, rx, _) = one_node_committing(dir.path());
+    // The example's 1 s windows: wait until a commit has closed one.
+    line_with(&rx, "checkpoint committed", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1500));
+    let t0 = Instant::now();
+    let said = loop {
+        let (code, out, err) = verify(&config, &[]);
+        if code == Some(0) && !out.contains("all 0 results") {
+            break out;
+        }
+        assert!(code == Some(0) || err.contains("no commit"), "{code:?} {out} {err}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "{out} {err}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(said.contains("(running)") && said.contains("closed match the generator's"), "{said}");
+    // It can fail: against another seed, what the commit closed differs.
+    let (code, out, _) = verify(&config, &[("WEIR_STREAM__GENERATOR__SEED", "43")]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("(running)") && out.contains("differ"), "{out}");
+}

@@ -210,3 +210,24 @@ pub fn line_in(path: &Path, what: &str, limit: Duration) -> String {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `weir verify` until it compares the whole stream, ended on every node (at most `limit`);
+/// returns what it printed then. Meanwhile it may say the stream has not ended (a node down or
+/// restarting), or compare what the last commit closed: that must match too.
+pub fn verify_until_ended(config: &Path, limit: Duration) -> String {
+    let t0 = Instant::now();
+    loop {
+        let (code, out, err) = verify(config, &[]);
+        match code {
+            Some(0) if !out.contains("(running)") => return out,
+            Some(0) => {}
+            Some(2) => assert!(
+                ["has not ended", "down", "no commit", "restarting"].iter().any(|w| err.contains(w)),
+                "{out} {err}"
+            ),
+            _ => panic!("verify failed ({code:?}): {out} {err}"),
+        }
+        assert!(t0.elapsed() < limit, "the stream did not end within {limit:?}: {out} {err}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
