@@ -104,7 +104,11 @@ impl Run {
                 recv(self.transport.events()) -> ev => match ev {
                     Ok(Event::Frame { from, frame }) => self.on_frame(from, frame),
                     Ok(Event::PeerDown { node, reason, orderly }) => {
-                        tracing::warn!(peer = %node, %reason, "peer down");
+                        if self.status.peers.contains(&node) {
+                            tracing::warn!(peer = %node, %reason, orderly, "peer down");
+                        } else {
+                            tracing::debug!(client = %node, %reason, "client gone");
+                        }
                         self.status.link(node, false, reason.clone());
                         // Not once the stream stops here: peers go as they stop, not always in order.
                         let stopping = self.shared.stop.load(Ordering::Acquire)
