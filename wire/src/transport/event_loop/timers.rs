@@ -176,6 +176,10 @@ impl EventLoop {
         let Some(p) = self.peers.get_mut(&peer) else { return };
         if p.dialing == Some(token) {
             p.dialing = None;
+            if ending.code == CloseCode::Restarting {
+                // Back within about a second: redial soon rather than back off further.
+                p.backoff = self.cfg.reconnect_min;
+            }
             if p.conn.is_none() {
                 self.schedule_redial(peer);
             }
