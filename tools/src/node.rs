@@ -124,15 +124,8 @@ pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<Engin
     cfg.transport = Some(t);
     let ck = &file.checkpoint;
     if !ck.interval.is_zero() {
-        let url = ck.remote.clone().unwrap_or_else(|| format!("file://{}", file.data_dir.join("remote").display()));
-        let remote = RemoteArgs {
-            remote: Some(url.clone()),
-            s3_endpoint: ck.s3_endpoint.clone(),
-            s3_region: ck.s3_region.clone(),
-            rsync_password_file: ck.rsync_password_file.clone(),
-        };
         let mut s = CheckpointSettings::every(ck.interval.as_millis().max(1) as u64, file.data_dir.join("remote"));
-        s.remote = Remote::Store(remote.open(&url)?);
+        s.remote = Remote::Store(remote_store(file)?.1);
         s.timeout_ms = ck.timeout.as_millis() as u64;
         s.retain = ck.retain;
         s.upload_limit = ck.upload_limit;
@@ -154,6 +147,20 @@ enum Ended {
     Failed(String, Option<u64>),
 }
 
+/// The file's remote store (default `file://<data_dir>/remote`): its URL, opened.
+pub fn remote_store(file: &ClusterFile) -> anyhow::Result<(String, std::sync::Arc<dyn weir_engine::backup::Store>)> {
+    let ck = &file.checkpoint;
+    let url = ck.remote.clone().unwrap_or_else(|| format!("file://{}", file.data_dir.join("remote").display()));
+    let remote = RemoteArgs {
+        remote: Some(url.clone()),
+        s3_endpoint: ck.s3_endpoint.clone(),
+        s3_region: ck.s3_region.clone(),
+        rsync_password_file: ck.rsync_password_file.clone(),
+    };
+    let store = remote.open(&url)?;
+    Ok((url, store))
+}
+
 /// Runs the node until a signal, `weir stop`, the end of a bounded stream (`--exit-when-done`),
 /// or a failure the restart strategy gives up on (exit code 2).
 pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
@@ -165,14 +172,16 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
     }
-    let data_dir = engine_config(&file, &me)?.data_dir;
+    // Once: it opens the remote store.
+    let base = engine_config(&file, &me)?;
+    let data_dir = base.data_dir.clone();
     let mut incarnation = crate::failover::next(crate::failover::last(&data_dir)?, None);
     let mut restarts: Vec<RestartInfo> = Vec::new();
     let mut restart_times: Vec<u64> = Vec::new();
     let mut links: Vec<weir_engine::wire::msg::PeerLink> = Vec::new();
     loop {
         crate::failover::record(&data_dir, incarnation)?;
-        let mut cfg = engine_config(&file, &me)?;
+        let mut cfg = base.clone();
         cfg.failover = true;
         cfg.restarts = restarts.clone();
         cfg.links = links.clone();
@@ -209,7 +218,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 restart_times.push(now);
                 restarts.push(RestartInfo { at_ms: now, incarnation: next, reason: why });
                 incarnation = next;
-                let mut transport = engine_config(&file, &me)?.transport.expect("a node has a transport");
+                let mut transport = base.transport.clone().expect("a node has a transport");
                 transport.incarnation = incarnation;
                 match crate::standby::wait(transport, spec.id, &restarts, &links, delay, &stop) {
                     crate::standby::Waited::Restart(newer) => {

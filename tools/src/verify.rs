@@ -148,15 +148,7 @@ fn committed(
     if g.out_of_order > 0.0 {
         bail!("stream {} is running and its rows come out of order: verify compares it once it has ended", spec.id.0);
     }
-    let ck = &file.checkpoint;
-    let url = ck.remote.clone().unwrap_or_else(|| format!("file://{}", file.data_dir.join("remote").display()));
-    let remote = crate::remote::RemoteArgs {
-        remote: Some(url.clone()),
-        s3_endpoint: ck.s3_endpoint.clone(),
-        s3_region: ck.s3_region.clone(),
-        rsync_password_file: ck.rsync_password_file.clone(),
-    };
-    let store = remote.open(&url)?;
+    let (url, store) = crate::node::remote_store(file)?;
     let record = weir_engine::backup::commit::last_commit(store.as_ref(), spec.id)
         .with_context(|| format!("reading stream {}'s last commit from {url}", spec.id.0))?;
     let Some(record) = record.filter(|r| !r.versions.is_empty()) else {

@@ -41,15 +41,10 @@ impl EventLoop {
             let reason = format!("node {} is restarting its stream and serves clients only", self.cfg.node);
             return self.refuse(token, CloseCode::Restarting, reason);
         }
+        // A newer dialer: this node is stale, hears so, and refuses until it has restarted. (An
+        // older dialer gets the challenge, sees this node's incarnation there and hangs up.)
         if let Some(theirs) = self.newer(hello.incarnation) {
-            // This node is stale: it hears so, and refuses until it has restarted. (An older
-            // dialer gets the challenge, sees this node's incarnation there and hangs up.)
-            self.emit(Event::NewerIncarnation { node: hello.node, incarnation: theirs });
-            let reason = format!(
-                "peer {} runs at incarnation {theirs}, this node at {}: this node restarts",
-                hello.node, self.cfg.incarnation
-            );
-            return self.refuse(token, CloseCode::Stale, reason);
+            return self.stale(token, hello.node, theirs);
         }
         let acceptor_nonce = match proof::nonce() {
             Ok(n) => n,
@@ -99,12 +94,7 @@ impl EventLoop {
             return self.refuse(token, CloseCode::ProtocolViolation, reason);
         }
         if let Some(theirs) = self.newer(ch.incarnation) {
-            self.emit(Event::NewerIncarnation { node: ch.node, incarnation: theirs });
-            let reason = format!(
-                "peer {} runs at incarnation {theirs}, this node at {}: this node restarts",
-                ch.node, self.cfg.incarnation
-            );
-            return self.refuse(token, CloseCode::Stale, reason);
+            return self.stale(token, ch.node, theirs);
         }
         if self.cfg.incarnation > 0 && ch.incarnation > 0 && ch.incarnation < self.cfg.incarnation {
             let reason = format!(
@@ -153,6 +143,17 @@ impl EventLoop {
             return self.refuse(token, CloseCode::AuthFailed, reason);
         }
         self.established(token, peer)
+    }
+
+    /// `peer` runs at `theirs`, above this node: it reports so (the engine restarts at it) and
+    /// refuses the connection.
+    fn stale(&mut self, token: Token, peer: NodeId, theirs: u64) -> bool {
+        self.emit(Event::NewerIncarnation { node: peer, incarnation: theirs });
+        let reason = format!(
+            "peer {peer} runs at incarnation {theirs}, this node at {}: this node restarts",
+            self.cfg.incarnation
+        );
+        self.refuse(token, CloseCode::Stale, reason)
     }
 
     /// `theirs`, when both ends are members and the peer's incarnation is above this node's.
