@@ -188,12 +188,19 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         if let Some(t) = cfg.transport.as_mut() {
             t.incarnation = incarnation;
         }
-        let engine = Engine::start(&spec, &placement, cfg).with_context(|| format!("starting node {}", me.id))?;
-        log_start(&spec, &placement, &me, &engine, &data_dir, incarnation);
-        let ended = supervise(&engine, &stop, args.exit_when_done, &spec.name);
-        links = engine.status().peers;
-        engine.stop();
-        let result = engine.wait();
+        let (ended, result) = match Engine::start(&spec, &placement, cfg) {
+            Ok(engine) => {
+                log_start(&spec, &placement, &me, &engine, &data_dir, incarnation);
+                let ended = supervise(&engine, &stop, args.exit_when_done, &spec.name);
+                links = engine.status().peers;
+                engine.stop();
+                (ended, engine.wait())
+            }
+            // A restart that cannot start (the store unreachable, say) is one more failure for
+            // the strategy; the first start's errors are the config's or the machine's.
+            Err(e) if !restarts.is_empty() => (Ended::Failed(format!("restart failed: {e}"), None), Ok(())),
+            Err(e) => return Err(e).with_context(|| format!("starting node {}", me.id)),
+        };
         let (why, newer) = match ended {
             Ended::Failed(why, newer) => (why, newer),
             ended => {
