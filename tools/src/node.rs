@@ -224,6 +224,10 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 );
                 restart_times.push(now);
                 restarts.push(RestartInfo { at_ms: now, incarnation: next, reason: why });
+                // Status lists the last ones.
+                if restarts.len() > 20 {
+                    restarts.remove(0);
+                }
                 incarnation = next;
                 let mut transport = base.transport.clone().expect("a node has a transport");
                 transport.incarnation = incarnation;

@@ -70,8 +70,9 @@ pub fn wait(
                     checkpoints: Vec::new(),
                     streams: Vec::new(),
                     incarnation: restarts.last().map_or(0, |r| r.incarnation),
-                    restarts: restarts.iter().rev().take(20).rev().cloned().collect(),
+                    restarts: restarts.to_vec(),
                     peers: links.to_vec(),
+                    restarting: true,
                 })
                 .ok()
             }),
@@ -95,9 +96,4 @@ pub fn wait(
         t.shutdown(); // delivers the last answers, then frees the address for the engine
     }
     waited
-}
-
-/// Whether a status answer comes from a node between two runs of its stream.
-pub fn is_restarting(r: &StatusRsp) -> bool {
-    r.tasks.is_empty() && !r.restarts.is_empty() && r.uptime_ms == 0
 }

@@ -65,7 +65,7 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
         .map(|(addr, a)| match a {
             Answer::Up(r) => json!({
                 "addr": addr.to_string(), "node": r.node.0, "up": true, "uptime_ms": r.uptime_ms,
-                "incarnation": r.incarnation, "restarting": crate::standby::is_restarting(r),
+                "incarnation": r.incarnation, "restarting": r.restarting,
                 "peers": r.peers.iter().map(|p| json!({
                     "node": p.node.0, "up": p.up, "since_ms": p.since_ms, "reason": p.reason,
                 })).collect::<Vec<_>>(),
@@ -146,7 +146,7 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
     let _ = writeln!(out, "{:<6} {:<22} {:<6} since or why", "node", "addr", "state");
     for (addr, a) in answers {
         let _ = match a {
-            Answer::Up(r) if crate::standby::is_restarting(r) => {
+            Answer::Up(r) if r.restarting => {
                 writeln!(out, "{:<6} {:<22} {:<6} restarting its stream{}", r.node.0, addr, "up", restarts(r))
             }
             Answer::Up(r) => writeln!(

@@ -92,7 +92,7 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     let mut seen = 0;
     for addr in &t.nodes {
         let rsp = crate::client::status(&t, *addr, ASK)?.map_err(|why| anyhow::anyhow!("{addr} is down: {why}"))?;
-        if crate::standby::is_restarting(&rsp) {
+        if rsp.restarting {
             bail!("stream {} has not ended: node {} is restarting it", stream.0, rsp.node.0);
         }
         for task in rsp.tasks.iter().filter(|x| x.stream == stream) {

@@ -166,6 +166,7 @@ roundtrip! {
         incarnation: 3,
         restarts: vec![RestartInfo { at_ms: 17, incarnation: 3, reason: "node 2 lost".into() }],
         peers: vec![PeerLink { node: NodeId(2), up: false, since_ms: 17, reason: "reset".into() }],
+        restarting: true,
     };
 }
 

@@ -48,7 +48,7 @@ pub struct EngineConfig {
     /// the coordinator instead of reading the commit record themselves (a record it writes
     /// while they restart must not split the stream between two points).
     pub failover: bool,
-    /// The stream's restarts on this node so far, for status.
+    /// The stream's last restarts on this node (`weir node` keeps 20), for status.
     pub restarts: Vec<weir_wire::msg::RestartInfo>,
     /// What the node knew of its links to its peers before this engine (a restart), for status
     /// until they change.

@@ -103,12 +103,13 @@ impl StatusBoard {
                 _ => Vec::new(),
             },
             incarnation: self.incarnation,
-            restarts: self.restarts.iter().rev().take(RECENT).rev().cloned().collect(),
+            restarts: self.restarts.clone(),
             peers: {
                 let l = self.links.lock().unwrap_or_else(|e| e.into_inner());
                 let never = |node| PeerLink { node, up: false, since_ms: 0, reason: String::new() };
                 self.peers.iter().map(|n| l.get(n).cloned().unwrap_or_else(|| never(*n))).collect()
             },
+            restarting: false,
         }
     }
 

@@ -136,6 +136,8 @@ archived! {
         pub restarts: Vec<RestartInfo>,
         /// This node's links to the other nodes of the stream.
         pub peers: Vec<PeerLink>,
+        /// The node waits to restart its stream (the restart strategy's delay): no tasks now.
+        pub restarting: bool,
     }
 }
 
