@@ -13,10 +13,12 @@
 //! - After a failure or a reset the task is back in `Ready` with every input open and the failed id
 //!   remembered; nothing at or below a failed id is acted on again.
 
+mod ending;
 mod interface;
+mod retrieve;
 
 pub use interface::*;
-use weir_wire::msg::{TaskCheckpointStats, TriggerRspCode};
+use weir_wire::msg::TaskCheckpointStats;
 use weir_wire::{CheckpointId, Seq, TaskId, TransId, Version};
 
 use super::CheckpointError;
@@ -413,132 +415,6 @@ impl TaskMachine {
         }
         a.stage = Stage::Reported { report: report.clone(), last_sent: now };
         out.push(TaskAction::SendReport(report));
-        out
-    }
-
-    fn retrieve(&mut self, from: TaskId, id: CheckpointId) -> Vec<TaskAction> {
-        let Some(i) = self.downstream_index(from) else { return self.discard(Discard::Misdirected) };
-        let not_over = self.latest.is_none_or(|l| id > l) && self.failed.is_none_or(|f| id > f);
-        let (code, id, trans, seq) = match &self.active {
-            Some(a) if a.id == id => match a.dispatched[i] {
-                Some(seq) => (TriggerRspCode::Success, id, a.trans, seq),
-                None => (TriggerRspCode::InProgress, id, a.trans, Seq(0)),
-            },
-            // Not there yet (this task is behind, or its request is on the way): "in progress",
-            // and the downstream asks again at its next timeout.
-            Some(a) if a.id < id && not_over => (TriggerRspCode::InProgress, id, TransId(0), Seq(0)),
-            None if not_over => (TriggerRspCode::InProgress, id, TransId(0), Seq(0)),
-            // A real mismatch: `id` is over here (completed, failed, or overtaken by a newer one).
-            Some(a) => (TriggerRspCode::Invalid, a.id, a.trans, Seq(0)),
-            None => (TriggerRspCode::Invalid, id, TransId(0), Seq(0)),
-        };
-        vec![TaskAction::SendTriggerRsp { to: from, id, trans, code, trigger_seq: seq }]
-    }
-
-    fn trigger_rsp(
-        &mut self,
-        from: TaskId,
-        id: CheckpointId,
-        trans: TransId,
-        code: TriggerRspCode,
-        trigger_seq: Seq,
-        next_seq: Option<Seq>,
-    ) -> Vec<TaskAction> {
-        let Some(i) = self.upstream_index(from) else { return self.discard(Discard::Misdirected) };
-        let Some(a) = self.active.as_ref() else { return self.discard(Discard::Invalid) };
-        if a.triggers[i] {
-            return self.discard(Discard::Invalid); // the retrieve crossed the barrier
-        }
-        if code == TriggerRspCode::Invalid && id > a.id {
-            // The upstream is in a newer checkpoint (its answer names it): this one is over,
-            // and its end did not reach this task.
-            let active = a.id;
-            return self.fail(format!("upstream {from} moved on to checkpoint {id}: {active} is over"));
-        }
-        if a.id != id {
-            return self.discard(Discard::Invalid);
-        }
-        match code {
-            TriggerRspCode::InProgress => Vec::new(),
-            TriggerRspCode::Invalid => self.fail(format!("upstream {from} is not in checkpoint {id}")),
-            // Injecting is safe only if everything before the trigger on that channel is here.
-            TriggerRspCode::Success if next_seq == Some(trigger_seq) => {
-                self.injected += 1;
-                let mut out = vec![TaskAction::InjectTrigger { from }];
-                out.extend(self.trigger(from, id, trans));
-                out
-            }
-            TriggerRspCode::Success => self.fail(match next_seq {
-                Some(next) => format!(
-                    "trigger from {from} was frame {trigger_seq} but frame {next} is next here: data before it is missing"
-                ),
-                None => format!("trigger from {from}: the channel's position here is unknown"),
-            }),
-        }
-    }
-
-    fn update(&mut self, id: CheckpointId, version: Version, ts: u64) -> Vec<TaskAction> {
-        if self.latest.is_some_and(|l| id <= l) {
-            return Vec::new();
-        }
-        self.latest = Some(id);
-        self.latest_version = version;
-        self.latest_ts = Some(ts);
-        let mut out = vec![TaskAction::PersistCommitted { id, version, ts }];
-        // A late update for an older checkpoint must not disturb a newer one in progress (its
-        // alignment holds inputs closed).
-        if self.active.as_ref().is_none_or(|a| a.id <= id) {
-            self.active = None;
-            self.state = TaskState::Ready;
-            out.push(TaskAction::ReopenAllInputs);
-        }
-        out.push(TaskAction::DeleteSnapshotsBefore(id));
-        out
-    }
-
-    fn reset(&mut self, failed: CheckpointId) -> Vec<TaskAction> {
-        if self.latest.is_some_and(|l| failed <= l) {
-            return Vec::new();
-        }
-        self.failed = Some(self.failed.map_or(failed, |f| f.max(failed)));
-        match &self.active {
-            // The snapshot stays: the coordinator may have given up on a commit whose record
-            // still became visible. The next commit's `DeleteSnapshotsBefore` collects it.
-            Some(a) if a.id <= failed => {
-                self.active = None;
-                self.state = TaskState::Ready;
-                vec![TaskAction::ReopenAllInputs]
-            }
-            // A late reset of an older checkpoint must not reopen a newer one's aligned inputs.
-            Some(_) => Vec::new(),
-            None => vec![TaskAction::ReopenAllInputs],
-        }
-    }
-
-    /// A newer checkpoint proves the active one is over: the coordinator runs one at a time and
-    /// allocates a new id only after the old one committed or failed. (The seed discards every
-    /// other id; but a reset overtaken by the next checkpoint's request or trigger then makes that
-    /// checkpoint fail as well, and the next, found by the simulator.) The old id counts as failed
-    /// here; its snapshot stays, since it may have committed (a late update then records that).
-    fn abandon(&mut self) -> Vec<TaskAction> {
-        let Some(a) = self.active.take() else { return Vec::new() };
-        self.failed = Some(self.failed.map_or(a.id, |f| f.max(a.id)));
-        self.state = TaskState::Ready;
-        vec![TaskAction::ReopenAllInputs]
-    }
-
-    /// Fails the active checkpoint locally: report, remember the id, back to Ready.
-    fn fail(&mut self, why: String) -> Vec<TaskAction> {
-        let Some(a) = self.active.take() else { return Vec::new() };
-        self.failed = Some(self.failed.map_or(a.id, |f| f.max(a.id)));
-        self.state = TaskState::Ready;
-        let mut out = Vec::new();
-        if a.source_req {
-            out.push(TaskAction::SendSourceRsp { id: a.id, trans: a.trans, answer: SourceAnswer::Failed(why.clone()) });
-        }
-        out.push(TaskAction::SendReport(a.report(Err(why))));
-        out.push(TaskAction::DropSnapshot(a.id));
-        out.push(TaskAction::ReopenAllInputs);
         out
     }
 
