@@ -251,6 +251,51 @@ impl Placement {
     pub fn node_of(&self, t: TaskId) -> NodeId {
         self.nodes.get(&t).copied().unwrap_or(self.default)
     }
+
+    /// Every task of `topology` with its node, in task order.
+    pub fn tasks_of(&self, topology: &Topology) -> Vec<(TaskId, NodeId)> {
+        topology.tasks.iter().map(|t| (t.id, self.node_of(t.id))).collect()
+    }
+
+    /// The nodes that run at least one task of `topology`.
+    pub fn nodes(&self, topology: &Topology) -> std::collections::BTreeSet<NodeId> {
+        topology.tasks.iter().map(|t| self.node_of(t.id)).collect()
+    }
+
+    /// This placement with the tasks of the `gone` nodes moved to the nodes in `to` (which
+    /// must not be empty): each moved task goes to the node with the fewest tasks of its level
+    /// (sources, aggs, sinks), then the fewest tasks in all, then the lowest id, so the
+    /// survivors share the work evenly and every node computes the same placement.
+    pub fn moved(&self, topology: &Topology, gone: &[NodeId], to: &[NodeId]) -> Placement {
+        assert!(!to.is_empty(), "tasks move to at least one node");
+        let mut p = Placement { nodes: self.tasks_of(topology).into_iter().collect(), default: self.default };
+        let level = |k: TaskKind| match k {
+            TaskKind::Source { .. } => 0,
+            TaskKind::Agg { .. } => 1,
+            TaskKind::Sink { .. } => 2,
+        };
+        let mut load: BTreeMap<NodeId, ([usize; 3], usize)> = to.iter().map(|n| (*n, ([0; 3], 0))).collect();
+        for t in &topology.tasks {
+            if let Some(l) = load.get_mut(&p.node_of(t.id)) {
+                l.0[level(t.kind)] += 1;
+                l.1 += 1;
+            }
+        }
+        for t in &topology.tasks {
+            if !gone.contains(&p.node_of(t.id)) {
+                continue;
+            }
+            let lv = level(t.kind);
+            let (node, l) = load.iter_mut().min_by_key(|(n, l)| (l.0[lv], l.1, **n)).expect("not empty");
+            l.0[lv] += 1;
+            l.1 += 1;
+            p.nodes.insert(t.id, *node);
+        }
+        if gone.contains(&p.default) {
+            p.default = to[0];
+        }
+        p
+    }
 }
 
 /// Index of the downstream that a row with `key` goes to, among `n`.
@@ -279,6 +324,28 @@ mod tests {
         assert_eq!(p.node_of(TaskId(1)), NodeId(2));
         assert_eq!(p.node_of(TaskId(3)), NodeId(1));
         assert_eq!(p.node_of(TaskId(4)), NodeId(2));
+    }
+
+    #[test]
+    fn a_lost_nodes_tasks_move_to_the_least_loaded_survivor_of_each_level() {
+        let t = StreamSpec::generator(StreamId(1), 3, 3, 3).topology();
+        let (n1, n2, n3) = (NodeId(1), NodeId(2), NodeId(3));
+        let p = Placement::spread(&t, &[n1, n2, n3]);
+        let m = p.moved(&t, &[n3], &[n1, n2]);
+        assert!(m.nodes(&t).iter().all(|n| *n != n3), "{m:?}");
+        // Tasks of the other nodes stay where they were.
+        for (task, node) in p.tasks_of(&t) {
+            if node != n3 {
+                assert_eq!(m.node_of(task), node);
+            }
+        }
+        // Each level had one task per node: node 3's goes to the survivor with fewer in all.
+        let per_node = |n: NodeId| m.tasks_of(&t).iter().filter(|(_, x)| *x == n).count();
+        assert_eq!((per_node(n1), per_node(n2)), (5, 4), "{m:?}");
+        // The same inputs give the same placement on every node.
+        assert_eq!(m, p.moved(&t, &[n3], &[n1, n2]));
+        // Nothing to move: the same placement.
+        assert_eq!(m.moved(&t, &[n3], &[n1, n2]).tasks_of(&t), m.tasks_of(&t));
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod commit;
 mod index;
 pub mod inspect;
 mod local;
+pub mod placement;
 pub mod retention;
 mod rsync;
 mod s3;
