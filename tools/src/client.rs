@@ -44,6 +44,13 @@ pub struct Target {
     pub file: Option<ClusterFile>,
 }
 
+impl Target {
+    /// The node id of each address of the file (none without `--config`).
+    pub fn node_ids(&self) -> std::collections::HashMap<SocketAddr, u32> {
+        self.file.iter().flat_map(|f| f.nodes.iter().map(|n| (n.addr, n.id))).collect()
+    }
+}
+
 /// From `--config` (name, secret, nodes) or `WEIR_CLUSTER_SECRET` with `cluster` and `nodes`.
 pub fn target(config: Option<&std::path::Path>, nodes: &[SocketAddr], cluster: &str) -> anyhow::Result<Target> {
     let file = match config {

@@ -207,6 +207,11 @@ pub struct RestartFile {
     /// The time window `max_restarts` counts in.
     #[serde(default = "default_restart_window", deserialize_with = "de_duration")]
     pub window: Duration,
+    /// How long a lost node may stay away before its tasks move to the surviving nodes and are
+    /// restored there from the remote store (`"0s"`: never; the stream waits for the node).
+    /// The coordinator's node decides; its own tasks never move.
+    #[serde(default = "default_move_after", deserialize_with = "de_duration")]
+    pub move_after: Duration,
 }
 
 impl Default for RestartFile {
@@ -229,6 +234,9 @@ fn default_max_restarts() -> u32 {
 }
 fn default_restart_window() -> Duration {
     Duration::from_secs(600)
+}
+fn default_move_after() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_cluster() -> String {

@@ -7,6 +7,7 @@ mod demo;
 mod failover;
 mod logging;
 mod node;
+mod placement;
 mod remote;
 mod run;
 mod standby;

@@ -161,12 +161,36 @@ pub fn remote_store(file: &ClusterFile) -> anyhow::Result<(String, std::sync::Ar
     Ok((url, store))
 }
 
+/// The placement the stream runs at now: the newest record in the store (a move of a lost
+/// node's tasks), else the file's (version 0).
+fn current_placement(
+    store: Option<&dyn weir_engine::backup::Store>,
+    spec: &StreamSpec,
+    file_placement: &Placement,
+) -> anyhow::Result<(u32, Placement)> {
+    let Some(store) = store else { return Ok((0, file_placement.clone())) };
+    let record = weir_engine::backup::placement::latest_placement(store, spec.id)
+        .with_context(|| format!("reading stream {}'s placement records", spec.id.0))?;
+    match record {
+        Some(r) => {
+            Ok((r.version, r.placement(&spec.topology()).map_err(|e| anyhow::anyhow!("stream {}: {e}", spec.id.0))?))
+        }
+        None => Ok((0, file_placement.clone())),
+    }
+}
+
+/// The incarnations of placement `version` start at `version << 32`: members connect only at
+/// the same incarnation, so they always run the same placement.
+fn placement_floor(version: u32) -> u64 {
+    u64::from(version) << 32
+}
+
 /// Runs the node until a signal, `weir stop`, the end of a bounded stream (`--exit-when-done`),
 /// or a failure the restart strategy gives up on (exit code 2).
 pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let (file, me) = load(args)?;
     let spec = stream_spec(&file)?;
-    let placement = placement(&file, &spec);
+    let file_placement = placement(&file, &spec);
     let policy = crate::failover::RestartPolicy::new(&file.restart);
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -174,31 +198,79 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     }
     // Once: it opens the remote store.
     let base = engine_config(&file, &me)?;
+    let store = base.checkpoint.as_ref().and_then(|c| match &c.remote {
+        Remote::Store(s) => Some(s.clone()),
+        _ => None,
+    });
     let data_dir = base.data_dir.clone();
+    let started_ms = now_ms();
     let mut incarnation = crate::failover::next(crate::failover::last(&data_dir)?, None);
+    // The newest incarnation a peer was seen at.
+    let mut seen: Option<u64> = None;
     let mut restarts: Vec<RestartInfo> = Vec::new();
     let mut restart_times: Vec<u64> = Vec::new();
     let mut links: Vec<weir_engine::wire::msg::PeerLink> = Vec::new();
     loop {
-        crate::failover::record(&data_dir, incarnation)?;
-        let mut cfg = base.clone();
-        cfg.failover = true;
-        cfg.restarts = restarts.clone();
-        cfg.links = links.clone();
-        if let Some(t) = cfg.transport.as_mut() {
-            t.incarnation = incarnation;
-        }
-        let (ended, result) = match Engine::start(&spec, &placement, cfg) {
-            Ok(engine) => {
-                log_start(&spec, &placement, &me, &engine, &data_dir, incarnation);
-                let ended = supervise(&engine, &stop, args.exit_when_done, &spec.name);
-                links = engine.status().peers;
-                engine.stop();
-                (ended, engine.wait())
+        let (ended, result) = match current_placement(store.as_deref(), &spec, &file_placement) {
+            Ok((version, placement)) if placement.nodes(&spec.topology()).contains(&NodeId(me.id)) => {
+                incarnation = incarnation.max(placement_floor(version));
+                crate::failover::record(&data_dir, incarnation)?;
+                let mut cfg = base.clone();
+                cfg.failover = true;
+                cfg.restarts = restarts.clone();
+                cfg.links = links.clone();
+                if let Some(t) = cfg.transport.as_mut() {
+                    t.incarnation = incarnation;
+                }
+                match Engine::start(&spec, &placement, cfg) {
+                    Ok(engine) => {
+                        log_start(&spec, &placement, &me, &engine, &data_dir, incarnation);
+                        let mover = store.as_deref().filter(|_| !file.restart.move_after.is_zero()).map(|store| {
+                            crate::placement::Mover::new(
+                                store,
+                                &spec,
+                                &placement,
+                                version,
+                                NodeId(me.id),
+                                file.restart.move_after,
+                                started_ms,
+                            )
+                        });
+                        let ended = supervise(&engine, &stop, args.exit_when_done, &spec.name, mover);
+                        links = engine.status().peers;
+                        engine.stop();
+                        (ended, engine.wait())
+                    }
+                    // A restart that cannot start (the store unreachable, say) is one more failure
+                    // for the strategy; the first start's errors are the config's or the machine's.
+                    Err(e) if !restarts.is_empty() => (Ended::Failed(format!("restart failed: {e}"), None), Ok(())),
+                    Err(e) => return Err(e).with_context(|| format!("starting node {}", me.id)),
+                }
             }
-            // A restart that cannot start (the store unreachable, say) is one more failure for
-            // the strategy; the first start's errors are the config's or the machine's.
-            Err(e) if !restarts.is_empty() => (Ended::Failed(format!("restart failed: {e}"), None), Ok(())),
+            Ok((version, placement)) => {
+                // Idle: the cluster moved this node's tasks away while it was gone.
+                let at = seen.unwrap_or(0).max(placement_floor(version));
+                let runs: Vec<String> = placement.nodes(&spec.topology()).iter().map(|n| n.0.to_string()).collect();
+                tracing::info!(
+                    stream = %spec.name, placement = version, incarnation = at, nodes = %runs.join(","),
+                    "node idle: its tasks moved to the other nodes while it was away"
+                );
+                let mut transport = base.transport.clone().expect("a node has a transport");
+                transport.incarnation = at;
+                let me_now = crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links };
+                match crate::standby::wait(transport, &me_now, crate::standby::Mode::Idle, &stop) {
+                    crate::standby::Waited::Restart(newer) => {
+                        seen = seen.max(newer);
+                        incarnation = crate::failover::next(incarnation, seen);
+                        continue;
+                    }
+                    crate::standby::Waited::Stopped(reason) => {
+                        tracing::info!(stream = %spec.name, reason, "node stopped");
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                }
+            }
+            Err(e) if !restarts.is_empty() => (Ended::Failed(format!("restart failed: {e:#}"), None), Ok(())),
             Err(e) => return Err(e).with_context(|| format!("starting node {}", me.id)),
         };
         let (why, newer) = match ended {
@@ -214,6 +286,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
         };
+        seen = seen.max(newer);
         let now = now_ms();
         match policy.next(&restart_times, now) {
             Ok(delay) => {
@@ -231,8 +304,10 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 incarnation = next;
                 let mut transport = base.transport.clone().expect("a node has a transport");
                 transport.incarnation = incarnation;
-                match crate::standby::wait(transport, spec.id, &restarts, &links, delay, &stop) {
+                let me_now = crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links };
+                match crate::standby::wait(transport, &me_now, crate::standby::Mode::Restarting(delay), &stop) {
                     crate::standby::Waited::Restart(newer) => {
+                        seen = seen.max(newer);
                         incarnation = incarnation.max(newer.unwrap_or(0));
                         if let Some(r) = restarts.last_mut() {
                             r.incarnation = incarnation;
@@ -252,9 +327,17 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Watches the engine until it should stop, and says why.
-fn supervise(engine: &Engine, stop: &AtomicBool, exit_when_done: bool, stream: &str) -> Ended {
+/// Watches the engine until it should stop, and says why. On the coordinator's node, `mover`
+/// moves the tasks of a node lost for too long to the survivors (which restarts the stream).
+fn supervise(
+    engine: &Engine,
+    stop: &AtomicBool,
+    exit_when_done: bool,
+    stream: &str,
+    mut mover: Option<crate::placement::Mover<'_>>,
+) -> Ended {
     let mut ended = false;
+    let mut checked = std::time::Instant::now();
     loop {
         if stop.load(Ordering::Relaxed) {
             return Ended::Signal;
@@ -272,6 +355,13 @@ fn supervise(engine: &Engine, stop: &AtomicBool, exit_when_done: bool, stream: &
             }
             // A bounded stream's results stay readable (`weir verify`, `weir status`).
             tracing::info!(stream, "stream ended on this node; serving status and results until stopped");
+        }
+        // Once the local tasks have ended there is nothing left to move for.
+        if let Some(m) = mover.as_mut().filter(|_| !ended && checked.elapsed() >= Duration::from_millis(200)) {
+            checked = std::time::Instant::now();
+            if let Some((why, newer)) = m.check(&engine.status().peers, now_ms()) {
+                return Ended::Failed(why, Some(newer));
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }

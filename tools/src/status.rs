@@ -65,7 +65,8 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
         .map(|(addr, a)| match a {
             Answer::Up(r) => json!({
                 "addr": addr.to_string(), "node": r.node.0, "up": true, "uptime_ms": r.uptime_ms,
-                "incarnation": r.incarnation, "restarting": r.restarting,
+                "incarnation": r.incarnation, "placement": r.incarnation >> 32,
+                "restarting": r.restarting, "idle": r.idle,
                 "peers": r.peers.iter().map(|p| json!({
                     "node": p.node.0, "up": p.up, "since_ms": p.since_ms, "reason": p.reason,
                 })).collect::<Vec<_>>(),
@@ -149,6 +150,16 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
             Answer::Up(r) if r.restarting => {
                 writeln!(out, "{:<6} {:<22} {:<6} restarting its stream{}", r.node.0, addr, "up", restarts(r))
             }
+            Answer::Up(r) if r.idle => writeln!(
+                out,
+                "{:<6} {:<22} {:<6} idle for {}: its tasks moved to the other nodes (placement version {}){}",
+                r.node.0,
+                addr,
+                "up",
+                humantime::format_duration(Duration::from_secs(r.uptime_ms / 1000)),
+                r.incarnation >> 32,
+                restarts(r)
+            ),
             Answer::Up(r) => writeln!(
                 out,
                 "{:<6} {:<22} {:<6} for {}{}",
@@ -252,7 +263,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
             .map(|a| crate::client::status(&t, *a, args.timeout).map(|r| (*a, r.map_or_else(Answer::Down, Answer::Up))))
             .collect::<anyhow::Result<_>>()?;
         let all_up = answers.iter().all(|(_, a)| matches!(a, Answer::Up(_)));
-        let ids: Ids = t.file.iter().flat_map(|f| f.nodes.iter().map(|n| (n.addr, n.id))).collect();
+        let ids: Ids = t.node_ids();
         let text =
             if args.json { serde_json::to_string_pretty(&to_json(&answers, &ids))? } else { to_text(&answers, &ids) };
         if args.watch {

@@ -113,7 +113,23 @@ pub fn run(args: &StopArgs) -> anyhow::Result<ExitCode> {
                 if !rsp.stopping {
                     bail!("{addr} (node {}) does not run stream {}", rsp.node.0, stream.0);
                 }
-                let peers: Vec<String> = rsp.peers.iter().map(|p| p.0.to_string()).collect();
+                let mut peers: Vec<String> = rsp.peers.iter().map(|p| p.0.to_string()).collect();
+                // The node tells the nodes that run the stream's tasks; the others (idle: their
+                // tasks moved away) are told here, if they answer.
+                let told: Vec<u32> = rsp.peers.iter().map(|p| p.0).chain([rsp.node.0]).collect();
+                let ids = t.node_ids();
+                for other in t.nodes.iter().filter(|a| *a != addr) {
+                    if ids.get(other).is_some_and(|id| told.contains(id)) {
+                        continue;
+                    }
+                    let req = StopReq { request: 1, stream, forwarded: true };
+                    if let Ok(f) = crate::client::request(&t, *other, &req, ASK)
+                        && let Ok(r) = f.to_owned::<StopRsp>()
+                        && r.stopping
+                    {
+                        peers.push(r.node.0.to_string());
+                    }
+                }
                 let after = last.map_or_else(String::new, |c| format!(" after chk-{} committed", c.0));
                 println!(
                     "stopping stream {} on node {}{}{after}",

@@ -7,7 +7,13 @@
 //! from the commit record's source offsets (rows in order only: a window every partition has
 //! passed holds exactly the rows before the offsets), read again a few times before a mismatch
 //! counts (the sinks may still be writing the windows the commit closed).
+//!
+//! Each task counts once, on the node that reports it: after a lost node's tasks moved to the
+//! survivors, that node may be down or idle, and the results are read from the nodes that run
+//! tasks. Two nodes reporting one task is an error (they run different placements).
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -45,10 +51,10 @@ fn fail(f: Failure) -> anyhow::Error {
     }
 }
 
-/// Every result of `stream` on every node, sorted by (key, window start).
-fn found(t: &Target, stream: StreamId) -> anyhow::Result<Vec<WindowResult>> {
+/// Every result of `stream` on the nodes `at`, sorted by (key, window start).
+fn found(t: &Target, at: &[SocketAddr], stream: StreamId) -> anyhow::Result<Vec<WindowResult>> {
     let mut out = Vec::new();
-    for addr in &t.nodes {
+    for addr in at {
         let mut store = 0u32;
         let mut after = Vec::new();
         loop {
@@ -87,40 +93,63 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     let spec = crate::node::stream_spec(file)?;
     let stream = spec.id;
     let bounded = matches!(&spec.source, weir_engine::spec::SourceKind::Generator { limit: Some(_), .. });
-    // Every task of the stream, reported by its node, has ended.
+    // Every task of the stream, reported by its node (once: a node that is down or idle may
+    // have had its tasks moved to the others), has ended.
     let mut running = Vec::new();
-    let mut seen = 0;
+    let mut reported: BTreeMap<u32, u32> = BTreeMap::new();
+    let (mut down, mut serving) = (Vec::new(), Vec::new());
     for addr in &t.nodes {
-        let rsp = crate::client::status(&t, *addr, ASK)?.map_err(|why| anyhow::anyhow!("{addr} is down: {why}"))?;
+        let rsp = match crate::client::status(&t, *addr, ASK)? {
+            Ok(rsp) => rsp,
+            Err(why) => {
+                down.push(format!("{addr} is down: {why}"));
+                continue;
+            }
+        };
         if rsp.restarting {
             bail!("stream {} has not ended: node {} is restarting it", stream.0, rsp.node.0);
         }
-        for task in rsp.tasks.iter().filter(|x| x.stream == stream) {
-            seen += 1;
+        let mine: Vec<_> = rsp.tasks.iter().filter(|x| x.stream == stream).collect();
+        if !mine.is_empty() {
+            serving.push(*addr);
+        }
+        for task in mine {
+            if let Some(other) = reported.insert(task.task.0, rsp.node.0) {
+                bail!(
+                    "task {} of stream {} is reported by node {other} and node {}: they run different placements (one may be restarting; try again)",
+                    task.task.0,
+                    stream.0,
+                    rsp.node.0
+                );
+            }
             if task.state != TaskState::Stopped {
                 running.push(task.task.0.to_string());
             }
         }
     }
     let tasks = spec.topology().tasks.len();
-    if seen < tasks {
+    if reported.len() < tasks {
+        if !down.is_empty() {
+            bail!("the nodes up report {} of stream {}'s {tasks} tasks; {}", reported.len(), stream.0, down.join("; "));
+        }
         bail!(
-            "the nodes asked report {seen} of stream {}'s {tasks} tasks: ask every node (or use --config alone)",
+            "the nodes asked report {} of stream {}'s {tasks} tasks: ask every node (or use --config alone)",
+            reported.len(),
             stream.0
         );
     }
     if !running.is_empty() || !bounded {
-        return committed(args, &t, file, &spec);
+        return committed(args, &t, &serving, file, &spec);
     }
     let want = weir_engine::reference::bounded_results(&spec).expect("a bounded generator");
-    let got = found(&t, stream)?;
+    let got = found(&t, &serving, stream)?;
     let bad = compare(&want, &got, args.show);
     if bad == 0 {
         println!(
             "stream {}: all {} window results match the generator's, from {} nodes",
             stream.0,
             got.len(),
-            t.nodes.len()
+            serving.len()
         );
         Ok(ExitCode::SUCCESS)
     } else {
@@ -139,6 +168,7 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
 fn committed(
     args: &VerifyArgs,
     t: &Target,
+    serving: &[SocketAddr],
     file: &crate::config::ClusterFile,
     spec: &weir_engine::spec::StreamSpec,
 ) -> anyhow::Result<ExitCode> {
@@ -173,7 +203,7 @@ fn committed(
         .collect();
     let mut tries = 0;
     loop {
-        let got: Vec<WindowResult> = found(t, spec.id)?.into_iter().filter(in_closed).collect();
+        let got: Vec<WindowResult> = found(t, serving, spec.id)?.into_iter().filter(in_closed).collect();
         let last = tries == 3;
         let bad = compare(&want, &got, if last { args.show } else { 0 });
         if bad == 0 {
@@ -182,7 +212,7 @@ fn committed(
                 spec.id.0,
                 got.len(),
                 record.id,
-                t.nodes.len()
+                serving.len()
             );
             return Ok(ExitCode::SUCCESS);
         }

@@ -166,6 +166,70 @@ fn a_node_whose_data_directory_was_deleted_restores_from_the_remote_store_and_we
     killed_and_restarted_node_rejoins_and_the_results_are_exact(2, true);
 }
 
+/// Node 3 of three killed with SIGKILL and not started again: after `restart.move_after` (2 s
+/// here) the coordinator's node moves its tasks to nodes 1 and 2, which restore them from the
+/// remote store and finish the stream; `weir verify` finds every result exact with node 3 down.
+/// Started again, node 3 finds its tasks gone: it is idle, and the stream does not restart.
+#[test]
+fn a_node_that_never_comes_back_has_its_tasks_moved_and_weir_verify_passes() {
+    const EVENTS: u64 = 400_000;
+    let dir = tempfile::tempdir().unwrap();
+    let config = adjusted(example("three-node.toml"), dir.path(), |t| {
+        set(t, &["stream", "generator", "events"], EVENTS as i64);
+        set(t, &["stream", "generator", "rate"], 100_000);
+        set(t, &["checkpoint", "interval"], "200ms");
+        set(t, &["restart", "move_after"], "2s");
+    });
+    let log = |name: &str| dir.path().join(format!("{name}.log"));
+    let mut nodes = Nodes((1..=3).map(|n| start(&config, n, &log(&format!("node-{n}")), &[])).collect());
+    line_in(&log("node-1"), "checkpoint committed", Duration::from_secs(60));
+    nodes.0[2].kill().unwrap(); // SIGKILL
+    nodes.0[2].wait().unwrap();
+    let moved = line_in(&log("node-1"), "moving the tasks of a lost node", Duration::from_secs(60));
+    assert!(moved.contains("node 3 has been down for 2s") && moved.contains("placement=1"), "{moved}");
+    let said = verify_until_ended(&config, Duration::from_secs(120));
+    assert!(said.contains("all 10000 window results match") && said.contains("from 2 nodes"), "{said}");
+    for n in [1, 2] {
+        let text = std::fs::read_to_string(log(&format!("node-{n}"))).unwrap();
+        assert!(text.contains("downloading the snapshot") || n == 1, "node {n} restored moved tasks:\n{text}");
+        assert!(text.contains(&format!("incarnation={}", 1u64 << 32)), "node {n} runs placement 1:\n{text}");
+    }
+    let status = || -> serde_json::Value {
+        let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let before = status();
+    let incarnations = |j: &serde_json::Value| [0, 1].map(|i| j["nodes"][i]["incarnation"].as_u64().unwrap());
+    // Node 3 comes back: idle, and the others go on at their incarnation.
+    nodes.0[2] = start(&config, 3, &log("again"), &[]);
+    line_in(&log("again"), "node idle", Duration::from_secs(30));
+    let t0 = Instant::now();
+    let after = loop {
+        let j = status();
+        if j["nodes"][2]["idle"] == true
+            && j["nodes"][2]["peers"].as_array().is_some_and(|p| p.iter().all(|l| l["up"] == true))
+        {
+            break j;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "node 3 never said it was idle and connected: {j:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(incarnations(&after), incarnations(&before), "the stream restarted for an idle node: {after:#}");
+    assert_eq!(after["nodes"][2]["placement"], 1, "{after:#}");
+    assert!(after["nodes"][2]["tasks"].as_array().is_some_and(|t| t.is_empty()), "{after:#}");
+    let out = weir().args(["status", "--config"]).arg(&config).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("idle for") && text.contains("its tasks moved to the other nodes"), "{text}");
+    let (code, out, err) = verify(&config, &[]);
+    assert_eq!(code, Some(0), "{out} {err}");
+    // `weir stop` stops the idle node too.
+    let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for (i, c) in nodes.0.iter_mut().enumerate() {
+        assert!(exit_within(c, Duration::from_secs(30), &format!("node {}", i + 1)).success());
+    }
+}
+
 /// A soak behind `WEIR_CLUSTER_SOAK=N`: N SIGKILLs of random nodes (the coordinator included),
 /// each started again after a random pause, while a longer bounded stream runs; then `weir
 /// verify` passes.

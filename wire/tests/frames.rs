@@ -167,6 +167,7 @@ roundtrip! {
         restarts: vec![RestartInfo { at_ms: 17, incarnation: 3, reason: "node 2 lost".into() }],
         peers: vec![PeerLink { node: NodeId(2), up: false, since_ms: 17, reason: "reset".into() }],
         restarting: true,
+        idle: true,
     };
 }
 

@@ -139,8 +139,7 @@ pub fn write_placement(store: &dyn Store, stream: StreamId, record: &PlacementRe
         Ok(_) => {
             return Err(StoreError::Corrupt {
                 key,
-                reason: "another placement record of this version is stored already; records are never replaced"
-                    .into(),
+                reason: "another placement record of this version is stored already; records are never replaced".into(),
             });
         }
         Err(StoreError::NotFound { .. }) => {}

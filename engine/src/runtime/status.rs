@@ -110,6 +110,7 @@ impl StatusBoard {
                 self.peers.iter().map(|n| l.get(n).cloned().unwrap_or_else(|| never(*n))).collect()
             },
             restarting: false,
+            idle: false,
         }
     }
 

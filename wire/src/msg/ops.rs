@@ -138,6 +138,9 @@ archived! {
         pub peers: Vec<PeerLink>,
         /// The node waits to restart its stream (the restart strategy's delay): no tasks now.
         pub restarting: bool,
+        /// The node runs no task of the stream: the cluster moved its tasks to the other nodes
+        /// while it was away (placement version `incarnation >> 32`).
+        pub idle: bool,
     }
 }
 
