@@ -167,16 +167,24 @@ fn current_placement(
     store: Option<&dyn weir_engine::backup::Store>,
     spec: &StreamSpec,
     file_placement: &Placement,
+    nodes: &[NodeId],
 ) -> anyhow::Result<(u32, Placement)> {
     let Some(store) = store else { return Ok((0, file_placement.clone())) };
     let record = weir_engine::backup::placement::latest_placement(store, spec.id)
         .with_context(|| format!("reading stream {}'s placement records", spec.id.0))?;
-    match record {
-        Some(r) => {
-            Ok((r.version, r.placement(&spec.topology()).map_err(|e| anyhow::anyhow!("stream {}: {e}", spec.id.0))?))
-        }
-        None => Ok((0, file_placement.clone())),
+    let Some(r) = record else { return Ok((0, file_placement.clone())) };
+    let topology = spec.topology();
+    let p = r.placement(&topology).map_err(|e| anyhow::anyhow!("stream {}: {e}", spec.id.0))?;
+    if let Some(n) = p.nodes(&topology).into_iter().find(|n| !nodes.contains(n)) {
+        anyhow::bail!(
+            "stream {}: placement version {} puts tasks on node {}, which the config file does not list \
+             (remove the stream's placement records to start from the file's placement)",
+            spec.id.0,
+            r.version,
+            n.0
+        );
     }
+    Ok((r.version, p))
 }
 
 /// The incarnations of placement `version` start at `version << 32`: members connect only at
@@ -191,6 +199,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let (file, me) = load(args)?;
     let spec = stream_spec(&file)?;
     let file_placement = placement(&file, &spec);
+    let file_nodes: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
     let policy = crate::failover::RestartPolicy::new(&file.restart);
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -211,7 +220,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let mut restart_times: Vec<u64> = Vec::new();
     let mut links: Vec<weir_engine::wire::msg::PeerLink> = Vec::new();
     loop {
-        let (ended, result) = match current_placement(store.as_deref(), &spec, &file_placement) {
+        let (ended, result) = match current_placement(store.as_deref(), &spec, &file_placement, &file_nodes) {
             Ok((version, placement)) if placement.nodes(&spec.topology()).contains(&NodeId(me.id)) => {
                 incarnation = incarnation.max(placement_floor(version));
                 crate::failover::record(&data_dir, incarnation)?;
@@ -290,6 +299,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         let now = now_ms();
         match policy.next(&restart_times, now) {
             Ok(delay) => {
+                // A newer incarnation comes from a node that has waited its delay already (or
+                // decided a move after `move_after`): waiting again would only stack the delays.
+                let delay = if newer.is_some() { Duration::ZERO } else { delay };
                 let next = crate::failover::next(incarnation, newer);
                 tracing::warn!(
                     stream = %spec.name, reason = %why, incarnation = next, delay = %humantime::format_duration(delay),
@@ -394,4 +406,29 @@ fn log_start(
         incarnation,
         "node started"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_engine::backup::placement::{PlacementRecord, write_placement};
+
+    #[test]
+    fn the_newest_placement_record_wins_and_one_naming_an_unlisted_node_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = weir_engine::backup::LocalDirStore::new(dir.path());
+        let spec = StreamSpec::generator(StreamId(1), 3, 3, 3);
+        let t = spec.topology();
+        let (n1, n2, n3) = (NodeId(1), NodeId(2), NodeId(3));
+        let file = Placement::spread(&t, &[n1, n2, n3]);
+        let (v, p) = current_placement(Some(&store), &spec, &file, &[n1, n2, n3]).unwrap();
+        assert_eq!((v, p), (0, file.clone()), "no record: the file's placement");
+        let moved = file.moved(&t, &[n3], &[n1, n2]);
+        write_placement(&store, spec.id, &PlacementRecord::new(1, &t, &moved, vec![n3], "node 3 lost")).unwrap();
+        let (v, p) = current_placement(Some(&store), &spec, &file, &[n1, n2, n3]).unwrap();
+        assert_eq!((v, p.tasks_of(&t)), (1, moved.tasks_of(&t)));
+        // The file no longer lists node 2, which the record gives tasks.
+        let e = current_placement(Some(&store), &spec, &file, &[n1, n3]).unwrap_err().to_string();
+        assert!(e.contains("puts tasks on node 2") && e.contains("remove the stream's placement records"), "{e}");
+    }
 }
