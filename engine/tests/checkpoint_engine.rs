@@ -375,3 +375,109 @@ fn a_damaged_local_snapshot_is_downloaded_again_and_the_results_stay_exact() {
     let got = NodeResults::open(dir.path()).unwrap().scan(spec.id).unwrap();
     assert_eq!(got, util::reference(&spec));
 }
+
+/// A store whose snapshot files (`<stream>/tasks/…`, manifests aside) cannot be read while its
+/// gate is shut: a restore from it takes as long as the test wants.
+#[derive(Debug)]
+struct GatedStore {
+    inner: weir_engine::backup::LocalDirStore,
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl GatedStore {
+    fn set(&self, open: bool) {
+        *self.open.lock().unwrap() = open;
+        self.opened.notify_all();
+    }
+}
+
+impl weir_engine::backup::Store for GatedStore {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), weir_engine::backup::StoreError> {
+        self.inner.put(key, bytes)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>, weir_engine::backup::StoreError> {
+        if key.contains("/tasks/") && !key.ends_with("MANIFEST.weir") {
+            let open = self.open.lock().unwrap();
+            drop(self.opened.wait_while(open, |o| !*o).unwrap());
+        }
+        self.inner.get(key)
+    }
+    fn size(&self, key: &str) -> Result<Option<u64>, weir_engine::backup::StoreError> {
+        self.inner.size(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<String>, weir_engine::backup::StoreError> {
+        self.inner.list(prefix)
+    }
+    fn delete(&self, key: &str) -> Result<(), weir_engine::backup::StoreError> {
+        self.inner.delete(key)
+    }
+}
+
+#[test]
+fn a_node_answers_status_while_its_tasks_restore_from_the_remote_store() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    use weir_engine::wire::msg::{StatusReq, StatusRsp};
+    let (dir, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let spec = spec(2_000_000);
+    let store = std::sync::Arc::new(GatedStore {
+        inner: weir_engine::backup::LocalDirStore::new(remote.path()),
+        open: std::sync::Mutex::new(true),
+        opened: std::sync::Condvar::new(),
+    });
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let cfg = || {
+        let mut cfg = config(dir.path(), 100);
+        cfg.checkpoint.as_mut().unwrap().remote = weir_engine::runtime::Remote::Store(store.clone());
+        let mut t = transport(1, Vec::new());
+        t.listen = Some(addr);
+        cfg.transport = Some(t);
+        cfg
+    };
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg()).unwrap();
+    wait_for_commits(&engine, 1);
+    engine.stop();
+    engine.wait().unwrap();
+    // Without its local files, the node must download every task's snapshot: held at the gate.
+    std::fs::remove_dir_all(dir.path().join("tasks")).unwrap();
+    store.set(false);
+    let (spec2, cfg2) = (spec.clone(), cfg());
+    let starting = std::thread::spawn(move || Engine::start(&spec2, &Placement::single(NodeId(1)), cfg2));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let answer = loop {
+        let asked = weir_engine::wire::transport::client::BlockingClient::connect(
+            addr,
+            "ck-test",
+            NodeId(900),
+            b"checkpoint-test-secret",
+            Duration::from_secs(2),
+        )
+        .and_then(|mut c| {
+            c.send(&StatusReq { request: 3 })?;
+            c.recv()
+        });
+        match asked {
+            Ok(f) => break Ok(f.to_owned::<StatusRsp>().unwrap()),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => break Err(e),
+        }
+    };
+    let restoring = !starting.is_finished();
+    store.set(true);
+    let engine = starting.join().unwrap().unwrap();
+    let answer = answer.unwrap_or_else(|e| panic!("the node did not answer status while its tasks restored: {e}"));
+    assert!(restoring, "the engine had started before the answer: the test proves nothing");
+    assert_eq!((answer.request, answer.node), (3, NodeId(1)));
+    assert_eq!(answer.tasks.len(), spec.topology().tasks.len(), "{answer:?}");
+    assert!(
+        answer.tasks.iter().all(|t| t.state == weir_engine::wire::msg::TaskState::Uninit),
+        "tasks wait while they restore: {answer:?}"
+    );
+    assert!(matches!(engine.restored(), Some((weir_engine::wire::msg::RestoreBasis::Committed, Some(_)))));
+    engine.stop();
+    engine.wait().unwrap();
+}

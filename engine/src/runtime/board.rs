@@ -33,11 +33,13 @@ pub(crate) struct TaskBoard {
 }
 
 impl TaskBoard {
-    pub(crate) fn new(task: TaskId) -> Arc<Self> {
+    /// A task's board before it starts: with checkpoints `Uninit` (shown as waiting while it
+    /// restores) until its machine publishes; without them, `Ready` from the start.
+    pub(crate) fn new(task: TaskId, checkpoints: bool) -> Arc<Self> {
         Arc::new(Self {
             task,
             published: AtomicCell::new(Published {
-                state: TaskState::Ready,
+                state: if checkpoints { TaskState::Uninit } else { TaskState::Ready },
                 latest: None,
                 latest_version: Version(0),
                 latest_ts_ms: 0,

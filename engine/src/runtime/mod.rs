@@ -70,6 +70,17 @@ pub struct Engine {
     worker_tids: Arc<[AtomicU32]>,
 }
 
+/// Stops the router (and frees the transport's address) when a start fails after it started.
+struct RouterGuard(Option<router::Router>);
+
+impl Drop for RouterGuard {
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            r.stop();
+        }
+    }
+}
+
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine").field("workers", &self.workers.len()).finish()
@@ -94,7 +105,7 @@ impl Engine {
             .iter()
             .any(|t| t.downstreams.iter().any(|d| (placement.node_of(t.id) == me) != (placement.node_of(*d) == me)));
         let boards: HashMap<TaskId, Arc<board::TaskBoard>> =
-            local.iter().map(|t| (t.id, board::TaskBoard::new(t.id))).collect();
+            local.iter().map(|t| (t.id, board::TaskBoard::new(t.id, cfg.checkpoint.is_some()))).collect();
         // A configured transport always starts: besides remote channels it serves clients
         // (`weir load` ingest, status). Its heartbeats carry the local tasks' checkpoint summary.
         let transport = match (&cfg.transport, needs_net) {
@@ -169,7 +180,8 @@ impl Engine {
             SourceKind::Generator { .. } => None,
         };
 
-        let net = |t: &Transport| Net { sender: t.sender(), encoder: FrameEncoder::new() };
+        let sender = transport.as_ref().map(Transport::sender);
+        let net = |s: &weir_wire::transport::TransportSender| Net { sender: s.clone(), encoder: FrameEncoder::new() };
         let mut per_worker: Vec<Vec<Cell>> = (0..cfg.workers).map(|_| Vec::new()).collect();
         // Control queues first: the checkpoint side of every task needs its peers' queues.
         let mut control_rx = HashMap::new();
@@ -183,17 +195,64 @@ impl Engine {
             control_rx.insert(t.id, rx);
         }
         let peers = Arc::new(controls.clone());
-        let ckpt = match &cfg.checkpoint {
-            Some(settings) => Some(checkpointing::Setup::new(
+        let hub = cfg.checkpoint.as_ref().map(|_| checkpointing::Hub::new(spec, placement, me));
+        let coord_inbox = hub.as_ref().and_then(checkpointing::Hub::coordinator_inbox);
+        let trigger = hub
+            .as_ref()
+            .map_or(checkpointing::coordinator::ManualTrigger::off(spec.id, me), checkpointing::Hub::manual_trigger);
+        let status = Arc::new(status::StatusBoard {
+            node: me,
+            stream: spec.id,
+            started: std::time::Instant::now(),
+            tasks: local.iter().map(|t| boards[&t.id].clone()).collect(),
+            checkpoints: hub.as_ref().map(checkpointing::Hub::log),
+            coordinates: coord_inbox.is_some(),
+            trigger,
+            peer_tasks: Default::default(),
+            peers: {
+                let mut p: Vec<weir_wire::NodeId> =
+                    topo.tasks.iter().map(|t| placement.node_of(t.id)).filter(|n| *n != me).collect();
+                p.sort();
+                p.dedup();
+                p
+            },
+            stop_requested: Default::default(),
+            results: results.clone(),
+            incarnation: cfg.transport.as_ref().map_or(0, |t| t.incarnation),
+            restarts: cfg.restarts.clone(),
+            failover: cfg.failover,
+            links: std::sync::Mutex::new(cfg.links.iter().map(|l| (l.node, l.clone())).collect()),
+        });
+
+        // The router starts before the tasks restore (seconds from a remote store, for a large
+        // state): the node answers status meanwhile (its tasks `waiting`), and what peers send
+        // waits in the tasks' queues and the coordinator's inbox. With a transport, the router
+        // acknowledges ingest requests to their clients; without one, whoever appends locally
+        // reads the acknowledgements from `Engine::ingest_acks`.
+        let (router, ingest_acks) = match transport {
+            Some(t) => {
+                let ing = ingest.clone().map(|s| (s, ack_rx));
+                let proto = (peers.clone(), coord_inbox);
+                let r =
+                    router::Router::start(t, router_in, router_credits, shared.clone(), ing, proto, status.clone())?;
+                (Some(RouterGuard(Some(r))), None)
+            }
+            None => (None, ingest.as_ref().map(|_| ack_rx)),
+        };
+        // Locating the restore point reads (and, without local files, downloads) every local
+        // task's snapshot: after the router, so status is served meanwhile.
+        let ckpt = match (&cfg.checkpoint, hub) {
+            (Some(settings), Some(hub)) => Some(checkpointing::Setup::new(
                 spec,
                 placement,
                 &cfg,
                 settings,
                 peers.clone(),
-                transport.as_ref().map(Transport::sender),
+                sender.clone(),
                 shared.aligning.clone(),
+                hub,
             )?),
-            None => None,
+            _ => None,
         };
         let aggs_here = local.iter().filter(|t| matches!(t.kind, TaskKind::Agg { .. })).count();
         for t in &local {
@@ -214,7 +273,7 @@ impl Engine {
                 })
                 .collect();
             let remote_out = outs.iter().any(|o| matches!(o.link, Link::Remote { .. }));
-            let out = Outputs::new(spec.id, t.id, outs, transport.as_ref().filter(|_| remote_out).map(net));
+            let out = Outputs::new(spec.id, t.id, outs, sender.as_ref().filter(|_| remote_out).map(net));
             let ins: Vec<Input> = t
                 .upstreams
                 .iter()
@@ -235,7 +294,7 @@ impl Engine {
                 .collect();
             let remote_in = ins.iter().any(|i| i.remote.is_some());
             let inp =
-                Inputs::new(spec.id, t.id, ins, cfg.remote_credits, transport.as_ref().filter(|_| remote_in).map(net));
+                Inputs::new(spec.id, t.id, ins, cfg.remote_credits, sender.as_ref().filter(|_| remote_in).map(net));
             let task = match t.kind {
                 TaskKind::Source { partition } => {
                     let feed = match &spec.source {
@@ -305,49 +364,10 @@ impl Engine {
             let board = boards[&t.id].clone();
             per_worker[worker_of[&t.id]].push(Cell { task, control, paused: false, ckpt: ck, board });
         }
-        let coord_inbox = ckpt.as_ref().and_then(checkpointing::Setup::coordinator_inbox);
-        let trigger = ckpt
-            .as_ref()
-            .map_or(checkpointing::coordinator::ManualTrigger::off(spec.id, me), checkpointing::Setup::manual_trigger);
         let halt_shared = shared.clone();
         let halt: checkpointing::coordinator::Halt = Arc::new(move |why| halt_shared.fail(why));
         let coordinator = ckpt.map(|c| c.start_coordinator(halt)).transpose()?;
-        let status = Arc::new(status::StatusBoard {
-            node: me,
-            stream: spec.id,
-            started: std::time::Instant::now(),
-            tasks: local.iter().map(|t| boards[&t.id].clone()).collect(),
-            checkpoints: coordinator.as_ref().map(|c| c.log.clone()),
-            coordinates: coordinator.as_ref().is_some_and(|c| c.coordinator.is_some()),
-            trigger,
-            peer_tasks: Default::default(),
-            peers: {
-                let mut p: Vec<weir_wire::NodeId> =
-                    topo.tasks.iter().map(|t| placement.node_of(t.id)).filter(|n| *n != me).collect();
-                p.sort();
-                p.dedup();
-                p
-            },
-            stop_requested: Default::default(),
-            results: results.clone(),
-            incarnation: cfg.transport.as_ref().map_or(0, |t| t.incarnation),
-            restarts: cfg.restarts.clone(),
-            failover: cfg.failover,
-            links: std::sync::Mutex::new(cfg.links.iter().map(|l| (l.node, l.clone())).collect()),
-        });
-
-        // With a transport, the router acknowledges ingest requests to their clients; without
-        // one, whoever appends locally reads the acknowledgements from `Engine::ingest_acks`.
-        let (router, ingest_acks) = match transport {
-            Some(t) => {
-                let ing = ingest.clone().map(|s| (s, ack_rx));
-                let proto = (peers.clone(), coord_inbox);
-                let r =
-                    router::Router::start(t, router_in, router_credits, shared.clone(), ing, proto, status.clone())?;
-                (Some(r), None)
-            }
-            None => (None, ingest.as_ref().map(|_| ack_rx)),
-        };
+        let router = router.and_then(|mut g| g.0.take());
         let cores = if cfg.pin_workers { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
         let worker_tids: Arc<[AtomicU32]> = (0..cfg.workers).map(|_| AtomicU32::new(0)).collect();
         let mut workers = Vec::new();

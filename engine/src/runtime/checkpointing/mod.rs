@@ -100,7 +100,49 @@ pub(crate) struct Setup {
     sender: Option<weir_wire::transport::TransportSender>,
 }
 
+/// What the node's network side needs of checkpointing before the tasks restore (which reads
+/// the store, seconds for a large state): the coordinator's inbox, where reports wait until the
+/// coordinator starts, and the statistics log status reads.
+pub(crate) struct Hub {
+    stream: StreamId,
+    node: NodeId,
+    coord_node: NodeId,
+    coord_tx: Sender<CoordInput>,
+    coord_rx: Receiver<CoordInput>,
+    log: Arc<CheckpointLog>,
+}
+
+impl Hub {
+    pub(crate) fn new(spec: &StreamSpec, placement: &Placement, node: NodeId) -> Hub {
+        // The coordinator runs on the lowest node of the stream; every engine reads the same store.
+        let coord_node = spec.topology().tasks.iter().map(|t| placement.node_of(t.id)).min().unwrap_or(node);
+        let (coord_tx, coord_rx) = crossbeam_channel::unbounded();
+        Hub { stream: spec.id, node, coord_node, coord_tx, coord_rx, log: Arc::new(CheckpointLog::default()) }
+    }
+
+    /// The checkpoint statistics this node collects (the coordinator's node fills them).
+    pub(crate) fn log(&self) -> Arc<CheckpointLog> {
+        self.log.clone()
+    }
+
+    /// The manual trigger of this node.
+    pub(crate) fn manual_trigger(&self) -> ManualTrigger {
+        ManualTrigger {
+            stream: self.stream,
+            node: self.node,
+            coordinator: Some(self.coord_node),
+            inbox: self.coordinator_inbox(),
+        }
+    }
+
+    /// Where reports go (the coordinator's inbox), when the coordinator runs here.
+    pub(crate) fn coordinator_inbox(&self) -> Option<Sender<CoordInput>> {
+        (self.coord_node == self.node).then(|| self.coord_tx.clone())
+    }
+}
+
 impl Setup {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         spec: &StreamSpec,
         placement: &Placement,
@@ -109,11 +151,11 @@ impl Setup {
         peers: Arc<HashMap<TaskId, ControlHandle>>,
         sender: Option<weir_wire::transport::TransportSender>,
         aligning: Arc<AtomicUsize>,
+        hub: Hub,
     ) -> Result<Setup, EngineError> {
         let topo = spec.topology();
         let node_of: HashMap<TaskId, NodeId> = topo.tasks.iter().map(|t| (t.id, placement.node_of(t.id))).collect();
-        // The coordinator runs on the lowest node of the stream; every engine reads the same store.
-        let coord_node = node_of.values().min().copied().unwrap_or(cfg.node);
+        let coord_node = hub.coord_node;
         let store = settings.open_store();
         let restored = Arc::new(OnceLock::new());
         let last = if cfg.failover && coord_node != cfg.node {
@@ -159,7 +201,7 @@ impl Setup {
         } else {
             IdRecord::default()
         };
-        let (coord_tx, coord_rx) = crossbeam_channel::unbounded();
+        let Hub { coord_tx, coord_rx, log, .. } = hub;
         let uploaders = UploaderPool::start(
             settings.uploaders,
             store.clone(),
@@ -182,7 +224,7 @@ impl Setup {
             coord_tx,
             coord_rx,
             uploaders,
-            log: Arc::new(CheckpointLog::default()),
+            log,
             topo,
             node: cfg.node,
             node_of: Arc::new(node_of),
@@ -258,21 +300,6 @@ impl Setup {
             stream: self.stream,
             node_of: self.node_of.clone(),
         })
-    }
-
-    /// The manual trigger of this node.
-    pub(crate) fn manual_trigger(&self) -> ManualTrigger {
-        ManualTrigger {
-            stream: self.stream,
-            node: self.node,
-            coordinator: Some(self.coord_node),
-            inbox: self.coordinator_inbox(),
-        }
-    }
-
-    /// Where reports go (the coordinator's inbox), when the coordinator runs here.
-    pub(crate) fn coordinator_inbox(&self) -> Option<Sender<CoordInput>> {
-        (self.coord_node == self.node).then(|| self.coord_tx.clone())
     }
 
     /// Starts the coordinator if it runs on this node; returns it with the statistics log and the
