@@ -1,12 +1,13 @@
 //! The ingest log on a real file system: appends, reads from any version, retention, torn tails,
-//! corruption, group commit, and a child process killed with `kill -9` mid-append.
+//! corruption, group commit, idempotent appends per producer, and a child process killed with
+//! `kill -9` mid-append.
 
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use weir_engine::ingest::segment::{ENTRY_HEADER, ROW_BYTES, segment_path};
+use weir_engine::ingest::segment::{ENTRY_HEADER, ProducerSeq, ROW_BYTES, segment_path};
 use weir_engine::ingest::service::partition_dir;
 use weir_engine::ingest::*;
 use weir_engine::wire::{Batch, Version};
@@ -86,7 +87,7 @@ fn torn_tail_is_cut_and_the_log_goes_on() {
     let seg = segment_path(dir.path(), Version(0));
     let mut f = OpenOptions::new().append(true).open(&seg).unwrap();
     let mut torn = Vec::new();
-    weir_engine::ingest::segment::encode_entry(Version(20), &rows(20, 10), &mut torn);
+    weir_engine::ingest::segment::encode_entry(Version(20), &rows(20, 10), None, &mut torn);
     f.write_all(&torn[..torn.len() / 2]).unwrap();
     drop(f);
     let mut log = IngestLog::open(dir.path(), LogConfig::default()).unwrap();
@@ -132,9 +133,9 @@ fn group_commit_acknowledges_only_durable_rows_in_order() {
     .unwrap();
     for i in 0..100u64 {
         let p = (i % 2) as u32;
-        svc.requests().send(AppendRequest { partition: p, batch: rows(i / 2 * 10, 10), token: i }).unwrap();
+        svc.requests().send(AppendRequest { partition: p, batch: rows(i / 2 * 10, 10), from: None, token: i }).unwrap();
     }
-    svc.requests().send(AppendRequest { partition: 7, batch: rows(0, 1), token: 999 }).unwrap();
+    svc.requests().send(AppendRequest { partition: 7, batch: rows(0, 1), from: None, token: 999 }).unwrap();
     let mut next = [0u64; 2];
     let mut got = 0;
     while got < 101 {
@@ -180,7 +181,7 @@ fn crash_child_appender() {
     v += start;
     loop {
         let n = 1 + (v % 97) as usize;
-        svc.requests().send(AppendRequest { partition: 0, batch: rows(v, n), token: v }).unwrap();
+        svc.requests().send(AppendRequest { partition: 0, batch: rows(v, n), from: None, token: v }).unwrap();
         v += n as u64;
         while let Ok(a) = acks.try_recv() {
             let (_, last) = a.result.unwrap().unwrap();
@@ -236,4 +237,95 @@ fn acknowledged_entries_survive_kill_9() {
         assert_eq!(all, rows(0, all.len()), "round {round}: content differs");
     }
     assert!(acked > 100);
+}
+
+fn from(producer: u64, seq: u64) -> ProducerSeq {
+    ProducerSeq { producer, seq }
+}
+
+#[test]
+fn a_batch_sent_again_is_stored_once_and_answered_with_its_original_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LogConfig { segment_bytes: 2048, ..LogConfig::default() };
+    let mut log = IngestLog::open(dir.path(), cfg).unwrap();
+    // Two producers interleaved on one partition, 30 batches each of 10 rows.
+    let mut stored = 0u64;
+    let mut versions = std::collections::HashMap::new();
+    for i in 0..60u64 {
+        let (p, seq) = (i % 2, i / 2);
+        let b = rows(stored, 10);
+        let AppendOutcome::New(Some(v)) = log.append_from(from(p, seq), &b).unwrap() else { panic!("not stored") };
+        versions.insert((p, seq), v);
+        stored += 10;
+        // Every batch sent again right away, and an older one: answered, not stored.
+        for again in [seq, seq / 2] {
+            let (f, l) = versions[&(p, again)];
+            assert_eq!(log.append_from(from(p, again), &b).unwrap(), AppendOutcome::Duplicate(f, l));
+        }
+    }
+    log.sync().unwrap();
+    assert_eq!(read_all(&log, 0), rows(0, stored as usize));
+    // After a restart the log knows its producers from the entries alone.
+    drop(log);
+    let mut log = IngestLog::open(dir.path(), cfg).unwrap();
+    let (f, l) = versions[&(1, 29)];
+    assert_eq!(log.append_from(from(1, 29), &rows(0, 10)).unwrap(), AppendOutcome::Duplicate(f, l));
+    assert_eq!(log.append_from(from(0, 3), &rows(0, 10)).unwrap().versions(), Some(versions[&(0, 3)]));
+    // And after retention deleted the segments holding them (the `producers` file).
+    assert!(log.truncate_below(Version(590)).unwrap() > Version(300));
+    drop(log);
+    let mut log = IngestLog::open(dir.path(), cfg).unwrap();
+    assert_eq!(log.append_from(from(0, 3), &rows(0, 10)).unwrap().versions(), Some(versions[&(0, 3)]));
+    // The next batch of a producer is stored where the log ends.
+    assert_eq!(
+        log.append_from(from(0, 30), &rows(600, 10)).unwrap(),
+        AppendOutcome::New(Some((Version(600), Version(609))))
+    );
+    // A new producer starts at 0.
+    assert!(matches!(log.append_from(from(7, 0), &rows(610, 1)).unwrap(), AppendOutcome::New(Some(_))));
+}
+
+#[test]
+fn a_sequence_gap_is_refused_and_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = IngestLog::open(dir.path(), LogConfig::default()).unwrap();
+    // A producer's first batch is batch 0.
+    match log.append_from(from(5, 1), &rows(0, 10)) {
+        Err(e @ LogError::SequenceGap { producer: 5, expected: 0, got: 1 }) => {
+            assert!(!e.is_retryable());
+            assert!(e.to_string().contains("expected 0"), "{e}");
+        }
+        other => panic!("a gap was accepted: {other:?}"),
+    }
+    log.append_from(from(5, 0), &rows(0, 10)).unwrap();
+    assert!(matches!(log.append_from(from(5, 2), &rows(10, 10)), Err(LogError::SequenceGap { expected: 1, .. })));
+    assert_eq!(log.next_version(), Version(10));
+    // An empty batch takes no sequence number.
+    assert_eq!(log.append_from(from(5, 1), &Batch::default()).unwrap(), AppendOutcome::New(None));
+    assert!(matches!(log.append_from(from(5, 1), &rows(10, 10)).unwrap(), AppendOutcome::New(Some(_))));
+    // Older than what is remembered: refused, since whether it was stored cannot be told.
+    for seq in 2..DEDUP_WINDOW as u64 + 3 {
+        log.append_from(from(5, seq), &rows(0, 1)).unwrap();
+    }
+    assert!(matches!(log.append_from(from(5, 1), &rows(0, 1)), Err(LogError::TooOld { producer: 5, got: 1 })));
+}
+
+#[test]
+fn an_entry_with_unknown_flags_is_refused_not_misread() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = IngestLog::open(dir.path(), LogConfig::default()).unwrap();
+    log.append_from(from(1, 0), &rows(0, 10)).unwrap();
+    log.append(&rows(10, 10)).unwrap();
+    log.append_from(from(1, 1), &rows(20, 10)).unwrap();
+    log.sync().unwrap();
+    assert_eq!(read_all(&log, 0), rows(0, 30));
+    drop(log);
+    let seg = segment_path(dir.path(), Version(0));
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[20] = 2; // the first entry's flags: a format this version does not know
+    std::fs::write(&seg, &bytes).unwrap();
+    match IngestLog::open(dir.path(), LogConfig::default()) {
+        Err(LogError::Corrupt { offset: 0, reason, .. }) => assert!(reason.contains("flags"), "{reason}"),
+        other => panic!("expected the unknown entry refused, got {other:?}"),
+    }
 }

@@ -151,30 +151,54 @@ fn ingested_rows_are_acknowledged_over_the_network_and_aggregated() {
     // Partition p gets rows with ts 0..100 for key p, value 1..; then one row at ts 1000 moves the
     // watermark past every window of the first rows.
     let mut next = [0u64; 2];
-    for (req, p) in [(1u64, 0u32), (2, 1), (3, 0), (4, 1)] {
+    let producer = 0xabc;
+    let ingest = |partition: u32, request: u64, seq: u64, batch: Batch| Ingest {
+        stream: spec.id,
+        partition,
+        request,
+        producer,
+        seq,
+        batch,
+    };
+    let half = |p: u32, base: i64| {
         let mut b = Batch::default();
-        let base = if req <= 2 { 0 } else { 50 };
         for t in base..base + 50 {
             b.push(t, p as u64, 1.0);
         }
-        client.send(&Ingest { stream: spec.id, partition: p, request: req, batch: b }).unwrap();
+        b
+    };
+    for (req, p) in [(1u64, 0u32), (2, 1), (3, 0), (4, 1)] {
+        let base = if req <= 2 { 0 } else { 50 };
+        client.send(&ingest(p, req, (req - 1) / 2, half(p, base))).unwrap();
         let ack = client.recv().unwrap().to_owned::<IngestAck>().unwrap();
         assert_eq!(ack.request, req);
         let n = next[p as usize];
-        assert_eq!(ack.outcome, IngestOutcome::Durable { first: Version(n), last: Version(n + 49) });
+        assert_eq!(ack.outcome, IngestOutcome::Durable { first: Version(n), last: Version(n + 49), duplicate: false });
         next[p as usize] += 50;
+    }
+    // The first batch sent again (as after a lost ack): its original versions, stored once (the
+    // results below count each row once).
+    client.send(&ingest(0, 5, 0, half(0, 0))).unwrap();
+    let ack = client.recv().unwrap().to_owned::<IngestAck>().unwrap();
+    assert_eq!(ack.outcome, IngestOutcome::Durable { first: Version(0), last: Version(49), duplicate: true });
+    // A gap is refused, and says so.
+    client.send(&ingest(1, 6, 5, half(1, 0))).unwrap();
+    match client.recv().unwrap().to_owned::<IngestAck>().unwrap().outcome {
+        IngestOutcome::Rejected { reason, retryable: false } => {
+            assert!(reason.contains("expected 2") && reason.contains("gap"), "{reason}")
+        }
+        other => panic!("a gap was not refused: {other:?}"),
     }
     for p in 0..2u32 {
         let mut b = Batch::default();
         b.push(1000, 7, 0.0);
-        client.send(&Ingest { stream: spec.id, partition: p, request: 10 + p as u64, batch: b }).unwrap();
+        client.send(&ingest(p, 10 + p as u64, 2, b)).unwrap();
         assert!(matches!(
             client.recv().unwrap().to_owned::<IngestAck>().unwrap().outcome,
-            IngestOutcome::Durable { .. }
+            IngestOutcome::Durable { duplicate: false, .. }
         ));
     }
-    let bad = Ingest { stream: spec.id, partition: 9, request: 99, batch: Batch::default() };
-    client.send(&bad).unwrap();
+    client.send(&ingest(9, 99, 0, Batch::default())).unwrap();
     assert!(matches!(client.recv().unwrap().to_owned::<IngestAck>().unwrap().outcome, IngestOutcome::Rejected { .. }));
     // 2 keys × 10 windows of 10 rows each.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -230,6 +254,7 @@ fn idle_workers_park_instead_of_spinning() {
             .send(weir_engine::ingest::AppendRequest {
                 partition: p,
                 batch: b.clone(),
+                from: None,
                 token: weir_engine::runtime::IngestToken { node: NodeId(0), stream: spec.id, request: p as u64 },
             })
             .unwrap();

@@ -10,6 +10,11 @@
 //!   or past it, so nothing the engine processes can vanish in a crash.
 //! - On open, a torn tail (an incomplete or checksum-failing *last* entry of the *last* segment) is
 //!   cut and logged; damage anywhere else is refused as corruption, never silently dropped.
+//! - Appends are idempotent per producer ([`IngestLog::append_from`]): a producer's batches on a
+//!   partition carry sequence numbers 0, 1, 2, ...; the log keeps the versions of each producer's
+//!   last [`DEDUP_WINDOW`] batches (rebuilt on open from the entries, and from the `producers`
+//!   file for producers whose entries retention deleted), so a batch sent again is answered with
+//!   its original versions and never stored twice, and a gap is refused.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -19,7 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use weir_wire::{Batch, Version};
 
-use super::segment::{self, Parsed};
+pub use super::producers::{AppendOutcome, DEDUP_WINDOW};
+use super::producers::{Producers, read_producers, remember, write_producers};
+use super::segment::{self, Parsed, ProducerSeq};
 
 /// Errors of the ingest log.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +50,26 @@ pub enum LogError {
         /// What.
         reason: String,
     },
+    /// A producer's batch does not follow its last one (fatal for that request: the client must
+    /// send the missing batches first).
+    #[error("producer {producer:#x} sent batch {got} on this partition, expected {expected} (a gap)")]
+    SequenceGap {
+        /// Producer.
+        producer: u64,
+        /// The sequence number that would have been accepted.
+        expected: u64,
+        /// The one that came.
+        got: u64,
+    },
+    /// A batch sent again that is older than what the log remembers of its producer (fatal for
+    /// that request: whether it was stored cannot be told).
+    #[error("producer {producer:#x} sent batch {got} again, older than the last {DEDUP_WINDOW} remembered")]
+    TooOld {
+        /// Producer.
+        producer: u64,
+        /// Its sequence number.
+        got: u64,
+    },
     /// A version outside what the log holds was asked for (fatal for that request).
     #[error("version {asked} is outside the log's range {first}..{next}")]
     OutOfRange {
@@ -62,7 +89,7 @@ impl LogError {
     }
 }
 
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
+pub(super) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
     move |source| LogError::Io { path: path.to_path_buf(), source }
 }
 
@@ -99,6 +126,8 @@ pub struct IngestLog {
     written_unsynced: bool,
     durable: Arc<AtomicU64>,
     buf: Vec<u8>,
+    /// Each producer's last batches: (sequence number, first and last version), oldest first.
+    producers: Producers,
 }
 
 impl IngestLog {
@@ -115,6 +144,7 @@ impl IngestLog {
         segments.sort_by_key(|s| s.first);
         let mut next = segments.first().map_or(Version(0), |s| s.first);
         let count = segments.len();
+        let mut producers = read_producers(dir)?;
         for (i, seg) in segments.iter().enumerate() {
             if seg.first != next {
                 return Err(LogError::Corrupt {
@@ -123,7 +153,7 @@ impl IngestLog {
                     reason: format!("segment starts at {} but the previous one ends at {next}", seg.first),
                 });
             }
-            next = scan_segment(&seg.path, seg.first, cfg.max_entry_bytes, i + 1 == count)?;
+            next = scan_segment(&seg.path, seg.first, cfg.max_entry_bytes, i + 1 == count, &mut producers)?;
         }
         if segments.is_empty() {
             segments.push(Segment { first: next, path: segment::segment_path(dir, next) });
@@ -143,6 +173,7 @@ impl IngestLog {
             // What survived the restart is on disk: it is durable.
             durable: Arc::new(AtomicU64::new(next.0)),
             buf: Vec::new(),
+            producers,
         })
     }
 
@@ -164,6 +195,40 @@ impl IngestLog {
     /// Appends `batch` (written to the OS, not yet synced). Returns the versions of its first and
     /// last rows. An empty batch gets no versions (`None`).
     pub fn append(&mut self, batch: &Batch) -> Result<Option<(Version, Version)>, LogError> {
+        self.write(batch, None)
+    }
+
+    /// Appends `batch` for a producer, idempotently: batch `from.seq` of `from.producer` is
+    /// stored once however often it is sent; sent again, it is answered with the versions it was
+    /// stored at (durable once the original is). Its batches count from 0 without gaps: a
+    /// sequence number past the next one is refused ([`LogError::SequenceGap`]), as is an empty
+    /// batch's (it takes no number: [`AppendOutcome::New`]`(None)`).
+    pub fn append_from(&mut self, from: ProducerSeq, batch: &Batch) -> Result<AppendOutcome, LogError> {
+        let last = self.producers.get(&from.producer).and_then(|q| q.back().map(|b| b.0));
+        let expected = last.map_or(0, |s| s + 1);
+        if from.seq < expected {
+            let q = &self.producers[&from.producer];
+            // Sequence numbers in the window are consecutive: the batch is at a known offset.
+            let oldest = q.front().expect("not empty").0;
+            return match from.seq.checked_sub(oldest) {
+                Some(i) => {
+                    let (_, first, last) = q[i as usize];
+                    Ok(AppendOutcome::Duplicate(first, last))
+                }
+                None => Err(LogError::TooOld { producer: from.producer, got: from.seq }),
+            };
+        }
+        if from.seq > expected {
+            return Err(LogError::SequenceGap { producer: from.producer, expected, got: from.seq });
+        }
+        let v = self.write(batch, Some(from))?;
+        if let Some((first, last)) = v {
+            remember(&mut self.producers, from, first, last);
+        }
+        Ok(AppendOutcome::New(v))
+    }
+
+    fn write(&mut self, batch: &Batch, from: Option<ProducerSeq>) -> Result<Option<(Version, Version)>, LogError> {
         if batch.is_empty() {
             return Ok(None);
         }
@@ -177,7 +242,7 @@ impl IngestLog {
         }
         let first = self.next;
         self.buf.clear();
-        segment::encode_entry(first, batch, &mut self.buf);
+        segment::encode_entry(first, batch, from, &mut self.buf);
         let path = &self.segments.last().expect("segment").path;
         if let Err(e) = self.active.write_all(&self.buf) {
             // A partial write leaves a torn entry; cut it so the next append starts clean.
@@ -220,6 +285,11 @@ impl IngestLog {
     /// Deletes whole segments whose rows are all below `version` (retention). Returns the new
     /// oldest version kept.
     pub fn truncate_below(&mut self, version: Version) -> Result<Version, LogError> {
+        if self.segments.len() > 1 && self.segments[1].first <= version {
+            // The producers' last batches outlive their entries: a batch sent again after its
+            // segment went is still recognised.
+            write_producers(&self.dir, &self.producers)?;
+        }
         while self.segments.len() > 1 && self.segments[1].first <= version {
             let seg = self.segments.remove(0);
             fs::remove_file(&seg.path).map_err(io_err(&seg.path))?;
@@ -270,21 +340,30 @@ impl LogHandle {
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<(), LogError> {
+pub(super) fn sync_dir(dir: &Path) -> Result<(), LogError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
 }
 
 /// Checks a segment entry by entry; returns the version after its last entry. In the last
 /// segment a torn tail is cut; anywhere else damage is corruption.
-fn scan_segment(path: &Path, first: Version, max_entry: usize, last: bool) -> Result<Version, LogError> {
+fn scan_segment(
+    path: &Path,
+    first: Version,
+    max_entry: usize,
+    last: bool,
+    producers: &mut Producers,
+) -> Result<Version, LogError> {
     let bytes = fs::read(path).map_err(io_err(path))?;
     let mut off = 0usize;
     let mut next = first;
     while off < bytes.len() {
         let why = match segment::parse_entry(&bytes[off..], max_entry) {
-            Parsed::Entry { first: f, rows, len } if f == next => {
+            Parsed::Entry { first: f, rows, len, from } if f == next => {
                 off += len;
                 next = Version(next.0 + rows as u64);
+                if let Some(from) = from {
+                    remember(producers, from, f, Version(next.0 - 1));
+                }
                 continue;
             }
             Parsed::Entry { first: f, .. } => format!("entry starts at {f}, expected {next}"),
@@ -359,13 +438,15 @@ impl LogReader {
                 }
                 Err(e) => return Err(io_err(&seg_path)(e)),
             }
-            let payload = u32::from_le_bytes(head[0..4].try_into().expect("4")) as usize;
+            // An unknown header reads no further: `parse_entry` says what is wrong with it.
+            let rest = segment::rest_len(&head).unwrap_or(0);
             self.buf.clear();
             self.buf.extend_from_slice(&head);
-            self.buf.resize(segment::ENTRY_HEADER + payload.min(self.cfg.max_entry_bytes), 0);
+            let cap = self.cfg.max_entry_bytes + segment::PRODUCER_BYTES;
+            self.buf.resize(segment::ENTRY_HEADER + rest.min(cap), 0);
             file.read_exact(&mut self.buf[segment::ENTRY_HEADER..]).map_err(io_err(&seg_path))?;
             let (first, rows, len) = match segment::parse_entry(&self.buf, self.cfg.max_entry_bytes) {
-                Parsed::Entry { first, rows, len } => (first, rows as usize, len),
+                Parsed::Entry { first, rows, len, .. } => (first, rows as usize, len),
                 Parsed::Incomplete => unreachable!("read the whole entry"),
                 Parsed::Corrupt(reason) => {
                     return Err(LogError::Corrupt { path: seg_path, offset: *offset, reason });

@@ -1,9 +1,11 @@
 //! The durable ingest log: per-partition segment files that `weir load` appends to and ingest-log
-//! sources read from. See [`log`] for the invariants and [`segment`] for the format.
+//! sources read from. See [`log`] for the invariants, [`segment`] for the format, and `producers.rs` for idempotent
+//! appends.
 
 pub mod log;
+mod producers;
 pub mod segment;
 pub mod service;
 
-pub use log::{IngestLog, LogConfig, LogError, LogHandle, LogReader};
+pub use log::{AppendOutcome, DEDUP_WINDOW, IngestLog, LogConfig, LogError, LogHandle, LogReader};
 pub use service::{AppendRequest, Appended, IngestService, SyncPolicy};

@@ -6,21 +6,31 @@
 //! ```text
 //! offset  size  field
 //!      0     4  payload length in bytes (= rows × 24)
-//!      4     4  CRC32C of bytes 8..24 and the payload
+//!      4     4  CRC32C of bytes 8.. to the entry's end
 //!      8     8  version of the entry's first row
 //!     16     4  rows
-//!     20     4  zero (reserved)
-//!     24     …  ts[rows] (i64), key[rows] (u64), value[rows] (f64), little-endian
+//!     20     4  flags: 0 = a plain entry; 1 = appended for a producer (the next 16 bytes)
+//!     24     8  producer id                                        (flag 1 only)
+//!     32     8  the producer's sequence number on this partition   (flag 1 only)
+//!  24/40     …  ts[rows] (i64), key[rows] (u64), value[rows] (f64), little-endian
 //! ```
 //!
-//! Versions count rows: entry `n + 1` starts where entry `n` ends, with no gaps.
+//! Versions count rows: entry `n + 1` starts where entry `n` ends, with no gaps. The producer of
+//! an entry is what makes appends idempotent: a reopened log knows the last sequence numbers
+//! from its entries alone, so a batch resent after a crash is never stored twice. Flags other
+//! than 0 and 1 are refused as corruption (a newer format is never misread); entries without a
+//! producer (flag 0, the only kind before) read as they always did.
 
 use std::path::{Path, PathBuf};
 
 use weir_wire::{Batch, Version};
 
-/// Bytes before an entry's payload.
+/// Bytes of an entry's fixed header (a producer entry has [`PRODUCER_BYTES`] more).
 pub const ENTRY_HEADER: usize = 24;
+/// Bytes of an entry's producer id and sequence number (flag 1).
+pub const PRODUCER_BYTES: usize = 16;
+/// Flag of an entry appended for a producer.
+const FLAG_PRODUCER: u32 = 1;
 /// Bytes per row in an entry.
 pub const ROW_BYTES: usize = 24;
 
@@ -44,16 +54,32 @@ pub fn segment_path(dir: &Path, first: Version) -> PathBuf {
     dir.join(segment_name(first))
 }
 
-/// Appends the encoded entry for `batch` (first row at `first`) to `out`.
-pub fn encode_entry(first: Version, batch: &Batch, out: &mut Vec<u8>) {
+/// Who appended an entry: a producer and its sequence number on the entry's partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProducerSeq {
+    /// Producer id (chosen by the client, e.g. `weir load`).
+    pub producer: u64,
+    /// The producer's batches on this partition count from 0, without gaps.
+    pub seq: u64,
+}
+
+/// Appends the encoded entry for `batch` (first row at `first`, appended for `from`) to `out`.
+pub fn encode_entry(first: Version, batch: &Batch, from: Option<ProducerSeq>, out: &mut Vec<u8>) {
     let rows = batch.len();
     let start = out.len();
-    out.reserve(ENTRY_HEADER + rows * ROW_BYTES);
+    out.reserve(ENTRY_HEADER + PRODUCER_BYTES + rows * ROW_BYTES);
     out.extend_from_slice(&((rows * ROW_BYTES) as u32).to_le_bytes());
     out.extend_from_slice(&[0; 4]);
     out.extend_from_slice(&first.0.to_le_bytes());
     out.extend_from_slice(&(rows as u32).to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
+    match from {
+        None => out.extend_from_slice(&0u32.to_le_bytes()),
+        Some(p) => {
+            out.extend_from_slice(&FLAG_PRODUCER.to_le_bytes());
+            out.extend_from_slice(&p.producer.to_le_bytes());
+            out.extend_from_slice(&p.seq.to_le_bytes());
+        }
+    }
     for t in &batch.ts {
         out.extend_from_slice(&t.to_le_bytes());
     }
@@ -78,6 +104,8 @@ pub enum Parsed {
         rows: u32,
         /// Total bytes, header included.
         len: usize,
+        /// Who appended it (flag 1).
+        from: Option<ProducerSeq>,
     },
     /// The bytes end inside an entry.
     Incomplete,
@@ -95,10 +123,14 @@ pub fn parse_entry(bytes: &[u8], max_entry: usize) -> Parsed {
     let crc = word(4);
     let first = Version(u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")));
     let rows = word(16);
-    if payload != rows as usize * ROW_BYTES || word(20) != 0 || payload > max_entry {
+    let flags = word(20);
+    if payload != rows as usize * ROW_BYTES || payload > max_entry {
         return Parsed::Corrupt(format!("entry header is inconsistent (payload {payload}, rows {rows})"));
     }
-    let len = ENTRY_HEADER + payload;
+    if flags > FLAG_PRODUCER {
+        return Parsed::Corrupt(format!("entry flags {flags:#x} are unknown to this version (a newer format?)"));
+    }
+    let len = header_len(flags) + payload;
     if bytes.len() < len {
         return Parsed::Incomplete;
     }
@@ -106,13 +138,28 @@ pub fn parse_entry(bytes: &[u8], max_entry: usize) -> Parsed {
     if computed != crc {
         return Parsed::Corrupt(format!("checksum {computed:#010x} does not match {crc:#010x}"));
     }
-    Parsed::Entry { first, rows, len }
+    let long = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+    let from = (flags == FLAG_PRODUCER).then(|| ProducerSeq { producer: long(24), seq: long(32) });
+    Parsed::Entry { first, rows, len, from }
+}
+
+/// Bytes of the header of an entry with `flags` (the columns start there).
+pub fn header_len(flags: u32) -> usize {
+    if flags == FLAG_PRODUCER { ENTRY_HEADER + PRODUCER_BYTES } else { ENTRY_HEADER }
+}
+
+/// Bytes an entry takes after its fixed header, from that header (`None`: not a header this
+/// version reads; [`parse_entry`] says why).
+pub fn rest_len(head: &[u8; ENTRY_HEADER]) -> Option<usize> {
+    let word = |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().expect("4 bytes"));
+    (word(20) <= FLAG_PRODUCER).then(|| header_len(word(20)) - ENTRY_HEADER + word(0) as usize)
 }
 
 /// Appends rows `skip..` of the valid entry at the start of `bytes` to `out`.
 pub fn decode_rows(bytes: &[u8], rows: usize, skip: usize, out: &mut Batch) {
+    let data = header_len(u32::from_le_bytes(bytes[20..24].try_into().expect("4 bytes")));
     let col = |c: usize, i: usize| {
-        let at = ENTRY_HEADER + c * rows * 8 + i * 8;
+        let at = data + c * rows * 8 + i * 8;
         <[u8; 8]>::try_from(&bytes[at..at + 8]).expect("8 bytes")
     };
     for i in skip..rows {

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use weir_wire::{Batch, Version};
 
-use super::log::{IngestLog, LogConfig, LogError, LogHandle};
+use super::log::{AppendOutcome, IngestLog, LogConfig, LogError, LogHandle};
+use super::segment::ProducerSeq;
 
 /// Requests appended between two syncs at most (on top of the first one waited for).
 const MAX_GROUP: usize = 512;
@@ -36,6 +37,9 @@ pub struct AppendRequest<T> {
     pub partition: u32,
     /// Rows.
     pub batch: Batch,
+    /// The producer and its sequence number on the partition (idempotent: a batch sent again
+    /// is acknowledged with its original versions and not stored twice); `None` appends as is.
+    pub from: Option<ProducerSeq>,
     /// Caller's identification of the request.
     pub token: T,
 }
@@ -51,6 +55,8 @@ pub struct Appended<T> {
     pub result: Result<Option<(Version, Version)>, String>,
     /// Whether a failed append may succeed if sent again.
     pub retryable: bool,
+    /// The rows were stored before: the request was a batch sent again.
+    pub duplicate: bool,
 }
 
 /// The running writer.
@@ -152,27 +158,41 @@ fn writer<T>(
             let p = req.partition as usize;
             let Some(log) = logs.get_mut(p) else {
                 let result = Err(format!("no partition {} on this node ({} partitions)", req.partition, dirty.len()));
-                let _ = acks.send(Appended { token: req.token, partition: req.partition, result, retryable: false });
+                let a =
+                    Appended { token: req.token, partition: req.partition, result, retryable: false, duplicate: false };
+                let _ = acks.send(a);
                 continue;
             };
-            match log.append(&req.batch) {
-                Ok(v) => {
-                    dirty[p] = true;
+            let appended = match req.from {
+                Some(from) => log.append_from(from, &req.batch),
+                None => log.append(&req.batch).map(AppendOutcome::New),
+            };
+            match appended {
+                Ok(o) => {
+                    // A batch sent again is acknowledged with the others at the next sync: its
+                    // original may be in this very group, not yet durable.
+                    dirty[p] |= matches!(o, AppendOutcome::New(Some(_)));
                     pending.push(Appended {
                         token: req.token,
                         partition: req.partition,
-                        result: Ok(v),
+                        result: Ok(o.versions()),
                         retryable: false,
+                        duplicate: matches!(o, AppendOutcome::Duplicate(..)),
                     });
                 }
                 Err(e) => {
-                    tracing::error!(partition = req.partition, error = %e, "ingest append failed");
+                    if matches!(e, LogError::Io { .. } | LogError::Corrupt { .. }) {
+                        tracing::error!(partition = req.partition, error = %e, "ingest append failed");
+                    } else {
+                        tracing::debug!(partition = req.partition, error = %e, "ingest append refused");
+                    }
                     let retryable = e.is_retryable();
                     let _ = acks.send(Appended {
                         token: req.token,
                         partition: req.partition,
                         result: Err(e.to_string()),
                         retryable,
+                        duplicate: false,
                     });
                 }
             }

@@ -315,7 +315,8 @@ impl Run {
             let outcome = IngestOutcome::Rejected { reason, retryable: false };
             return self.send_ack(token, req.partition, outcome);
         };
-        let r = AppendRequest { partition: req.partition, batch: req.batch, token };
+        let from = Some(crate::ingest::segment::ProducerSeq { producer: req.producer, seq: req.seq });
+        let r = AppendRequest { partition: req.partition, batch: req.batch, from, token };
         if svc.requests().try_send(r).is_err() {
             let outcome = IngestOutcome::Rejected { reason: "ingest queue full".into(), retryable: true };
             self.send_ack(token, req.partition, outcome);
@@ -324,7 +325,7 @@ impl Run {
 
     fn ack(&mut self, a: Appended<IngestToken>) {
         let outcome = match a.result {
-            Ok(Some((first, last))) => IngestOutcome::Durable { first, last },
+            Ok(Some((first, last))) => IngestOutcome::Durable { first, last, duplicate: a.duplicate },
             Ok(None) => IngestOutcome::Rejected { reason: "empty batch".into(), retryable: false },
             Err(reason) => IngestOutcome::Rejected { reason, retryable: a.retryable },
         };

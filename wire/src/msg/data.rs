@@ -11,6 +11,12 @@ archived! {
         pub partition: u32,
         /// Client's request id, echoed in the ack.
         pub request: u64,
+        /// The producer (`weir load` picks a random id per run): appends are idempotent per
+        /// producer and partition.
+        pub producer: u64,
+        /// The producer's batches on this partition count from 0 without gaps: a batch sent
+        /// again is acknowledged with its original versions, never stored twice; a gap is refused.
+        pub seq: u64,
         /// The rows.
         pub batch: Batch,
     }
@@ -25,6 +31,8 @@ archived! {
             first: Version,
             /// Version of the last row.
             last: Version,
+            /// The rows had been stored before (the batch was sent again).
+            duplicate: bool,
         },
         /// The rows were not stored.
         Rejected {
