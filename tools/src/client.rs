@@ -11,8 +11,16 @@ use weir_engine::wire::{Frame, NodeId};
 
 use crate::config::ClusterFile;
 
-/// The node id a client presents: no member has it (member ids start at 1).
-const CLIENT: NodeId = NodeId(0);
+/// The highest node id a member may have; clients present ids above it.
+pub const MAX_MEMBER_ID: u32 = (1 << 31) - 1;
+
+/// The node id a client presents: random above every member's, so that two clients of one node
+/// (`weir load` and `weir status` side by side) never take each other's connection.
+pub fn client_id() -> NodeId {
+    let mut b = [0u8; 4];
+    let r = getrandom::fill(&mut b).map_or(std::process::id(), |()| u32::from_le_bytes(b));
+    NodeId(MAX_MEMBER_ID + 1 + (r & MAX_MEMBER_ID))
+}
 
 /// Which cluster and nodes a client command talks to.
 #[derive(clap::Args, Debug)]
@@ -85,7 +93,7 @@ pub enum Failure {
 
 /// Sends `req` to `addr` and returns the answer's frame.
 pub fn request<Q: Message>(t: &Target, addr: SocketAddr, req: &Q, timeout: Duration) -> Result<Frame, Failure> {
-    let result = BlockingClient::connect(addr, &t.cluster, CLIENT, &t.secret, timeout).and_then(|mut c| {
+    let result = BlockingClient::connect(addr, &t.cluster, client_id(), &t.secret, timeout).and_then(|mut c| {
         c.send(req)?;
         c.recv()
     });

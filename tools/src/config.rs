@@ -98,9 +98,39 @@ pub struct StreamFile {
     /// Disorder tolerated before rows count as late.
     #[serde(default, deserialize_with = "de_duration")]
     pub watermark_delay: Duration,
+    /// Where rows come from: `"generator"` (the `generator` table) or `"ingest"` (each node's
+    /// durable ingest log of its partitions, fed by `weir load`; the `ingest` table).
+    #[serde(default = "default_source")]
+    pub source: String,
     /// The generator source.
     #[serde(default)]
     pub generator: GeneratorFile,
+    /// The ingest-log source.
+    #[serde(default)]
+    pub ingest: IngestFile,
+}
+
+impl StreamFile {
+    /// Whether rows come from the ingest log (`weir load`).
+    pub fn is_ingest(&self) -> bool {
+        self.source == "ingest"
+    }
+}
+
+/// The ingest-log source: when appended rows count as durable and are acknowledged.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct IngestFile {
+    /// Group commit: the log syncs (`fdatasync`) at most this often and acknowledges what the
+    /// sync made durable; `"0s"` syncs before every acknowledgement.
+    #[serde(default = "default_group_commit", deserialize_with = "de_duration")]
+    pub group_commit: Duration,
+}
+
+impl Default for IngestFile {
+    fn default() -> Self {
+        toml::from_str("").expect("every ingest key has a default")
+    }
 }
 
 /// Task placement.
@@ -260,6 +290,12 @@ fn default_one() -> u32 {
 fn default_two() -> u32 {
     2
 }
+fn default_source() -> String {
+    "generator".into()
+}
+fn default_group_commit() -> Duration {
+    Duration::from_millis(10)
+}
 fn default_window() -> Duration {
     Duration::from_secs(1)
 }
@@ -390,6 +426,11 @@ impl ClusterFile {
         }
     }
 
+    /// The streams the file describes (one today).
+    pub fn streams(&self) -> Vec<&StreamFile> {
+        vec![&self.stream]
+    }
+
     /// Checks what the types cannot: ids, addresses, the coordinator, the placement.
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.nodes.is_empty() {
@@ -397,8 +438,8 @@ impl ClusterFile {
         }
         let mut seen = std::collections::BTreeSet::new();
         for n in &self.nodes {
-            if n.id == 0 {
-                bail!("node ids start at 1");
+            if n.id == 0 || n.id > crate::client::MAX_MEMBER_ID {
+                bail!("node {}: node ids are 1 to {} (clients take the ids above)", n.id, crate::client::MAX_MEMBER_ID);
             }
             if !seen.insert(n.id) {
                 bail!("node {} is listed twice", n.id);
@@ -424,6 +465,9 @@ impl ClusterFile {
                 "restart.strategy = {:?}: \"fixed-delay\", \"exponential-backoff\" or \"none\"",
                 self.restart.strategy
             );
+        }
+        if !["generator", "ingest"].contains(&self.stream.source.as_str()) {
+            bail!("stream.source = {:?}: \"generator\" or \"ingest\"", self.stream.source);
         }
         if let PlacementFile::Named(n) = &self.stream.placement
             && n != "spread"

@@ -5,6 +5,7 @@ mod client;
 mod config;
 mod demo;
 mod failover;
+mod load;
 mod logging;
 mod node;
 mod placement;
@@ -30,6 +31,8 @@ enum Command {
     Run(run::RunArgs),
     /// One member of a cluster, from the cluster's config file.
     Node(node::NodeArgs),
+    /// The traffic generator: rows into an ingest-log stream, with exactly-once acks and latency.
+    Load(load::LoadArgs),
     /// What the nodes of a cluster report: nodes, tasks, health, recent checkpoints.
     Status(status::StatusArgs),
     /// Stops a stream on every node (with `--checkpoint`, after a final committed checkpoint).
@@ -62,6 +65,7 @@ fn main() -> std::process::ExitCode {
     let result = match command {
         Command::Run(args) => run::run(&args, run_log.as_deref()).map(|()| std::process::ExitCode::SUCCESS),
         Command::Node(args) => node::run(&args),
+        Command::Load(args) => load::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Stop(args) => stop::run(&args),
         Command::Verify(args) => verify::run(&args),

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
+use weir_engine::ingest::SyncPolicy;
 use weir_engine::operator::generator::GeneratorSpec;
 use weir_engine::operator::window::WindowSpec;
 use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig, Remote};
@@ -70,6 +71,11 @@ pub fn stream_spec(file: &ClusterFile) -> anyhow::Result<StreamSpec> {
     };
     spec.watermark_delay_ms = ms(s.watermark_delay);
     let g = &s.generator;
+    if s.is_ingest() {
+        spec.source = SourceKind::IngestLog;
+        spec.validate().map_err(|e| anyhow::anyhow!("stream: {e}"))?;
+        return Ok(spec);
+    }
     spec.source = SourceKind::Generator {
         spec: GeneratorSpec {
             seed: g.seed,
@@ -109,6 +115,8 @@ pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<Engin
     cfg.workers = me.workers.unwrap_or(file.workers);
     cfg.pin_workers = me.pin_workers.unwrap_or(file.pin_workers);
     cfg.state_budget = file.state_budget.map(|b| b as usize);
+    let commit = file.stream.ingest.group_commit;
+    cfg.sync = if commit.is_zero() { SyncPolicy::EveryAppend } else { SyncPolicy::GroupCommit(commit) };
     let mut t = TransportConfig::new(&file.cluster, NodeId(me.id), file.secret()?);
     t.listen = Some(me.addr);
     // Each pair connects once: the higher id dials the lower (reconnects retry with backoff, so

@@ -13,7 +13,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use weir_engine::wire::msg::{PeerLink, RestartInfo, StatusReq, StatusRsp, StopReq, StopRsp};
+use weir_engine::wire::msg::{
+    Ingest, IngestAck, IngestOutcome, PeerLink, RestartInfo, StatusReq, StatusRsp, StopReq, StopRsp,
+};
 use weir_engine::wire::transport::{Event, Transport, TransportConfig};
 use weir_engine::wire::{FrameEncoder, Kind, NodeId, StreamId};
 
@@ -123,6 +125,17 @@ pub fn wait(mut cfg: TransportConfig, me: &Standby<'_>, mode: Mode, stop: &Atomi
                     idle,
                 })
                 .ok()
+            }),
+            // A load goes on once the stream runs again (or, idle, on the nodes that took its
+            // partitions): sending again may succeed.
+            Kind::Ingest => frame.to_owned::<Ingest>().ok().and_then(|r| {
+                let reason = if idle {
+                    format!("node {node} runs no task of the stream now (its tasks moved to the other nodes)")
+                } else {
+                    format!("node {node} is restarting its stream")
+                };
+                let outcome = IngestOutcome::Rejected { reason, retryable: true };
+                enc.encode(&IngestAck { stream: r.stream, partition: r.partition, request: r.request, outcome }).ok()
             }),
             Kind::StopReq => match frame.to_owned::<StopReq>() {
                 Ok(r) if r.stream == me.stream => {

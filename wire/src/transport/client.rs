@@ -165,3 +165,47 @@ impl BlockingClient {
         }
     }
 }
+
+/// The sending half of a [`BlockingClient`] (see [`BlockingClient::split`]).
+#[derive(Debug)]
+pub struct ClientWriter {
+    stream: TcpStream,
+    addr: SocketAddr,
+    encoder: FrameEncoder,
+}
+
+/// The receiving half of a [`BlockingClient`].
+#[derive(Debug)]
+pub struct ClientReader {
+    inner: BlockingClient,
+}
+
+impl BlockingClient {
+    /// Two halves that send and receive on their own threads (a client with many requests in
+    /// flight, as `weir load`). Shutting the writer down ends the reader's `recv`.
+    pub fn split(self) -> Result<(ClientWriter, ClientReader), ClientError> {
+        let addr = self.addr;
+        let stream = self.stream.try_clone().map_err(|source| ClientError::Io { addr, source })?;
+        Ok((ClientWriter { stream, addr, encoder: FrameEncoder::new() }, ClientReader { inner: self }))
+    }
+}
+
+impl ClientWriter {
+    /// Encodes and sends one message.
+    pub fn send<M: Message>(&mut self, msg: &M) -> Result<(), ClientError> {
+        let frame = self.encoder.encode(msg).map_err(|source| ClientError::Frame { addr: self.addr, source })?;
+        self.stream.write_all(frame.as_bytes()).map_err(|source| ClientError::Io { addr: self.addr, source })
+    }
+
+    /// Closes the connection both ways (the reader's `recv` returns an error).
+    pub fn shutdown(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl ClientReader {
+    /// The next frame other than a heartbeat (as [`BlockingClient::recv`]).
+    pub fn recv(&mut self) -> Result<Frame, ClientError> {
+        self.inner.recv()
+    }
+}

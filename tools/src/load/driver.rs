@@ -1,0 +1,310 @@
+//! One node's share of a load: the partitions whose source runs on it, on one connection, with
+//! a bounded number of batches in flight.
+//!
+//! A batch is (partition, sequence number); its rows are a pure function of the load's
+//! parameters and the batch, so a batch sent again is the same batch. Batches stay in flight
+//! until the node acknowledges them as durable: a lost connection, a refusal that may succeed
+//! later (a full queue, a restarting node) or a gap behind such a batch puts them back to be
+//! sent again, in order, on the next connection. The node stores each batch once (appends are
+//! idempotent per producer and partition), so the load ends with exactly its rows, each once.
+//!
+//! Invariants: per partition, batches are sent in sequence order on a connection; an entry of
+//! `flight` is either on the current connection (`request` set) or waiting to be sent again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use weir_engine::operator::generator::Generator;
+use weir_engine::wire::msg::{Ingest, IngestAck, IngestOutcome};
+use weir_engine::wire::transport::client::{BlockingClient, ClientError, ClientWriter};
+use weir_engine::wire::{Batch, Kind};
+
+use super::Plan;
+use crate::client::Target;
+
+/// What the drivers tell the main thread.
+pub enum Report {
+    /// A batch is durable: its rows, its latency from its scheduled send time.
+    Acked { rows: u64, latency: Duration },
+    /// A driver finished: every batch of its partitions durable (`Ok`), or why not.
+    Done { node: SocketAddr, result: Result<Vec<Acked>, String> },
+}
+
+/// What one partition ended with.
+pub struct Acked {
+    pub partition: u32,
+    /// Rows acknowledged.
+    pub rows: u64,
+    /// The versions they were stored at: `first..=last`, contiguous.
+    pub versions: Option<(u64, u64)>,
+}
+
+/// Counters the progress line shows.
+#[derive(Default)]
+pub struct Counters {
+    pub sent_rows: AtomicU64,
+    pub sent_bytes: AtomicU64,
+    pub retries: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub reconnects: AtomicU64,
+}
+
+struct Flight {
+    scheduled: Instant,
+    /// The request it went out as on the current connection; `None`: to be sent (again).
+    request: Option<u64>,
+    /// Not before this (after a refusal that may succeed later).
+    not_before: Instant,
+}
+
+/// One node's share of the load.
+pub struct Driver {
+    pub node: SocketAddr,
+    pub partitions: Vec<u32>,
+    pub plan: Arc<Plan>,
+    pub target: Arc<Target>,
+    pub counters: Arc<Counters>,
+    pub reports: Sender<Report>,
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Batches a partition sends in total (`None`: until the duration ends).
+fn batches_of(plan: &Plan, p: u32) -> Option<u64> {
+    plan.rows_of(p).map(|rows| rows.div_ceil(plan.batch as u64))
+}
+
+impl Driver {
+    /// Runs the share on its own thread.
+    pub fn spawn(self) -> JoinHandle<()> {
+        std::thread::Builder::new()
+            .name(format!("weir-load-{}", self.node))
+            .spawn(move || {
+                let node = self.node;
+                let reports = self.reports.clone();
+                let result = self.run();
+                let _ = reports.send(Report::Done { node, result });
+            })
+            .expect("spawn a load driver")
+    }
+
+    fn run(self) -> Result<Vec<Acked>, String> {
+        let plan = &*self.plan;
+        let m = self.partitions.len() as u64;
+        // This node's share of the rate: batches are scheduled round robin over its partitions.
+        let gap = plan
+            .rate
+            .map(|r| Duration::from_secs_f64(plan.batch as f64 * plan.partitions as f64 / (r as f64 * m as f64)));
+        let mut flight: BTreeMap<(u32, u64), Flight> = BTreeMap::new();
+        let mut requests: HashMap<u64, (u32, u64)> = HashMap::new();
+        let mut next_request = 1u64;
+        // The k-th batch of the share goes to partition k % m, as its batch k / m.
+        let mut k = 0u64;
+        let mut done_scheduling = false;
+        let mut acked: BTreeMap<u32, Acked> =
+            self.partitions.iter().map(|&p| (p, Acked { partition: p, rows: 0, versions: None })).collect();
+        let mut conn: Option<(ClientWriter, Receiver<Result<IngestAck, String>>)> = None;
+        let mut down_since: Option<Instant> = None;
+        let mut batch = Batch::with_capacity(plan.batch);
+        loop {
+            let now = Instant::now();
+            if self.stop.load(Ordering::Relaxed) {
+                return Err("interrupted".into());
+            }
+            // Stop scheduling at the end of the duration or of every partition's batches.
+            while !done_scheduling {
+                let (p, seq) = (self.partitions[(k % m) as usize], k / m);
+                let scheduled = match gap {
+                    Some(g) => plan.start + g.mul_f64(k as f64),
+                    None => now,
+                };
+                let past_end = plan.duration.is_some_and(|d| scheduled >= plan.start + d);
+                let all_sent = self.partitions.iter().all(|&q| batches_of(plan, q).is_some_and(|n| k / m >= n));
+                if past_end || all_sent {
+                    done_scheduling = true;
+                    break;
+                }
+                if batches_of(plan, p).is_some_and(|n| seq >= n) {
+                    k += 1; // this partition has sent all it has
+                    continue;
+                }
+                if scheduled > now || flight.len() >= plan.in_flight {
+                    break;
+                }
+                flight.insert((p, seq), Flight { scheduled, request: None, not_before: now });
+                k += 1;
+            }
+            if done_scheduling && flight.is_empty() {
+                if let Some((w, _)) = &conn {
+                    w.shutdown();
+                }
+                return Ok(acked.into_values().collect());
+            }
+            // Connect (again).
+            if conn.is_none() {
+                match self.connect() {
+                    Ok(c) => {
+                        if down_since.take().is_some() {
+                            self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+                        }
+                        conn = Some(c);
+                    }
+                    Err((e, retryable)) => {
+                        let since = *down_since.get_or_insert(now);
+                        if !retryable || since.elapsed() > plan.timeout {
+                            return Err(format!("{}: {e}", self.node));
+                        }
+                        std::thread::sleep(Duration::from_millis(200));
+                        continue;
+                    }
+                }
+            }
+            // Send what waits, in (partition, sequence) order.
+            let (w, acks) = conn.as_mut().expect("connected");
+            let mut lost = None;
+            for (&(p, seq), f) in flight.iter_mut().filter(|(_, f)| f.request.is_none() && f.not_before <= now) {
+                fill(plan, p, seq, &mut batch);
+                let request = next_request;
+                next_request += 1;
+                let msg = Ingest {
+                    stream: plan.stream,
+                    partition: p,
+                    request,
+                    producer: plan.producer,
+                    seq,
+                    batch: batch.clone(),
+                };
+                if let Err(e) = w.send(&msg) {
+                    lost = Some(e.to_string());
+                    break;
+                }
+                f.request = Some(request);
+                requests.insert(request, (p, seq));
+                self.counters.sent_rows.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                self.counters.sent_bytes.fetch_add(batch.column_bytes() as u64, Ordering::Relaxed);
+            }
+            // Acks until the next batch is due (or a little while, with nothing due).
+            let due = match (gap, done_scheduling) {
+                (Some(g), false) => (plan.start + g.mul_f64(k as f64)).saturating_duration_since(Instant::now()),
+                _ => Duration::from_millis(20),
+            };
+            let first = match lost {
+                Some(e) => Some(Err(e)),
+                None => match acks.recv_timeout(due.min(Duration::from_millis(20))) {
+                    Ok(a) => Some(a),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => Some(Err("connection closed".into())),
+                },
+            };
+            let more = std::iter::from_fn(|| acks.try_recv().ok());
+            for ack in first.into_iter().chain(more) {
+                let ack = match ack {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(node = %self.node, error = %e, "connection lost; batches in flight go again");
+                        for f in flight.values_mut() {
+                            f.request = None;
+                        }
+                        requests.clear();
+                        conn = None;
+                        down_since = Some(Instant::now());
+                        break;
+                    }
+                };
+                let Some((p, seq)) = requests.remove(&ack.request) else { continue };
+                match ack.outcome {
+                    IngestOutcome::Durable { first, last, duplicate } => {
+                        let f = flight.remove(&(p, seq)).expect("in flight");
+                        let rows = last.0 - first.0 + 1;
+                        let a = acked.get_mut(&p).expect("own partition");
+                        a.rows += rows;
+                        a.versions = Some(match a.versions {
+                            None => (first.0, last.0),
+                            Some((lo, hi)) => {
+                                if first.0 != hi + 1 {
+                                    return Err(format!(
+                                        "partition {p}: batch {seq} stored at {}..={}, not after {hi}",
+                                        first.0, last.0
+                                    ));
+                                }
+                                (lo, last.0)
+                            }
+                        });
+                        if duplicate {
+                            self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let _ = self.reports.send(Report::Acked { rows, latency: f.scheduled.elapsed() });
+                    }
+                    IngestOutcome::Rejected { reason, retryable } => {
+                        // A refusal behind an earlier batch of the partition that goes again (a
+                        // gap) is that batch's consequence: this one goes again after it.
+                        let behind = flight.range((p, 0)..(p, seq)).any(|(_, f)| f.request.is_none());
+                        if !(retryable || behind) {
+                            return Err(format!("{} refused batch {seq} of partition {p}: {reason}", self.node));
+                        }
+                        self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                        let f = flight.get_mut(&(p, seq)).expect("in flight");
+                        f.request = None;
+                        f.not_before = Instant::now() + Duration::from_millis(50);
+                        tracing::debug!(node = %self.node, partition = p, seq, %reason, "batch goes again");
+                    }
+                }
+            }
+        }
+    }
+
+    /// An authenticated connection, with a thread that forwards its acknowledgements.
+    #[allow(clippy::type_complexity)]
+    fn connect(&self) -> Result<(ClientWriter, Receiver<Result<IngestAck, String>>), (String, bool)> {
+        let t = &self.target;
+        let c = BlockingClient::connect(
+            self.node,
+            &t.cluster,
+            crate::client::client_id(),
+            &t.secret,
+            self.plan.ack_timeout,
+        )
+        .map_err(|e| refused(&e))?;
+        let (w, mut r) = c.split().map_err(|e| refused(&e))?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        std::thread::Builder::new()
+            .name("weir-load-acks".into())
+            .spawn(move || {
+                loop {
+                    let got = r.recv().map_err(|e| e.to_string()).and_then(|f| match f.kind() {
+                        Kind::IngestAck => f.to_owned::<IngestAck>().map_err(|e| format!("bad ack: {e}")),
+                        k => Err(format!("unexpected {k:?}")),
+                    });
+                    let end = got.is_err();
+                    if tx.send(got).is_err() || end {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| (e.to_string(), false))?;
+        Ok((w, rx))
+    }
+}
+
+/// A connection's failure, and whether trying again may succeed (a wrong secret never does).
+fn refused(e: &ClientError) -> (String, bool) {
+    match e {
+        ClientError::Handshake { .. }
+        | ClientError::Closed { code: weir_engine::wire::msg::CloseCode::AuthFailed, .. } => {
+            (format!("{e} (is the cluster secret or name wrong?)"), false)
+        }
+        _ => (e.to_string(), true),
+    }
+}
+
+/// The rows of batch `seq` of partition `p`: rows `seq * batch ..` of the partition's generator.
+pub fn fill(plan: &Plan, p: u32, seq: u64, out: &mut Batch) {
+    out.clear();
+    let from = seq * plan.batch as u64;
+    let n = plan.rows_of(p).map_or(plan.batch as u64, |total| (total - from).min(plan.batch as u64));
+    Generator::new(plan.generator, p).fill(from, n as usize, out);
+}
