@@ -133,9 +133,13 @@ fn group_commit_acknowledges_only_durable_rows_in_order() {
     .unwrap();
     for i in 0..100u64 {
         let p = (i % 2) as u32;
-        svc.requests().send(AppendRequest { partition: p, batch: rows(i / 2 * 10, 10), from: None, token: i }).unwrap();
+        svc.requests()
+            .send(AppendRequest { partition: p, batch: rows(i / 2 * 10, 10), from: None, watermark: None, token: i })
+            .unwrap();
     }
-    svc.requests().send(AppendRequest { partition: 7, batch: rows(0, 1), from: None, token: 999 }).unwrap();
+    svc.requests()
+        .send(AppendRequest { partition: 7, batch: rows(0, 1), from: None, watermark: None, token: 999 })
+        .unwrap();
     let mut next = [0u64; 2];
     let mut got = 0;
     while got < 101 {
@@ -181,7 +185,9 @@ fn crash_child_appender() {
     v += start;
     loop {
         let n = 1 + (v % 97) as usize;
-        svc.requests().send(AppendRequest { partition: 0, batch: rows(v, n), from: None, token: v }).unwrap();
+        svc.requests()
+            .send(AppendRequest { partition: 0, batch: rows(v, n), from: None, watermark: None, token: v })
+            .unwrap();
         v += n as u64;
         while let Ok(a) = acks.try_recv() {
             let (_, last) = a.result.unwrap().unwrap();
@@ -322,10 +328,44 @@ fn an_entry_with_unknown_flags_is_refused_not_misread() {
     drop(log);
     let seg = segment_path(dir.path(), Version(0));
     let mut bytes = std::fs::read(&seg).unwrap();
-    bytes[20] = 2; // the first entry's flags: a format this version does not know
+    bytes[20] = 3; // the first entry's flags: a format this version does not know
     std::fs::write(&seg, &bytes).unwrap();
     match IngestLog::open(dir.path(), LogConfig::default()) {
         Err(LogError::Corrupt { offset: 0, reason, .. }) => assert!(reason.contains("flags"), "{reason}"),
         other => panic!("expected the unknown entry refused, got {other:?}"),
     }
+}
+
+#[test]
+fn a_watermark_marker_takes_a_version_and_a_replay_meets_it_between_the_same_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = IngestLog::open(dir.path(), LogConfig::default()).unwrap();
+    log.append(&rows(0, 10)).unwrap();
+    assert_eq!(log.append_marker(12_345).unwrap(), Version(10));
+    assert_eq!(log.append(&rows(10, 5)).unwrap(), Some((Version(11), Version(15))));
+    log.sync().unwrap();
+    let mut r = log.reader(Version(0)).unwrap();
+    let mut b = Batch::default();
+    // A read stops after the marker, with the rows before it.
+    assert_eq!(r.read_marked(100, &mut b).unwrap(), LogRead { rows: 10, watermark: Some(12_345) });
+    assert_eq!((b.len(), r.position()), (10, Version(11)));
+    assert_eq!(r.read_marked(100, &mut b).unwrap(), LogRead { rows: 5, watermark: None });
+    // A reader restored at the marker's version meets it; one restored after it does not.
+    let mut at = r.reopen_at(Version(10));
+    assert_eq!(at.read_marked(100, &mut Batch::default()).unwrap().watermark, Some(12_345));
+    let mut after = r.reopen_at(Version(11));
+    assert_eq!(after.read_marked(100, &mut Batch::default()).unwrap(), LogRead { rows: 5, watermark: None });
+    // `read` reads past markers; the rows are the rows.
+    let mut all = Batch::default();
+    log.reader(Version(0)).unwrap().read(100, &mut all).unwrap();
+    let mut want = rows(0, 10);
+    for r in rows(10, 5).rows() {
+        want.push(r.ts, r.key, r.value);
+    }
+    assert_eq!(all, want);
+    // Reopened, the log continues after the marker.
+    drop(log);
+    let mut log = IngestLog::open(dir.path(), LogConfig::default()).unwrap();
+    assert_eq!(log.next_version(), Version(16));
+    assert_eq!(log.append_marker(1).unwrap(), Version(16));
 }

@@ -159,6 +159,7 @@ fn ingested_rows_are_acknowledged_over_the_network_and_aggregated() {
         producer,
         seq,
         batch,
+        idle_watermark_ms: None,
     };
     let half = |p: u32, base: i64| {
         let mut b = Batch::default();
@@ -255,6 +256,7 @@ fn idle_workers_park_instead_of_spinning() {
                 partition: p,
                 batch: b.clone(),
                 from: None,
+                watermark: None,
                 token: weir_engine::runtime::IngestToken { node: NodeId(0), stream: spec.id, request: p as u64 },
             })
             .unwrap();
@@ -267,4 +269,46 @@ fn idle_workers_park_instead_of_spinning() {
     assert!(t0.elapsed() < Duration::from_millis(500), "woke up slowly: {:?}", t0.elapsed());
     engine.stop();
     engine.wait().unwrap();
+}
+
+#[test]
+fn a_partition_without_rows_stops_holding_back_the_watermark_after_idle_after() {
+    use weir_engine::ingest::AppendRequest;
+    use weir_engine::runtime::IngestToken;
+    use weir_engine::wire::Batch;
+
+    // Two partitions; rows come to partition 0 only, with event times near the wall clock.
+    let mut spec = util::bounded_spec(2, 1, 1, 0, WindowSpec::tumbling(100));
+    spec.source = SourceKind::IngestLog;
+    let run = |idle_after: Option<Duration>, wait: Duration| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = EngineConfig::new(NodeId(1), dir.path());
+        cfg.pin_workers = false;
+        cfg.idle_after = idle_after;
+        let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+        let start = now_ms - now_ms % 100 - 1000;
+        let mut b = Batch::default();
+        for i in 0..500 {
+            b.push(start + i, (i % 7) as u64, 1.0); // 5 windows of 100 ms, 7 keys
+        }
+        let token = IngestToken { node: NodeId(0), stream: spec.id, request: 1 };
+        let req = AppendRequest { partition: 0, batch: b, from: None, watermark: None, token };
+        engine.ingest().unwrap().requests().send(req).unwrap();
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < wait && engine.stats().results_written.load(std::sync::atomic::Ordering::Relaxed) < 35 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let results = engine.results().scan(spec.id).unwrap();
+        engine.stop();
+        engine.wait().unwrap();
+        results
+    };
+    // Idle partitions close every window: partition 1 never sent a row, and partition 0's rows
+    // all came at once (its own marker closes its last window).
+    let results = run(Some(Duration::from_millis(200)), Duration::from_secs(20));
+    assert_eq!(results.len(), 35, "5 windows x 7 keys");
+    assert_eq!(results.iter().map(|r| r.count).sum::<u64>(), 500);
+    // Without idleness, partition 1 holds the watermark: nothing closes.
+    assert!(run(None, Duration::from_secs(1)).is_empty());
 }

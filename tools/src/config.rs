@@ -125,6 +125,11 @@ pub struct IngestFile {
     /// sync made durable; `"0s"` syncs before every acknowledgement.
     #[serde(default = "default_group_commit", deserialize_with = "de_duration")]
     pub group_commit: Duration,
+    /// A partition without rows this long stops holding back the stream's watermark (a marker
+    /// in its log: the wall clock minus this), so the last windows of a load close; `"0s"`: a
+    /// partition without rows holds the watermark until rows come.
+    #[serde(default = "default_idle_after", deserialize_with = "de_duration")]
+    pub idle_after: Duration,
 }
 
 impl Default for IngestFile {
@@ -292,6 +297,9 @@ fn default_two() -> u32 {
 }
 fn default_source() -> String {
     "generator".into()
+}
+fn default_idle_after() -> Duration {
+    Duration::from_secs(2)
 }
 fn default_group_commit() -> Duration {
     Duration::from_millis(10)

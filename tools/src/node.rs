@@ -117,6 +117,8 @@ pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<Engin
     cfg.state_budget = file.state_budget.map(|b| b as usize);
     let commit = file.stream.ingest.group_commit;
     cfg.sync = if commit.is_zero() { SyncPolicy::EveryAppend } else { SyncPolicy::GroupCommit(commit) };
+    let idle = file.stream.ingest.idle_after;
+    cfg.idle_after = (!idle.is_zero()).then_some(idle);
     let mut t = TransportConfig::new(&file.cluster, NodeId(me.id), file.secret()?);
     t.listen = Some(me.addr);
     // Each pair connects once: the higher id dials the lower (reconnects retry with backoff, so

@@ -63,7 +63,7 @@ roundtrip! {
         }],
     };
     roundtrip_close: Close = Close { code: CloseCode::AuthFailed, message: "wrong secret".into() };
-    roundtrip_ingest: Ingest = Ingest { stream: StreamId(1), partition: 3, request: 99, producer: 0xfeed, seq: 7, batch: util::batch(100) };
+    roundtrip_ingest: Ingest = Ingest { stream: StreamId(1), partition: 3, request: 99, producer: 0xfeed, seq: 7, batch: util::batch(100), idle_watermark_ms: Some(-5) };
     roundtrip_ingest_ack: IngestAck = IngestAck {
         stream: StreamId(1), partition: 3, request: 99,
         outcome: IngestOutcome::Durable { first: Version(10), last: Version(109), duplicate: true },

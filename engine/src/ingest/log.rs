@@ -5,7 +5,8 @@
 //! no write amplification and a format we can check byte for byte. Retention deletes whole files.
 //!
 //! Invariants:
-//! - Versions are dense: the log holds every version in `[first, next)`.
+//! - Versions are dense: the log holds every version in `[first, next)` (a row, or a watermark
+//!   marker: [`IngestLog::append_marker`]).
 //! - `durable` never exceeds what was synced under the policy; readers ([`LogReader`]) never read at
 //!   or past it, so nothing the engine processes can vanish in a crash.
 //! - On open, a torn tail (an incomplete or checksum-failing *last* entry of the *last* segment) is
@@ -228,6 +229,34 @@ impl IngestLog {
         Ok(AppendOutcome::New(v))
     }
 
+    /// Appends a watermark marker (written to the OS, not yet synced): no row appended after it
+    /// has an earlier event time than `watermark_ms` that counts as on time. It takes one version
+    /// (returned) and holds no row; sources read it between the same rows on every replay.
+    pub fn append_marker(&mut self, watermark_ms: i64) -> Result<Version, LogError> {
+        if self.active_len >= self.cfg.segment_bytes {
+            self.roll()?;
+        }
+        let at = self.next;
+        self.buf.clear();
+        segment::encode_marker(at, watermark_ms, &mut self.buf);
+        self.put()?;
+        self.next = Version(at.0 + 1);
+        Ok(at)
+    }
+
+    /// Writes `self.buf` at the end of the active segment.
+    fn put(&mut self) -> Result<(), LogError> {
+        let path = &self.segments.last().expect("segment").path;
+        if let Err(e) = self.active.write_all(&self.buf) {
+            // A partial write leaves a torn entry; cut it so the next append starts clean.
+            let _ = self.active.set_len(self.active_len);
+            return Err(io_err(path)(e));
+        }
+        self.active_len += self.buf.len() as u64;
+        self.written_unsynced = true;
+        Ok(())
+    }
+
     fn write(&mut self, batch: &Batch, from: Option<ProducerSeq>) -> Result<Option<(Version, Version)>, LogError> {
         if batch.is_empty() {
             return Ok(None);
@@ -243,15 +272,8 @@ impl IngestLog {
         let first = self.next;
         self.buf.clear();
         segment::encode_entry(first, batch, from, &mut self.buf);
-        let path = &self.segments.last().expect("segment").path;
-        if let Err(e) = self.active.write_all(&self.buf) {
-            // A partial write leaves a torn entry; cut it so the next append starts clean.
-            let _ = self.active.set_len(self.active_len);
-            return Err(io_err(path)(e));
-        }
-        self.active_len += self.buf.len() as u64;
+        self.put()?;
         self.next = Version(first.0 + batch.len() as u64);
-        self.written_unsynced = true;
         Ok(Some((first, Version(self.next.0 - 1))))
     }
 
@@ -358,9 +380,9 @@ fn scan_segment(
     let mut next = first;
     while off < bytes.len() {
         let why = match segment::parse_entry(&bytes[off..], max_entry) {
-            Parsed::Entry { first: f, rows, len, from } if f == next => {
+            Parsed::Entry { first: f, rows, len, from, watermark } if f == next => {
                 off += len;
-                next = Version(next.0 + rows as u64);
+                next = Version(next.0 + Parsed::versions(rows, watermark));
                 if let Some(from) = from {
                     remember(producers, from, f, Version(next.0 - 1));
                 }
@@ -389,6 +411,15 @@ fn scan_segment(
     Ok(next)
 }
 
+/// What [`LogReader::read_marked`] read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogRead {
+    /// Rows appended to the batch.
+    pub rows: usize,
+    /// The watermark of the marker the read stopped after.
+    pub watermark: Option<i64>,
+}
+
 /// Reads one partition's log from a version on, up to what is durable.
 #[derive(Debug)]
 pub struct LogReader {
@@ -413,8 +444,22 @@ impl LogReader {
     }
 
     /// Appends up to about `max_rows` durable rows (whole entries, the first possibly partial) to
-    /// `out`. Returns the number of rows read; 0 when nothing new is durable.
+    /// `out`, reading past markers. Returns the number of rows read; 0 when nothing new is
+    /// durable.
     pub fn read(&mut self, max_rows: usize, out: &mut Batch) -> Result<usize, LogError> {
+        let mut read = 0;
+        loop {
+            let r = self.read_marked(max_rows - read.min(max_rows), out)?;
+            read += r.rows;
+            if r.watermark.is_none() || read >= max_rows {
+                return Ok(read);
+            }
+        }
+    }
+
+    /// As [`Self::read`], but stops after a marker and says so: the rows before it are in `out`,
+    /// and its watermark applies after them.
+    pub fn read_marked(&mut self, max_rows: usize, out: &mut Batch) -> Result<LogRead, LogError> {
         let durable = Version(self.durable.load(Ordering::Acquire));
         let mut read = 0;
         while self.pos < durable && read < max_rows {
@@ -445,24 +490,27 @@ impl LogReader {
             let cap = self.cfg.max_entry_bytes + segment::PRODUCER_BYTES;
             self.buf.resize(segment::ENTRY_HEADER + rest.min(cap), 0);
             file.read_exact(&mut self.buf[segment::ENTRY_HEADER..]).map_err(io_err(&seg_path))?;
-            let (first, rows, len) = match segment::parse_entry(&self.buf, self.cfg.max_entry_bytes) {
-                Parsed::Entry { first, rows, len, .. } => (first, rows as usize, len),
+            let (first, rows, len, watermark) = match segment::parse_entry(&self.buf, self.cfg.max_entry_bytes) {
+                Parsed::Entry { first, rows, len, watermark, .. } => (first, rows as usize, len, watermark),
                 Parsed::Incomplete => unreachable!("read the whole entry"),
                 Parsed::Corrupt(reason) => {
                     return Err(LogError::Corrupt { path: seg_path, offset: *offset, reason });
                 }
             };
             *offset += len as u64;
-            let end = Version(first.0 + rows as u64);
+            let end = Version(first.0 + Parsed::versions(rows as u32, watermark));
             if end <= self.pos {
                 continue; // before our start (first entry after a seek)
             }
             let skip = (self.pos.0 - first.0) as usize;
+            self.pos = end;
+            if let Some(w) = watermark {
+                return Ok(LogRead { rows: read, watermark: Some(w) });
+            }
             segment::decode_rows(&self.buf, rows, skip, out);
             read += rows - skip;
-            self.pos = end;
         }
-        Ok(read)
+        Ok(LogRead { rows: read, watermark: None })
     }
 
     fn open_at(&mut self, pos: Version) -> Result<(), LogError> {

@@ -7,5 +7,5 @@ mod producers;
 pub mod segment;
 pub mod service;
 
-pub use log::{AppendOutcome, DEDUP_WINDOW, IngestLog, LogConfig, LogError, LogHandle, LogReader};
+pub use log::{AppendOutcome, DEDUP_WINDOW, IngestLog, LogConfig, LogError, LogHandle, LogRead, LogReader};
 pub use service::{AppendRequest, Appended, IngestService, SyncPolicy};

@@ -9,17 +9,22 @@
 //!      4     4  CRC32C of bytes 8.. to the entry's end
 //!      8     8  version of the entry's first row
 //!     16     4  rows
-//!     20     4  flags: 0 = a plain entry; 1 = appended for a producer (the next 16 bytes)
+//!     20     4  flags: 0 = a plain entry; 1 = appended for a producer (the next 16 bytes);
+//!               2 = a watermark marker (no rows; the next 8 bytes)
 //!     24     8  producer id                                        (flag 1 only)
 //!     32     8  the producer's sequence number on this partition   (flag 1 only)
+//!     24     8  watermark (ms): no later row of the partition is   (flag 2 only)
+//!               earlier than this (the partition was idle)
 //!  24/40     …  ts[rows] (i64), key[rows] (u64), value[rows] (f64), little-endian
 //! ```
 //!
-//! Versions count rows: entry `n + 1` starts where entry `n` ends, with no gaps. The producer of
+//! Versions count rows and markers: entry `n + 1` starts where entry `n` ends, with no gaps; a
+//! marker takes one version and holds no row. The producer of
 //! an entry is what makes appends idempotent: a reopened log knows the last sequence numbers
 //! from its entries alone, so a batch resent after a crash is never stored twice. Flags other
 //! than 0 and 1 are refused as corruption (a newer format is never misread); entries without a
-//! producer (flag 0, the only kind before) read as they always did.
+//! producer (flag 0, the only kind before) read as they always did. A marker is in the log, not
+//! in a source's memory, so a replay from any version meets it between the same rows.
 
 use std::path::{Path, PathBuf};
 
@@ -31,6 +36,10 @@ pub const ENTRY_HEADER: usize = 24;
 pub const PRODUCER_BYTES: usize = 16;
 /// Flag of an entry appended for a producer.
 const FLAG_PRODUCER: u32 = 1;
+/// Flag of a watermark marker.
+const FLAG_MARKER: u32 = 2;
+/// Bytes of a marker's watermark (flag 2).
+pub const MARKER_BYTES: usize = 8;
 /// Bytes per row in an entry.
 pub const ROW_BYTES: usize = 24;
 
@@ -61,6 +70,19 @@ pub struct ProducerSeq {
     pub producer: u64,
     /// The producer's batches on this partition count from 0, without gaps.
     pub seq: u64,
+}
+
+/// Appends a watermark marker at version `at` (it takes that version and holds no row) to `out`.
+pub fn encode_marker(at: Version, watermark_ms: i64, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&at.0.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&FLAG_MARKER.to_le_bytes());
+    out.extend_from_slice(&watermark_ms.to_le_bytes());
+    let crc = crc32c::crc32c(&out[start + 8..]);
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Appends the encoded entry for `batch` (first row at `first`, appended for `from`) to `out`.
@@ -96,7 +118,7 @@ pub fn encode_entry(first: Version, batch: &Batch, from: Option<ProducerSeq>, ou
 /// What is at the start of `bytes`.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Parsed {
-    /// A whole, valid entry of `len` bytes.
+    /// A whole, valid entry of `len` bytes; it takes versions `first..first + versions()`.
     Entry {
         /// First version.
         first: Version,
@@ -106,6 +128,8 @@ pub enum Parsed {
         len: usize,
         /// Who appended it (flag 1).
         from: Option<ProducerSeq>,
+        /// A marker's watermark (flag 2; it has no rows).
+        watermark: Option<i64>,
     },
     /// The bytes end inside an entry.
     Incomplete,
@@ -127,8 +151,11 @@ pub fn parse_entry(bytes: &[u8], max_entry: usize) -> Parsed {
     if payload != rows as usize * ROW_BYTES || payload > max_entry {
         return Parsed::Corrupt(format!("entry header is inconsistent (payload {payload}, rows {rows})"));
     }
-    if flags > FLAG_PRODUCER {
+    if flags > FLAG_MARKER {
         return Parsed::Corrupt(format!("entry flags {flags:#x} are unknown to this version (a newer format?)"));
+    }
+    if flags == FLAG_MARKER && rows != 0 {
+        return Parsed::Corrupt(format!("a watermark marker with {rows} rows"));
     }
     let len = header_len(flags) + payload;
     if bytes.len() < len {
@@ -140,19 +167,31 @@ pub fn parse_entry(bytes: &[u8], max_entry: usize) -> Parsed {
     }
     let long = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
     let from = (flags == FLAG_PRODUCER).then(|| ProducerSeq { producer: long(24), seq: long(32) });
-    Parsed::Entry { first, rows, len, from }
+    let watermark = (flags == FLAG_MARKER).then(|| long(24) as i64);
+    Parsed::Entry { first, rows, len, from, watermark }
+}
+
+impl Parsed {
+    /// The versions a valid entry takes: one per row, one for a marker.
+    pub fn versions(rows: u32, watermark: Option<i64>) -> u64 {
+        if watermark.is_some() { 1 } else { rows as u64 }
+    }
 }
 
 /// Bytes of the header of an entry with `flags` (the columns start there).
 pub fn header_len(flags: u32) -> usize {
-    if flags == FLAG_PRODUCER { ENTRY_HEADER + PRODUCER_BYTES } else { ENTRY_HEADER }
+    match flags {
+        FLAG_PRODUCER => ENTRY_HEADER + PRODUCER_BYTES,
+        FLAG_MARKER => ENTRY_HEADER + MARKER_BYTES,
+        _ => ENTRY_HEADER,
+    }
 }
 
 /// Bytes an entry takes after its fixed header, from that header (`None`: not a header this
 /// version reads; [`parse_entry`] says why).
 pub fn rest_len(head: &[u8; ENTRY_HEADER]) -> Option<usize> {
     let word = |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().expect("4 bytes"));
-    (word(20) <= FLAG_PRODUCER).then(|| header_len(word(20)) - ENTRY_HEADER + word(0) as usize)
+    (word(20) <= FLAG_MARKER).then(|| header_len(word(20)) - ENTRY_HEADER + word(0) as usize)
 }
 
 /// Appends rows `skip..` of the valid entry at the start of `bytes` to `out`.

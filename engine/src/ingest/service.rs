@@ -40,6 +40,8 @@ pub struct AppendRequest<T> {
     /// The producer and its sequence number on the partition (idempotent: a batch sent again
     /// is acknowledged with its original versions and not stored twice); `None` appends as is.
     pub from: Option<ProducerSeq>,
+    /// After the rows, a watermark marker with this watermark ([`IngestLog::append_marker`]).
+    pub watermark: Option<i64>,
     /// Caller's identification of the request.
     pub token: T,
 }
@@ -57,6 +59,8 @@ pub struct Appended<T> {
     pub retryable: bool,
     /// The rows were stored before: the request was a batch sent again.
     pub duplicate: bool,
+    /// The version of the watermark marker appended after the rows.
+    pub marker: Option<Version>,
 }
 
 /// The running writer.
@@ -158,8 +162,14 @@ fn writer<T>(
             let p = req.partition as usize;
             let Some(log) = logs.get_mut(p) else {
                 let result = Err(format!("no partition {} on this node ({} partitions)", req.partition, dirty.len()));
-                let a =
-                    Appended { token: req.token, partition: req.partition, result, retryable: false, duplicate: false };
+                let a = Appended {
+                    token: req.token,
+                    partition: req.partition,
+                    result,
+                    retryable: false,
+                    duplicate: false,
+                    marker: None,
+                };
                 let _ = acks.send(a);
                 continue;
             };
@@ -167,17 +177,22 @@ fn writer<T>(
                 Some(from) => log.append_from(from, &req.batch),
                 None => log.append(&req.batch).map(AppendOutcome::New),
             };
+            let appended = appended.and_then(|o| match req.watermark {
+                Some(w) => log.append_marker(w).map(|at| (o, Some(at))),
+                None => Ok((o, None)),
+            });
             match appended {
-                Ok(o) => {
+                Ok((o, marker)) => {
                     // A batch sent again is acknowledged with the others at the next sync: its
                     // original may be in this very group, not yet durable.
-                    dirty[p] |= matches!(o, AppendOutcome::New(Some(_)));
+                    dirty[p] |= matches!(o, AppendOutcome::New(Some(_))) || marker.is_some();
                     pending.push(Appended {
                         token: req.token,
                         partition: req.partition,
                         result: Ok(o.versions()),
                         retryable: false,
                         duplicate: matches!(o, AppendOutcome::Duplicate(..)),
+                        marker,
                     });
                 }
                 Err(e) => {
@@ -193,6 +208,7 @@ fn writer<T>(
                         result: Err(e.to_string()),
                         retryable,
                         duplicate: false,
+                        marker: None,
                     });
                 }
             }

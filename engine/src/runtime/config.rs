@@ -34,6 +34,10 @@ pub struct EngineConfig {
     pub log: LogConfig,
     /// When ingested rows are acknowledged.
     pub sync: SyncPolicy,
+    /// An ingest-log partition without rows this long stops holding back the watermark: its
+    /// source has a watermark marker appended (the wall clock minus this) and goes on from it
+    /// (`None`: a partition without rows holds the watermark until rows come).
+    pub idle_after: Option<Duration>,
     /// Test and demo knob: each sink sleeps this long per result message.
     pub sink_throttle: Option<Duration>,
     /// Checkpoints (and restore from the last commit at start); `None` runs without.
@@ -69,6 +73,7 @@ impl EngineConfig {
             transport: None,
             log: LogConfig::default(),
             sync: SyncPolicy::GroupCommit(Duration::from_millis(10)),
+            idle_after: None,
             sink_throttle: None,
             checkpoint: None,
             state_budget: None,

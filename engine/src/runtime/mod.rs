@@ -16,6 +16,7 @@ mod checkpointing;
 mod config;
 mod control;
 mod error;
+mod log_feed;
 mod protocol_wire;
 mod queries;
 mod router;
@@ -307,7 +308,15 @@ impl Engine {
                         SourceKind::IngestLog => {
                             let svc = ingest.as_ref().expect("ingest service");
                             let log = svc.log(partition).expect("partition log");
-                            Feed::Log(log.reader(weir_wire::Version(0)))
+                            let idle = cfg.idle_after.map(|after| log_feed::IdleTimer {
+                                after,
+                                requests: svc.requests().clone(),
+                                stream: spec.id,
+                                partition,
+                                last_data: std::time::Instant::now(),
+                                last_marker: None,
+                            });
+                            Feed::Log(log_feed::LogFeed { reader: log.reader(weir_wire::Version(0)), idle })
                         }
                     };
                     let n = t.downstreams.len();

@@ -19,7 +19,7 @@ use super::shared::Shared;
 use crate::ingest::{AppendRequest, Appended, IngestService};
 use crate::operator::window::WindowResult;
 
-/// Who to acknowledge an ingest request to.
+/// Who to acknowledge an ingest request to (node 0: nobody, the engine's own request).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IngestToken {
     /// Client node.
@@ -316,7 +316,8 @@ impl Run {
             return self.send_ack(token, req.partition, outcome);
         };
         let from = Some(crate::ingest::segment::ProducerSeq { producer: req.producer, seq: req.seq });
-        let r = AppendRequest { partition: req.partition, batch: req.batch, from, token };
+        let r =
+            AppendRequest { partition: req.partition, batch: req.batch, from, watermark: req.idle_watermark_ms, token };
         if svc.requests().try_send(r).is_err() {
             let outcome = IngestOutcome::Rejected { reason: "ingest queue full".into(), retryable: true };
             self.send_ack(token, req.partition, outcome);
@@ -324,9 +325,15 @@ impl Run {
     }
 
     fn ack(&mut self, a: Appended<IngestToken>) {
+        if a.token.node == NodeId(0) {
+            return; // the engine's own request (a source's idle marker)
+        }
         let outcome = match a.result {
             Ok(Some((first, last))) => IngestOutcome::Durable { first, last, duplicate: a.duplicate },
-            Ok(None) => IngestOutcome::Rejected { reason: "empty batch".into(), retryable: false },
+            Ok(None) => match a.marker {
+                Some(at) => IngestOutcome::Marked { at },
+                None => IngestOutcome::Rejected { reason: "empty batch".into(), retryable: false },
+            },
             Err(reason) => IngestOutcome::Rejected { reason, retryable: a.retryable },
         };
         self.send_ack(a.token, a.partition, outcome);

@@ -14,7 +14,6 @@ use super::board::TaskBoard;
 use super::channel::{ChannelError, Inputs, Msg, Outputs, Rows};
 use super::shared::EngineStats;
 use crate::checkpoint::driver::Signal;
-use crate::ingest::LogReader;
 use crate::operator::generator::Generator;
 use crate::operator::window::{WindowAgg, WindowResult, shard_of};
 use crate::spec::Dispatch;
@@ -95,7 +94,7 @@ const RESULTS_PER_MSG: usize = 512;
 /// Where a source's rows come from.
 pub(crate) enum Feed {
     Generator { generator: Generator, limit: Option<u64>, rate: Option<u64>, started: Option<(Instant, u64)> },
-    Log(LogReader),
+    Log(super::log_feed::LogFeed),
 }
 
 pub(crate) struct SourceTask {
@@ -160,19 +159,30 @@ impl SourceTask {
                 }
                 n
             }
-            Feed::Log(reader) => {
+            Feed::Log(feed) => {
                 self.scratch.clear();
-                let n = reader
-                    .read(self.batch_rows, &mut self.scratch)
+                let read = feed
+                    .reader
+                    .read_marked(self.batch_rows, &mut self.scratch)
                     .map_err(|source| TaskError::Log { task: self.id, source })?;
-                if n == 0 {
+                if read.rows == 0 && read.watermark.is_none() {
+                    feed.tick();
                     return Ok(Poll::Idle.into());
+                }
+                if read.rows > 0 {
+                    feed.saw_rows();
                 }
                 for r in self.scratch.rows() {
                     self.max_ts = self.max_ts.max(r.ts);
                     self.builders[self.dispatch.pick(r.key, n_out)].push(r.ts, r.key, r.value);
                 }
-                n as u64
+                // A marker: no later row earlier than this is on time (broadcast below).
+                if let Some(w) = read.watermark {
+                    self.max_ts = self.max_ts.max(w);
+                }
+                // The offset is the log's version (markers take one too).
+                self.offset = feed.reader.position().0 - read.rows as u64;
+                read.rows as u64
             }
         };
         self.offset += rows;

@@ -40,7 +40,7 @@ pub struct Acked {
     pub partition: u32,
     /// Rows acknowledged.
     pub rows: u64,
-    /// The versions they were stored at: `first..=last`, contiguous.
+    /// The versions they were stored from and to: `first..=last`, ascending.
     pub versions: Option<(u64, u64)>,
 }
 
@@ -60,6 +60,8 @@ struct Flight {
     request: Option<u64>,
     /// Not before this (after a refusal that may succeed later).
     not_before: Instant,
+    /// The partition's end-of-load marker (no rows), not a batch.
+    marker: bool,
 }
 
 /// One node's share of the load.
@@ -105,6 +107,14 @@ impl Driver {
         // The k-th batch of the share goes to partition k % m, as its batch k / m.
         let mut k = 0u64;
         let mut done_scheduling = false;
+        let mut marked = false;
+        // Batches of partition `p` scheduled once `k` batches of the share were.
+        let index: HashMap<u32, u64> = self.partitions.iter().enumerate().map(|(i, &p)| (p, i as u64)).collect();
+        let scheduled_of = |p: u32, k: u64| {
+            let i = index[&p];
+            let n = k / m + u64::from(k % m > i);
+            batches_of(plan, p).map_or(n, |total| n.min(total))
+        };
         let mut acked: BTreeMap<u32, Acked> =
             self.partitions.iter().map(|&p| (p, Acked { partition: p, rows: 0, versions: None })).collect();
         let mut conn: Option<(ClientWriter, Receiver<Result<IngestAck, String>>)> = None;
@@ -135,10 +145,21 @@ impl Driver {
                 if scheduled > now || flight.len() >= plan.in_flight {
                     break;
                 }
-                flight.insert((p, seq), Flight { scheduled, request: None, not_before: now });
+                flight.insert((p, seq), Flight { scheduled, request: None, not_before: now, marker: false });
                 k += 1;
             }
             if done_scheduling && flight.is_empty() {
+                if !marked {
+                    // The load is over: each partition says so with a watermark marker (it takes
+                    // the next sequence number's place, and no row), so its last windows close.
+                    marked = true;
+                    for &p in &self.partitions {
+                        let seq = scheduled_of(p, k);
+                        flight
+                            .insert((p, seq), Flight { scheduled: now, request: None, not_before: now, marker: true });
+                    }
+                    continue;
+                }
                 if let Some((w, _)) = &conn {
                     w.shutdown();
                 }
@@ -167,7 +188,11 @@ impl Driver {
             let (w, acks) = conn.as_mut().expect("connected");
             let mut lost = None;
             for (&(p, seq), f) in flight.iter_mut().filter(|(_, f)| f.request.is_none() && f.not_before <= now) {
-                fill(plan, p, seq, &mut batch);
+                if f.marker {
+                    batch.clear();
+                } else {
+                    fill(plan, p, seq, &mut batch);
+                }
                 let request = next_request;
                 next_request += 1;
                 let msg = Ingest {
@@ -177,6 +202,7 @@ impl Driver {
                     producer: plan.producer,
                     seq,
                     batch: batch.clone(),
+                    idle_watermark_ms: f.marker.then(|| idle_watermark(plan, p, acked[&p].rows)),
                 };
                 if let Err(e) = w.send(&msg) {
                     lost = Some(e.to_string());
@@ -216,16 +242,27 @@ impl Driver {
                     }
                 };
                 let Some((p, seq)) = requests.remove(&ack.request) else { continue };
+                if flight.get(&(p, seq)).is_some_and(|f| f.marker) {
+                    // The marker is a courtesy: a node that refuses it only closes the last
+                    // windows later (its own idle timer).
+                    if !matches!(ack.outcome, IngestOutcome::Marked { .. }) {
+                        tracing::warn!(node = %self.node, partition = p, outcome = ?ack.outcome, "end-of-load marker not stored");
+                    }
+                    flight.remove(&(p, seq));
+                    continue;
+                }
                 match ack.outcome {
                     IngestOutcome::Durable { first, last, duplicate } => {
                         let f = flight.remove(&(p, seq)).expect("in flight");
                         let rows = last.0 - first.0 + 1;
                         let a = acked.get_mut(&p).expect("own partition");
                         a.rows += rows;
+                        // Batches are stored in order (idle markers or other producers' rows
+                        // may sit between them).
                         a.versions = Some(match a.versions {
                             None => (first.0, last.0),
                             Some((lo, hi)) => {
-                                if first.0 != hi + 1 {
+                                if first.0 <= hi {
                                     return Err(format!(
                                         "partition {p}: batch {seq} stored at {}..={}, not after {hi}",
                                         first.0, last.0
@@ -238,6 +275,9 @@ impl Driver {
                             self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                         }
                         let _ = self.reports.send(Report::Acked { rows, latency: f.scheduled.elapsed() });
+                    }
+                    IngestOutcome::Marked { .. } => {
+                        return Err(format!("{} answered batch {seq} as a marker", self.node));
                     }
                     IngestOutcome::Rejected { reason, retryable } => {
                         // A refusal behind an earlier batch of the partition that goes again (a
@@ -299,6 +339,15 @@ fn refused(e: &ClientError) -> (String, bool) {
         }
         _ => (e.to_string(), true),
     }
+}
+
+/// The watermark of partition `p`'s end-of-load marker after its `rows`: past every row the load
+/// sent on it, and at least the wall clock.
+fn idle_watermark(plan: &Plan, p: u32, rows: u64) -> i64 {
+    let g = Generator::new(plan.generator, p);
+    let wall_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    (g.max_ts_before(rows) + 1).max(wall_ms)
 }
 
 /// The rows of batch `seq` of partition `p`: rows `seq * batch ..` of the partition's generator.

@@ -74,11 +74,16 @@ impl Summary<'_> {
         })
     }
 
-    #[allow(clippy::print_stdout)]
+    /// Prints the table (a closed pipe, `| head`, ends it quietly).
     pub fn print(&self) {
+        let _ = self.write(&mut std::io::stdout().lock());
+    }
+
+    fn write(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
         let c = self.counters;
         let sent = c.sent_rows.load(Ordering::Relaxed);
-        println!(
+        writeln!(
+            out,
             "{} events acknowledged in {:.1} s: {}/s ({} sent, {} MB) to stream {} on {} node(s)",
             self.acked_rows,
             self.elapsed.as_secs_f64(),
@@ -87,21 +92,23 @@ impl Summary<'_> {
             c.sent_bytes.load(Ordering::Relaxed) / 1_000_000,
             self.plan.stream.0,
             self.nodes.len()
-        );
+        )?;
         let cols: Vec<String> = QUANTILES.iter().map(|(n, q)| format!("{n} {:.2}", self.ms(*q))).collect();
-        println!("ack latency ms: {}, max {:.2}", cols.join(", "), self.max_ms());
-        println!(
+        writeln!(out, "ack latency ms: {}, max {:.2}", cols.join(", "), self.max_ms())?;
+        writeln!(
+            out,
             "retries {}, reconnects {}, batches stored before (sent again) {}",
             c.retries.load(Ordering::Relaxed),
             c.reconnects.load(Ordering::Relaxed),
             c.duplicates.load(Ordering::Relaxed)
-        );
+        )?;
         for a in self.partitions {
             let v = a.versions.map_or("-".to_string(), |(lo, hi)| format!("versions {lo}..={hi}"));
-            println!("  partition {:>3}: {:>12} events, {v}", a.partition, a.rows);
+            writeln!(out, "  partition {:>3}: {:>12} events, {v}", a.partition, a.rows)?;
         }
         for e in self.errors {
-            println!("error: {e}");
+            writeln!(out, "error: {e}")?;
         }
+        Ok(())
     }
 }

@@ -19,6 +19,11 @@ archived! {
         pub seq: u64,
         /// The rows.
         pub batch: Batch,
+        /// After the rows, the partition goes idle: no row sent later has an earlier event time
+        /// (ms) than this that counts as on time (a finished `weir load` says so). The node
+        /// appends a watermark marker for it, and the partition stops holding back the stream's
+        /// watermark.
+        pub idle_watermark_ms: Option<i64>,
     }
 }
 
@@ -33,6 +38,11 @@ archived! {
             last: Version,
             /// The rows had been stored before (the batch was sent again).
             duplicate: bool,
+        },
+        /// An [`Ingest`] without rows: its idle watermark is durable, as a marker at `at`.
+        Marked {
+            /// The marker's version.
+            at: Version,
         },
         /// The rows were not stored.
         Rejected {

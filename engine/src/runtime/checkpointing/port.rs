@@ -123,8 +123,8 @@ impl TaskPort for EnginePort<'_> {
             match self.task {
                 Task::Source(s) => {
                     s.offset = 0;
-                    if let Feed::Log(r) = &mut s.feed {
-                        *r = r.reopen_at(Version(0));
+                    if let Feed::Log(f) = &mut s.feed {
+                        f.reader = f.reader.reopen_at(Version(0));
                     }
                 }
                 Task::Agg(a) => {
@@ -186,8 +186,8 @@ impl TaskPort for EnginePort<'_> {
         let version = p.version.unwrap_or(manifest.version);
         if let Task::Source(s) = self.task {
             s.offset = version.0;
-            if let Feed::Log(r) = &mut s.feed {
-                *r = r.reopen_at(version);
+            if let Feed::Log(f) = &mut s.feed {
+                f.reader = f.reader.reopen_at(version);
             }
         }
         // What the checkpoint's manifest names is in the store (unless deleted since: checked).
