@@ -126,8 +126,9 @@ pub struct IngestFile {
     #[serde(default = "default_group_commit", deserialize_with = "de_duration")]
     pub group_commit: Duration,
     /// A partition without rows this long stops holding back the stream's watermark (a marker
-    /// in its log: the wall clock minus this), so the last windows of a load close; `"0s"`: a
-    /// partition without rows holds the watermark until rows come.
+    /// in its log: the wall clock minus this); `"0s"` (the default): a partition without rows
+    /// holds the watermark until rows or a producer's end-of-load marker come. Rows that arrive
+    /// after a longer pause (a node's restart included) with earlier event times are late.
     #[serde(default = "default_idle_after", deserialize_with = "de_duration")]
     pub idle_after: Duration,
 }
@@ -299,7 +300,7 @@ fn default_source() -> String {
     "generator".into()
 }
 fn default_idle_after() -> Duration {
-    Duration::from_secs(2)
+    Duration::ZERO
 }
 fn default_group_commit() -> Duration {
     Duration::from_millis(10)

@@ -26,6 +26,15 @@ pub fn init() {
     tracing_subscriber::fmt().with_env_filter(filter()).with_ansi(ansi()).with_writer(std::io::stderr).init();
 }
 
+/// Logs to stderr from `warn` up unless `WEIR_LOG` or `RUST_LOG` chooses: a command with a live
+/// line (`weir load`) keeps the terminal to it and says what happened in its summary.
+pub fn init_quiet() {
+    let f = EnvFilter::try_from_env("WEIR_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(f).with_ansi(ansi()).with_writer(std::io::stderr).init();
+}
+
 /// `weir run`'s logs: on an interactive terminal, without `WEIR_LOG` or `RUST_LOG`, the screen is
 /// the live status's: warnings and errors show, and everything from `info` up goes to
 /// `<data_dir>/weir.log`; elsewhere (a pipe, a file, CI) the log goes to stderr as usual.

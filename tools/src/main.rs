@@ -9,7 +9,9 @@ mod load;
 mod logging;
 mod node;
 mod placement;
+mod query;
 mod remote;
+mod results;
 mod run;
 mod standby;
 mod status;
@@ -33,6 +35,8 @@ enum Command {
     Node(node::NodeArgs),
     /// The traffic generator: rows into an ingest-log stream, with exactly-once acks and latency.
     Load(load::LoadArgs),
+    /// A stream's window results from every node (table, `--csv` or `--json` lines), streamed.
+    Query(query::QueryArgs),
     /// What the nodes of a cluster report: nodes, tasks, health, recent checkpoints.
     Status(status::StatusArgs),
     /// Stops a stream on every node (with `--checkpoint`, after a final committed checkpoint).
@@ -60,12 +64,14 @@ fn main() -> std::process::ExitCode {
             }
         }
         Command::Run(args) => run_log = logging::init_run(args.data_dir()),
+        Command::Load(_) => logging::init_quiet(),
         _ => logging::init(),
     }
     let result = match command {
         Command::Run(args) => run::run(&args, run_log.as_deref()).map(|()| std::process::ExitCode::SUCCESS),
         Command::Node(args) => node::run(&args),
         Command::Load(args) => load::run(&args),
+        Command::Query(args) => query::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Stop(args) => stop::run(&args),
         Command::Verify(args) => verify::run(&args),

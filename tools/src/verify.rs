@@ -20,9 +20,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use weir_engine::operator::window::WindowResult;
 use weir_engine::wire::StreamId;
-use weir_engine::wire::msg::{ResultsReq, ResultsRsp, TaskState};
+use weir_engine::wire::msg::TaskState;
 
-use crate::client::{Failure, Target};
+use crate::client::Target;
 
 /// Options of `weir verify`.
 #[derive(clap::Args, Debug)]
@@ -41,39 +41,12 @@ pub struct VerifyArgs {
 }
 
 const ASK: Duration = Duration::from_secs(10);
-/// Results per page.
-const PAGE: u32 = 50_000;
-
-fn fail(f: Failure) -> anyhow::Error {
-    match f {
-        Failure::Refused(e) => e,
-        Failure::Unreachable(why) => anyhow::anyhow!(why),
-    }
-}
 
 /// Every result of `stream` on the nodes `at`, sorted by (key, window start).
 fn found(t: &Target, at: &[SocketAddr], stream: StreamId) -> anyhow::Result<Vec<WindowResult>> {
     let mut out = Vec::new();
     for addr in at {
-        let mut store = 0u32;
-        let mut after = Vec::new();
-        loop {
-            let req = ResultsReq { request: 1, stream, store, after: after.clone(), max: PAGE };
-            let f = crate::client::request(t, *addr, &req, ASK).map_err(fail)?;
-            let rsp = f.to_owned::<ResultsRsp>().with_context(|| format!("{addr}'s answer"))?;
-            if rsp.stores == 0 {
-                break;
-            }
-            if !rsp.error.is_empty() {
-                bail!("{addr}: {}", rsp.error);
-            }
-            out.extend(rsp.results.iter().map(WindowResult::from));
-            match rsp.next {
-                Some(n) => after = n,
-                None if store + 1 < rsp.stores => (store, after) = (store + 1, Vec::new()),
-                None => break,
-            }
-        }
+        crate::results::pages(t, *addr, stream, |page| out.extend(page.iter().map(WindowResult::from)))?;
     }
     out.sort_by_key(|r| (r.key, r.start));
     Ok(out)

@@ -178,6 +178,7 @@ impl SourceTask {
                 }
                 // A marker: no later row earlier than this is on time (broadcast below).
                 if let Some(w) = read.watermark {
+                    tracing::trace!(task = %self.id, watermark = w, max_ts = self.max_ts, "watermark marker read");
                     self.max_ts = self.max_ts.max(w);
                 }
                 // The offset is the log's version (markers take one too).

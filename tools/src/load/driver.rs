@@ -231,7 +231,7 @@ impl Driver {
                 let ack = match ack {
                     Ok(a) => a,
                     Err(e) => {
-                        tracing::warn!(node = %self.node, error = %e, "connection lost; batches in flight go again");
+                        tracing::info!(node = %self.node, error = %e, "connection lost; batches in flight go again");
                         for f in flight.values_mut() {
                             f.request = None;
                         }
@@ -244,7 +244,7 @@ impl Driver {
                 let Some((p, seq)) = requests.remove(&ack.request) else { continue };
                 if flight.get(&(p, seq)).is_some_and(|f| f.marker) {
                     // The marker is a courtesy: a node that refuses it only closes the last
-                    // windows later (its own idle timer).
+                    // windows later (its own idle timer, when it has one).
                     if !matches!(ack.outcome, IngestOutcome::Marked { .. }) {
                         tracing::warn!(node = %self.node, partition = p, outcome = ?ack.outcome, "end-of-load marker not stored");
                     }
@@ -342,12 +342,15 @@ fn refused(e: &ClientError) -> (String, bool) {
 }
 
 /// The watermark of partition `p`'s end-of-load marker after its `rows`: past every row the load
-/// sent on it, and at least the wall clock.
+/// sent on it and at least the wall clock, rounded up to the end of the last window holding its
+/// last row when the load knows the stream's window (`--config`), so that window closes too.
 fn idle_watermark(plan: &Plan, p: u32, rows: u64) -> i64 {
     let g = Generator::new(plan.generator, p);
     let wall_ms =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-    (g.max_ts_before(rows) + 1).max(wall_ms)
+    let last = g.max_ts_before(rows);
+    let closed = plan.window.map_or(last + 1, |w| w.last_start(last).saturating_add(w.size_ms));
+    closed.max(wall_ms)
 }
 
 /// The rows of batch `seq` of partition `p`: rows `seq * batch ..` of the partition's generator.

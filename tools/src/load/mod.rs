@@ -115,6 +115,8 @@ pub struct Plan {
     pub start: Instant,
     pub timeout: Duration,
     pub ack_timeout: Duration,
+    /// The stream's window, when the config says (the end-of-load markers close its last one).
+    pub window: Option<weir_engine::operator::window::WindowSpec>,
 }
 
 impl Plan {
@@ -180,12 +182,19 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
     if partitions == 0 {
         bail!("--partitions must be at least 1");
     }
+    let window = match (&target.file, &file_stream) {
+        (Some(f), Some(_)) => Some(crate::node::stream_spec(f)?.window),
+        _ => None,
+    };
     let duration = match (args.events, args.duration) {
         (None, None) => Some(Duration::from_secs(10)),
         (_, d) => d,
     };
     let per_partition_rate = args.rate.map(|r| r / partitions as u64);
     let rows_per_ms = args.rows_per_ms.unwrap_or_else(|| per_partition_rate.map_or(1000, |r| (r / 1000).max(1)));
+    let owners = owners(&target, stream, partitions, args.timeout)?;
+    // Event time starts now, when sending does: an idle partition's watermark follows the wall
+    // clock, and rows behind it would be late.
     let wall_ms = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).context("clock before 1970")?.as_millis();
     let generator = GeneratorSpec {
         seed: args.seed,
@@ -197,7 +206,6 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
         ts_start: wall_ms as i64,
     };
     generator.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let owners = owners(&target, stream, partitions, args.timeout)?;
     let mut producer = [0u8; 8];
     getrandom::fill(&mut producer).map_err(|e| anyhow::anyhow!("no randomness for the producer id: {e}"))?;
     let started = SystemTime::now();
@@ -214,6 +222,7 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
         start: Instant::now(),
         timeout: args.timeout,
         ack_timeout: args.timeout.min(Duration::from_secs(10)),
+        window,
     });
     let target = Arc::new(target);
     let counters = Arc::new(Counters::default());

@@ -1,0 +1,48 @@
+//! Reading a stream's window results from nodes over the wire protocol, a page at a time
+//! (`ResultsReq` / `ResultsRsp`), for `weir verify` and `weir query`: a client never holds more
+//! than a page (up to [`PAGE`] results) of any node's stores.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use weir_engine::wire::StreamId;
+use weir_engine::wire::msg::{ResultRow, ResultsReq, ResultsRsp};
+
+use crate::client::{Failure, Target};
+
+/// Results per page.
+pub const PAGE: u32 = 50_000;
+
+const ASK: Duration = Duration::from_secs(10);
+
+fn fail(f: Failure) -> anyhow::Error {
+    match f {
+        Failure::Refused(e) => e,
+        Failure::Unreachable(why) => anyhow::anyhow!(why),
+    }
+}
+
+/// Calls `page` with every page of `stream`'s results on `addr`, store by store, in each
+/// store's order (window start, then the series' order within the window).
+pub fn pages(t: &Target, addr: SocketAddr, stream: StreamId, mut page: impl FnMut(&[ResultRow])) -> anyhow::Result<()> {
+    let mut store = 0u32;
+    let mut after = Vec::new();
+    loop {
+        let req = ResultsReq { request: 1, stream, store, after: std::mem::take(&mut after), max: PAGE };
+        let f = crate::client::request(t, addr, &req, ASK).map_err(fail)?;
+        let rsp = f.to_owned::<ResultsRsp>().with_context(|| format!("{addr}'s answer"))?;
+        if rsp.stores == 0 {
+            return Ok(());
+        }
+        if !rsp.error.is_empty() {
+            bail!("{addr}: {}", rsp.error);
+        }
+        page(&rsp.results);
+        match rsp.next {
+            Some(n) => after = n,
+            None if store + 1 < rsp.stores => store += 1,
+            None => return Ok(()),
+        }
+    }
+}
