@@ -267,3 +267,45 @@ fn base64_decode(s: &str) -> Vec<u8> {
     }
     out
 }
+
+#[test]
+fn weir_load_into_three_nodes_stores_each_partition_on_its_node_once_and_every_window_closes_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        adjusted(example("load-three-node.toml"), dir.path(), |t| set(t, &["checkpoint", "interval"], "200ms"));
+    let logs: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
+    let mut nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1], &[])).collect());
+    let args = ["--events", "300k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "30s"];
+    let (code, s, err) = summary_of(load(&config, &args), Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{s:#} {err}");
+    assert_acknowledged(&s, 3, 100_000);
+    assert_eq!(s["nodes"].as_array().unwrap().len(), 3, "one connection per node: {s:#}");
+    let mut spec_want = expected(&s, 3, 100_000);
+    spec_want.sort_by_key(|r| (r.key, r.start));
+    wait_for_results(&config, spec_want.len(), &logs[0]);
+    let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for (i, c) in nodes.0.iter_mut().enumerate() {
+        assert!(exit_within(c, Duration::from_secs(30), &format!("node {}", i + 1)).success());
+    }
+    // Partition p's source runs on node p + 1 ("spread"): its log is there, holding every row once.
+    let data: Vec<PathBuf> = (1..=3).map(|n| dir.path().join("data").join(format!("node-{n}"))).collect();
+    let g = generator_of(&s);
+    for p in 0..3u32 {
+        let dir = weir_engine::ingest::service::partition_dir(&data[p as usize].join("ingest"), p);
+        let log = weir_engine::ingest::IngestLog::open(&dir, Default::default()).unwrap();
+        let mut r = log.reader(weir_engine::wire::Version(0)).unwrap();
+        let mut got = weir_engine::wire::Batch::default();
+        while r.read(1 << 20, &mut got).unwrap() > 0 {}
+        let mut want = weir_engine::wire::Batch::default();
+        weir_engine::operator::generator::Generator::new(g, p).fill(0, 100_000, &mut want);
+        assert!(got == want, "partition {p} on node {}: the log's rows differ from those sent", p + 1);
+    }
+    let mut got = Vec::new();
+    for d in &data {
+        got.extend(weir_engine::state::NodeResults::open(d).unwrap().scan(StreamId(2)).unwrap());
+    }
+    got.sort_by_key(|r| (r.key, r.start));
+    assert_eq!(got.len(), spec_want.len());
+    assert!(got == spec_want, "the three nodes' results differ from those of the rows sent");
+}
