@@ -212,7 +212,11 @@ impl EventLoop {
         }
         p.conn = Some(token);
         p.backoff = self.cfg.reconnect_min;
-        tracing::info!(node = %me, %peer, %addr, "peer up");
+        if p.configured {
+            tracing::info!(node = %me, %peer, %addr, "peer up");
+        } else {
+            tracing::debug!(node = %me, client = %peer, %addr, "client connected");
+        }
         self.emit(Event::PeerUp { node: peer, addr });
         self.flush(token);
         true

@@ -199,7 +199,12 @@ impl EventLoop {
                 }
             }
             if was_established {
-                tracing::info!(%node, %peer, reason = %ending.reason, "peer down");
+                if forget {
+                    // Clients come and go with every command: not news for the node's log.
+                    tracing::debug!(%node, client = %peer, reason = %ending.reason, "client gone");
+                } else {
+                    tracing::info!(%node, %peer, reason = %ending.reason, "peer down");
+                }
                 self.emit(Event::PeerDown { node: peer, reason: ending.reason, orderly: ending.orderly });
             }
         }
