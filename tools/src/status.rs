@@ -2,6 +2,7 @@
 //! state and counters, and, from the coordinator, the stream's health and its recent checkpoints
 //! with their per-phase durations. Clients authenticate like peers (the cluster's secret).
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -25,6 +26,10 @@ pub struct StatusArgs {
     /// Refresh in place every second until Ctrl-C.
     #[arg(long)]
     watch: bool,
+    /// With `--watch`: also append each refresh to FILE as one JSON line (`at_ms` and the
+    /// `--json` object's `nodes`), a status log for later analysis.
+    #[arg(long, value_name = "FILE", requires = "watch")]
+    status_log: Option<std::path::PathBuf>,
     /// How long to wait for each node, e.g. `2s`.
     #[arg(long, default_value = "3s", value_parser = crate::config::parse_duration)]
     timeout: Duration,
@@ -256,6 +261,16 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
 #[allow(clippy::print_stdout)]
 pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let t = args.cluster.target()?;
+    let mut log = match &args.status_log {
+        Some(p) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| anyhow::anyhow!("cannot open the status log {}: {e}", p.display()))?,
+        ),
+        None => None,
+    };
     loop {
         let answers: Vec<(SocketAddr, Answer)> = t
             .nodes
@@ -266,10 +281,15 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
         let ids: Ids = t.node_ids();
         let text =
             if args.json { serde_json::to_string_pretty(&to_json(&answers, &ids))? } else { to_text(&answers, &ids) };
+        if let Some(f) = &mut log {
+            let mut line = to_json(&answers, &ids);
+            line["at_ms"] = serde_json::json!(now_ms());
+            writeln!(f, "{line}").map_err(|e| anyhow::anyhow!("cannot write the status log: {e}"))?;
+        }
         if args.watch {
             // Home and clear: the table is redrawn in place.
             print!("\x1b[H\x1b[2J{text}");
-            std::io::Write::flush(&mut std::io::stdout())?;
+            std::io::stdout().flush()?;
             std::thread::sleep(Duration::from_secs(1));
             continue;
         }

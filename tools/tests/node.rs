@@ -210,3 +210,36 @@ fn weir_verify_of_a_running_stream_compares_the_windows_its_last_commit_closed()
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("(running)") && out.contains("differ"), "{out}");
 }
+
+#[test]
+fn weir_status_watch_appends_a_json_line_per_refresh_to_its_status_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, _node, _rx, _addr) = one_node_committing(dir.path());
+    let log = dir.path().join("status.jsonl");
+    let mut watch = weir()
+        .args(["status", "--watch", "--status-log"])
+        .arg(&log)
+        .arg("--config")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Three refreshes, a second apart.
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&log).unwrap_or_default().lines().count() < 3 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the status log did not grow");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    watch.kill().unwrap();
+    watch.wait().unwrap();
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(lines.windows(2).all(|w| w[0]["at_ms"].as_u64() < w[1]["at_ms"].as_u64()), "{lines:?}");
+    for l in &lines {
+        assert_eq!(l["nodes"][0]["up"], true, "{l}");
+        assert!(!l["nodes"][0]["tasks"].as_array().unwrap().is_empty(), "{l}");
+    }
+    // Without --watch there is nothing to log: refused as a usage error.
+    let out = weir().args(["status", "--status-log"]).arg(&log).arg("--config").arg(&config).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
