@@ -1,49 +1,56 @@
-//! The results a generator stream must produce, computed row by row without the engine: the
-//! definition the engine's results are checked against (tests, and `weir verify`).
+//! The results a generator stream (or any known rows) must produce, computed row by row
+//! without the engine: the definition the engine's results are checked against (tests, and `weir verify`).
 //!
 //! Precondition: no row is late (the generator's disorder stays within the watermark delay), so
 //! the results do not depend on how the partitions interleave; then every (key, window) of
 //! every row emitted is a result, with the exact fixed-point sum the engine computes.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use crate::operator::generator::Generator;
-use crate::operator::window::{WindowResult, from_fixed, to_fixed};
+use crate::operator::window::{WindowResult, WindowSpec, from_fixed, to_fixed};
 use crate::spec::{SourceKind, StreamSpec};
 
 /// The results of `spec`'s generator partitions over offsets `0..rows[p]` each, ordered by
 /// (key, window start). `None` when `spec` has no generator source.
 pub fn generator_results(spec: &StreamSpec, rows: &[u64]) -> Option<Vec<WindowResult>> {
     let SourceKind::Generator { spec: g, .. } = &spec.source else { return None };
-    let mut acc: BTreeMap<(u64, i64), (u64, i128, f64, f64)> = BTreeMap::new();
-    let w = spec.window;
-    for (p, &n) in rows.iter().enumerate() {
+    let all = rows.iter().enumerate().flat_map(|(p, &n)| {
         let generator = Generator::new(*g, p as u32);
-        for o in 0..n {
-            let (ts, key, v) = generator.row(o);
-            let mut s = w.last_start(ts);
-            while s > ts - w.size_ms {
-                let e = acc.entry((key, s)).or_insert((0, 0, f64::INFINITY, f64::NEG_INFINITY));
-                e.0 += 1;
-                e.1 += to_fixed(v);
-                e.2 = e.2.min(v);
-                e.3 = e.3.max(v);
-                s -= w.slide_ms;
-            }
+        (0..n).map(move |o| generator.row(o))
+    });
+    Some(window_results(spec.window, all))
+}
+
+/// The results of `rows` (ts, key, value; in any order) in `w`'s windows, ordered by (key,
+/// window start): every row counts (none is late).
+pub fn window_results(w: WindowSpec, rows: impl IntoIterator<Item = (i64, u64, f64)>) -> Vec<WindowResult> {
+    // A hash map, sorted once at the end: verify runs this over every row a load sent.
+    let mut acc: HashMap<(u64, i64), (u64, i128, f64, f64)> = HashMap::new();
+    for (ts, key, v) in rows {
+        let mut s = w.last_start(ts);
+        while s > ts - w.size_ms {
+            let e = acc.entry((key, s)).or_insert((0, 0, f64::INFINITY, f64::NEG_INFINITY));
+            e.0 += 1;
+            e.1 += to_fixed(v);
+            e.2 = e.2.min(v);
+            e.3 = e.3.max(v);
+            s -= w.slide_ms;
         }
     }
-    Some(
-        acc.into_iter()
-            .map(|((key, start), (count, sum, min, max))| WindowResult {
-                key,
-                start,
-                count,
-                sum: from_fixed(sum),
-                min,
-                max,
-            })
-            .collect(),
-    )
+    let mut out: Vec<WindowResult> = acc
+        .into_iter()
+        .map(|((key, start), (count, sum, min, max))| WindowResult {
+            key,
+            start,
+            count,
+            sum: from_fixed(sum),
+            min,
+            max,
+        })
+        .collect();
+    out.sort_unstable_by_key(|r| (r.key, r.start));
+    out
 }
 
 /// The results of a bounded generator stream run to its end (every partition emits its limit).

@@ -134,11 +134,25 @@ fn group_commit_acknowledges_only_durable_rows_in_order() {
     for i in 0..100u64 {
         let p = (i % 2) as u32;
         svc.requests()
-            .send(AppendRequest { partition: p, batch: rows(i / 2 * 10, 10), from: None, watermark: None, token: i })
+            .send(AppendRequest {
+                partition: p,
+                batch: rows(i / 2 * 10, 10),
+                from: None,
+                watermark: None,
+                describe: None,
+                token: i,
+            })
             .unwrap();
     }
     svc.requests()
-        .send(AppendRequest { partition: 7, batch: rows(0, 1), from: None, watermark: None, token: 999 })
+        .send(AppendRequest {
+            partition: 7,
+            batch: rows(0, 1),
+            from: None,
+            watermark: None,
+            describe: None,
+            token: 999,
+        })
         .unwrap();
     let mut next = [0u64; 2];
     let mut got = 0;
@@ -186,7 +200,14 @@ fn crash_child_appender() {
     loop {
         let n = 1 + (v % 97) as usize;
         svc.requests()
-            .send(AppendRequest { partition: 0, batch: rows(v, n), from: None, watermark: None, token: v })
+            .send(AppendRequest {
+                partition: 0,
+                batch: rows(v, n),
+                from: None,
+                watermark: None,
+                describe: None,
+                token: v,
+            })
             .unwrap();
         v += n as u64;
         while let Ok(a) = acks.try_recv() {

@@ -160,6 +160,7 @@ fn ingested_rows_are_acknowledged_over_the_network_and_aggregated() {
         seq,
         batch,
         idle_watermark_ms: None,
+        description: None,
     };
     let half = |p: u32, base: i64| {
         let mut b = Batch::default();
@@ -257,6 +258,7 @@ fn idle_workers_park_instead_of_spinning() {
                 batch: b.clone(),
                 from: None,
                 watermark: None,
+                describe: None,
                 token: weir_engine::runtime::IngestToken { node: NodeId(0), stream: spec.id, request: p as u64 },
             })
             .unwrap();
@@ -293,7 +295,7 @@ fn a_partition_without_rows_stops_holding_back_the_watermark_after_idle_after() 
             b.push(start + i, (i % 7) as u64, 1.0); // 5 windows of 100 ms, 7 keys
         }
         let token = IngestToken { node: NodeId(0), stream: spec.id, request: 1 };
-        let req = AppendRequest { partition: 0, batch: b, from: None, watermark: None, token };
+        let req = AppendRequest { partition: 0, batch: b, from: None, watermark: None, describe: None, token };
         engine.ingest().unwrap().requests().send(req).unwrap();
         let t0 = std::time::Instant::now();
         while t0.elapsed() < wait && engine.stats().results_written.load(std::sync::atomic::Ordering::Relaxed) < 35 {

@@ -66,6 +66,8 @@ pub struct NodeEntry {
     pub workers: Option<usize>,
     /// Whether its workers are pinned (default: the cluster's `pin_workers`).
     pub pin_workers: Option<bool>,
+    /// Where it serves Prometheus metrics over HTTP (`GET /metrics`; default: nowhere).
+    pub metrics: Option<SocketAddr>,
 }
 
 /// The stream.

@@ -216,7 +216,16 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
     }
     // Once: it opens the remote store.
-    let base = engine_config(&file, &me)?;
+    let mut base = engine_config(&file, &me)?;
+    let board = match me.metrics {
+        Some(addr) => {
+            let board = crate::metrics::Board::new(me.id);
+            crate::metrics::serve(addr, board.clone())?;
+            base.ingest_observer = Some(board.ingest());
+            Some(board)
+        }
+        None => None,
+    };
     let store = base.checkpoint.as_ref().and_then(|c| match &c.remote {
         Remote::Store(s) => Some(s.clone()),
         _ => None,
@@ -255,9 +264,12 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                                 started_ms,
                             )
                         });
-                        let ended = supervise(&engine, &stop, args.exit_when_done, &spec.name, mover);
+                        let ended = supervise(&engine, &stop, args.exit_when_done, &spec.name, mover, board.as_deref());
                         links = engine.status().peers;
                         engine.stop();
+                        if let Some(b) = &board {
+                            b.engine_ended();
+                        }
                         (ended, engine.wait())
                     }
                     // A restart that cannot start (the store unreachable, say) is one more failure
@@ -276,6 +288,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 );
                 let mut transport = base.transport.clone().expect("a node has a transport");
                 transport.incarnation = at;
+                if let Some(b) = &board {
+                    b.set_phase(crate::metrics::Phase::Idle);
+                }
                 let me_now = crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links };
                 match crate::standby::wait(transport, &me_now, crate::standby::Mode::Idle, &stop) {
                     crate::standby::Waited::Restart(newer) => {
@@ -319,6 +334,10 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 );
                 restart_times.push(now);
                 restarts.push(RestartInfo { at_ms: now, incarnation: next, reason: why });
+                if let Some(b) = &board {
+                    b.restarted();
+                    b.set_phase(crate::metrics::Phase::Restarting);
+                }
                 // Status lists the last ones.
                 if restarts.len() > 20 {
                     restarts.remove(0);
@@ -357,10 +376,17 @@ fn supervise(
     exit_when_done: bool,
     stream: &str,
     mut mover: Option<crate::placement::Mover<'_>>,
+    board: Option<&crate::metrics::Board>,
 ) -> Ended {
     let mut ended = false;
     let mut checked = std::time::Instant::now();
+    let mut measured: Option<std::time::Instant> = None;
     loop {
+        // The metrics' snapshot, twice a second.
+        if let Some(b) = board.filter(|_| measured.is_none_or(|m| m.elapsed() >= Duration::from_millis(500))) {
+            measured = Some(std::time::Instant::now());
+            b.update(engine.status(), engine.stats());
+        }
         if stop.load(Ordering::Relaxed) {
             return Ended::Signal;
         }

@@ -8,6 +8,9 @@
 //! passed holds exactly the rows before the offsets), read again a few times before a mismatch
 //! counts (the sinks may still be writing the windows the commit closed).
 //!
+//! For an ingest-log stream: the rows every `weir load` sent it, as the partitions' ledgers on
+//! the nodes record them ([`crate::loads`]), in the windows their watermarks have closed.
+//!
 //! Each task counts once, on the node that reports it: after a lost node's tasks moved to the
 //! survivors, that node may be down or idle, and the results are read from the nodes that run
 //! tasks. Two nodes reporting one task is an error (they run different placements).
@@ -27,14 +30,20 @@ use crate::client::Target;
 /// Options of `weir verify`.
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Example:\n  \
-    weir verify --config examples/three-node.toml\n\n\
-    A running stream is compared up to its last commit (the windows it closed).\n\n\
+    weir verify --config examples/three-node.toml\n  \
+    weir verify --config examples/load-three-node.toml --stream 2\n\n\
+    A running generator stream is compared up to its last commit (the windows it closed). An \
+    ingest-log stream is compared with the rows every weir load sent it, as its nodes recorded \
+    them, in the windows closed so far.\n\n\
     Exit codes: 0 every result is exactly the expected one, 1 a mismatch (the first ones are \
     printed), 2 an error (a node down or restarting, no commit yet).")]
 pub struct VerifyArgs {
     /// The cluster (`--config` is needed: the generator's parameters are in it).
     #[command(flatten)]
     cluster: crate::client::ClusterArgs,
+    /// The stream (its id; default: the config's; another is an error).
+    #[arg(long, value_name = "ID")]
+    stream: Option<u64>,
     /// Mismatches printed at most.
     #[arg(long, default_value_t = 10)]
     show: usize,
@@ -65,11 +74,16 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     };
     let spec = crate::node::stream_spec(file)?;
     let stream = spec.id;
+    if let Some(s) = args.stream.filter(|s| *s != stream.0) {
+        bail!("the config's stream is {}, not {s}: pass the --config of the cluster that runs stream {s}", stream.0);
+    }
     let bounded = matches!(&spec.source, weir_engine::spec::SourceKind::Generator { limit: Some(_), .. });
     // Every task of the stream, reported by its node (once: a node that is down or idle may
     // have had its tasks moved to the others), has ended.
     let mut running = Vec::new();
     let mut reported: BTreeMap<u32, u32> = BTreeMap::new();
+    // The node each source runs on (source tasks are 0..partitions).
+    let mut sources: BTreeMap<u32, SocketAddr> = BTreeMap::new();
     let (mut down, mut serving) = (Vec::new(), Vec::new());
     for addr in &t.nodes {
         let rsp = match crate::client::status(&t, *addr, ASK)? {
@@ -95,6 +109,9 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
                     rsp.node.0
                 );
             }
+            if task.task.0 < spec.partitions {
+                sources.insert(task.task.0, *addr);
+            }
             if task.state != TaskState::Stopped {
                 running.push(task.task.0.to_string());
             }
@@ -110,6 +127,10 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
             reported.len(),
             stream.0
         );
+    }
+    if matches!(spec.source, weir_engine::spec::SourceKind::IngestLog) {
+        let owners: Vec<SocketAddr> = sources.into_values().collect();
+        return ingested(args, &t, &serving, &owners, &spec);
     }
     if !running.is_empty() || !bounded {
         return committed(args, &t, &serving, file, &spec);
@@ -133,6 +154,93 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
             got.len()
         );
         Ok(ExitCode::from(1))
+    }
+}
+
+/// An ingest-log stream: the rows every `weir load` sent it, from the partitions' ledgers (see
+/// [`crate::loads`]), in the windows their watermarks closed: for a partition whose last load
+/// ended, its end-of-load marker; otherwise its last row less the watermark delay.
+#[allow(clippy::print_stdout)]
+fn ingested(
+    args: &VerifyArgs,
+    t: &Target,
+    serving: &[SocketAddr],
+    owners: &[SocketAddr],
+    spec: &weir_engine::spec::StreamSpec,
+) -> anyhow::Result<ExitCode> {
+    let loads = crate::loads::loads(t, spec.id, owners)?;
+    if let Some(l) = loads.iter().flatten().find(|l| l.generator.max_disorder_ms > spec.watermark_delay_ms) {
+        bail!(
+            "load {:#x} sent rows up to {} ms out of order, past stream {}'s watermark delay of {} ms:              which of them were late depends on timing, and verify cannot tell",
+            l.producer,
+            l.generator.max_disorder_ms,
+            spec.id.0,
+            spec.watermark_delay_ms
+        );
+    }
+    let rows: u64 = loads.iter().flatten().map(|l| l.rows).sum();
+    let count = loads.iter().flatten().map(|l| l.producer).collect::<std::collections::BTreeSet<_>>().len();
+    if rows == 0 {
+        bail!("stream {} holds no rows of weir load yet: nothing to verify", spec.id.0);
+    }
+    let w = spec.window;
+    let closed = loads
+        .iter()
+        .enumerate()
+        .map(|(p, l)| match l.last() {
+            None => i64::MIN,
+            Some(last) if last.ended.is_some() => last.end(p as u32, w),
+            Some(last) => {
+                let g = weir_engine::operator::generator::Generator::new(last.generator, p as u32);
+                g.max_ts_before(last.rows).saturating_sub(spec.watermark_delay_ms)
+            }
+        })
+        .min()
+        .unwrap_or(i64::MIN);
+    let in_closed = |r: &WindowResult| r.start.saturating_add(w.size_ms) <= closed;
+    let all = loads.iter().enumerate().flat_map(|(p, l)| {
+        l.iter().flat_map(move |x| {
+            let g = weir_engine::operator::generator::Generator::new(x.generator, p as u32);
+            (0..x.rows).map(move |o| g.row(o))
+        })
+    });
+    let want: Vec<WindowResult> =
+        weir_engine::reference::window_results(w, all).into_iter().filter(in_closed).collect();
+    let open = want.is_empty() || closed == i64::MIN;
+    let per_partition: Vec<String> = loads.iter().map(|l| l.iter().map(|x| x.rows).sum::<u64>().to_string()).collect();
+    // The sinks may still be writing the last windows: a few reads before a mismatch counts.
+    let mut tries = 0;
+    loop {
+        let got: Vec<WindowResult> = found(t, serving, spec.id)?.into_iter().filter(in_closed).collect();
+        let last = tries == 10;
+        let bad = compare(&want, &got, if last { args.show } else { 0 });
+        if bad == 0 && !open {
+            println!(
+                "stream {} (ingest): all {} results match the {rows} rows of {count} load(s) (per partition: {}), from {} nodes",
+                spec.id.0,
+                got.len(),
+                per_partition.join(", "),
+                serving.len()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        if open {
+            bail!(
+                "stream {}: no window of its {rows} rows has closed yet (a partition without rows, or loads still running)",
+                spec.id.0
+            );
+        }
+        if last {
+            println!(
+                "stream {} (ingest): {bad} of {} expected results differ or are missing ({} found; {rows} rows of {count} load(s))",
+                spec.id.0,
+                want.len(),
+                got.len()
+            );
+            return Ok(ExitCode::from(1));
+        }
+        tries += 1;
+        std::thread::sleep(Duration::from_secs(1));
     }
 }
 

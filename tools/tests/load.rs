@@ -120,6 +120,13 @@ fn expected(s: &Value, partitions: u32, per_partition: u64) -> Vec<WindowResult>
     weir_engine::reference::generator_results(&spec, &vec![per_partition; partitions as usize]).unwrap()
 }
 
+/// `weir verify` of the ingest stream: its exit code and what it printed.
+fn verify(config: &Path) -> (Option<i32>, String) {
+    let out = weir().args(["verify", "--stream", "2", "--config"]).arg(config).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code(), text)
+}
+
 fn stop(config: &Path, node: &mut Child) {
     let out = weir().args(["stop", "--config"]).arg(config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -173,6 +180,10 @@ fn weir_load_into_one_node_acknowledges_every_event_once_and_every_window_closes
     let first = want.iter().map(|r| r.start).min().unwrap();
     let in_first = query(&["--csv", "--from", &first.to_string(), "--to", &(first + 1000).to_string()]);
     assert_eq!(in_first.lines().count() - 1, want.iter().filter(|r| r.start == first).count());
+    // `weir verify` needs no more than the stream: the load's parameters are in the ledgers.
+    let (code, text) = verify(&config);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&format!("all {} results match the 200000 rows of 1 load(s)", want.len())), "{text}");
     stop(&config, &mut node.0[0]);
     let data = dir.path().join("data/node-1");
     assert_logs_hold_each_row_once(&data, &s, 2, 100_000);
@@ -224,6 +235,9 @@ fn weir_load_survives_its_node_killed_with_sigkill_and_every_event_is_stored_onc
     // window are those of the rows sent, as without the kill.
     let want = expected(&s, 2, 1_000_000);
     wait_for_results(&config, want.len(), &logs[1]);
+    let (code, text) = verify(&config);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("match the 2000000 rows of 1 load(s)"), "{text}");
     stop(&config, &mut node.0[0]);
     let data = dir.path().join("data/node-1");
     assert_logs_hold_each_row_once(&data, &s, 2, 1_000_000);
@@ -283,6 +297,9 @@ fn weir_load_into_three_nodes_stores_each_partition_on_its_node_once_and_every_w
     let mut spec_want = expected(&s, 3, 100_000);
     spec_want.sort_by_key(|r| (r.key, r.start));
     wait_for_results(&config, spec_want.len(), &logs[0]);
+    let (code, text) = verify(&config);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("(per partition: 100000, 100000, 100000), from 3 nodes"), "{text}");
     let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for (i, c) in nodes.0.iter_mut().enumerate() {
@@ -308,4 +325,37 @@ fn weir_load_into_three_nodes_stores_each_partition_on_its_node_once_and_every_w
     got.sort_by_key(|r| (r.key, r.start));
     assert_eq!(got.len(), spec_want.len());
     assert!(got == spec_want, "the three nodes' results differ from those of the rows sent");
+}
+
+#[test]
+fn a_second_weir_load_starts_after_the_first_and_verify_counts_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = load_one_node(dir.path());
+    let log = dir.path().join("node-1.log");
+    let mut node = Nodes(vec![start(&config, 1, &log, &[])]);
+    let first = ["--events", "100k", "--rows-per-ms", "100", "--keys", "500"];
+    let (code, a, err) = summary_of(load(&config, &first), Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{a:#} {err}");
+    // Another seed and key count, right after: its event time starts past the first load's
+    // last window (which the first load's end closed), so none of its rows is late.
+    let second = ["--events", "60k", "--rows-per-ms", "100", "--keys", "700", "--seed", "7"];
+    let (code, b, err) = summary_of(load(&config, &second), Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{b:#} {err}");
+    assert!(b["ts_start"].as_i64().unwrap() >= a["ts_start"].as_i64().unwrap() + 500, "{a:#} {b:#}");
+    assert_eq!(b["partitions"][0]["events_before"], 50_000, "{b:#}");
+    let mut want = expected(&a, 2, 50_000);
+    want.extend(expected(&b, 2, 30_000));
+    wait_for_results(&config, want.len(), &log);
+    let (code, text) = verify(&config);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("match the 160000 rows of 2 load(s) (per partition: 80000, 80000)"), "{text}");
+    // Verify refuses a stream the config does not run.
+    let out = weir().args(["verify", "--stream", "9", "--config"]).arg(&config).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    stop(&config, &mut node.0[0]);
+    let mut got =
+        weir_engine::state::NodeResults::open(&dir.path().join("data/node-1")).unwrap().scan(StreamId(2)).unwrap();
+    got.sort_by_key(|r| (r.key, r.start));
+    want.sort_by_key(|r| (r.key, r.start));
+    assert!(got == want, "the results differ from those of both loads' rows");
 }

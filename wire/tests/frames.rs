@@ -63,7 +63,7 @@ roundtrip! {
         }],
     };
     roundtrip_close: Close = Close { code: CloseCode::AuthFailed, message: "wrong secret".into() };
-    roundtrip_ingest: Ingest = Ingest { stream: StreamId(1), partition: 3, request: 99, producer: 0xfeed, seq: 7, batch: util::batch(100), idle_watermark_ms: Some(-5) };
+    roundtrip_ingest: Ingest = Ingest { stream: StreamId(1), partition: 3, request: 99, producer: 0xfeed, seq: 7, batch: util::batch(100), idle_watermark_ms: Some(-5), description: Some(b"{}".to_vec()) };
     roundtrip_ingest_ack: IngestAck = IngestAck {
         stream: StreamId(1), partition: 3, request: 99,
         outcome: IngestOutcome::Durable { first: Version(10), last: Version(109), duplicate: true },
@@ -143,6 +143,15 @@ roundtrip! {
     roundtrip_stop_rsp: StopRsp = StopRsp { request: 8, node: NodeId(3), stopping: true, peers: vec![NodeId(1), NodeId(2)] };
     roundtrip_results_req: ResultsReq = ResultsReq {
         request: 9, stream: StreamId(2), store: 1, after: vec![0, 1, 2, 255], max: 4096,
+    };
+    roundtrip_producers_req: ProducersReq = ProducersReq { request: 4, stream: StreamId(2) };
+    roundtrip_producers_rsp: ProducersRsp = ProducersRsp {
+        request: 4, node: NodeId(2),
+        partitions: vec![PartitionProducers {
+            partition: 3, durable: Version(1001),
+            producers: vec![ProducerInfo { producer: 0xfeed, description: b"{\"seed\":1}".to_vec(), first: Version(0), rows: 1000, batches: 1, ended: Some(5000) }],
+        }],
+        error: String::new(),
     };
     roundtrip_results_rsp: ResultsRsp = ResultsRsp {
         request: 9, node: NodeId(3), stores: 2,

@@ -352,7 +352,14 @@ fn ingest(seconds: u64) {
         // Keep the writer's queue full; count what comes back durable.
         while sent < 64 + acked_rows / 4096 {
             svc.requests()
-                .send(AppendRequest { partition: 0, batch: batch.clone(), from: None, watermark: None, token: sent })
+                .send(AppendRequest {
+                    partition: 0,
+                    batch: batch.clone(),
+                    from: None,
+                    watermark: None,
+                    describe: None,
+                    token: sent,
+                })
                 .expect("send");
             sent += 1;
         }

@@ -18,15 +18,17 @@
 //!   its original versions and never stored twice, and a gap is refused.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use weir_wire::{Batch, Version};
 
+use super::ledger::{Ledger, MAX_DESCRIPTION, MAX_PRODUCERS, ProducerRecord};
 pub use super::producers::{AppendOutcome, DEDUP_WINDOW};
 use super::producers::{Producers, read_producers, remember, write_producers};
+use super::reader::LogReader;
 use super::segment::{self, Parsed, ProducerSeq};
 
 /// Errors of the ingest log.
@@ -70,6 +72,13 @@ pub enum LogError {
         producer: u64,
         /// Its sequence number.
         got: u64,
+    },
+    /// A producer's request the log does not take: a description too long, more producers than
+    /// the ledger records (fatal for that request).
+    #[error("{reason}")]
+    Refused {
+        /// Why.
+        reason: String,
     },
     /// A version outside what the log holds was asked for (fatal for that request).
     #[error("version {asked} is outside the log's range {first}..{next}")]
@@ -129,6 +138,8 @@ pub struct IngestLog {
     buf: Vec<u8>,
     /// Each producer's last batches: (sequence number, first and last version), oldest first.
     producers: Producers,
+    /// What each producer appended, shared with the log's handles.
+    ledger: Ledger,
 }
 
 impl IngestLog {
@@ -146,6 +157,7 @@ impl IngestLog {
         let mut next = segments.first().map_or(Version(0), |s| s.first);
         let count = segments.len();
         let mut producers = read_producers(dir)?;
+        let ledger = Ledger::read(dir)?;
         for (i, seg) in segments.iter().enumerate() {
             if seg.first != next {
                 return Err(LogError::Corrupt {
@@ -154,7 +166,8 @@ impl IngestLog {
                     reason: format!("segment starts at {} but the previous one ends at {next}", seg.first),
                 });
             }
-            next = scan_segment(&seg.path, seg.first, cfg.max_entry_bytes, i + 1 == count, &mut producers)?;
+            let known = (&mut producers, &ledger);
+            next = scan_segment(&seg.path, seg.first, cfg.max_entry_bytes, i + 1 == count, known)?;
         }
         if segments.is_empty() {
             segments.push(Segment { first: next, path: segment::segment_path(dir, next) });
@@ -175,6 +188,7 @@ impl IngestLog {
             durable: Arc::new(AtomicU64::new(next.0)),
             buf: Vec::new(),
             producers,
+            ledger,
         })
     }
 
@@ -222,11 +236,45 @@ impl IngestLog {
         if from.seq > expected {
             return Err(LogError::SequenceGap { producer: from.producer, expected, got: from.seq });
         }
+        if !self.ledger.admits(from.producer) {
+            return Err(full_ledger());
+        }
         let v = self.write(batch, Some(from))?;
         if let Some((first, last)) = v {
             remember(&mut self.producers, from, first, last);
+            self.ledger.count(from, first, batch.len() as u64);
         }
         Ok(AppendOutcome::New(v))
+    }
+
+    /// Records what `producer` says of itself (`weir load`: the parameters of its rows), durably,
+    /// before its first rows; a producer the log knows keeps its record (a first batch sent
+    /// again). See [`super::ledger`].
+    pub fn describe(&mut self, producer: u64, description: &[u8]) -> Result<(), LogError> {
+        if self.ledger.knows(producer) {
+            return Ok(());
+        }
+        if description.len() > MAX_DESCRIPTION {
+            let reason = format!("a producer's description of {} bytes exceeds {MAX_DESCRIPTION}", description.len());
+            return Err(LogError::Refused { reason });
+        }
+        if !self.ledger.admits(producer) {
+            return Err(full_ledger());
+        }
+        self.ledger.describe(producer, self.next, description);
+        self.ledger.write(&self.dir)
+    }
+
+    /// Notes that `producer`'s load ended with a marker of `watermark` (written and synced with
+    /// the ledger: markers do not name their producer). A producer the log does not know is
+    /// not recorded.
+    pub fn end_load(&mut self, producer: u64, watermark: i64) -> Result<(), LogError> {
+        if self.ledger.end(producer, watermark) { self.ledger.write(&self.dir) } else { Ok(()) }
+    }
+
+    /// What each producer appended, in the order they first did.
+    pub fn producers(&self) -> Vec<ProducerRecord> {
+        self.ledger.records()
     }
 
     /// Appends a watermark marker (written to the OS, not yet synced): no row appended after it
@@ -311,6 +359,7 @@ impl IngestLog {
             // The producers' last batches outlive their entries: a batch sent again after its
             // segment went is still recognised.
             write_producers(&self.dir, &self.producers)?;
+            self.ledger.write(&self.dir)?;
         }
         while self.segments.len() > 1 && self.segments[1].first <= version {
             let seg = self.segments.remove(0);
@@ -331,7 +380,13 @@ impl IngestLog {
 
     /// A handle that other threads use to read this log.
     pub fn handle(&self) -> LogHandle {
-        LogHandle { dir: self.dir.clone(), cfg: self.cfg, durable: self.durable.clone() }
+        LogHandle { dir: self.dir.clone(), cfg: self.cfg, durable: self.durable.clone(), ledger: self.ledger.clone() }
+    }
+}
+
+fn full_ledger() -> LogError {
+    LogError::Refused {
+        reason: format!("the partition records {MAX_PRODUCERS} producers already: no room for another"),
     }
 }
 
@@ -341,9 +396,15 @@ pub struct LogHandle {
     dir: PathBuf,
     cfg: LogConfig,
     durable: Arc<AtomicU64>,
+    ledger: Ledger,
 }
 
 impl LogHandle {
+    /// What each producer appended, in the order they first did (rows not yet durable included).
+    pub fn producers(&self) -> Vec<ProducerRecord> {
+        self.ledger.records()
+    }
+
     /// Every version below this is durable.
     pub fn durable_version(&self) -> Version {
         Version(self.durable.load(Ordering::Acquire))
@@ -351,14 +412,7 @@ impl LogHandle {
 
     /// A reader from `from` (a version the log no longer or not yet holds fails on first read).
     pub fn reader(&self, from: Version) -> LogReader {
-        LogReader {
-            dir: self.dir.clone(),
-            cfg: self.cfg,
-            durable: self.durable.clone(),
-            pos: from,
-            file: None,
-            buf: Vec::new(),
-        }
+        LogReader::new(self.dir.clone(), self.cfg, self.durable.clone(), from)
     }
 }
 
@@ -373,7 +427,7 @@ fn scan_segment(
     first: Version,
     max_entry: usize,
     last: bool,
-    producers: &mut Producers,
+    (producers, ledger): (&mut Producers, &Ledger),
 ) -> Result<Version, LogError> {
     let bytes = fs::read(path).map_err(io_err(path))?;
     let mut off = 0usize;
@@ -385,6 +439,7 @@ fn scan_segment(
                 next = Version(next.0 + Parsed::versions(rows, watermark));
                 if let Some(from) = from {
                     remember(producers, from, f, Version(next.0 - 1));
+                    ledger.count(from, f, rows as u64);
                 }
                 continue;
             }
@@ -409,129 +464,4 @@ fn scan_segment(
         break;
     }
     Ok(next)
-}
-
-/// What [`LogReader::read_marked`] read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LogRead {
-    /// Rows appended to the batch.
-    pub rows: usize,
-    /// The watermark of the marker the read stopped after.
-    pub watermark: Option<i64>,
-}
-
-/// Reads one partition's log from a version on, up to what is durable.
-#[derive(Debug)]
-pub struct LogReader {
-    dir: PathBuf,
-    cfg: LogConfig,
-    durable: Arc<AtomicU64>,
-    pos: Version,
-    /// Open segment, its first version and the byte offset of the entry holding `pos`.
-    file: Option<(File, Version, u64)>,
-    buf: Vec<u8>,
-}
-
-impl LogReader {
-    /// Version of the next row to be read.
-    pub fn position(&self) -> Version {
-        self.pos
-    }
-
-    /// A reader of the same log starting at `from` (a restored source replays from its offset).
-    pub fn reopen_at(&self, from: Version) -> LogReader {
-        LogHandle { dir: self.dir.clone(), cfg: self.cfg, durable: self.durable.clone() }.reader(from)
-    }
-
-    /// Appends up to about `max_rows` durable rows (whole entries, the first possibly partial) to
-    /// `out`, reading past markers. Returns the number of rows read; 0 when nothing new is
-    /// durable.
-    pub fn read(&mut self, max_rows: usize, out: &mut Batch) -> Result<usize, LogError> {
-        let mut read = 0;
-        loop {
-            let r = self.read_marked(max_rows - read.min(max_rows), out)?;
-            read += r.rows;
-            if r.watermark.is_none() || read >= max_rows {
-                return Ok(read);
-            }
-        }
-    }
-
-    /// As [`Self::read`], but stops after a marker and says so: the rows before it are in `out`,
-    /// and its watermark applies after them.
-    pub fn read_marked(&mut self, max_rows: usize, out: &mut Batch) -> Result<LogRead, LogError> {
-        let durable = Version(self.durable.load(Ordering::Acquire));
-        let mut read = 0;
-        while self.pos < durable && read < max_rows {
-            if self.file.is_none() {
-                self.open_at(self.pos)?;
-            }
-            let (file, seg_first, offset) = self.file.as_mut().expect("opened");
-            let seg_path = segment::segment_path(&self.dir, *seg_first);
-            let mut head = [0u8; segment::ENTRY_HEADER];
-            match file.read_exact(&mut head) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    // End of this segment: the next one starts at pos.
-                    self.file = None;
-                    let next = segment::segment_path(&self.dir, self.pos);
-                    if !next.exists() {
-                        let reason = format!("segment for {} missing", self.pos);
-                        return Err(LogError::Corrupt { path: next, offset: 0, reason });
-                    }
-                    continue;
-                }
-                Err(e) => return Err(io_err(&seg_path)(e)),
-            }
-            // An unknown header reads no further: `parse_entry` says what is wrong with it.
-            let rest = segment::rest_len(&head).unwrap_or(0);
-            self.buf.clear();
-            self.buf.extend_from_slice(&head);
-            let cap = self.cfg.max_entry_bytes + segment::PRODUCER_BYTES;
-            self.buf.resize(segment::ENTRY_HEADER + rest.min(cap), 0);
-            file.read_exact(&mut self.buf[segment::ENTRY_HEADER..]).map_err(io_err(&seg_path))?;
-            let (first, rows, len, watermark) = match segment::parse_entry(&self.buf, self.cfg.max_entry_bytes) {
-                Parsed::Entry { first, rows, len, watermark, .. } => (first, rows as usize, len, watermark),
-                Parsed::Incomplete => unreachable!("read the whole entry"),
-                Parsed::Corrupt(reason) => {
-                    return Err(LogError::Corrupt { path: seg_path, offset: *offset, reason });
-                }
-            };
-            *offset += len as u64;
-            let end = Version(first.0 + Parsed::versions(rows as u32, watermark));
-            if end <= self.pos {
-                continue; // before our start (first entry after a seek)
-            }
-            let skip = (self.pos.0 - first.0) as usize;
-            self.pos = end;
-            if let Some(w) = watermark {
-                return Ok(LogRead { rows: read, watermark: Some(w) });
-            }
-            segment::decode_rows(&self.buf, rows, skip, out);
-            read += rows - skip;
-        }
-        Ok(LogRead { rows: read, watermark: None })
-    }
-
-    fn open_at(&mut self, pos: Version) -> Result<(), LogError> {
-        let mut best = None;
-        for entry in fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {
-            let path = entry.map_err(io_err(&self.dir))?.path();
-            if let Some(first) = segment::parse_segment_name(&path)
-                && first <= pos
-                && best.is_none_or(|b| first > b)
-            {
-                best = Some(first);
-            }
-        }
-        let Some(first) = best else {
-            let reason = format!("no segment holds version {pos}");
-            return Err(LogError::Corrupt { path: self.dir.clone(), offset: 0, reason });
-        };
-        let path = segment::segment_path(&self.dir, first);
-        let mut file = File::open(&path).map_err(io_err(&path))?;
-        file.seek(SeekFrom::Start(0)).map_err(io_err(&path))?;
-        self.file = Some((file, first, 0));
-        Ok(())
-    }
 }

@@ -42,6 +42,9 @@ pub struct AppendRequest<T> {
     pub from: Option<ProducerSeq>,
     /// After the rows, a watermark marker with this watermark ([`IngestLog::append_marker`]).
     pub watermark: Option<i64>,
+    /// With a producer's first batch (sequence number 0): what it says of itself, kept in the
+    /// partition's ledger ([`IngestLog::describe`]).
+    pub describe: Option<Vec<u8>>,
     /// Caller's identification of the request.
     pub token: T,
 }
@@ -63,6 +66,17 @@ pub struct Appended<T> {
     pub marker: Option<Version>,
 }
 
+/// What the writer tells of its appends (a node's metrics). Called on the writer thread, once per
+/// request: it must be cheap (an atomic add, a histogram bucket).
+pub trait IngestObserver: Send + Sync + std::fmt::Debug {
+    /// An append acknowledged as durable: its rows (0 for a marker alone), the time from the
+    /// writer taking the request to the acknowledgement (the group commit's wait and the sync),
+    /// and whether it was a batch sent again.
+    fn acknowledged(&self, rows: u64, latency: Duration, duplicate: bool);
+    /// An append refused; `retryable` when sending it again may succeed.
+    fn refused(&self, retryable: bool);
+}
+
 /// The running writer.
 #[derive(Debug)]
 pub struct IngestService<T> {
@@ -82,6 +96,18 @@ impl<T: Send + 'static> IngestService<T> {
         policy: SyncPolicy,
         acks: Sender<Appended<T>>,
     ) -> Result<Self, LogError> {
+        Self::start_observed(dir, partitions, cfg, policy, acks, None)
+    }
+
+    /// As [`Self::start`], telling `observer` of every acknowledgement and refusal.
+    pub fn start_observed(
+        dir: &Path,
+        partitions: u32,
+        cfg: LogConfig,
+        policy: SyncPolicy,
+        acks: Sender<Appended<T>>,
+        observer: Option<Arc<dyn IngestObserver>>,
+    ) -> Result<Self, LogError> {
         let mut logs = Vec::new();
         for p in 0..partitions {
             logs.push(IngestLog::open(&partition_dir(dir, p), cfg)?);
@@ -92,7 +118,7 @@ impl<T: Send + 'static> IngestService<T> {
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("weir-ingest".into())
-            .spawn(move || writer(logs, policy, rx, acks, &stop2))
+            .spawn(move || writer(logs, policy, rx, acks, &stop2, observer.as_deref()))
             .map_err(|source| LogError::Io { path: dir.to_path_buf(), source })?;
         Ok(Self { requests, handles, stop, thread: Some(thread) })
     }
@@ -100,6 +126,11 @@ impl<T: Send + 'static> IngestService<T> {
     /// Where requests go (bounded: a full queue means the disk is behind).
     pub fn requests(&self) -> &Sender<AppendRequest<T>> {
         &self.requests
+    }
+
+    /// Partitions the writer holds.
+    pub fn partitions(&self) -> u32 {
+        self.handles.len() as u32
     }
 
     /// Read access to partition `p`'s log.
@@ -129,8 +160,10 @@ fn writer<T>(
     rx: Receiver<AppendRequest<T>>,
     acks: Sender<Appended<T>>,
     stop: &AtomicBool,
+    observer: Option<&dyn IngestObserver>,
 ) {
-    let mut pending: Vec<Appended<T>> = Vec::new();
+    // Each pending acknowledgement with the time its request was taken.
+    let mut pending: Vec<(Appended<T>, Instant)> = Vec::new();
     let mut dirty = vec![false; logs.len()];
     let mut last_sync = Instant::now();
     let mut open = true;
@@ -159,6 +192,7 @@ fn writer<T>(
         // Bounded, so a producer faster than the disk cannot postpone the sync forever.
         let drained = std::iter::from_fn(|| rx.try_recv().ok()).take(MAX_GROUP);
         for req in first.into_iter().chain(drained) {
+            let taken = Instant::now();
             let p = req.partition as usize;
             let Some(log) = logs.get_mut(p) else {
                 let result = Err(format!("no partition {} on this node ({} partitions)", req.partition, dirty.len()));
@@ -170,30 +204,43 @@ fn writer<T>(
                     duplicate: false,
                     marker: None,
                 };
+                if let Some(o) = observer {
+                    o.refused(false);
+                }
                 let _ = acks.send(a);
                 continue;
             };
             let appended = match req.from {
+                // A producer's description comes with its first batch and is stored before it.
+                Some(from) if from.seq == 0 && req.describe.is_some() => {
+                    let d = req.describe.as_deref().unwrap_or_default();
+                    log.describe(from.producer, d).and_then(|()| log.append_from(from, &req.batch))
+                }
                 Some(from) => log.append_from(from, &req.batch),
                 None => log.append(&req.batch).map(AppendOutcome::New),
             };
-            let appended = appended.and_then(|o| match req.watermark {
-                Some(w) => log.append_marker(w).map(|at| (o, Some(at))),
-                None => Ok((o, None)),
+            let appended = appended.and_then(|o| match (req.watermark, req.from) {
+                // A producer's marker ends its load: its ledger record says so.
+                (Some(w), Some(from)) => {
+                    log.append_marker(w).and_then(|at| log.end_load(from.producer, w).map(|()| (o, Some(at))))
+                }
+                (Some(w), None) => log.append_marker(w).map(|at| (o, Some(at))),
+                (None, _) => Ok((o, None)),
             });
             match appended {
                 Ok((o, marker)) => {
                     // A batch sent again is acknowledged with the others at the next sync: its
                     // original may be in this very group, not yet durable.
                     dirty[p] |= matches!(o, AppendOutcome::New(Some(_))) || marker.is_some();
-                    pending.push(Appended {
+                    let a = Appended {
                         token: req.token,
                         partition: req.partition,
                         result: Ok(o.versions()),
                         retryable: false,
                         duplicate: matches!(o, AppendOutcome::Duplicate(..)),
                         marker,
-                    });
+                    };
+                    pending.push((a, taken));
                 }
                 Err(e) => {
                     if matches!(e, LogError::Io { .. } | LogError::Corrupt { .. }) {
@@ -202,6 +249,9 @@ fn writer<T>(
                         tracing::debug!(partition = req.partition, error = %e, "ingest append refused");
                     }
                     let retryable = e.is_retryable();
+                    if let Some(o) = observer {
+                        o.refused(retryable);
+                    }
                     let _ = acks.send(Appended {
                         token: req.token,
                         partition: req.partition,
@@ -238,10 +288,19 @@ fn writer<T>(
             dirty[p] = false;
         }
         last_sync = Instant::now();
-        for mut a in pending.drain(..) {
+        for (mut a, taken) in pending.drain(..) {
             if let Some(e) = &failed[a.partition as usize] {
                 a.result = Err(format!("not durable: {e}"));
                 a.retryable = true;
+            }
+            if let Some(o) = observer {
+                match &a.result {
+                    Ok(v) => {
+                        let rows = v.map_or(0, |(f, l)| l.0 - f.0 + 1);
+                        o.acknowledged(rows, taken.elapsed(), a.duplicate);
+                    }
+                    Err(_) => o.refused(true),
+                }
             }
             let _ = acks.send(a);
         }

@@ -57,6 +57,8 @@ pub struct EngineConfig {
     /// What the node knew of its links to its peers before this engine (a restart), for status
     /// until they change.
     pub links: Vec<weir_wire::msg::PeerLink>,
+    /// Told of every ingest append's acknowledgement or refusal (a node's metrics).
+    pub ingest_observer: Option<std::sync::Arc<dyn crate::ingest::IngestObserver>>,
 }
 
 impl EngineConfig {
@@ -80,6 +82,7 @@ impl EngineConfig {
             failover: false,
             restarts: Vec::new(),
             links: Vec::new(),
+            ingest_observer: None,
         }
     }
 }

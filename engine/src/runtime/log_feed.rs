@@ -62,6 +62,7 @@ impl LogFeed {
             batch: Batch::default(),
             from: None,
             watermark: Some(watermark),
+            describe: None,
             token,
         };
         // A full queue means rows are coming: no marker needed now.

@@ -171,12 +171,13 @@ impl Engine {
         }
         let (ack_tx, ack_rx) = crossbeam_channel::unbounded();
         let ingest = match spec.source {
-            SourceKind::IngestLog => Some(Arc::new(IngestService::start(
+            SourceKind::IngestLog => Some(Arc::new(IngestService::start_observed(
                 &cfg.data_dir.join("ingest"),
                 spec.partitions,
                 cfg.log,
                 cfg.sync,
                 ack_tx,
+                cfg.ingest_observer.clone(),
             )?)),
             SourceKind::Generator { .. } => None,
         };

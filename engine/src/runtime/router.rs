@@ -231,6 +231,11 @@ impl Run {
                 // milliseconds); a query service of its own is the way for heavier reads.
                 self.reply(node, &self.status.results_page(&req), Duration::from_secs(5), "results page");
             }
+            Kind::ProducersReq => {
+                let Ok(req) = frame.to_owned::<weir_wire::msg::ProducersReq>() else { return };
+                let rsp = self.producers(req);
+                self.reply(node, &rsp, Duration::from_secs(5), "producers response");
+            }
             Kind::StopReq => {
                 let Ok(req) = frame.to_owned::<weir_wire::msg::StopReq>() else { return };
                 self.on_stop(node, req);
@@ -307,6 +312,41 @@ impl Run {
         self.reply(from, &rsp, Duration::from_secs(1), "stop response");
     }
 
+    /// The ledgers of the node's ingest-log partitions that have producers.
+    fn producers(&self, req: weir_wire::msg::ProducersReq) -> weir_wire::msg::ProducersRsp {
+        use weir_wire::msg::{PartitionProducers, ProducerInfo, ProducersRsp};
+        let mut rsp =
+            ProducersRsp { request: req.request, node: self.status.node, partitions: Vec::new(), error: String::new() };
+        match &self.ingest {
+            Some((svc, _)) if req.stream == self.status.stream => {
+                for p in 0..svc.partitions() {
+                    let log = svc.log(p).expect("partition of the service");
+                    let producers: Vec<ProducerInfo> = log
+                        .producers()
+                        .into_iter()
+                        .map(|r| ProducerInfo {
+                            producer: r.producer,
+                            description: r.description,
+                            first: r.first,
+                            rows: r.rows,
+                            batches: r.batches,
+                            ended: r.ended,
+                        })
+                        .collect();
+                    if !producers.is_empty() {
+                        rsp.partitions.push(PartitionProducers {
+                            partition: p,
+                            durable: log.durable_version(),
+                            producers,
+                        });
+                    }
+                }
+            }
+            _ => rsp.error = format!("stream {} is not an ingest-log stream of this node", req.stream),
+        }
+        rsp
+    }
+
     fn on_ingest(&mut self, node: NodeId, frame: &Frame) {
         let Ok(req) = frame.to_owned::<Ingest>() else { return };
         let token = IngestToken { node, stream: req.stream, request: req.request };
@@ -316,8 +356,14 @@ impl Run {
             return self.send_ack(token, req.partition, outcome);
         };
         let from = Some(crate::ingest::segment::ProducerSeq { producer: req.producer, seq: req.seq });
-        let r =
-            AppendRequest { partition: req.partition, batch: req.batch, from, watermark: req.idle_watermark_ms, token };
+        let r = AppendRequest {
+            partition: req.partition,
+            batch: req.batch,
+            from,
+            watermark: req.idle_watermark_ms,
+            describe: req.description,
+            token,
+        };
         if svc.requests().try_send(r).is_err() {
             let outcome = IngestOutcome::Rejected { reason: "ingest queue full".into(), retryable: true };
             self.send_ack(token, req.partition, outcome);

@@ -203,6 +203,8 @@ impl Driver {
                     seq,
                     batch: batch.clone(),
                     idle_watermark_ms: f.marker.then(|| idle_watermark(plan, p, acked[&p].rows)),
+                    // The ledger keeps what the rows are a function of (`weir verify` reads it).
+                    description: (seq == 0).then(|| plan.description.clone()),
                 };
                 if let Err(e) = w.send(&msg) {
                     lost = Some(e.to_string());

@@ -117,6 +117,10 @@ pub struct Plan {
     pub ack_timeout: Duration,
     /// The stream's window, when the config says (the end-of-load markers close its last one).
     pub window: Option<weir_engine::operator::window::WindowSpec>,
+    /// What the load says of itself with each partition's first batch ([`crate::loads`]).
+    pub description: Vec<u8>,
+    /// Rows earlier loads appended to each partition.
+    pub before: Vec<u64>,
 }
 
 impl Plan {
@@ -193,9 +197,22 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
     let per_partition_rate = args.rate.map(|r| r / partitions as u64);
     let rows_per_ms = args.rows_per_ms.unwrap_or_else(|| per_partition_rate.map_or(1000, |r| (r / 1000).max(1)));
     let owners = owners(&target, stream, partitions, args.timeout)?;
-    // Event time starts now, when sending does: an idle partition's watermark follows the wall
-    // clock, and rows behind it would be late.
+    // Earlier loads of the stream: this one starts after their last windows.
+    let earlier = crate::loads::loads(&target, stream, &owners)?;
+    let before: Vec<u64> = earlier.iter().map(|l| l.iter().map(|x| x.rows).sum()).collect();
+    let earlier_end = match window {
+        Some(w) => earlier
+            .iter()
+            .enumerate()
+            .flat_map(|(p, l)| l.iter().map(move |x| x.end(p as u32, w)))
+            .max()
+            .unwrap_or(i64::MIN),
+        None => earlier.iter().flatten().filter_map(|x| x.ended).max().unwrap_or(i64::MIN),
+    };
+    // Event time starts now, when sending does (an idle partition's watermark follows the wall
+    // clock, and rows behind it would be late), and after every earlier load's last window.
     let wall_ms = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).context("clock before 1970")?.as_millis();
+    let wall_ms = (wall_ms as i64).max(earlier_end);
     let generator = GeneratorSpec {
         seed: args.seed,
         keys: args.keys,
@@ -203,7 +220,7 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
         out_of_order: args.out_of_order,
         max_disorder_ms: args.max_disorder.as_millis() as i64,
         // Event time starts at the wall clock (and with the rate's rows per ms moves with it).
-        ts_start: wall_ms as i64,
+        ts_start: wall_ms,
     };
     generator.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut producer = [0u8; 8];
@@ -223,6 +240,8 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
         timeout: args.timeout,
         ack_timeout: args.timeout.min(Duration::from_secs(10)),
         window,
+        description: crate::loads::Description::of(&generator).encode(),
+        before,
     });
     let target = Arc::new(target);
     let counters = Arc::new(Counters::default());

@@ -68,6 +68,7 @@ impl Summary<'_> {
             "partitions": self.partitions.iter().map(|a| json!({
                 "partition": a.partition,
                 "events": a.rows,
+                "events_before": self.plan.before.get(a.partition as usize).copied().unwrap_or(0),
                 "versions": a.versions.map(|(lo, hi)| json!([lo, hi])),
             })).collect::<Vec<_>>(),
             "errors": self.errors,
@@ -104,7 +105,9 @@ impl Summary<'_> {
         )?;
         for a in self.partitions {
             let v = a.versions.map_or("-".to_string(), |(lo, hi)| format!("versions {lo}..={hi}"));
-            writeln!(out, "  partition {:>3}: {:>12} events, {v}", a.partition, a.rows)?;
+            let before = self.plan.before.get(a.partition as usize).copied().unwrap_or(0);
+            let earlier = if before > 0 { format!(" (after {before} of earlier loads)") } else { String::new() };
+            writeln!(out, "  partition {:>3}: {:>12} events, {v}{earlier}", a.partition, a.rows)?;
         }
         for e in self.errors {
             writeln!(out, "error: {e}")?;

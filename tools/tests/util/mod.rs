@@ -32,8 +32,13 @@ pub fn free_ports(n: usize) -> Vec<u16> {
 pub fn adjusted(example: toml::Table, dir: &Path, tune: impl FnOnce(&mut toml::Table)) -> PathBuf {
     let mut t = example;
     let nodes = t["nodes"].as_array_mut().unwrap();
-    for (node, port) in nodes.iter_mut().zip(free_ports(3)) {
-        node.as_table_mut().unwrap().insert("addr".into(), format!("127.0.0.1:{port}").into());
+    let ports = free_ports(6);
+    for (node, port) in nodes.iter_mut().zip(ports.chunks(2)) {
+        let node = node.as_table_mut().unwrap();
+        node.insert("addr".into(), format!("127.0.0.1:{}", port[0]).into());
+        if node.contains_key("metrics") {
+            node.insert("metrics".into(), format!("127.0.0.1:{}", port[1]).into());
+        }
     }
     t.insert("data_dir".into(), dir.join("data").display().to_string().into());
     let ck = t["checkpoint"].as_table_mut().unwrap();

@@ -24,6 +24,10 @@ archived! {
         /// appends a watermark marker for it, and the partition stops holding back the stream's
         /// watermark.
         pub idle_watermark_ms: Option<i64>,
+        /// With the producer's first batch on the partition (`seq` 0): what the producer says of
+        /// itself, kept with the partition's log for as long as the log is (`weir load`: the
+        /// parameters its rows are a pure function of, for `weir verify`). Ignored on other batches.
+        pub description: Option<Vec<u8>>,
     }
 }
 

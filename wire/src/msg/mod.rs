@@ -159,4 +159,6 @@ kinds! {
     45 => StopRsp,
     46 => ResultsReq,
     47 => ResultsRsp,
+    48 => ProducersReq,
+    49 => ProducersRsp,
 }

@@ -290,3 +290,58 @@ archived! {
         pub error: String,
     }
 }
+
+archived! {
+    /// Client → node: what each producer appended to `stream`'s ingest-log partitions on this
+    /// node (their ledgers).
+    pub struct ProducersReq {
+        /// Echoed in the response.
+        pub request: u64,
+        /// Stream.
+        pub stream: StreamId,
+    }
+}
+
+archived! {
+    /// What one producer appended to one partition.
+    pub struct ProducerInfo {
+        /// Producer id.
+        pub producer: u64,
+        /// What it said of itself with its first batch (empty: nothing).
+        pub description: Vec<u8>,
+        /// Version of its first row.
+        pub first: Version,
+        /// Rows appended.
+        pub rows: u64,
+        /// Batches appended (sequence numbers `0..batches`).
+        pub batches: u64,
+        /// The watermark of its last end-of-load marker: it said it was done.
+        pub ended: Option<i64>,
+    }
+}
+
+archived! {
+    /// One partition's ledger in a [`ProducersRsp`].
+    pub struct PartitionProducers {
+        /// Partition.
+        pub partition: u32,
+        /// Every version below this is durable.
+        pub durable: Version,
+        /// Its producers, in the order they first appended.
+        pub producers: Vec<ProducerInfo>,
+    }
+}
+
+archived! {
+    /// Node → client: the ledgers of the node's partitions that have any producer.
+    pub struct ProducersRsp {
+        /// The request this answers.
+        pub request: u64,
+        /// Answering node.
+        pub node: NodeId,
+        /// Partitions with at least one producer, ascending.
+        pub partitions: Vec<PartitionProducers>,
+        /// Why there is no answer (not an ingest-log stream of this node); empty when there is.
+        pub error: String,
+    }
+}

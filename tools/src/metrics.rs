@@ -1,0 +1,344 @@
+//! A node's Prometheus metrics over HTTP (`[[nodes]] metrics = "127.0.0.1:9111"`): `GET /metrics`
+//! answers in the OpenMetrics text format (`prometheus-client`), which Prometheus scrapes.
+//!
+//! The engine keeps its own counters (task status, engine stats) and restarts them with every
+//! run of the stream; the [`Board`] takes a snapshot of them twice a second from the node's
+//! supervising loop and adds the counts of the node's earlier runs, so every counter exported
+//! only grows while the process lives (Prometheus's `rate()` handles a process restart). The
+//! ingest writer reports each acknowledgement itself ([`IngestObserver`]), into a histogram.
+//! Checkpoint durations go into histograms once per checkpoint, on the coordinator's node.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use weir_engine::ingest::IngestObserver;
+use weir_engine::runtime::EngineStats;
+use weir_engine::wire::msg::{CheckpointOutcome, StatusRsp, TaskState};
+
+type Labels = Vec<(String, String)>;
+
+/// What the node is doing, for `weir_node_state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Running,
+    Restarting,
+    Idle,
+}
+
+/// Ingest acknowledgements, told by the ingest writer.
+#[derive(Debug)]
+pub struct IngestMetrics {
+    rows: Counter,
+    appends: Counter,
+    duplicates: Counter,
+    refused: Family<Labels, Counter>,
+    latency: Histogram,
+}
+
+impl IngestObserver for IngestMetrics {
+    fn acknowledged(&self, rows: u64, latency: Duration, duplicate: bool) {
+        if duplicate {
+            self.duplicates.inc();
+        } else {
+            self.rows.inc_by(rows);
+        }
+        self.appends.inc();
+        self.latency.observe(latency.as_secs_f64());
+    }
+
+    fn refused(&self, retryable: bool) {
+        let kind = if retryable { "retryable" } else { "fatal" };
+        self.refused.get_or_create(&vec![("kind".into(), kind.into())]).inc();
+    }
+}
+
+/// Counters of one task, summed over the node's runs of the stream.
+#[derive(Clone, Copy, Default)]
+struct TaskCounts {
+    rows_in: u64,
+    rows_out: u64,
+}
+
+#[derive(Default)]
+struct State {
+    phase: Option<Phase>,
+    /// The current run's last snapshot.
+    status: Option<StatusRsp>,
+    stats: [u64; 5],
+    /// Earlier runs' totals.
+    base_tasks: BTreeMap<(u64, u32), TaskCounts>,
+    base_stats: [u64; 5],
+    restarts: u64,
+    /// Checkpoints already counted (their ids), and the outcomes counted.
+    seen: BTreeSet<u64>,
+    committed: u64,
+    failed: u64,
+    upload_bytes: u64,
+}
+
+/// The node's metrics.
+pub struct Board {
+    node: u32,
+    state: Mutex<State>,
+    ingest: Arc<IngestMetrics>,
+    checkpoint: Histogram,
+    alignment: Histogram,
+    snapshot: Histogram,
+}
+
+fn seconds_buckets() -> impl Iterator<Item = f64> {
+    // 100 µs to ~52 s.
+    exponential_buckets(0.0001, 2.0, 20)
+}
+
+fn stats_of(s: &EngineStats) -> [u64; 5] {
+    [&s.rows_in, &s.rows_aggregated, &s.results_emitted, &s.results_written, &s.late_rows]
+        .map(|a| a.load(Ordering::Relaxed))
+}
+
+impl Board {
+    pub fn new(node: u32) -> Arc<Board> {
+        Arc::new(Board {
+            node,
+            state: Mutex::new(State::default()),
+            ingest: Arc::new(IngestMetrics {
+                rows: Counter::default(),
+                appends: Counter::default(),
+                duplicates: Counter::default(),
+                refused: Family::default(),
+                latency: Histogram::new(seconds_buckets()),
+            }),
+            checkpoint: Histogram::new(seconds_buckets()),
+            alignment: Histogram::new(seconds_buckets()),
+            snapshot: Histogram::new(seconds_buckets()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the ingest writer reports to.
+    pub fn ingest(&self) -> Arc<dyn IngestObserver> {
+        self.ingest.clone()
+    }
+
+    pub fn set_phase(&self, phase: Phase) {
+        self.lock().phase = Some(phase);
+    }
+
+    /// A restart of the stream on this node.
+    pub fn restarted(&self) {
+        self.lock().restarts += 1;
+    }
+
+    /// A snapshot of the running engine.
+    pub fn update(&self, status: StatusRsp, stats: &EngineStats) {
+        let mut s = self.lock();
+        s.phase = Some(Phase::Running);
+        for c in &status.checkpoints {
+            let done = !matches!(c.outcome, CheckpointOutcome::InProgress);
+            if !done || !s.seen.insert(c.checkpoint.0) {
+                continue;
+            }
+            match c.outcome {
+                CheckpointOutcome::Committed => {
+                    s.committed += 1;
+                    s.upload_bytes += c.upload_bytes;
+                    self.checkpoint.observe(c.duration_us as f64 / 1e6);
+                    self.alignment.observe(c.max_align_us as f64 / 1e6);
+                    self.snapshot.observe(c.max_snapshot_us as f64 / 1e6);
+                }
+                _ => s.failed += 1,
+            }
+        }
+        // Ids are kept for the checkpoints the status still lists (it lists the recent ones).
+        if s.seen.len() > 4096 {
+            let keep: BTreeSet<u64> = status.checkpoints.iter().map(|c| c.checkpoint.0).collect();
+            s.seen.retain(|id| keep.contains(id));
+        }
+        s.stats = stats_of(stats);
+        s.status = Some(status);
+    }
+
+    /// The engine ended: its counts join the earlier runs'.
+    pub fn engine_ended(&self) {
+        let mut s = self.lock();
+        if let Some(st) = s.status.take() {
+            for t in &st.tasks {
+                let b = s.base_tasks.entry((t.stream.0, t.task.0)).or_default();
+                b.rows_in += t.rows_in;
+                b.rows_out += t.rows_out;
+            }
+        }
+        let stats = std::mem::take(&mut s.stats);
+        for (b, v) in s.base_stats.iter_mut().zip(stats) {
+            *b += v;
+        }
+    }
+
+    /// The metrics in the OpenMetrics text format.
+    pub fn render(&self) -> String {
+        let s = self.lock();
+        let mut r = Registry::with_prefix("weir");
+        let node = self.node.to_string();
+        let counter = |v: u64| {
+            let c: Counter = Counter::default();
+            c.inc_by(v);
+            c
+        };
+        // Tasks: this run's counters plus the earlier runs'.
+        let mut tasks = s.base_tasks.clone();
+        let mut states = Vec::new();
+        if let Some(st) = &s.status {
+            for t in &st.tasks {
+                let e = tasks.entry((t.stream.0, t.task.0)).or_default();
+                e.rows_in += t.rows_in;
+                e.rows_out += t.rows_out;
+                states.push((t.stream.0, t.task.0, t.state.clone()));
+            }
+        }
+        let task_labels =
+            |stream: u64, task: u32| vec![("stream".into(), stream.to_string()), ("task".into(), task.to_string())];
+        let rows_in = Family::<Labels, Counter>::default();
+        let rows_out = Family::<Labels, Counter>::default();
+        for ((stream, task), c) in &tasks {
+            rows_in.get_or_create(&task_labels(*stream, *task)).inc_by(c.rows_in);
+            rows_out.get_or_create(&task_labels(*stream, *task)).inc_by(c.rows_out);
+        }
+        r.register("task_rows_in", "Rows (or results) a task received", rows_in);
+        r.register("task_rows_out", "Rows (or results) a task emitted", rows_out);
+        let state = Family::<Labels, Gauge>::default();
+        for (stream, task, st) in states {
+            let mut l = task_labels(stream, task);
+            l.push(("state".into(), task_state(st).into()));
+            state.get_or_create(&l).set(1);
+        }
+        r.register("task_state", "A task's state (1 for the state it is in)", state);
+        let names = [
+            ("source_rows", "Rows the node's sources read"),
+            ("agg_rows", "Rows the node's aggs processed"),
+            ("results_emitted", "Window results the node's aggs emitted"),
+            ("results_written", "Window results the node's sinks wrote"),
+            ("late_rows", "Late rows the node's aggs dropped"),
+        ];
+        for (i, (name, help)) in names.iter().enumerate() {
+            r.register(*name, *help, counter(s.base_stats[i] + s.stats[i]));
+        }
+        r.register("ingest_rows", "Rows appended to the node's ingest logs and acknowledged", self.ingest.rows.clone());
+        r.register("ingest_appends", "Ingest requests acknowledged", self.ingest.appends.clone());
+        r.register("ingest_duplicates", "Ingest batches sent again, stored before", self.ingest.duplicates.clone());
+        r.register("ingest_refused", "Ingest requests refused", self.ingest.refused.clone());
+        r.register(
+            "ingest_ack_latency_seconds",
+            "From the ingest writer taking a request to its acknowledgement",
+            self.ingest.latency.clone(),
+        );
+        r.register("checkpoint_duration_seconds", "Committed checkpoints, trigger to commit", self.checkpoint.clone());
+        r.register("checkpoint_alignment_seconds", "Committed checkpoints' longest alignment", self.alignment.clone());
+        r.register(
+            "checkpoint_snapshot_seconds",
+            "Committed checkpoints' longest synchronous snapshot",
+            self.snapshot.clone(),
+        );
+        let outcomes = Family::<Labels, Counter>::default();
+        outcomes.get_or_create(&vec![("outcome".into(), "committed".into())]).inc_by(s.committed);
+        outcomes.get_or_create(&vec![("outcome".into(), "failed".into())]).inc_by(s.failed);
+        r.register("checkpoints", "Checkpoints finished (coordinator's node)", outcomes);
+        r.register("checkpoint_upload_bytes", "Bytes committed checkpoints uploaded", counter(s.upload_bytes));
+        let latest = Gauge::<i64>::default();
+        let last = s.status.as_ref().and_then(|st| st.tasks.iter().filter_map(|t| t.latest).map(|c| c.0).max());
+        latest.set(last.map_or(-1, |c| c as i64));
+        r.register("last_committed_checkpoint", "The newest checkpoint a local task committed (-1: none)", latest);
+        r.register("restarts", "Restarts of the stream on this node", counter(s.restarts));
+        let phase = Family::<Labels, Gauge>::default();
+        for (p, name) in [(Phase::Running, "running"), (Phase::Restarting, "restarting"), (Phase::Idle, "idle")] {
+            phase.get_or_create(&vec![("state".into(), name.into())]).set(i64::from(s.phase == Some(p)));
+        }
+        r.register("node_state", "What the node does (1 for its state)", phase);
+        let peers = Family::<Labels, Gauge>::default();
+        if let Some(st) = &s.status {
+            for l in &st.peers {
+                peers.get_or_create(&vec![("peer".into(), l.node.0.to_string())]).set(i64::from(l.up));
+            }
+        }
+        r.register("peer_up", "Whether the link to a peer is up", peers);
+        let info = Family::<Labels, Gauge>::default();
+        info.get_or_create(&vec![("node".into(), node)]).set(1);
+        r.register("node", "This node's id", info);
+        let mut out = String::new();
+        encode(&mut out, &r).expect("metrics encode to a string");
+        out
+    }
+}
+
+fn task_state(s: TaskState) -> &'static str {
+    match s {
+        TaskState::Uninit => "uninit",
+        TaskState::Ready => "ready",
+        TaskState::Checkpointing => "checkpointing",
+        TaskState::Paused => "paused",
+        TaskState::Stopped => "stopped",
+    }
+}
+
+/// Serves `board` at `addr` (`GET /metrics`) on a thread of its own, for the process's life.
+pub fn serve(addr: SocketAddr, board: Arc<Board>) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(addr).with_context(|| format!("metrics: cannot listen on {addr}"))?;
+    tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+    std::thread::Builder::new()
+        .name("weir-metrics".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                match conn {
+                    Ok(c) => {
+                        if let Err(e) = answer(c, &board) {
+                            tracing::debug!(error = %e, "metrics request");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "metrics: accept failed"),
+                }
+            }
+        })
+        .context("metrics thread")?;
+    Ok(())
+}
+
+/// One HTTP/1.x request on `c`, answered and closed.
+fn answer(c: TcpStream, board: &Board) -> std::io::Result<()> {
+    c.set_read_timeout(Some(Duration::from_secs(5)))?;
+    c.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut reader = BufReader::new(c.try_clone()?);
+    let mut line = String::new();
+    reader.by_ref().take(8192).read_line(&mut line)?;
+    // The headers, up to the blank line (nothing in them matters here).
+    let mut header = String::new();
+    while reader.by_ref().take(8192).read_line(&mut header)? > 2 {
+        header.clear();
+    }
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, kind, body) = match (method, path.split('?').next().unwrap_or("")) {
+        ("GET", "/metrics") => ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", board.render()),
+        ("GET", _) => ("404 Not Found", "text/plain", "weir serves /metrics\n".to_string()),
+        _ => ("405 Method Not Allowed", "text/plain", "GET /metrics\n".to_string()),
+    };
+    let mut c = c;
+    write!(
+        c,
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    c.flush()
+}
