@@ -13,6 +13,7 @@ mod node;
 mod placement;
 mod query;
 mod remote;
+mod report;
 mod results;
 mod run;
 mod standby;
@@ -43,9 +44,11 @@ enum Command {
     Status(status::StatusArgs),
     /// Stops a stream on every node (with `--checkpoint`, after a final committed checkpoint).
     Stop(stop::StopArgs),
-    /// Compares a generator stream's results on every node with the expected ones (a running
-    /// stream's up to its last commit).
+    /// Compares a stream's results on every node with the expected ones: a generator's (a
+    /// running stream's up to its last commit) or the rows every `weir load` sent.
     Verify(verify::VerifyArgs),
+    /// An HTML page with plots of a load (its `--hdr-log`) and the checkpoints during it.
+    Report(report::ReportArgs),
     /// What a remote store holds: list, show, verify and collect checkpoints.
     Checkpoints(checkpoints::CheckpointsArgs),
     /// Two transports on 127.0.0.1 in this process: handshake, batch throughput and round trips.
@@ -77,6 +80,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(args) => status::run(&args),
         Command::Stop(args) => stop::run(&args),
         Command::Verify(args) => verify::run(&args),
+        Command::Report(args) => report::run(&args),
         Command::Checkpoints(args) => checkpoints::run(&args),
         Command::Demo(args) => demo::run(&args).map(|()| std::process::ExitCode::SUCCESS),
     };

@@ -1,6 +1,9 @@
 //! Ack latency of `weir load`: one histogram of the whole run and one per second, written as an
 //! HdrHistogram interval log (`--hdr-log`) that HdrHistogram's own tools read.
 //!
+//! Histograms count events: each event's ack latency is its batch's (so an interval's count is
+//! the events acknowledged in it, the throughput `weir report` plots).
+//!
 //! Latency is measured from each batch's *scheduled* send time, not from when it was sent: a
 //! node that stalls shows as latency of every batch that should have gone meanwhile (open loop,
 //! coordinated omission corrected as wrk2 does), not as a lower send rate.
@@ -51,7 +54,9 @@ impl Latency {
                 let mut serializer = V2DeflateSerializer::new();
                 // The header: how to read the values, and the time intervals count from.
                 IntervalLogWriterBuilder::new()
-                    .add_comment("weir load: ack latency in microseconds from each batch's scheduled send time")
+                    .add_comment(
+                        "weir load: ack latency in microseconds of every event, from its batch's scheduled send time",
+                    )
                     .with_start_time(start)
                     .with_base_time(start)
                     .begin_log_with(&mut out, &mut serializer)
@@ -66,11 +71,11 @@ impl Latency {
         Ok(Self { total: histogram(), interval: histogram(), log, interval_start: Duration::ZERO })
     }
 
-    /// Records one acknowledged batch's latency.
-    pub fn record(&mut self, latency: Duration) {
+    /// Records the latency of an acknowledged batch of `rows` events.
+    pub fn record(&mut self, latency: Duration, rows: u64) {
         let us = (latency.as_micros() as u64).clamp(1, MAX_US);
-        self.total.record(us).expect("within bounds");
-        self.interval.record(us).expect("within bounds");
+        self.total.record_n(us, rows).expect("within bounds");
+        self.interval.record_n(us, rows).expect("within bounds");
     }
 
     /// Ends the current interval at `now` (since the run's start): writes it to the log (when

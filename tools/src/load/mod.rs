@@ -281,7 +281,7 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Report::Acked { rows, latency: l }) => {
                 acked_rows += rows;
-                latency.record(l);
+                latency.record(l, rows);
             }
             Ok(Report::Done { node, result }) => {
                 pending -= 1;
