@@ -226,6 +226,22 @@ impl Board {
             state.get_or_create(&l).set(1);
         }
         r.register("task_state", "A task's state (1 for the state it is in)", state);
+        let watermark = Family::<Labels, Gauge>::default();
+        let queued = Family::<Labels, Gauge>::default();
+        if let Some(st) = &s.status {
+            for t in &st.tasks {
+                if let Some(w) = t.watermark_ms {
+                    watermark.get_or_create(&task_labels(t.stream.0, t.task.0)).set(w);
+                }
+                queued.get_or_create(&task_labels(t.stream.0, t.task.0)).set(t.queued as i64);
+            }
+        }
+        r.register(
+            "task_watermark_ms",
+            "A task's event-time progress, ms since the epoch: a source's largest event time sent on, an agg's watermark",
+            watermark,
+        );
+        r.register("task_input_queue", "Messages waiting in a task's input queues", queued);
         let names = [
             ("source_rows", "Rows the node's sources read"),
             ("agg_rows", "Rows the node's aggs processed"),

@@ -81,6 +81,7 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
                 "tasks": r.tasks.iter().map(|t| json!({
                     "stream": t.stream.0, "task": t.task.0, "state": state(&t.state),
                     "rows_in": t.rows_in, "rows_out": t.rows_out,
+                    "watermark_ms": t.watermark_ms, "queued": t.queued,
                     "latest_committed": t.latest.map(|c| c.0), "active": t.active.map(|c| c.0),
                     "last_failed": t.failed.map(|c| c.0),
                 })).collect::<Vec<_>>(),

@@ -76,6 +76,16 @@ fn prometheus_scrapes_a_node_and_answers_a_query_for_its_ingest_rows() {
     assert_eq!(sample(&text, "weir_ingest_rows_total"), Some(100_000.0), "{text}");
     assert!(sample(&text, "weir_ingest_ack_latency_seconds_count").unwrap() >= 100.0, "{text}");
     assert_eq!(sample(&text, r#"weir_node_state{state="running"}"#), Some(1.0), "{text}");
+    // Every agg's watermark passed the load's rows (the end-of-load marker closed its windows).
+    let ts_start =
+        (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as f64) - 60_000.0;
+    let marks: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with("weir_task_watermark_ms{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    assert!(marks.len() >= 4 && marks.iter().all(|w| *w > ts_start), "watermarks: {marks:?}\n{text}");
+    assert!(text.contains("weir_task_input_queue{"), "{text}");
     assert!(text.ends_with("# EOF\n"), "OpenMetrics text ends with # EOF");
     assert_eq!(get(&metrics, "/nothing").unwrap().0, "HTTP/1.1 404 Not Found");
 

@@ -162,7 +162,7 @@ roundtrip! {
         request: 5, node: NodeId(1), uptime_ms: 1000,
         tasks: vec![TaskStatus {
             stream: StreamId(1), task: TaskId(1), state: TaskState::Checkpointing, latest: Some(CheckpointId(3)),
-            active: Some(CheckpointId(4)), failed: Some(CheckpointId(2)), rows_in: 10, rows_out: 9,
+            active: Some(CheckpointId(4)), failed: Some(CheckpointId(2)), rows_in: 10, rows_out: 9, watermark_ms: Some(-7), queued: 3,
         }],
         checkpoints: vec![CheckpointStats {
             stream: StreamId(1), checkpoint: CheckpointId(3), started_at_ms: 1, duration_us: 12_000,

@@ -1,9 +1,9 @@
 //! [`TaskBoard`]: what one task publishes for status responses, without a lock its worker could
 //! wait on: row counters (relaxed atomics, per batch) and the checkpoint machine's view (one
-//! atomic cell, per protocol input), read by the router or `Engine::status`.
+//! atomic cell, per protocol input), event-time progress and input queue depth (per poll), read by the router or `Engine::status`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use crossbeam_utils::atomic::AtomicCell;
 use weir_wire::msg::{TaskHeartbeat, TaskState as WireState, TaskStatus};
@@ -28,6 +28,10 @@ pub(crate) struct TaskBoard {
     published: AtomicCell<Published>,
     pub(crate) rows_in: AtomicU64,
     pub(crate) rows_out: AtomicU64,
+    /// Event-time progress (`i64::MIN`: none yet), as [`TaskStatus::watermark_ms`].
+    pub(crate) watermark_ms: AtomicI64,
+    /// Messages in its input queues, as of its last poll.
+    pub(crate) queued: AtomicU64,
     /// Its input has ended and it has emitted everything (a bounded stream): reported stopped.
     finished: std::sync::atomic::AtomicBool,
 }
@@ -47,6 +51,8 @@ impl TaskBoard {
             }),
             rows_in: AtomicU64::new(0),
             rows_out: AtomicU64::new(0),
+            watermark_ms: AtomicI64::new(i64::MIN),
+            queued: AtomicU64::new(0),
             finished: Default::default(),
         })
     }
@@ -111,6 +117,8 @@ impl TaskBoard {
             failed: p.failed,
             rows_in: self.rows_in.load(Ordering::Relaxed),
             rows_out: self.rows_out.load(Ordering::Relaxed),
+            watermark_ms: Some(self.watermark_ms.load(Ordering::Relaxed)).filter(|w| *w != i64::MIN),
+            queued: self.queued.load(Ordering::Relaxed),
         }
     }
 }

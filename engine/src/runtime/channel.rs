@@ -322,6 +322,11 @@ impl Inputs {
         Self { stream, to, ins, next: 0, grant_every, net }
     }
 
+    /// Messages waiting in every input queue.
+    pub fn queued(&self) -> usize {
+        self.ins.iter().map(|i| i.rx.len()).sum()
+    }
+
     /// Number of upstream channels.
     pub fn len(&self) -> usize {
         self.ins.len()

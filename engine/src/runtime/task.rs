@@ -197,6 +197,7 @@ impl SourceTask {
             }
         }
         let max_ts = self.max_ts;
+        self.board.watermark_ms.store(max_ts, Ordering::Relaxed);
         self.out.broadcast(|| Msg::Progress(max_ts));
         self.out.flush()?;
         Ok(Poll::Busy.into())
@@ -289,6 +290,8 @@ impl AggTask {
                 }
             }
         }
+        self.board.watermark_ms.store(self.agg.watermark(), Ordering::Relaxed);
+        self.board.queued.store(self.inp.queued() as u64, Ordering::Relaxed);
         if self.inp.all_ended() && !self.agg.has_fired() {
             self.ended = true;
             self.stats.late_rows.fetch_add(self.agg.late_rows(), Ordering::Relaxed);
@@ -374,6 +377,7 @@ impl SinkTask {
                 }
             }
         }
+        self.board.queued.store(self.inp.queued() as u64, Ordering::Relaxed);
         Ok(Polled { poll: if worked { Poll::Busy } else { Poll::Idle }, signal })
     }
 }

@@ -46,6 +46,11 @@ archived! {
         pub rows_in: u64,
         /// Rows emitted.
         pub rows_out: u64,
+        /// Event-time progress (ms): a source's largest event time (or marker) sent on, an
+        /// agg's combined watermark; `None` before any (and for sinks).
+        pub watermark_ms: Option<i64>,
+        /// Messages waiting in the task's input queues (aggs and sinks).
+        pub queued: u64,
     }
 }
 
