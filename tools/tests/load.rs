@@ -271,10 +271,15 @@ fn weir_load_into_three_nodes_stores_each_partition_on_its_node_once_and_every_w
         adjusted(example("load-three-node.toml"), dir.path(), |t| set(t, &["checkpoint", "interval"], "200ms"));
     let logs: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
     let mut nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1], &[])).collect());
-    let args = ["--events", "300k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "30s"];
-    let (code, s, err) = summary_of(load(&config, &args), Duration::from_secs(60));
+    let args = ["--events", "300k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "30s", "--measure-results"];
+    let (code, s, err) = summary_of(load(&config, &args), Duration::from_secs(90));
     assert_eq!(code, Some(0), "{s:#} {err}");
     assert_acknowledged(&s, 3, 100_000);
+    // Every event's window became readable on the nodes, after the event's ack.
+    let e2r = &s["event_to_result_ms"];
+    assert_eq!(e2r["events"], 300_000, "{s:#}");
+    let (p50, max) = (e2r["p50"].as_f64().unwrap(), e2r["max"].as_f64().unwrap());
+    assert!(0.0 < p50 && p50 <= max && max < 60_000.0, "{s:#}");
     assert_eq!(s["nodes"].as_array().unwrap().len(), 3, "one connection per node: {s:#}");
     let mut spec_want = expected(&s, 3, 100_000);
     spec_want.sort_by_key(|r| (r.key, r.start));

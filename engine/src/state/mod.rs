@@ -24,6 +24,13 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 pub use results::{NodeResults, ResultStore, result_store_dir};
+
+/// The `after` of a results page (`ResultsReq`, [`ResultStore::page`]) that starts at the first
+/// block of `stream`'s window `start`: blocks sort by (stream, window start), so a client that
+/// watches new windows reads from there instead of from the beginning.
+pub fn page_from_window(stream: weir_wire::StreamId, start: i64) -> Vec<u8> {
+    result_blocks::window_prefix(stream, start).to_vec()
+}
 pub use spill_store::{RocksSpill, SpillDb, SpillSnapshot};
 pub use window_chain::{ChainFile, ChainWrite, MAX_FILES, MAX_READ_FACTOR, WindowChain, state_file_name};
 pub use window_state::{

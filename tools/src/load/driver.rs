@@ -29,8 +29,9 @@ use crate::client::Target;
 
 /// What the drivers tell the main thread.
 pub enum Report {
-    /// A batch is durable: its rows, its latency from its scheduled send time.
-    Acked { rows: u64, latency: Duration },
+    /// Batch `seq` of `partition` is durable: its rows, its latency from its scheduled send
+    /// time, when its ack came.
+    Acked { partition: u32, seq: u64, rows: u64, latency: Duration, at: Instant },
     /// A driver finished: every batch of its partitions durable (`Ok`), or why not.
     Done { node: SocketAddr, result: Result<Vec<Acked>, String> },
 }
@@ -276,7 +277,9 @@ impl Driver {
                         if duplicate {
                             self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                         }
-                        let _ = self.reports.send(Report::Acked { rows, latency: f.scheduled.elapsed() });
+                        let at = Instant::now();
+                        let latency = at.saturating_duration_since(f.scheduled);
+                        let _ = self.reports.send(Report::Acked { partition: p, seq, rows, latency, at });
                     }
                     IngestOutcome::Marked { .. } => {
                         return Err(format!("{} answered batch {seq} as a marker", self.node));

@@ -80,6 +80,10 @@ pub struct LoadArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
+    /// Also measure event-to-result latency: from each event's ack to its window's results
+    /// being readable from the nodes (they are read every 50 ms; needs `--config`).
+    #[arg(long)]
+    measure_results: bool,
     /// Give up on a node unreachable this long, e.g. `60s`; also the wait for an ack.
     #[arg(long, default_value = "60s", value_parser = crate::config::parse_duration)]
     timeout: Duration,
@@ -270,6 +274,11 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
         .collect();
     drop(tx);
     let mut latency = latency::Latency::new(args.hdr_log.as_deref(), started)?;
+    let mut measure = match (args.measure_results, plan.window) {
+        (true, Some(w)) => Some(to_result::Measure::start(target.clone(), target.nodes.clone(), stream, w)),
+        (true, None) => bail!("--measure-results needs the stream's window: pass --config"),
+        (false, _) => None,
+    };
     let bar = progress::Bar::new(plan.events, duration);
     let mut acked_rows = 0u64;
     let mut results: Vec<Acked> = Vec::new();
@@ -279,9 +288,12 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
     let mut last_p99 = 0;
     while pending > 0 {
         match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(Report::Acked { rows, latency: l }) => {
+            Ok(Report::Acked { partition, seq, rows, latency: l, at }) => {
                 acked_rows += rows;
                 latency.record(l, rows);
+                if let Some(m) = &mut measure {
+                    m.acked(&plan, partition, seq, rows, at);
+                }
             }
             Ok(Report::Done { node, result }) => {
                 pending -= 1;
@@ -306,6 +318,16 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
         let _ = d.join();
     }
     results.sort_by_key(|a| a.partition);
+    // Every window of the load closes with its end-of-load markers: wait for their results.
+    let to_result = measure.map(|m| {
+        let window = plan.window.expect("measured with a window");
+        m.finish(Duration::from_millis(window.size_ms.max(0) as u64 * 3) + Duration::from_secs(15))
+    });
+    if let Some((_, missing)) = &to_result
+        && *missing > 0
+    {
+        errors.push(format!("{missing} window(s) of the load's rows showed no result in time"));
+    }
     // Exactly the rows meant, each once (with --events; with a duration: every row sent).
     for a in &results {
         if let Some(want) = plan.rows_of(a.partition)
@@ -323,6 +345,7 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
         partitions: &results,
         errors: &errors,
         nodes: &nodes,
+        to_result: to_result.as_ref().map(|(h, _)| h),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary.json()).expect("json"));
@@ -334,3 +357,4 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
 
 mod progress;
 mod summary;
+mod to_result;

@@ -22,6 +22,8 @@ pub struct Summary<'a> {
     pub partitions: &'a [Acked],
     pub errors: &'a [String],
     pub nodes: &'a [SocketAddr],
+    /// Event-to-result latency (µs), with `--measure-results`.
+    pub to_result: Option<&'a Histogram<u64>>,
 }
 
 const QUANTILES: [(&str, f64); 4] = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999)];
@@ -71,6 +73,15 @@ impl Summary<'_> {
                 "events_before": self.plan.before.get(a.partition as usize).copied().unwrap_or(0),
                 "versions": a.versions.map(|(lo, hi)| json!([lo, hi])),
             })).collect::<Vec<_>>(),
+            "event_to_result_ms": self.to_result.map(|h| {
+                let mut m = serde_json::Map::new();
+                for (name, q) in QUANTILES {
+                    m.insert(name.to_string(), json!(h.value_at_quantile(q) as f64 / 1000.0));
+                }
+                m.insert("max".into(), json!(h.max() as f64 / 1000.0));
+                m.insert("events".into(), json!(h.len()));
+                Value::Object(m)
+            }),
             "errors": self.errors,
         })
     }
@@ -96,6 +107,11 @@ impl Summary<'_> {
         )?;
         let cols: Vec<String> = QUANTILES.iter().map(|(n, q)| format!("{n} {:.2}", self.ms(*q))).collect();
         writeln!(out, "ack latency ms: {}, max {:.2}", cols.join(", "), self.max_ms())?;
+        if let Some(h) = self.to_result.filter(|h| !h.is_empty()) {
+            let cols: Vec<String> =
+                QUANTILES.iter().map(|(n, q)| format!("{n} {:.1}", h.value_at_quantile(*q) as f64 / 1000.0)).collect();
+            writeln!(out, "event to result ms: {}, max {:.1}", cols.join(", "), h.max() as f64 / 1000.0)?;
+        }
         writeln!(
             out,
             "retries {}, reconnects {}, batches stored before (sent again) {}",
