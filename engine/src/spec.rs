@@ -69,6 +69,21 @@ pub struct StreamSpec {
 }
 
 impl StreamSpec {
+    /// The stream's shape as status reports it.
+    pub fn info(&self) -> weir_wire::msg::StreamInfo {
+        weir_wire::msg::StreamInfo {
+            stream: self.id,
+            name: self.name.clone(),
+            ingest: matches!(self.source, SourceKind::IngestLog),
+            partitions: self.partitions,
+            aggs: self.agg_parallelism,
+            sinks: self.sink_parallelism,
+            window_ms: self.window.size_ms,
+            slide_ms: self.window.slide_ms,
+            watermark_delay_ms: self.watermark_delay_ms,
+        }
+    }
+
     /// A generator stream with the benchmark shape: 10,000 keys, 1 s tumbling windows.
     pub fn generator(id: StreamId, partitions: u32, aggs: u32, sinks: u32) -> Self {
         Self {

@@ -209,6 +209,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let (file, me) = load(args)?;
     let spec = stream_spec(&file)?;
     let file_placement = placement(&file, &spec);
+    let info = spec.info();
     let file_nodes: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
     let policy = crate::failover::RestartPolicy::new(&file.restart);
     let stop = Arc::new(AtomicBool::new(false));
@@ -291,7 +292,8 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 if let Some(b) = &board {
                     b.set_phase(crate::metrics::Phase::Idle);
                 }
-                let me_now = crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links };
+                let me_now =
+                    crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links, info: &info };
                 match crate::standby::wait(transport, &me_now, crate::standby::Mode::Idle, &stop) {
                     crate::standby::Waited::Restart(newer) => {
                         seen = seen.max(newer);
@@ -345,7 +347,8 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 incarnation = next;
                 let mut transport = base.transport.clone().expect("a node has a transport");
                 transport.incarnation = incarnation;
-                let me_now = crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links };
+                let me_now =
+                    crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links, info: &info };
                 match crate::standby::wait(transport, &me_now, crate::standby::Mode::Restarting(delay), &stop) {
                     crate::standby::Waited::Restart(newer) => {
                         seen = seen.max(newer);

@@ -45,6 +45,8 @@ pub struct Standby<'a> {
     pub restarts: &'a [RestartInfo],
     /// Its links to its peers when its engine stopped.
     pub links: &'a [PeerLink],
+    /// Its shape.
+    pub info: &'a weir_engine::wire::msg::StreamInfo,
 }
 
 fn now_ms() -> u64 {
@@ -123,6 +125,7 @@ pub fn wait(mut cfg: TransportConfig, me: &Standby<'_>, mode: Mode, stop: &Atomi
                     peers: links.values().cloned().collect(),
                     restarting: !idle,
                     idle,
+                    stream: Some(me.info.clone()),
                 })
                 .ok()
             }),

@@ -31,14 +31,16 @@ use crate::client::Target;
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Example:\n  \
     weir verify --config examples/three-node.toml\n  \
-    weir verify --config examples/load-three-node.toml --stream 2\n\n\
+    weir verify --config examples/load-three-node.toml --stream 2\n  \
+    WEIR_CLUSTER_SECRET=... weir verify --node 10.0.0.5:7111 --cluster lab --stream 2\n\n\
     A running generator stream is compared up to its last commit (the windows it closed). An \
     ingest-log stream is compared with the rows every weir load sent it, as its nodes recorded \
     them, in the windows closed so far.\n\n\
     Exit codes: 0 every result is exactly the expected one, 1 a mismatch (the first ones are \
     printed), 2 an error (a node down or restarting, no commit yet).")]
 pub struct VerifyArgs {
-    /// The cluster (`--config` is needed: the generator's parameters are in it).
+    /// The cluster: `--config` (needed for a generator stream: its parameters are in it), or,
+    /// for an ingest-log stream, `--node` (each node that runs it) with `--stream`.
     #[command(flatten)]
     cluster: crate::client::ClusterArgs,
     /// The stream (its id; default: the config's; another is an error).
@@ -69,14 +71,21 @@ fn row(r: &WindowResult) -> String {
 #[allow(clippy::print_stdout)]
 pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     let t = args.cluster.target()?;
-    let Some(file) = &t.file else {
-        bail!("weir verify needs --config FILE: the stream's generator parameters are in it")
+    let spec = match (&t.file, args.stream) {
+        (Some(file), s) => {
+            let spec = crate::node::stream_spec(file)?;
+            if let Some(s) = s.filter(|s| *s != spec.id.0) {
+                bail!(
+                    "the config's stream is {}, not {s}: pass the --config of the cluster that runs stream {s}",
+                    spec.id.0
+                );
+            }
+            spec
+        }
+        (None, Some(s)) => spec_from_nodes(&t, StreamId(s))?,
+        (None, None) => bail!("which stream? pass --stream ID (and --node ADDR), or --config FILE"),
     };
-    let spec = crate::node::stream_spec(file)?;
     let stream = spec.id;
-    if let Some(s) = args.stream.filter(|s| *s != stream.0) {
-        bail!("the config's stream is {}, not {s}: pass the --config of the cluster that runs stream {s}", stream.0);
-    }
     let bounded = matches!(&spec.source, weir_engine::spec::SourceKind::Generator { limit: Some(_), .. });
     // Every task of the stream, reported by its node (once: a node that is down or idle may
     // have had its tasks moved to the others), has ended.
@@ -132,6 +141,9 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
         let owners: Vec<SocketAddr> = sources.into_values().collect();
         return ingested(args, &t, &serving, &owners, &spec);
     }
+    let Some(file) = &t.file else {
+        bail!("stream {} is a generator stream: its generator's parameters are in its --config FILE", stream.0)
+    };
     if !running.is_empty() || !bounded {
         return committed(args, &t, &serving, file, &spec);
     }
@@ -155,6 +167,35 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
         );
         Ok(ExitCode::from(1))
     }
+}
+
+/// The stream's shape as the nodes report it (no config file: `--node` and `--stream`). Only an
+/// ingest-log stream is known this way whole: a generator's parameters are in its config.
+fn spec_from_nodes(t: &Target, stream: StreamId) -> anyhow::Result<weir_engine::spec::StreamSpec> {
+    let mut why = Vec::new();
+    for addr in &t.nodes {
+        match crate::client::status(t, *addr, ASK)? {
+            Ok(rsp) => match rsp.stream.filter(|i| i.stream == stream) {
+                Some(i) => {
+                    let mut spec = weir_engine::spec::StreamSpec::generator(stream, i.partitions, i.aggs, i.sinks);
+                    spec.name = i.name;
+                    spec.window = weir_engine::operator::window::WindowSpec::hopping(i.window_ms, i.slide_ms);
+                    spec.watermark_delay_ms = i.watermark_delay_ms;
+                    if !i.ingest {
+                        bail!(
+                            "stream {} is a generator stream: its generator's parameters are in its --config FILE",
+                            stream.0
+                        );
+                    }
+                    spec.source = weir_engine::spec::SourceKind::IngestLog;
+                    return Ok(spec);
+                }
+                None => why.push(format!("{addr} does not run stream {}", stream.0)),
+            },
+            Err(e) => why.push(format!("{addr} is down: {e}")),
+        }
+    }
+    bail!("no node asked runs stream {}: {}", stream.0, why.join("; "))
 }
 
 /// An ingest-log stream: the rows every `weir load` sent it, from the partitions' ledgers (see

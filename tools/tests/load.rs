@@ -336,6 +336,18 @@ fn a_second_weir_load_starts_after_the_first_and_verify_counts_both() {
     let (code, text) = verify(&config);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("match the 160000 rows of 2 load(s) (per partition: 80000, 80000)"), "{text}");
+    // Without the config: the node says what the stream is, the secret comes from the
+    // environment.
+    let file: toml::Table = toml::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    let addr = file["nodes"][0]["addr"].as_str().unwrap().to_string();
+    let out = weir()
+        .args(["verify", "--node", &addr, "--cluster", "weir-load-one-node", "--stream", "2"])
+        .env("WEIR_CLUSTER_SECRET", file["cluster_secret"].as_str().unwrap())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("match the 160000 rows of 2 load(s)"), "{text}");
     // Verify refuses a stream the config does not run.
     let out = weir().args(["verify", "--stream", "9", "--config"]).arg(&config).output().unwrap();
     assert_eq!(out.status.code(), Some(2));

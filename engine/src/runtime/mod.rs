@@ -205,6 +205,7 @@ impl Engine {
         let status = Arc::new(status::StatusBoard {
             node: me,
             stream: spec.id,
+            info: spec.info(),
             started: std::time::Instant::now(),
             tasks: local.iter().map(|t| boards[&t.id].clone()).collect(),
             checkpoints: hub.as_ref().map(checkpointing::Hub::log),

@@ -21,6 +21,8 @@ const RECENT: usize = 20;
 pub(crate) struct StatusBoard {
     pub(crate) node: NodeId,
     pub(crate) stream: StreamId,
+    /// Its shape, for status.
+    pub(crate) info: weir_wire::msg::StreamInfo,
     pub(crate) started: Instant,
     pub(crate) tasks: Vec<Arc<TaskBoard>>,
     /// The checkpoint statistics (on every node with checkpoints; the coordinator's node has the
@@ -111,6 +113,7 @@ impl StatusBoard {
             },
             restarting: false,
             idle: false,
+            stream: Some(self.info.clone()),
         }
     }
 

@@ -146,6 +146,33 @@ archived! {
         /// The node runs no task of the stream: the cluster moved its tasks to the other nodes
         /// while it was away (placement version `incarnation >> 32`).
         pub idle: bool,
+        /// The stream the node runs (or waits to run again), so that a client needs no config
+        /// file to read its results (`weir verify` of an ingest-log stream).
+        pub stream: Option<StreamInfo>,
+    }
+}
+
+archived! {
+    /// A stream's shape, in a [`StatusRsp`].
+    pub struct StreamInfo {
+        /// Stream.
+        pub stream: StreamId,
+        /// Its name.
+        pub name: String,
+        /// Its sources read the nodes' ingest logs (`false`: the generator).
+        pub ingest: bool,
+        /// Source partitions (source tasks `0..partitions`).
+        pub partitions: u32,
+        /// Agg tasks.
+        pub aggs: u32,
+        /// Sink tasks.
+        pub sinks: u32,
+        /// Window size (ms).
+        pub window_ms: i64,
+        /// Window slide (ms; the size for tumbling windows).
+        pub slide_ms: i64,
+        /// Disorder tolerated before a row is late (ms).
+        pub watermark_delay_ms: i64,
     }
 }
 
