@@ -277,11 +277,48 @@ impl Placement {
         topology.tasks.iter().map(|t| self.node_of(t.id)).collect()
     }
 
+    /// The node that keeps a copy of `partition`'s ingest log when the stream keeps two: the
+    /// next node after the partition's source's, in id order, among the nodes this placement
+    /// gives tasks (wrapping around); `None` when it gives tasks to one node only.
+    pub fn ingest_follower(&self, topology: &Topology, partition: u32) -> Option<NodeId> {
+        let source = topology.tasks.iter().find(|t| t.kind == TaskKind::Source { partition })?;
+        let primary = self.node_of(source.id);
+        let nodes = self.nodes(topology);
+        nodes.range(NodeId(primary.0 + 1)..).next().or_else(|| nodes.iter().next()).copied().filter(|n| *n != primary)
+    }
+
+    /// As [`Self::moved`]; with `replicas` of 2, the source of a partition whose node is gone
+    /// goes to the node that keeps the copy of its ingest log, when that node is in `to`.
+    pub fn moved_with_replicas(&self, topology: &Topology, gone: &[NodeId], to: &[NodeId], replicas: u8) -> Placement {
+        let mut pinned = BTreeMap::new();
+        if replicas >= 2 {
+            for t in &topology.tasks {
+                if let TaskKind::Source { partition } = t.kind
+                    && gone.contains(&self.node_of(t.id))
+                    && let Some(f) = self.ingest_follower(topology, partition).filter(|f| to.contains(f))
+                {
+                    pinned.insert(t.id, f);
+                }
+            }
+        }
+        self.moved_pinned(topology, gone, to, &pinned)
+    }
+
     /// This placement with the tasks of the `gone` nodes moved to the nodes in `to` (which
     /// must not be empty): each moved task goes to the node with the fewest tasks of its level
     /// (sources, aggs, sinks), then the fewest tasks in all, then the lowest id, so the
     /// survivors share the work evenly and every node computes the same placement.
     pub fn moved(&self, topology: &Topology, gone: &[NodeId], to: &[NodeId]) -> Placement {
+        self.moved_pinned(topology, gone, to, &BTreeMap::new())
+    }
+
+    fn moved_pinned(
+        &self,
+        topology: &Topology,
+        gone: &[NodeId],
+        to: &[NodeId],
+        pinned: &BTreeMap<TaskId, NodeId>,
+    ) -> Placement {
         assert!(!to.is_empty(), "tasks move to at least one node");
         let mut p = Placement { nodes: self.tasks_of(topology).into_iter().collect(), default: self.default };
         let level = |k: TaskKind| match k {
@@ -301,7 +338,10 @@ impl Placement {
                 continue;
             }
             let lv = level(t.kind);
-            let (node, l) = load.iter_mut().min_by_key(|(n, l)| (l.0[lv], l.1, **n)).expect("not empty");
+            let (node, l) = match pinned.get(&t.id) {
+                Some(n) => load.iter_mut().find(|(m, _)| *m == n).expect("pinned to a survivor"),
+                None => load.iter_mut().min_by_key(|(n, l)| (l.0[lv], l.1, **n)).expect("not empty"),
+            };
             l.0[lv] += 1;
             l.1 += 1;
             p.nodes.insert(t.id, *node);

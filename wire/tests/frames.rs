@@ -77,6 +77,13 @@ roundtrip! {
         count: vec![3, 4], sum: vec![1.5, -2.0], min: vec![0.0, -1.0], max: vec![1.0, 0.5],
     };
     roundtrip_end_of_stream: EndOfStream = EndOfStream { stream: StreamId(1), from: TaskId(3), to: TaskId(5), seq: Seq(10) };
+    roundtrip_replicate: Replicate = Replicate {
+        stream: StreamId(2), partition: 1, at: Version(4096), log_first: Version(0), reset: false,
+        entries: vec![1, 2, 3, 4], producers: vec![ReplicaProducer { producer: 0xfeed, description: b"{}".to_vec(), first: Version(0), ended: Some(9) }],
+    };
+    roundtrip_replicate_ack: ReplicateAck = ReplicateAck {
+        stream: StreamId(2), partition: 1, next: Version(8192), error: "out of step".into(),
+    };
     roundtrip_credit: Credit = Credit { stream: StreamId(1), from: TaskId(3), to: TaskId(5), credits: 16 };
     roundtrip_checkpoint_source_req: CheckpointSourceReq = CheckpointSourceReq {
         stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), task: TaskId(1), node: NodeId(2),

@@ -75,6 +75,20 @@ impl Ledger {
         self.lock().list.clone()
     }
 
+    /// Forgets every record (a follower's copy started afresh).
+    pub(super) fn clear(&self) {
+        let mut r = self.lock();
+        r.list.clear();
+        r.index.clear();
+    }
+
+    /// How many producers there are and how many of them ended (what a follower's copy of the
+    /// ledger would miss).
+    pub(super) fn summary(&self) -> (usize, usize) {
+        let r = self.lock();
+        (r.list.len(), r.list.iter().filter(|rec| rec.ended.is_some()).count())
+    }
+
     /// Whether `producer` has a record.
     pub fn knows(&self, producer: u64) -> bool {
         self.lock().index.contains_key(&producer)
@@ -100,6 +114,12 @@ impl Ledger {
             rec.rows += rows;
             rec.batches = from.seq + 1;
         }
+    }
+
+    /// The end-of-load watermark `producer` noted last.
+    pub(super) fn ended(&self, producer: u64) -> Option<i64> {
+        let r = self.lock();
+        r.index.get(&producer).and_then(|&i| r.list[i].ended)
     }
 
     /// Notes that `producer` (known) ended with a marker of `watermark`; `false` if unknown.

@@ -80,6 +80,15 @@ pub enum LogError {
         /// Why.
         reason: String,
     },
+    /// Entries shipped to a follower's copy do not continue it (retryable: the primary ships
+    /// from where the copy ends).
+    #[error("replica of {dir}: {reason}")]
+    Replica {
+        /// The partition's log directory.
+        dir: PathBuf,
+        /// What does not fit.
+        reason: String,
+    },
     /// A version outside what the log holds was asked for (fatal for that request).
     #[error("version {asked} is outside the log's range {first}..{next}")]
     OutOfRange {
@@ -119,27 +128,32 @@ impl Default for LogConfig {
 }
 
 #[derive(Debug, Clone)]
-struct Segment {
-    first: Version,
-    path: PathBuf,
+pub(super) struct Segment {
+    pub(super) first: Version,
+    pub(super) path: PathBuf,
 }
 
 /// The writing side of one partition's log. Owned by one thread.
 #[derive(Debug)]
 pub struct IngestLog {
-    dir: PathBuf,
-    cfg: LogConfig,
-    segments: Vec<Segment>,
-    active: File,
-    active_len: u64,
-    next: Version,
-    written_unsynced: bool,
-    durable: Arc<AtomicU64>,
-    buf: Vec<u8>,
+    pub(super) dir: PathBuf,
+    pub(super) cfg: LogConfig,
+    pub(super) segments: Vec<Segment>,
+    pub(super) active: File,
+    pub(super) active_len: u64,
+    pub(super) next: Version,
+    pub(super) written_unsynced: bool,
+    pub(super) durable: Arc<AtomicU64>,
+    /// What readers (the partition's source) may read: `durable`, or for a partition replicated
+    /// to a follower, the part of it the follower holds too ([`IngestLog::publish_replicated`]),
+    /// so no row a source processed can be missing from the copy a moved source reads.
+    pub(super) readable: Arc<AtomicU64>,
+    pub(super) replicated: bool,
+    pub(super) buf: Vec<u8>,
     /// Each producer's last batches: (sequence number, first and last version), oldest first.
-    producers: Producers,
+    pub(super) producers: Producers,
     /// What each producer appended, shared with the log's handles.
-    ledger: Ledger,
+    pub(super) ledger: Ledger,
 }
 
 impl IngestLog {
@@ -186,6 +200,8 @@ impl IngestLog {
             written_unsynced: false,
             // What survived the restart is on disk: it is durable.
             durable: Arc::new(AtomicU64::new(next.0)),
+            readable: Arc::new(AtomicU64::new(next.0)),
+            replicated: false,
             buf: Vec::new(),
             producers,
             ledger,
@@ -293,7 +309,7 @@ impl IngestLog {
     }
 
     /// Writes `self.buf` at the end of the active segment.
-    fn put(&mut self) -> Result<(), LogError> {
+    pub(super) fn put(&mut self) -> Result<(), LogError> {
         let path = &self.segments.last().expect("segment").path;
         if let Err(e) = self.active.write_all(&self.buf) {
             // A partial write leaves a torn entry; cut it so the next append starts clean.
@@ -332,18 +348,44 @@ impl IngestLog {
             self.active.sync_data().map_err(io_err(path))?;
             self.written_unsynced = false;
         }
-        self.durable.store(self.next.0, Ordering::Release);
+        self.publish(self.next);
         Ok(self.next)
     }
 
     /// Publishes what was written without syncing (the `None` policy: survives a process crash,
     /// not a power loss).
     pub fn publish_unsynced(&mut self) -> Version {
-        self.durable.store(self.next.0, Ordering::Release);
+        self.publish(self.next);
         self.next
     }
 
-    fn roll(&mut self) -> Result<(), LogError> {
+    fn publish(&mut self, durable: Version) {
+        self.durable.store(durable.0, Ordering::Release);
+        if !self.replicated {
+            self.readable.store(durable.0, Ordering::Release);
+        }
+    }
+
+    /// From now on readers see only what [`Self::publish_replicated`] says the follower holds
+    /// (nothing past the log's first version until it does).
+    pub fn replicate(&mut self) {
+        self.replicated = true;
+        self.readable.store(self.first_version().0, Ordering::Release);
+    }
+
+    /// The follower holds every version below `copy` durably: readers may read up to there (and
+    /// never past what is durable here).
+    pub fn publish_replicated(&mut self, copy: Version) {
+        let v = copy.min(self.durable_version());
+        self.readable.store(v.0, Ordering::Release);
+    }
+
+    /// A reader of what is durable here, replicated or not (the primary's shipping).
+    pub fn durable_reader(&self, from: Version) -> LogReader {
+        LogReader::new(self.dir.clone(), self.cfg, self.durable.clone(), from)
+    }
+
+    pub(super) fn roll(&mut self) -> Result<(), LogError> {
         self.sync()?;
         let path = segment::segment_path(&self.dir, self.next);
         self.active = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err(&path))?;
@@ -380,7 +422,13 @@ impl IngestLog {
 
     /// A handle that other threads use to read this log.
     pub fn handle(&self) -> LogHandle {
-        LogHandle { dir: self.dir.clone(), cfg: self.cfg, durable: self.durable.clone(), ledger: self.ledger.clone() }
+        LogHandle {
+            dir: self.dir.clone(),
+            cfg: self.cfg,
+            durable: self.durable.clone(),
+            readable: self.readable.clone(),
+            ledger: self.ledger.clone(),
+        }
     }
 }
 
@@ -396,6 +444,7 @@ pub struct LogHandle {
     dir: PathBuf,
     cfg: LogConfig,
     durable: Arc<AtomicU64>,
+    readable: Arc<AtomicU64>,
     ledger: Ledger,
 }
 
@@ -412,7 +461,7 @@ impl LogHandle {
 
     /// A reader from `from` (a version the log no longer or not yet holds fails on first read).
     pub fn reader(&self, from: Version) -> LogReader {
-        LogReader::new(self.dir.clone(), self.cfg, self.durable.clone(), from)
+        LogReader::new(self.dir.clone(), self.cfg, self.readable.clone(), from)
     }
 }
 

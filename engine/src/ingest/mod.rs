@@ -6,10 +6,13 @@ pub mod ledger;
 pub mod log;
 mod producers;
 mod reader;
+mod replica;
+pub mod replication;
 pub mod segment;
 pub mod service;
 
 pub use ledger::ProducerRecord;
 pub use log::{AppendOutcome, DEDUP_WINDOW, IngestLog, LogConfig, LogError, LogHandle};
 pub use reader::{LogRead, LogReader};
+pub use replica::ProducerFacts;
 pub use service::{AppendRequest, Appended, IngestObserver, IngestService, SyncPolicy};

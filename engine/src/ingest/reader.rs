@@ -27,10 +27,10 @@ pub struct LogRead {
 /// Reads one partition's log from a version on, up to what is durable.
 #[derive(Debug)]
 pub struct LogReader {
-    dir: PathBuf,
-    cfg: LogConfig,
+    pub(super) dir: PathBuf,
+    pub(super) cfg: LogConfig,
     durable: Arc<AtomicU64>,
-    pos: Version,
+    pub(super) pos: Version,
     /// Open segment, its first version and the byte offset of the entry holding `pos`.
     file: Option<(File, Version, u64)>,
     buf: Vec<u8>,
@@ -119,6 +119,39 @@ impl LogReader {
             read += rows - skip;
         }
         Ok(LogRead { rows: read, watermark: None })
+    }
+
+    /// Every version below this is durable.
+    pub(super) fn durable(&self) -> Version {
+        Version(self.durable.load(Ordering::Acquire))
+    }
+
+    /// The segment holding the position, open at the entry to read next: the file, its first
+    /// version and the entry's byte offset.
+    pub(super) fn entry_file(&mut self) -> Result<(&mut File, Version, u64), LogError> {
+        if self.file.is_none() {
+            self.open_at(self.pos)?;
+        }
+        let (file, first, offset) = self.file.as_mut().expect("opened");
+        Ok((file, *first, *offset))
+    }
+
+    /// The open segment has no more entries: the next one starts at the position.
+    pub(super) fn segment_ended(&mut self) -> Result<(), LogError> {
+        self.file = None;
+        let next = segment::segment_path(&self.dir, self.pos);
+        if !next.exists() {
+            let reason = format!("segment for {} missing", self.pos);
+            return Err(LogError::Corrupt { path: next, offset: 0, reason });
+        }
+        Ok(())
+    }
+
+    /// The entry read last took `len` bytes of the open segment.
+    pub(super) fn advance(&mut self, len: u64) {
+        if let Some((_, _, offset)) = self.file.as_mut() {
+            *offset += len;
+        }
     }
 
     fn open_at(&mut self, pos: Version) -> Result<(), LogError> {

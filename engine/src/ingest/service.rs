@@ -10,10 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use weir_wire::{Batch, Version};
 
 use super::log::{AppendOutcome, IngestLog, LogConfig, LogError, LogHandle};
+use super::replication::{ReplicaInput, Replication, Replicator};
 use super::segment::ProducerSeq;
 
 /// Requests appended between two syncs at most (on top of the first one waited for).
@@ -81,6 +82,7 @@ pub trait IngestObserver: Send + Sync + std::fmt::Debug {
 #[derive(Debug)]
 pub struct IngestService<T> {
     requests: Sender<AppendRequest<T>>,
+    replica_inputs: Sender<ReplicaInput>,
     handles: Vec<LogHandle>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -108,19 +110,49 @@ impl<T: Send + 'static> IngestService<T> {
         acks: Sender<Appended<T>>,
         observer: Option<Arc<dyn IngestObserver>>,
     ) -> Result<Self, LogError> {
+        Self::start_replicated(dir, partitions, cfg, policy, acks, observer, None)
+    }
+
+    /// As [`Self::start_observed`], shipping each partition that `replication` names to its
+    /// follower and acknowledging its appends once the follower has them
+    /// ([`super::replication`]). Every writer keeps the copies its peers ship to it
+    /// ([`Self::replica_inputs`]).
+    pub fn start_replicated(
+        dir: &Path,
+        partitions: u32,
+        cfg: LogConfig,
+        policy: SyncPolicy,
+        acks: Sender<Appended<T>>,
+        observer: Option<Arc<dyn IngestObserver>>,
+        replication: Option<Replication>,
+    ) -> Result<Self, LogError> {
         let mut logs = Vec::new();
         for p in 0..partitions {
             logs.push(IngestLog::open(&partition_dir(dir, p), cfg)?);
         }
+        let replicator = Replicator::new(replication);
+        // Before any reader exists: sources of replicated partitions read only what the
+        // follower holds too.
+        replicator.start(&mut logs);
         let handles = logs.iter().map(IngestLog::handle).collect();
         let (requests, rx) = crossbeam_channel::bounded(1024);
+        // Bounded too: a primary whose copies cannot be written fast enough waits for answers.
+        let (replica_inputs, replica_rx) = crossbeam_channel::bounded(256);
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("weir-ingest".into())
-            .spawn(move || writer(logs, policy, rx, acks, &stop2, observer.as_deref()))
+            .spawn(move || {
+                let io = Io { rx, replica_rx, acks, observer: observer.as_deref() };
+                writer(logs, policy, io, replicator, &stop2)
+            })
             .map_err(|source| LogError::Io { path: dir.to_path_buf(), source })?;
-        Ok(Self { requests, handles, stop, thread: Some(thread) })
+        Ok(Self { requests, replica_inputs, handles, stop, thread: Some(thread) })
+    }
+
+    /// Where replication messages from peers go (entries to keep, followers' answers).
+    pub fn replica_inputs(&self) -> &Sender<ReplicaInput> {
+        &self.replica_inputs
     }
 
     /// Where requests go (bounded: a full queue means the disk is behind).
@@ -154,14 +186,31 @@ pub fn partition_dir(dir: &Path, p: u32) -> PathBuf {
     dir.join(format!("p{p:05}"))
 }
 
-fn writer<T>(
-    mut logs: Vec<IngestLog>,
-    policy: SyncPolicy,
+/// The writer's channels.
+struct Io<'a, T> {
     rx: Receiver<AppendRequest<T>>,
+    replica_rx: Receiver<ReplicaInput>,
     acks: Sender<Appended<T>>,
-    stop: &AtomicBool,
-    observer: Option<&dyn IngestObserver>,
-) {
+    observer: Option<&'a dyn IngestObserver>,
+}
+
+impl<T> Io<'_, T> {
+    /// Sends an acknowledgement (or refusal) to its caller, telling the observer.
+    fn release(&self, a: Appended<T>, taken: Instant) {
+        if let Some(o) = self.observer {
+            match &a.result {
+                Ok(v) => {
+                    let rows = v.map_or(0, |(f, l)| l.0 - f.0 + 1);
+                    o.acknowledged(rows, taken.elapsed(), a.duplicate);
+                }
+                Err(_) => o.refused(a.retryable),
+            }
+        }
+        let _ = self.acks.send(a);
+    }
+}
+
+fn writer<T>(mut logs: Vec<IngestLog>, policy: SyncPolicy, io: Io<'_, T>, mut rep: Replicator<T>, stop: &AtomicBool) {
     // Each pending acknowledgement with the time its request was taken.
     let mut pending: Vec<(Appended<T>, Instant)> = Vec::new();
     let mut dirty = vec![false; logs.len()];
@@ -171,26 +220,44 @@ fn writer<T>(
         if stop.load(Ordering::Acquire) {
             open = false;
         }
-        let wait = match policy {
+        let mut wait = match policy {
             SyncPolicy::GroupCommit(d) if !pending.is_empty() => d.saturating_sub(last_sync.elapsed()),
             _ if !pending.is_empty() => Duration::ZERO,
             _ => Duration::from_millis(100),
         };
+        if rep.busy() {
+            wait = wait.min(Duration::from_millis(20));
+        }
         // Take what is there (waiting at most until the next sync is due).
         let first = if open {
-            match rx.recv_timeout(wait) {
-                Ok(r) => Some(r),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => {
-                    open = false;
+            crossbeam_channel::select! {
+                recv(io.rx) -> r => match r {
+                    Ok(r) => Some(r),
+                    Err(_) => {
+                        open = false;
+                        None
+                    }
+                },
+                recv(io.replica_rx) -> r => {
+                    if let Ok(input) = r {
+                        for (a, taken) in rep.input(input, &mut logs) {
+                            io.release(a, taken);
+                        }
+                    }
                     None
-                }
+                },
+                default(wait) => None,
             }
         } else {
             None
         };
+        for input in std::iter::from_fn(|| io.replica_rx.try_recv().ok()).take(MAX_GROUP) {
+            for (a, taken) in rep.input(input, &mut logs) {
+                io.release(a, taken);
+            }
+        }
         // Bounded, so a producer faster than the disk cannot postpone the sync forever.
-        let drained = std::iter::from_fn(|| rx.try_recv().ok()).take(MAX_GROUP);
+        let drained = std::iter::from_fn(|| io.rx.try_recv().ok()).take(MAX_GROUP);
         for req in first.into_iter().chain(drained) {
             let taken = Instant::now();
             let p = req.partition as usize;
@@ -204,10 +271,7 @@ fn writer<T>(
                     duplicate: false,
                     marker: None,
                 };
-                if let Some(o) = observer {
-                    o.refused(false);
-                }
-                let _ = acks.send(a);
+                io.release(a, taken);
                 continue;
             };
             let appended = match req.from {
@@ -249,63 +313,70 @@ fn writer<T>(
                         tracing::debug!(partition = req.partition, error = %e, "ingest append refused");
                     }
                     let retryable = e.is_retryable();
-                    if let Some(o) = observer {
-                        o.refused(retryable);
-                    }
-                    let _ = acks.send(Appended {
+                    let a = Appended {
                         token: req.token,
                         partition: req.partition,
                         result: Err(e.to_string()),
                         retryable,
                         duplicate: false,
                         marker: None,
-                    });
+                    };
+                    io.release(a, taken);
                 }
             }
+        }
+        // Copies kept for other nodes sync at once: their primaries' clients wait for them.
+        if rep.owes() {
+            rep.sync_copies(&mut logs);
         }
         let due = match policy {
             SyncPolicy::GroupCommit(d) => last_sync.elapsed() >= d || !open,
             _ => true,
         };
-        if pending.is_empty() || !due {
-            continue;
+        if !pending.is_empty() && due {
+            sync_and_acknowledge(&mut logs, policy, &mut dirty, &mut pending, &io, &mut rep);
+            last_sync = Instant::now();
         }
-        // Make it durable, then acknowledge. A failed sync fails every pending append of that
-        // partition: the client must resend, and nothing unsynced is ever reported durable.
-        let mut failed: Vec<Option<String>> = vec![None; logs.len()];
-        for (p, log) in logs.iter_mut().enumerate() {
-            if !dirty[p] {
-                continue;
-            }
-            let r = match policy {
-                SyncPolicy::None => Ok(log.publish_unsynced()),
-                _ => log.sync(),
-            };
-            if let Err(e) = r {
-                tracing::error!(partition = p, error = %e, "ingest sync failed");
-                failed[p] = Some(e.to_string());
-            }
-            dirty[p] = false;
-        }
-        last_sync = Instant::now();
-        for (mut a, taken) in pending.drain(..) {
-            if let Some(e) = &failed[a.partition as usize] {
-                a.result = Err(format!("not durable: {e}"));
-                a.retryable = true;
-            }
-            if let Some(o) = observer {
-                match &a.result {
-                    Ok(v) => {
-                        let rows = v.map_or(0, |(f, l)| l.0 - f.0 + 1);
-                        o.acknowledged(rows, taken.elapsed(), a.duplicate);
-                    }
-                    Err(_) => o.refused(true),
-                }
-            }
-            let _ = acks.send(a);
-        }
+        rep.pump(&logs);
     }
     for log in &mut logs {
         let _ = log.sync();
+    }
+}
+
+/// Makes the pending appends durable, then acknowledges them (those of a replicated partition
+/// once its follower has them too). A failed sync fails every pending append of that
+/// partition: the client must resend, and nothing unsynced is ever reported durable.
+fn sync_and_acknowledge<T>(
+    logs: &mut [IngestLog],
+    policy: SyncPolicy,
+    dirty: &mut [bool],
+    pending: &mut Vec<(Appended<T>, Instant)>,
+    io: &Io<'_, T>,
+    rep: &mut Replicator<T>,
+) {
+    let mut failed: Vec<Option<String>> = vec![None; logs.len()];
+    for (p, log) in logs.iter_mut().enumerate() {
+        if !dirty[p] {
+            continue;
+        }
+        let r = match policy {
+            SyncPolicy::None => Ok(log.publish_unsynced()),
+            _ => log.sync(),
+        };
+        if let Err(e) = r {
+            tracing::error!(partition = p, error = %e, "ingest sync failed");
+            failed[p] = Some(e.to_string());
+        }
+        dirty[p] = false;
+    }
+    for (mut a, taken) in pending.drain(..) {
+        if let Some(e) = &failed[a.partition as usize] {
+            a.result = Err(format!("not durable: {e}"));
+            a.retryable = true;
+        }
+        if let Some((a, taken)) = rep.hold(a, taken) {
+            io.release(a, taken);
+        }
     }
 }

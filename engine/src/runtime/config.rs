@@ -38,6 +38,10 @@ pub struct EngineConfig {
     /// source has a watermark marker appended (the wall clock minus this) and goes on from it
     /// (`None`: a partition without rows holds the watermark until rows come).
     pub idle_after: Option<Duration>,
+    /// Copies of each ingest-log partition: 1, or 2 (the partition's source's node and the
+    /// next node in id order, [`crate::spec::Placement::ingest_follower`]; an append is
+    /// acknowledged once durable on both).
+    pub ingest_replicas: u8,
     /// Test and demo knob: each sink sleeps this long per result message.
     pub sink_throttle: Option<Duration>,
     /// Checkpoints (and restore from the last commit at start); `None` runs without.
@@ -76,6 +80,7 @@ impl EngineConfig {
             log: LogConfig::default(),
             sync: SyncPolicy::GroupCommit(Duration::from_millis(10)),
             idle_after: None,
+            ingest_replicas: 1,
             sink_throttle: None,
             checkpoint: None,
             state_budget: None,

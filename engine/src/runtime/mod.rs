@@ -19,6 +19,7 @@ mod error;
 mod log_feed;
 mod protocol_wire;
 mod queries;
+mod replication;
 mod router;
 mod shared;
 mod status;
@@ -171,13 +172,14 @@ impl Engine {
         }
         let (ack_tx, ack_rx) = crossbeam_channel::unbounded();
         let ingest = match spec.source {
-            SourceKind::IngestLog => Some(Arc::new(IngestService::start_observed(
+            SourceKind::IngestLog => Some(Arc::new(IngestService::start_replicated(
                 &cfg.data_dir.join("ingest"),
                 spec.partitions,
                 cfg.log,
                 cfg.sync,
                 ack_tx,
                 cfg.ingest_observer.clone(),
+                replication::of(spec, &topo, placement, me, cfg.ingest_replicas, transport.as_ref()),
             )?)),
             SourceKind::Generator { .. } => None,
         };
@@ -234,7 +236,13 @@ impl Engine {
         // reads the acknowledgements from `Engine::ingest_acks`.
         let (router, ingest_acks) = match transport {
             Some(t) => {
-                let ing = ingest.clone().map(|s| (s, ack_rx));
+                let owners = (0..spec.partitions)
+                    .map(|p| {
+                        let source = topo.tasks.iter().find(|t| t.kind == TaskKind::Source { partition: p });
+                        source.map_or(me, |t| placement.node_of(t.id))
+                    })
+                    .collect();
+                let ing = ingest.clone().map(|s| (s, ack_rx, owners));
                 let proto = (peers.clone(), coord_inbox);
                 let r =
                     router::Router::start(t, router_in, router_credits, shared.clone(), ing, proto, status.clone())?;

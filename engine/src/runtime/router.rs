@@ -34,8 +34,9 @@ pub struct IngestToken {
 pub(crate) type ProtoSide =
     (Arc<HashMap<TaskId, super::control::ControlHandle>>, Option<Sender<crate::checkpoint::CoordInput>>);
 
-/// The ingest writer and the acknowledgements it produces.
-pub(crate) type IngestSide = (Arc<IngestService<IngestToken>>, Receiver<Appended<IngestToken>>);
+/// The ingest writer, the acknowledgements it produces, and where each partition's source runs
+/// (the node that takes its appends).
+pub(crate) type IngestSide = (Arc<IngestService<IngestToken>>, Receiver<Appended<IngestToken>>, Vec<NodeId>);
 
 struct InChannel {
     tx: Sender<Msg>,
@@ -99,7 +100,7 @@ impl Run {
     fn run(&mut self, stop: &AtomicBool) {
         let never = crossbeam_channel::never();
         while !stop.load(Ordering::Acquire) {
-            let acks = self.ingest.as_ref().map_or(&never, |(_, a)| a).clone();
+            let acks = self.ingest.as_ref().map_or(&never, |(_, a, _)| a).clone();
             crossbeam_channel::select! {
                 recv(self.transport.events()) -> ev => match ev {
                     Ok(Event::Frame { from, frame }) => self.on_frame(from, frame),
@@ -219,6 +220,7 @@ impl Run {
                 }
             }
             Kind::Ingest => self.on_ingest(node, &frame),
+            Kind::Replicate | Kind::ReplicateAck => self.on_replication(node, &frame),
             Kind::CheckpointNowReq => {
                 let Ok(req) = frame.to_owned::<weir_wire::msg::CheckpointNowReq>() else { return };
                 let outcome = self.status.trigger.answer(req.stream);
@@ -318,7 +320,7 @@ impl Run {
         let mut rsp =
             ProducersRsp { request: req.request, node: self.status.node, partitions: Vec::new(), error: String::new() };
         match &self.ingest {
-            Some((svc, _)) if req.stream == self.status.stream => {
+            Some((svc, _, _)) if req.stream == self.status.stream => {
                 for p in 0..svc.partitions() {
                     let log = svc.log(p).expect("partition of the service");
                     let producers: Vec<ProducerInfo> = log
@@ -350,11 +352,20 @@ impl Run {
     fn on_ingest(&mut self, node: NodeId, frame: &Frame) {
         let Ok(req) = frame.to_owned::<Ingest>() else { return };
         let token = IngestToken { node, stream: req.stream, request: req.request };
-        let Some((svc, _)) = &self.ingest else {
+        let Some((svc, _, owners)) = &self.ingest else {
             let reason = "this node has no ingest-log stream".to_string();
             let outcome = IngestOutcome::Rejected { reason, retryable: false };
             return self.send_ack(token, req.partition, outcome);
         };
+        // Only the node its source runs on takes a partition's appends: anywhere else they would
+        // go to a log nobody reads (or, on the node keeping its copy, make the copy differ).
+        if let Some(owner) = owners.get(req.partition as usize)
+            && *owner != self.status.node
+        {
+            let reason = format!("partition {} is on node {owner}, not on this one (it moved?)", req.partition);
+            let outcome = IngestOutcome::Rejected { reason, retryable: true };
+            return self.send_ack(token, req.partition, outcome);
+        }
         let from = Some(crate::ingest::segment::ProducerSeq { producer: req.producer, seq: req.seq });
         let r = AppendRequest {
             partition: req.partition,
@@ -367,6 +378,26 @@ impl Run {
         if svc.requests().try_send(r).is_err() {
             let outcome = IngestOutcome::Rejected { reason: "ingest queue full".into(), retryable: true };
             self.send_ack(token, req.partition, outcome);
+        }
+    }
+
+    /// Entries of a partition this node keeps a copy of, or a follower's answer: the ingest
+    /// writer's. A full queue drops the message (the primary ships again after a silence).
+    fn on_replication(&mut self, node: NodeId, frame: &Frame) {
+        use crate::ingest::replication::ReplicaInput;
+        let Some((svc, _, _)) = &self.ingest else { return };
+        let input = match frame.kind() {
+            Kind::Replicate => match frame.to_owned::<weir_wire::msg::Replicate>() {
+                Ok(msg) if msg.stream == self.status.stream => ReplicaInput::Entries { from: node, msg },
+                _ => return,
+            },
+            _ => match frame.to_owned::<weir_wire::msg::ReplicateAck>() {
+                Ok(msg) if msg.stream == self.status.stream => ReplicaInput::Ack { from: node, msg },
+                _ => return,
+            },
+        };
+        if svc.replica_inputs().try_send(input).is_err() {
+            tracing::debug!(%node, "ingest replication queue full: message dropped");
         }
     }
 

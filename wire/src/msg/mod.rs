@@ -33,11 +33,13 @@ mod checkpoint;
 mod connection;
 mod data;
 mod ops;
+mod replication;
 
 pub use checkpoint::*;
 pub use connection::*;
 pub use data::*;
 pub use ops::*;
+pub use replication::*;
 
 // ---------------------------------------------------------------------------------------------
 // Kinds.
@@ -138,6 +140,8 @@ kinds! {
     14 => WindowResults { |m: &ArchivedWindowResults| m.check_columns() },
     15 => EndOfStream,
     16 => Credit,
+    17 => Replicate,
+    18 => ReplicateAck,
     20 => CheckpointSourceReq,
     21 => CheckpointSourceRsp,
     22 => CheckpointTrigger,

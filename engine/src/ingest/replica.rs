@@ -1,0 +1,171 @@
+//! A partition log's side of replication: reading whole entries to ship them (the primary) and
+//! writing shipped entries as they are (the follower).
+//!
+//! Invariants: a follower's copy holds exactly the primary's entries, byte for byte, at the same
+//! versions, so its producers (rebuilt from the entries' producer fields) and its rows are the
+//! primary's; shipped entries that overlap what the copy holds are skipped, never written twice;
+//! entries that do not continue the copy are refused ([`LogError::Replica`]) and the primary
+//! ships from where the copy ends.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, Read};
+
+use weir_wire::Version;
+
+use super::log::{IngestLog, LogError, Segment, io_err, sync_dir};
+use super::producers::remember;
+use super::reader::LogReader;
+use super::segment::{self, Parsed};
+
+/// What a producer said of itself and whether it ended: the part of a partition's ledger that
+/// the entries do not carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProducerFacts {
+    /// Producer id.
+    pub producer: u64,
+    /// Its description.
+    pub description: Vec<u8>,
+    /// Version of its first row.
+    pub first: Version,
+    /// The watermark of its end-of-load marker.
+    pub ended: Option<i64>,
+}
+
+impl IngestLog {
+    /// Appends entries shipped from the partition's primary, `bytes` holding whole entries from
+    /// version `at` on. Entries the copy holds already are skipped; the rest must continue it.
+    /// Returns the copy's next version. Written to the OS, not yet synced.
+    pub fn append_entries(&mut self, at: Version, bytes: &[u8]) -> Result<Version, LogError> {
+        if at > self.next {
+            return Err(self.out_of_step(format!("entries start at {at}, the copy ends at {}", self.next)));
+        }
+        let mut off = 0;
+        while off < bytes.len() {
+            let (first, rows, len, from, watermark) =
+                match segment::parse_entry(&bytes[off..], self.cfg.max_entry_bytes) {
+                    Parsed::Entry { first, rows, len, from, watermark } => (first, rows, len, from, watermark),
+                    Parsed::Incomplete => return Err(self.out_of_step("shipped bytes end inside an entry".into())),
+                    Parsed::Corrupt(reason) => return Err(self.out_of_step(format!("shipped entry: {reason}"))),
+                };
+            let end = Version(first.0 + Parsed::versions(rows, watermark));
+            let entry = &bytes[off..off + len];
+            off += len;
+            if end <= self.next {
+                continue; // the copy has it
+            }
+            if first != self.next {
+                return Err(self.out_of_step(format!("entry at {first} does not continue the copy at {}", self.next)));
+            }
+            if self.active_len >= self.cfg.segment_bytes {
+                self.roll()?;
+            }
+            self.buf.clear();
+            self.buf.extend_from_slice(entry);
+            self.put()?;
+            self.next = end;
+            if let Some(from) = from {
+                remember(&mut self.producers, from, first, Version(end.0 - 1));
+                self.ledger.count(from, first, rows as u64);
+            }
+        }
+        Ok(self.next)
+    }
+
+    /// Takes the producers' descriptions and ends from the primary (before the entries that
+    /// count their rows), writing the ledger when something changed.
+    pub fn adopt_producers(&mut self, facts: &[ProducerFacts]) -> Result<(), LogError> {
+        let mut changed = false;
+        for f in facts {
+            if !self.ledger.knows(f.producer) {
+                self.ledger.describe(f.producer, f.first, &f.description);
+                changed = true;
+            }
+            if let Some(w) = f.ended
+                && self.ledger.ended(f.producer) != Some(w)
+            {
+                self.ledger.end(f.producer, w);
+                changed = true;
+            }
+        }
+        if changed { self.ledger.write(&self.dir) } else { Ok(()) }
+    }
+
+    /// Empties the copy and starts it again at `at` (the primary's copy differs from this one,
+    /// or no longer holds where this one ends).
+    pub fn restart_at(&mut self, at: Version) -> Result<(), LogError> {
+        tracing::warn!(dir = %self.dir.display(), from = %self.next, to = %at, "ingest replica starts afresh");
+        for entry in fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {
+            let path = entry.map_err(io_err(&self.dir))?.path();
+            if path.is_file() {
+                fs::remove_file(&path).map_err(io_err(&path))?;
+            }
+        }
+        self.producers.clear();
+        self.ledger.clear();
+        let path = segment::segment_path(&self.dir, at);
+        self.active = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err(&path))?;
+        self.active_len = 0;
+        self.segments = vec![Segment { first: at, path }];
+        self.next = at;
+        self.written_unsynced = false;
+        self.durable.store(at.0, std::sync::atomic::Ordering::Release);
+        self.readable.store(at.0, std::sync::atomic::Ordering::Release);
+        sync_dir(&self.dir)
+    }
+
+    /// How many producers the ledger records and how many of them ended.
+    pub fn ledger_summary(&self) -> (usize, usize) {
+        self.ledger.summary()
+    }
+
+    fn out_of_step(&self, reason: String) -> LogError {
+        LogError::Replica { dir: self.dir.clone(), reason }
+    }
+}
+
+impl LogReader {
+    /// Appends whole durable entries from the reader's position to `out`, about `max_bytes` at
+    /// most (one entry at least), as they are on disk. The position must be where an entry
+    /// starts. Returns the new position.
+    pub fn read_entries(&mut self, max_bytes: usize, out: &mut Vec<u8>) -> Result<Version, LogError> {
+        let start = out.len();
+        let (dir, max_entry) = (self.dir.clone(), self.cfg.max_entry_bytes);
+        while self.pos < self.durable() && (out.len() == start || out.len() - start < max_bytes) {
+            let pos = self.pos;
+            let (file, seg_first, offset) = self.entry_file()?;
+            let seg_path = segment::segment_path(&dir, seg_first);
+            let mut head = [0u8; segment::ENTRY_HEADER];
+            match file.read_exact(&mut head) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    self.segment_ended()?;
+                    continue;
+                }
+                Err(e) => return Err(io_err(&seg_path)(e)),
+            }
+            let rest = segment::rest_len(&head).unwrap_or(0).min(max_entry + segment::PRODUCER_BYTES);
+            let at = out.len();
+            out.extend_from_slice(&head);
+            out.resize(at + segment::ENTRY_HEADER + rest, 0);
+            file.read_exact(&mut out[at + segment::ENTRY_HEADER..]).map_err(io_err(&seg_path))?;
+            let (first, rows, len, watermark) = match segment::parse_entry(&out[at..], max_entry) {
+                Parsed::Entry { first, rows, len, watermark, .. } => (first, rows, len, watermark),
+                Parsed::Incomplete => unreachable!("read the whole entry"),
+                Parsed::Corrupt(reason) => return Err(LogError::Corrupt { path: seg_path, offset, reason }),
+            };
+            self.advance(len as u64);
+            let end = Version(first.0 + Parsed::versions(rows, watermark));
+            if end <= pos {
+                out.truncate(at); // before our start (the first entries after opening a segment)
+                continue;
+            }
+            if first != pos {
+                out.truncate(at);
+                let reason = format!("version {pos} is inside the entry at {first}, not where one starts");
+                return Err(LogError::Corrupt { path: seg_path, offset, reason });
+            }
+            self.pos = end;
+        }
+        Ok(self.pos)
+    }
+}

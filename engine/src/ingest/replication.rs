@@ -1,0 +1,379 @@
+//! Ingest replication on the writer thread: a partition's primary ships its durable entries to
+//! the partition's follower and acknowledges a client's append only once the follower has it
+//! durably; a follower writes what its primaries ship and answers where its copy ends.
+//!
+//! Invariants:
+//! - An append is acknowledged to its client only when it is durable on both nodes: the
+//!   primary's sync, and the follower's answer ([`ReplicateAck::next`]) past its last version.
+//!   Refusals (nothing stored) go out at once.
+//! - The primary ships only durable entries, in version order, from where the follower's copy
+//!   ends; whatever goes wrong (a lost message, a follower that restarted, a refusal) it ships
+//!   again from the follower's last answer, and the follower skips what it holds. So the copy
+//!   is always a prefix of the primary's log.
+//! - A follower whose copy holds more than the primary (the primary lost its disk) is started
+//!   afresh from the primary's log: the primary's log is the partition.
+//!
+//! The network is behind [`ReplicaLink`], so tests run two writers over channels and the engine
+//! runs them over its transport.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use weir_wire::msg::{ReplicaProducer, Replicate, ReplicateAck};
+use weir_wire::{NodeId, StreamId, Version};
+
+use super::log::{IngestLog, LogError};
+use super::reader::LogReader;
+use super::replica::ProducerFacts;
+use super::service::Appended;
+
+/// Bytes of entries in one [`Replicate`] at most (a frame holds 16 MiB).
+const SHIP_BYTES: usize = 4 << 20;
+/// Messages shipped and not yet answered, per partition.
+const IN_FLIGHT: usize = 8;
+/// Without an answer this long, the primary ships again from the follower's last answer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a primary asks a follower that has not answered yet where its copy ends.
+const ASK_EVERY: Duration = Duration::from_millis(500);
+
+/// How replication messages leave the writer (the engine: its transport, without blocking).
+pub trait ReplicaLink: Send {
+    /// Sends entries to a follower; `false` if they could not go now (the primary tries again).
+    fn ship(&mut self, to: NodeId, msg: &Replicate) -> bool;
+    /// Answers a primary; `false` if the answer could not go (the primary asks again).
+    fn answer(&mut self, to: NodeId, msg: &ReplicateAck) -> bool;
+}
+
+/// A replication message for the writer, from the network.
+#[derive(Debug)]
+pub enum ReplicaInput {
+    /// Entries from a partition's primary (this node keeps the copy).
+    Entries {
+        /// The primary.
+        from: NodeId,
+        /// What it shipped.
+        msg: Replicate,
+    },
+    /// A follower's answer (this node is the partition's primary).
+    Ack {
+        /// The follower.
+        from: NodeId,
+        /// Its answer.
+        msg: ReplicateAck,
+    },
+}
+
+/// What a writer replicates: the follower of each partition whose primary it is, and how to
+/// reach it. A writer without this keeps copies for others all the same.
+pub struct Replication {
+    /// Stream (named in every message).
+    pub stream: StreamId,
+    /// The node that keeps a copy of each partition this node is the primary of.
+    pub followers: BTreeMap<u32, NodeId>,
+    /// The network.
+    pub link: Box<dyn ReplicaLink>,
+}
+
+impl std::fmt::Debug for Replication {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replication").field("stream", &self.stream).field("followers", &self.followers).finish()
+    }
+}
+
+/// One partition shipped to its follower.
+struct Shipping<T> {
+    follower: NodeId,
+    /// Where the follower's copy ends (durable), from its last answer; `None` before the first.
+    acked: Option<Version>,
+    /// Next version to ship, and a reader there (`None`: open one at `shipped`).
+    shipped: Version,
+    reader: Option<LogReader>,
+    /// End versions of the messages shipped and not yet answered.
+    in_flight: VecDeque<Version>,
+    last_sent: Option<Instant>,
+    last_heard: Instant,
+    /// The producers as last sent (their count and how many had ended).
+    facts_sent: Option<(usize, usize)>,
+    /// Acknowledgements waiting for the follower: each with the version the copy must pass.
+    held: VecDeque<(Appended<T>, Instant, Version)>,
+}
+
+/// The writer's replication state.
+pub(super) struct Replicator<T> {
+    stream: StreamId,
+    link: Option<Box<dyn ReplicaLink>>,
+    shipping: BTreeMap<u32, Shipping<T>>,
+    /// Answers a follower owes, sent after the next sync: (primary, stream, partition).
+    owed: Vec<(NodeId, StreamId, u32)>,
+    buf: Vec<u8>,
+}
+
+impl<T> Replicator<T> {
+    pub(super) fn new(replication: Option<Replication>) -> Self {
+        let (stream, link, followers) = match replication {
+            Some(r) => (r.stream, Some(r.link), r.followers),
+            None => (StreamId(0), None, BTreeMap::new()),
+        };
+        let shipping = followers
+            .into_iter()
+            .map(|(p, follower)| {
+                let s = Shipping {
+                    follower,
+                    acked: None,
+                    shipped: Version(0),
+                    reader: None,
+                    in_flight: VecDeque::new(),
+                    last_sent: None,
+                    last_heard: Instant::now(),
+                    facts_sent: None,
+                    held: VecDeque::new(),
+                };
+                (p, s)
+            })
+            .collect();
+        Self { stream, link, shipping, owed: Vec::new(), buf: Vec::new() }
+    }
+
+    /// Readers of the partitions this writer ships see only what their followers hold.
+    pub(super) fn start(&self, logs: &mut [IngestLog]) {
+        for p in self.shipping.keys() {
+            if let Some(log) = logs.get_mut(*p as usize) {
+                log.replicate();
+            }
+        }
+    }
+
+    /// Whether timers run: something waits for a follower, or copies are owed an answer.
+    pub(super) fn busy(&self) -> bool {
+        !self.owed.is_empty()
+            || self.shipping.values().any(|s| s.acked.is_none() || !s.held.is_empty() || !s.in_flight.is_empty())
+    }
+
+    /// Whether a follower's copy waits for a sync (a follower syncs at once, not at the group
+    /// commit: its primary's clients wait for it).
+    pub(super) fn owes(&self) -> bool {
+        !self.owed.is_empty()
+    }
+
+    /// A durable acknowledgement: released at once, or held until the follower has its rows.
+    pub(super) fn hold(&mut self, a: Appended<T>, taken: Instant) -> Option<(Appended<T>, Instant)> {
+        let need = match (&a.result, a.marker) {
+            (Ok(Some((_, last))), _) => *last,
+            (Ok(None), Some(at)) => at,
+            _ => return Some((a, taken)),
+        };
+        let Some(s) = self.shipping.get_mut(&a.partition) else { return Some((a, taken)) };
+        if s.acked.is_some_and(|acked| acked > need) && s.held.is_empty() {
+            return Some((a, taken));
+        }
+        s.held.push_back((a, taken, need));
+        None
+    }
+
+    /// Takes a message from the network; returns the acknowledgements it releases.
+    pub(super) fn input(&mut self, input: ReplicaInput, logs: &mut [IngestLog]) -> Vec<(Appended<T>, Instant)> {
+        match input {
+            ReplicaInput::Entries { from, msg } => {
+                self.copy(from, msg, logs);
+                Vec::new()
+            }
+            ReplicaInput::Ack { from, msg } => self.answered(from, msg, logs),
+        }
+    }
+
+    /// A follower's side: writes what the primary shipped, answering after the next sync (or
+    /// at once when the entries were refused or there were none).
+    fn copy(&mut self, from: NodeId, msg: Replicate, logs: &mut [IngestLog]) {
+        let p = msg.partition;
+        let Some(log) = logs.get_mut(p as usize) else {
+            let error = format!("no partition {p} on this node ({} partitions)", logs.len());
+            return self.answer_now(from, msg.stream, p, Version(0), error);
+        };
+        let facts: Vec<ProducerFacts> = msg
+            .producers
+            .into_iter()
+            .map(|r| ProducerFacts { producer: r.producer, description: r.description, first: r.first, ended: r.ended })
+            .collect();
+        let wrote = (|| {
+            if msg.reset || log.next_version() < msg.log_first {
+                log.restart_at(msg.at.max(msg.log_first))?;
+            }
+            log.adopt_producers(&facts)?;
+            log.append_entries(msg.at, &msg.entries)
+        })();
+        match wrote {
+            Ok(_) if msg.entries.is_empty() && !msg.reset => {
+                let next = log.durable_version();
+                self.answer_now(from, msg.stream, p, next, String::new());
+            }
+            Ok(_) => self.owed.push((from, msg.stream, p)),
+            Err(e) => {
+                if !matches!(e, LogError::Replica { .. }) {
+                    tracing::error!(partition = p, primary = %from, error = %e, "ingest replica cannot write");
+                }
+                let next = log.durable_version().min(log.next_version());
+                self.answer_now(from, msg.stream, p, next, e.to_string());
+            }
+        }
+    }
+
+    fn answer_now(&mut self, to: NodeId, stream: StreamId, partition: u32, next: Version, error: String) {
+        if let Some(link) = self.link.as_mut() {
+            link.answer(to, &ReplicateAck { stream, partition, next, error });
+        }
+    }
+
+    /// Syncs the copies written since the last call and answers their primaries.
+    pub(super) fn sync_copies(&mut self, logs: &mut [IngestLog]) {
+        for (to, stream, p) in std::mem::take(&mut self.owed) {
+            let log = &mut logs[p as usize];
+            let (next, error) = match log.sync() {
+                Ok(next) => (next, String::new()),
+                Err(e) => {
+                    tracing::error!(partition = p, error = %e, "ingest replica sync failed");
+                    (log.durable_version(), format!("not durable: {e}"))
+                }
+            };
+            self.answer_now(to, stream, p, next, error);
+        }
+    }
+
+    /// A primary's side: the follower says where its copy ends.
+    fn answered(&mut self, from: NodeId, msg: ReplicateAck, logs: &mut [IngestLog]) -> Vec<(Appended<T>, Instant)> {
+        let Some(s) = self.shipping.get_mut(&msg.partition) else { return Vec::new() };
+        if s.follower != from {
+            return Vec::new();
+        }
+        s.last_heard = Instant::now();
+        let log = &mut logs[msg.partition as usize];
+        log.publish_replicated(msg.next);
+        if !msg.error.is_empty() || s.acked.is_none() || msg.next > s.shipped {
+            if !msg.error.is_empty() {
+                tracing::debug!(partition = msg.partition, follower = %from, error = %msg.error, next = %msg.next, "ingest replica out of step");
+            }
+            // Ship from where the copy ends (or, for a copy past the primary's log, afresh).
+            s.shipped = msg.next.min(log.durable_version());
+            s.reader = None;
+            s.in_flight.clear();
+            s.facts_sent = None;
+        }
+        while s.in_flight.front().is_some_and(|end| *end <= msg.next) {
+            s.in_flight.pop_front();
+        }
+        s.acked = Some(msg.next);
+        let mut released = Vec::new();
+        while s.held.front().is_some_and(|(_, _, need)| *need < msg.next) {
+            let (a, taken, _) = s.held.pop_front().expect("front");
+            released.push((a, taken));
+        }
+        released
+    }
+
+    /// Ships what became durable since the last call, asks followers that never answered, and
+    /// ships again after a silence.
+    pub(super) fn pump(&mut self, logs: &[IngestLog]) {
+        let Some(link) = self.link.as_mut() else { return };
+        for (&p, s) in &mut self.shipping {
+            let log = &logs[p as usize];
+            let now = Instant::now();
+            let quiet = s.last_sent.is_none_or(|t| now - t >= ASK_EVERY);
+            let Some(acked) = s.acked else {
+                if quiet {
+                    let msg = hello(self.stream, p, log);
+                    link.ship(s.follower, &msg);
+                    s.last_sent = Some(now);
+                }
+                continue;
+            };
+            if !s.in_flight.is_empty() && now - s.last_heard >= ANSWER_TIMEOUT && quiet {
+                // Lost on the way, or the follower restarted: again from its last answer.
+                s.shipped = acked.min(log.durable_version());
+                s.reader = None;
+                s.in_flight.clear();
+                s.facts_sent = None;
+            }
+            let durable = log.durable_version();
+            // A copy past the primary's log is started afresh (the primary lost what it had).
+            let reset = acked > durable;
+            if reset {
+                tracing::error!(partition = p, follower = %s.follower, copy = %acked, log = %durable,
+                    "the follower's copy holds more than this node's log: starting it afresh");
+                s.shipped = log.first_version();
+                s.reader = None;
+                s.in_flight.clear();
+            }
+            let first = log.first_version();
+            if s.shipped < first {
+                // The copy ends before what the log still holds: it starts again at its start.
+                s.shipped = first;
+                s.reader = None;
+            }
+            while (s.shipped < durable || reset) && s.in_flight.len() < IN_FLIGHT {
+                let reader = s.reader.get_or_insert_with(|| log.durable_reader(s.shipped));
+                self.buf.clear();
+                let end = match reader.read_entries(SHIP_BYTES, &mut self.buf) {
+                    Ok(end) => end,
+                    Err(e) => {
+                        tracing::error!(partition = p, error = %e, "cannot read the ingest log to replicate it");
+                        s.reader = None;
+                        break;
+                    }
+                };
+                let facts = fingerprint(log);
+                let producers = if s.facts_sent != Some(facts) { producer_facts(log) } else { Vec::new() };
+                let msg = Replicate {
+                    stream: self.stream,
+                    partition: p,
+                    at: s.shipped,
+                    log_first: first,
+                    reset: reset && s.in_flight.is_empty(),
+                    entries: std::mem::take(&mut self.buf),
+                    producers,
+                };
+                let sent = link.ship(s.follower, &msg);
+                self.buf = msg.entries;
+                if !sent {
+                    s.reader = None; // the peer's queue is full or it is down: again later
+                    break;
+                }
+                if reset {
+                    // Its copy is being replaced: nothing of it counts until it answers.
+                    s.acked = Some(first);
+                }
+                s.facts_sent = Some(facts);
+                s.shipped = end;
+                s.in_flight.push_back(end);
+                s.last_sent = Some(now);
+                if reset {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// An empty [`Replicate`]: the follower answers where its copy ends.
+fn hello(stream: StreamId, p: u32, log: &IngestLog) -> Replicate {
+    let first = log.first_version();
+    Replicate {
+        stream,
+        partition: p,
+        at: first,
+        log_first: first,
+        reset: false,
+        entries: Vec::new(),
+        producers: Vec::new(),
+    }
+}
+
+/// A cheap summary of the producers' facts: how many there are, how many ended.
+fn fingerprint(log: &IngestLog) -> (usize, usize) {
+    log.ledger_summary()
+}
+
+fn producer_facts(log: &IngestLog) -> Vec<ReplicaProducer> {
+    log.producers()
+        .into_iter()
+        .map(|r| ReplicaProducer { producer: r.producer, description: r.description, first: r.first, ended: r.ended })
+        .collect()
+}

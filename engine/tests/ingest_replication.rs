@@ -1,0 +1,237 @@
+//! Ingest replication between two real ingest writers on real logs, their messages carried by
+//! channels (the engine carries them over its transport; the cluster test runs that): an append
+//! is acknowledged once both copies hold it, a follower behind catches up, a copy past its
+//! primary's log starts afresh, and both copies end byte for byte the same.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use weir_engine::ingest::replication::{ReplicaInput, ReplicaLink, Replication};
+use weir_engine::ingest::segment::ProducerSeq;
+use weir_engine::ingest::service::partition_dir;
+use weir_engine::ingest::*;
+use weir_engine::wire::msg::{Replicate, ReplicateAck};
+use weir_engine::wire::{Batch, NodeId, StreamId, Version};
+
+const PRIMARY: NodeId = NodeId(1);
+const FOLLOWER: NodeId = NodeId(2);
+
+/// Both writers' replica inputs, and whether messages get through.
+#[derive(Clone, Default)]
+struct Net {
+    inputs: Arc<Mutex<BTreeMap<NodeId, Sender<ReplicaInput>>>>,
+    down: Arc<AtomicBool>,
+}
+
+struct Link {
+    me: NodeId,
+    net: Net,
+}
+
+impl Link {
+    fn deliver(&self, to: NodeId, input: ReplicaInput) -> bool {
+        if self.net.down.load(Ordering::Acquire) {
+            return false;
+        }
+        match self.net.inputs.lock().unwrap().get(&to) {
+            Some(tx) => tx.try_send(input).is_ok(),
+            None => false,
+        }
+    }
+}
+
+impl ReplicaLink for Link {
+    fn ship(&mut self, to: NodeId, msg: &Replicate) -> bool {
+        self.deliver(to, ReplicaInput::Entries { from: self.me, msg: msg.clone() })
+    }
+    fn answer(&mut self, to: NodeId, msg: &ReplicateAck) -> bool {
+        self.deliver(to, ReplicaInput::Ack { from: self.me, msg: msg.clone() })
+    }
+}
+
+type Service = IngestService<u64>;
+
+fn start(dir: &Path, me: NodeId, net: &Net, ship_to: Option<NodeId>) -> (Service, Receiver<Appended<u64>>) {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let replication = ship_to.map(|f| Replication {
+        stream: StreamId(1),
+        followers: BTreeMap::from([(0, f)]),
+        link: Box::new(Link { me, net: net.clone() }),
+    });
+    // Every writer answers the copies it keeps, replicating or not.
+    let replication = replication.or_else(|| {
+        Some(Replication {
+            stream: StreamId(1),
+            followers: BTreeMap::new(),
+            link: Box::new(Link { me, net: net.clone() }),
+        })
+    });
+    let policy = SyncPolicy::GroupCommit(Duration::from_millis(5));
+    let svc = IngestService::start_replicated(dir, 1, LogConfig::default(), policy, tx, None, replication).unwrap();
+    net.inputs.lock().unwrap().insert(me, svc.replica_inputs().clone());
+    (svc, rx)
+}
+
+fn rows(first: u64, n: usize) -> Batch {
+    let mut b = Batch::with_capacity(n);
+    for v in first..first + n as u64 {
+        b.push(v as i64, v % 7, v as f64 * 0.5);
+    }
+    b
+}
+
+fn append(svc: &Service, producer: u64, seq: u64, batch: Batch, describe: bool) {
+    let req = AppendRequest {
+        partition: 0,
+        batch,
+        from: Some(ProducerSeq { producer, seq }),
+        watermark: None,
+        describe: describe.then(|| b"{\"seed\":1}".to_vec()),
+        token: seq,
+    };
+    svc.requests().send(req).unwrap();
+}
+
+fn acked(rx: &Receiver<Appended<u64>>, within: Duration) -> Option<(u64, Version, Version)> {
+    let a = rx.recv_timeout(within).ok()?;
+    let (first, last) = a.result.expect("appended").expect("rows");
+    Some((a.token, first, last))
+}
+
+/// Every byte of partition 0's log files under `dir` (segments in order).
+fn log_bytes(dir: &Path) -> Vec<u8> {
+    let part = partition_dir(dir, 0);
+    let mut names: Vec<_> = std::fs::read_dir(&part)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    names.sort();
+    names.iter().flat_map(|p| std::fs::read(p).unwrap()).collect()
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn an_append_is_acknowledged_only_once_its_follower_holds_it() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let net = Net::default();
+    net.down.store(true, Ordering::Release);
+    let (primary, acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
+    let (follower, _) = start(b.path(), FOLLOWER, &net, None);
+    append(&primary, 7, 0, rows(0, 1000), true);
+    // Durable on the primary, but the follower cannot be reached: no acknowledgement.
+    assert_eq!(acked(&acks, Duration::from_millis(600)), None);
+    assert_eq!(primary.log(0).unwrap().durable_version(), Version(1000));
+    // Nor does the partition's source read it: a source moved to the follower could not.
+    let mut source = primary.log(0).unwrap().reader(Version(0));
+    let mut out = Batch::default();
+    assert_eq!(source.read(10_000, &mut out).unwrap(), 0);
+    net.down.store(false, Ordering::Release);
+    assert_eq!(acked(&acks, Duration::from_secs(10)), Some((0, Version(0), Version(999))));
+    assert_eq!(source.read(10_000, &mut out).unwrap(), 1000, "the source reads it once the copy holds it");
+    // The follower held it durably before the acknowledgement.
+    assert_eq!(follower.log(0).unwrap().durable_version(), Version(1000));
+    for seq in 1..20 {
+        append(&primary, 7, seq, rows(seq * 1000, 1000), false);
+    }
+    for seq in 1..20 {
+        let (token, first, _) = acked(&acks, Duration::from_secs(10)).expect("acknowledged");
+        assert_eq!((token, first), (seq, Version(seq * 1000)));
+    }
+    // A batch sent again is answered with its versions and stored once, on both.
+    append(&primary, 7, 3, rows(3000, 1000), false);
+    assert_eq!(acked(&acks, Duration::from_secs(10)), Some((3, Version(3000), Version(3999))));
+    let (pf, ff) = (primary.log(0).unwrap().producers(), follower.log(0).unwrap().producers());
+    assert_eq!(pf, ff, "the follower's ledger is the primary's");
+    assert_eq!((ff[0].rows, ff[0].batches, ff[0].description.as_slice()), (20_000, 20, &b"{\"seed\":1}"[..]));
+    drop((primary, follower));
+    assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
+}
+
+#[test]
+fn a_follower_behind_catches_up_from_where_its_copy_ends() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let net = Net::default();
+    {
+        // Appended without a follower (one copy), markers included.
+        let mut log = IngestLog::open(&partition_dir(a.path(), 0), LogConfig::default()).unwrap();
+        for seq in 0..50 {
+            log.append_from(ProducerSeq { producer: 9, seq }, &rows(seq * 100, 100)).unwrap();
+        }
+        log.append_marker(12_345).unwrap();
+        log.sync().unwrap();
+    }
+    let (primary, acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
+    let (follower, _) = start(b.path(), FOLLOWER, &net, None);
+    append(&primary, 9, 50, rows(5001, 100), false);
+    // Acknowledged once the follower holds everything before it too.
+    assert_eq!(acked(&acks, Duration::from_secs(10)), Some((50, Version(5001), Version(5100))));
+    assert_eq!(follower.log(0).unwrap().durable_version(), Version(5101));
+    drop((primary, follower));
+    assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
+    // The follower's copy reopens as a log of its own: a source moved there reads the same.
+    let copy = IngestLog::open(&partition_dir(b.path(), 0), LogConfig::default()).unwrap();
+    let mut r = copy.reader(Version(0)).unwrap();
+    let mut out = Batch::default();
+    let first = r.read_marked(100_000, &mut out).unwrap();
+    assert_eq!((first.rows, first.watermark), (5000, Some(12_345)));
+    assert_eq!(copy.producers()[0].batches, 51);
+}
+
+#[test]
+fn a_copy_past_its_primarys_log_starts_afresh_from_the_primarys() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let net = Net::default();
+    {
+        // The follower holds rows the primary does not (the primary lost its disk).
+        let mut log = IngestLog::open(&partition_dir(b.path(), 0), LogConfig::default()).unwrap();
+        log.append_from(ProducerSeq { producer: 1, seq: 0 }, &rows(77, 3000)).unwrap();
+        log.sync().unwrap();
+    }
+    let (primary, acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
+    let (follower, _) = start(b.path(), FOLLOWER, &net, None);
+    append(&primary, 2, 0, rows(0, 10), true);
+    assert_eq!(acked(&acks, Duration::from_secs(10)), Some((0, Version(0), Version(9))));
+    wait_for("the follower's copy", || follower.log(0).unwrap().durable_version() == Version(10));
+    drop((primary, follower));
+    assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
+}
+
+#[test]
+fn shipped_entries_that_do_not_continue_a_copy_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = IngestLog::open(dir.path(), LogConfig::default()).unwrap();
+    let mut other = IngestLog::open(&dir.path().join("other"), LogConfig::default()).unwrap();
+    other.append(&rows(0, 10)).unwrap();
+    other.append(&rows(10, 10)).unwrap();
+    other.sync().unwrap();
+    let mut entries = Vec::new();
+    let mut r = other.reader(Version(10)).unwrap();
+    assert_eq!(r.read_entries(1 << 20, &mut entries).unwrap(), Version(20));
+    // Versions 10.. do not continue an empty copy.
+    assert!(matches!(log.append_entries(Version(10), &entries), Err(LogError::Replica { .. })));
+    // Damaged bytes are refused, not written.
+    let mut all = Vec::new();
+    other.reader(Version(0)).unwrap().read_entries(1 << 20, &mut all).unwrap();
+    let mut bad = all.clone();
+    let n = bad.len();
+    bad[n - 3] ^= 0xff;
+    assert!(matches!(log.append_entries(Version(0), &bad), Err(LogError::Replica { .. })));
+    assert_eq!(log.next_version(), Version(10), "the first, intact entry was taken");
+    // Sent again whole: what the copy has is skipped, the rest taken.
+    assert_eq!(log.append_entries(Version(0), &all).unwrap(), Version(20));
+    // A reader must start where an entry starts.
+    let mut mid = Vec::new();
+    assert!(other.reader(Version(5)).unwrap().read_entries(1 << 20, &mut mid).is_err());
+}
