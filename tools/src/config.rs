@@ -133,6 +133,10 @@ pub struct IngestFile {
     /// after a longer pause (a node's restart included) with earlier event times are late.
     #[serde(default = "default_idle_after", deserialize_with = "de_duration")]
     pub idle_after: Duration,
+    /// Copies of each partition's log: 1, or 2 (also on the next node in id order; an append is
+    /// acknowledged once durable on both, and a lost node's sources move to their copies).
+    #[serde(default = "default_replicas")]
+    pub replicas: u8,
 }
 
 impl Default for IngestFile {
@@ -301,6 +305,10 @@ fn default_two() -> u32 {
 fn default_source() -> String {
     "generator".into()
 }
+fn default_replicas() -> u8 {
+    1
+}
+
 fn default_idle_after() -> Duration {
     Duration::ZERO
 }
@@ -479,6 +487,12 @@ impl ClusterFile {
         }
         if !["generator", "ingest"].contains(&self.stream.source.as_str()) {
             bail!("stream.source = {:?}: \"generator\" or \"ingest\"", self.stream.source);
+        }
+        match self.stream.ingest.replicas {
+            1 => {}
+            2 if seen.len() >= 2 => {}
+            2 => bail!("stream.ingest.replicas = 2 needs a second node to keep the copies; this file lists one"),
+            r => bail!("stream.ingest.replicas = {r}: 1 or 2 (each partition's log on one node, or on two)"),
         }
         if let PlacementFile::Named(n) = &self.stream.placement
             && n != "spread"

@@ -119,6 +119,7 @@ pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<Engin
     cfg.sync = if commit.is_zero() { SyncPolicy::EveryAppend } else { SyncPolicy::GroupCommit(commit) };
     let idle = file.stream.ingest.idle_after;
     cfg.idle_after = (!idle.is_zero()).then_some(idle);
+    cfg.ingest_replicas = file.stream.ingest.replicas;
     let mut t = TransportConfig::new(&file.cluster, NodeId(me.id), file.secret()?);
     t.listen = Some(me.addr);
     // Each pair connects once: the higher id dials the lower (reconnects retry with backoff, so
@@ -264,6 +265,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                                 file.restart.move_after,
                                 started_ms,
                             )
+                            .with_ingest_replicas(file.stream.ingest.replicas)
                         });
                         let ended = supervise(&engine, &stop, args.exit_when_done, &spec.name, mover, board.as_deref());
                         links = engine.status().peers;

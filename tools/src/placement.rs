@@ -59,6 +59,9 @@ pub struct Mover<'a> {
     after: Duration,
     started_ms: u64,
     warned: bool,
+    /// Copies of each ingest-log partition: with 2, a lost node's sources go where their
+    /// copies are.
+    replicas: u8,
 }
 
 impl<'a> Mover<'a> {
@@ -73,7 +76,13 @@ impl<'a> Mover<'a> {
         started_ms: u64,
     ) -> Self {
         let topology = spec.topology();
-        Self { store, stream: spec.id, topology, placement, version, me, after, started_ms, warned: false }
+        Self { store, stream: spec.id, topology, placement, version, me, after, started_ms, warned: false, replicas: 1 }
+    }
+
+    /// With `replicas` copies of each ingest-log partition ([`Placement::moved_with_replicas`]).
+    pub fn with_ingest_replicas(mut self, replicas: u8) -> Self {
+        self.replicas = replicas;
+        self
     }
 
     /// Whether this node decides: it runs the coordinator (the lowest node of the placement).
@@ -94,7 +103,7 @@ impl<'a> Mover<'a> {
         }
         let gone: Vec<NodeId> = lost.iter().map(|(n, _)| *n).collect();
         let to: Vec<NodeId> = nodes.iter().filter(|n| !gone.contains(n)).copied().collect();
-        let moved = self.placement.moved(&self.topology, &gone, &to);
+        let moved = self.placement.moved_with_replicas(&self.topology, &gone, &to, self.replicas);
         let tasks: Vec<String> = self
             .placement
             .tasks_of(&self.topology)

@@ -76,13 +76,29 @@ pub fn run(args: &QueryArgs) -> anyhow::Result<ExitCode> {
     // The nodes that run tasks of the stream hold its results.
     let mut serving = Vec::new();
     let mut missing = Vec::new();
+    let mut down = Vec::new();
+    let mut sinks_seen = std::collections::BTreeSet::new();
+    let mut sinks = None;
     for &addr in &t.nodes {
         match crate::client::status(&t, addr, Duration::from_secs(3))? {
-            Ok(s) if s.tasks.iter().any(|k| k.stream == stream) => serving.push(addr),
+            Ok(s) if s.tasks.iter().any(|k| k.stream == stream) => {
+                if let Some(i) = s.stream.as_ref().filter(|i| i.stream == stream) {
+                    let first_sink = i.partitions + i.aggs;
+                    sinks = Some(i.sinks);
+                    sinks_seen.extend(
+                        s.tasks.iter().filter(|k| k.stream == stream && k.task.0 >= first_sink).map(|k| k.task),
+                    );
+                }
+                serving.push(addr);
+            }
             Ok(s) if s.restarting => missing.push(format!("{addr} is restarting the stream")),
             Ok(_) => {}
-            Err(why) => missing.push(format!("{addr} is down: {why}")),
+            Err(why) => down.push(format!("{addr} is down: {why}")),
         }
+    }
+    // A node that is down counts as missing unless the others run every sink (its tasks moved).
+    if sinks.is_none_or(|n| sinks_seen.len() < n as usize) {
+        missing.extend(down);
     }
     if serving.is_empty() && missing.is_empty() {
         bail!("no node asked runs stream {}", stream.0);

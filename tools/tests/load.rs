@@ -4,134 +4,16 @@
 
 mod util;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Output, Stdio};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::Value;
+
+use util::load::*;
 use util::*;
 use weir_engine::operator::generator::GeneratorSpec;
-use weir_engine::operator::window::{WindowResult, WindowSpec};
-use weir_engine::spec::{SourceKind, StreamSpec};
+use weir_engine::operator::window::WindowResult;
 use weir_engine::wire::StreamId;
-
-/// `examples/load-one-node.toml` under `dir`, checkpointing every 200 ms.
-fn load_one_node(dir: &Path) -> PathBuf {
-    adjusted(example("load-one-node.toml"), dir, |t| {
-        set(t, &["checkpoint", "interval"], "200ms");
-    })
-}
-
-fn load(config: &Path, args: &[&str]) -> Child {
-    weir()
-        .args(["load", "--json", "--config"])
-        .arg(config)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// Waits for `weir load` to end by itself; its exit code and JSON summary.
-fn summary_of(child: Child, limit: Duration) -> (Option<i32>, Value, String) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    let out: Output = rx.recv_timeout(limit).expect("weir load ended in time").unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON summary ({e}): {err}"));
-    (out.status.code(), json, err)
-}
-
-/// The load says every event was acknowledged once, in order.
-fn assert_acknowledged(s: &Value, partitions: u64, per_partition: u64) {
-    assert_eq!(s["ok"], true, "{s:#}");
-    assert_eq!(s["events_acked"], partitions * per_partition, "{s:#}");
-    let parts = s["partitions"].as_array().unwrap();
-    assert_eq!(parts.len() as u64, partitions, "{s:#}");
-    for p in parts {
-        assert_eq!(p["events"], per_partition, "{s:#}");
-        let (lo, hi) = (p["versions"][0].as_u64().unwrap(), p["versions"][1].as_u64().unwrap());
-        assert!(hi - lo + 1 >= per_partition, "{s:#}");
-    }
-}
-
-/// The load's generator, from its JSON summary.
-fn generator_of(s: &Value) -> GeneratorSpec {
-    GeneratorSpec {
-        seed: s["seed"].as_u64().unwrap(),
-        keys: s["keys"].as_u64().unwrap(),
-        rows_per_ms: s["rows_per_ms"].as_u64().unwrap(),
-        ts_start: s["ts_start"].as_i64().unwrap(),
-        ..GeneratorSpec::default()
-    }
-}
-
-/// Each partition's log on the stopped node under `data` holds exactly the rows the load meant
-/// to send, in order, each once (whatever was sent again).
-fn assert_logs_hold_each_row_once(data: &Path, s: &Value, partitions: u32, per_partition: u64) {
-    let g = generator_of(s);
-    for p in 0..partitions {
-        let dir = weir_engine::ingest::service::partition_dir(&data.join("ingest"), p);
-        let log = weir_engine::ingest::IngestLog::open(&dir, Default::default()).unwrap();
-        let mut r = log.reader(weir_engine::wire::Version(0)).unwrap();
-        let mut got = weir_engine::wire::Batch::default();
-        while r.read(1 << 20, &mut got).unwrap() > 0 {}
-        let mut want = weir_engine::wire::Batch::default();
-        weir_engine::operator::generator::Generator::new(g, p).fill(0, per_partition as usize, &mut want);
-        assert_eq!(got.len(), want.len(), "partition {p}: rows in the log");
-        assert!(got == want, "partition {p}: the log's rows differ from those sent");
-    }
-}
-
-/// Waits until `weir query` finds `n` results (the node logs to `log`). Not the sink's counter:
-/// it counts from the node's last start.
-fn wait_for_results(config: &Path, n: usize, log: &Path) {
-    let t0 = std::time::Instant::now();
-    loop {
-        let out = weir().args(["query", "--csv", "--config"]).arg(config).output().unwrap();
-        let found = String::from_utf8_lossy(&out.stdout).lines().count().saturating_sub(1);
-        if out.status.success() && found >= n {
-            return;
-        }
-        if t0.elapsed() > Duration::from_secs(60) {
-            panic!("{found} of {n} results after 60 s\n{}", std::fs::read_to_string(log).unwrap_or_default());
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// The results on the stopped node under `data` are exactly `want`.
-fn assert_results(data: &Path, want: &[WindowResult]) {
-    let mut got = weir_engine::state::NodeResults::open(data).unwrap().scan(StreamId(2)).unwrap();
-    got.sort_by_key(|r| (r.key, r.start));
-    assert_eq!(got.len(), want.len());
-    assert!(got == want, "the results differ from those of the rows sent");
-}
-
-/// The results of the rows `weir load` said it sent (its JSON summary), by (key, window).
-fn expected(s: &Value, partitions: u32, per_partition: u64) -> Vec<WindowResult> {
-    let g = generator_of(s);
-    let mut spec = StreamSpec::generator(StreamId(2), partitions, 2, 1);
-    spec.window = WindowSpec::tumbling(1000);
-    spec.source = SourceKind::Generator { spec: g, limit: None, rate: None };
-    weir_engine::reference::generator_results(&spec, &vec![per_partition; partitions as usize]).unwrap()
-}
-
-/// `weir verify` of the ingest stream: its exit code and what it printed.
-fn verify(config: &Path) -> (Option<i32>, String) {
-    let out = weir().args(["verify", "--stream", "2", "--config"]).arg(config).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.code(), text)
-}
-
-fn stop(config: &Path, node: &mut Child) {
-    let out = weir().args(["stop", "--config"]).arg(config).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(exit_within(node, Duration::from_secs(30), "node").success());
-}
 
 #[test]
 fn weir_load_into_one_node_acknowledges_every_event_once_and_every_window_closes_exact() {
@@ -181,7 +63,7 @@ fn weir_load_into_one_node_acknowledges_every_event_once_and_every_window_closes
     let in_first = query(&["--csv", "--from", &first.to_string(), "--to", &(first + 1000).to_string()]);
     assert_eq!(in_first.lines().count() - 1, want.iter().filter(|r| r.start == first).count());
     // `weir verify` needs no more than the stream: the load's parameters are in the ledgers.
-    let (code, text) = verify(&config);
+    let (code, text) = verify_ingest(&config);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains(&format!("all {} results match the 200000 rows of 1 load(s)", want.len())), "{text}");
     stop(&config, &mut node.0[0]);
@@ -236,7 +118,7 @@ fn weir_load_survives_its_node_killed_with_sigkill_and_every_event_is_stored_onc
     // window are those of the rows sent, as without the kill.
     let want = expected(&s, 2, 1_000_000);
     wait_for_results(&config, want.len(), &logs[1]);
-    let (code, text) = verify(&config);
+    let (code, text) = verify_ingest(&config);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("match the 2000000 rows of 1 load(s)"), "{text}");
     stop(&config, &mut node.0[0]);
@@ -284,7 +166,7 @@ fn weir_load_into_three_nodes_stores_each_partition_on_its_node_once_and_every_w
     let mut spec_want = expected(&s, 3, 100_000);
     spec_want.sort_by_key(|r| (r.key, r.start));
     wait_for_results(&config, spec_want.len(), &logs[0]);
-    let (code, text) = verify(&config);
+    let (code, text) = verify_ingest(&config);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("(per partition: 100000, 100000, 100000), from 3 nodes"), "{text}");
     let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
@@ -333,7 +215,7 @@ fn a_second_weir_load_starts_after_the_first_and_verify_counts_both() {
     let mut want = expected(&a, 2, 50_000);
     want.extend(expected(&b, 2, 30_000));
     wait_for_results(&config, want.len(), &log);
-    let (code, text) = verify(&config);
+    let (code, text) = verify_ingest(&config);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("match the 160000 rows of 2 load(s) (per partition: 80000, 80000)"), "{text}");
     // Without the config: the node says what the stream is, the secret comes from the
@@ -357,4 +239,47 @@ fn a_second_weir_load_starts_after_the_first_and_verify_counts_both() {
     got.sort_by_key(|r| (r.key, r.start));
     want.sort_by_key(|r| (r.key, r.start));
     assert!(got == want, "the results differ from those of both loads' rows");
+}
+
+#[test]
+fn weir_verify_of_an_ingest_stream_reports_rows_its_results_lack() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = load_one_node(dir.path());
+    let logs = [dir.path().join("node-1.log"), dir.path().join("node-1b.log")];
+    let mut node = Nodes(vec![start(&config, 1, &logs[0], &[])]);
+    let args = ["--events", "20k", "--rows-per-ms", "100", "--keys", "100"];
+    let (code, s, err) = summary_of(load(&config, &args), Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{s:#} {err}");
+    let want = expected(&s, 2, 10_000);
+    wait_for_results(&config, want.len(), &logs[0]);
+    stop(&config, &mut node.0[0]);
+    // A producer that describes rows it did not send: it says seed 9 from the load's start, and
+    // appends other rows. They come after the end-of-load marker with earlier event times, so
+    // the stream drops them as late; the ledger says they are there, and verify finds their
+    // windows' results wrong.
+    let data = dir.path().join("data/node-1");
+    let part = weir_engine::ingest::service::partition_dir(&data.join("ingest"), 0);
+    let mut log = weir_engine::ingest::IngestLog::open(&part, Default::default()).unwrap();
+    let ts = s["ts_start"].as_i64().unwrap();
+    let description = format!(
+        r#"{{"weir_load":1,"seed":9,"keys":100,"ts_start":{ts},"rows_per_ms":100,"out_of_order":0.0,"max_disorder_ms":0}}"#
+    );
+    log.describe(0x5eed, description.as_bytes()).unwrap();
+    let mut rows = weir_engine::wire::Batch::default();
+    let g = GeneratorSpec { seed: 10, keys: 100, ts_start: ts, rows_per_ms: 100, ..GeneratorSpec::default() };
+    weir_engine::operator::generator::Generator::new(g, 0).fill(0, 500, &mut rows);
+    let from = weir_engine::ingest::segment::ProducerSeq { producer: 0x5eed, seq: 0 };
+    log.append_from(from, &rows).unwrap();
+    // It ends as a load does (a marker, noted in the ledger): its window counts as closed.
+    log.append_marker(ts).unwrap();
+    log.end_load(0x5eed, ts).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    node.0[0] = start(&config, 1, &logs[1], &[]);
+    line_in(&logs[1], "checkpoint committed", Duration::from_secs(30));
+    let (code, text) = verify_ingest(&config);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("differ or are missing") && text.contains("of 2 load(s)"), "{text}");
+    assert!(text.contains("expected count"), "the first mismatches are printed: {text}");
+    stop(&config, &mut node.0[0]);
 }

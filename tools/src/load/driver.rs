@@ -76,6 +76,12 @@ pub struct Driver {
     pub stop: Arc<AtomicBool>,
 }
 
+/// A node that has been unreachable this long is asked about again: its partitions may have
+/// moved (their sources to the node keeping their logs' copies).
+const REROUTE_AFTER: Duration = Duration::from_secs(1);
+/// What a node says when a partition's source runs elsewhere (`weir_engine`'s router).
+const NOT_HERE: &str = "not on this one";
+
 /// Batches a partition sends in total (`None`: until the duration ends).
 fn batches_of(plan: &Plan, p: u32) -> Option<u64> {
     plan.rows_of(p).map(|rows| rows.div_ceil(plan.batch as u64))
@@ -120,6 +126,11 @@ impl Driver {
             self.partitions.iter().map(|&p| (p, Acked { partition: p, rows: 0, versions: None })).collect();
         let mut conn: Option<(ClientWriter, Receiver<Result<IngestAck, String>>)> = None;
         let mut down_since: Option<Instant> = None;
+        // The node the partitions are sent to: where their sources run, which changes when a
+        // lost node's sources move to the node keeping their logs' copies.
+        let mut node = self.node;
+        let mut asked_owners: Option<Instant> = None;
+        let mut moved = false;
         let mut batch = Batch::with_capacity(plan.batch);
         loop {
             let now = Instant::now();
@@ -166,9 +177,31 @@ impl Driver {
                 }
                 return Ok(acked.into_values().collect());
             }
+            // Partitions that moved (the node said so, or it has been unreachable a while) go to
+            // the node their sources run on now, with every batch not yet acknowledged.
+            let unreachable = down_since.is_some_and(|d| d.elapsed() >= REROUTE_AFTER);
+            if (moved || unreachable) && asked_owners.is_none_or(|t| t.elapsed() >= REROUTE_AFTER) {
+                asked_owners = Some(now);
+                moved = false;
+                if let Some(to) = self.owner_now()?
+                    && to != node
+                {
+                    tracing::info!(from = %node, %to, partitions = ?self.partitions, "partitions moved: sending there");
+                    if let Some((w, _)) = conn.take() {
+                        w.shutdown();
+                    }
+                    for f in flight.values_mut() {
+                        f.request = None;
+                        f.not_before = now;
+                    }
+                    requests.clear();
+                    node = to;
+                    down_since = down_since.map(|_| now);
+                }
+            }
             // Connect (again).
             if conn.is_none() {
-                match self.connect() {
+                match self.connect(node) {
                     Ok(c) => {
                         if down_since.take().is_some() {
                             self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -178,7 +211,7 @@ impl Driver {
                     Err((e, retryable)) => {
                         let since = *down_since.get_or_insert(now);
                         if !retryable || since.elapsed() > plan.timeout {
-                            return Err(format!("{}: {e}", self.node));
+                            return Err(format!("{node}: {e}"));
                         }
                         std::thread::sleep(Duration::from_millis(200));
                         continue;
@@ -234,7 +267,7 @@ impl Driver {
                 let ack = match ack {
                     Ok(a) => a,
                     Err(e) => {
-                        tracing::info!(node = %self.node, error = %e, "connection lost; batches in flight go again");
+                        tracing::info!(%node, error = %e, "connection lost; batches in flight go again");
                         for f in flight.values_mut() {
                             f.request = None;
                         }
@@ -249,7 +282,7 @@ impl Driver {
                     // The marker is a courtesy: a node that refuses it only closes the last
                     // windows later (its own idle timer, when it has one).
                     if !matches!(ack.outcome, IngestOutcome::Marked { .. }) {
-                        tracing::warn!(node = %self.node, partition = p, outcome = ?ack.outcome, "end-of-load marker not stored");
+                        tracing::warn!(%node, partition = p, outcome = ?ack.outcome, "end-of-load marker not stored");
                     }
                     flight.remove(&(p, seq));
                     continue;
@@ -282,38 +315,50 @@ impl Driver {
                         let _ = self.reports.send(Report::Acked { partition: p, seq, rows, latency, at });
                     }
                     IngestOutcome::Marked { .. } => {
-                        return Err(format!("{} answered batch {seq} as a marker", self.node));
+                        return Err(format!("{node} answered batch {seq} as a marker"));
                     }
                     IngestOutcome::Rejected { reason, retryable } => {
                         // A refusal behind an earlier batch of the partition that goes again (a
                         // gap) is that batch's consequence: this one goes again after it.
                         let behind = flight.range((p, 0)..(p, seq)).any(|(_, f)| f.request.is_none());
                         if !(retryable || behind) {
-                            return Err(format!("{} refused batch {seq} of partition {p}: {reason}", self.node));
+                            return Err(format!("{node} refused batch {seq} of partition {p}: {reason}"));
                         }
+                        moved |= reason.contains(NOT_HERE);
                         self.counters.retries.fetch_add(1, Ordering::Relaxed);
                         let f = flight.get_mut(&(p, seq)).expect("in flight");
                         f.request = None;
                         f.not_before = Instant::now() + Duration::from_millis(50);
-                        tracing::debug!(node = %self.node, partition = p, seq, %reason, "batch goes again");
+                        tracing::debug!(%node, partition = p, seq, %reason, "batch goes again");
                     }
                 }
             }
         }
     }
 
+    /// The one node the driver's partitions' sources run on now, as the nodes say (`None`: not
+    /// known yet, e.g. while they restart). Partitions that went to different nodes end the
+    /// load: one connection carries them.
+    fn owner_now(&self) -> Result<Option<SocketAddr>, String> {
+        let (owners, _) = super::owners_now(&self.target, self.plan.stream, self.plan.partitions)
+            .map_err(|e| format!("{}: {e:#}", self.node))?;
+        let mine: Vec<Option<SocketAddr>> = self.partitions.iter().map(|&p| owners[p as usize]).collect();
+        match mine.first().copied().flatten() {
+            Some(first) if mine.iter().all(|o| *o == Some(first)) => Ok(Some(first)),
+            Some(_) if mine.iter().all(Option::is_some) => Err(format!(
+                "partitions {:?} moved to different nodes ({mine:?}): run the load again to send to each",
+                self.partitions
+            )),
+            _ => Ok(None),
+        }
+    }
+
     /// An authenticated connection, with a thread that forwards its acknowledgements.
     #[allow(clippy::type_complexity)]
-    fn connect(&self) -> Result<(ClientWriter, Receiver<Result<IngestAck, String>>), (String, bool)> {
+    fn connect(&self, node: SocketAddr) -> Result<(ClientWriter, Receiver<Result<IngestAck, String>>), (String, bool)> {
         let t = &self.target;
-        let c = BlockingClient::connect(
-            self.node,
-            &t.cluster,
-            crate::client::client_id(),
-            &t.secret,
-            self.plan.ack_timeout,
-        )
-        .map_err(|e| refused(&e))?;
+        let c = BlockingClient::connect(node, &t.cluster, crate::client::client_id(), &t.secret, self.plan.ack_timeout)
+            .map_err(|e| refused(&e))?;
         let (w, mut r) = c.split().map_err(|e| refused(&e))?;
         let (tx, rx) = crossbeam_channel::unbounded();
         std::thread::Builder::new()

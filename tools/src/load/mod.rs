@@ -139,21 +139,7 @@ impl Plan {
 fn owners(t: &Target, stream: StreamId, partitions: u32, timeout: Duration) -> anyhow::Result<Vec<SocketAddr>> {
     let deadline = Instant::now() + timeout;
     loop {
-        let mut owner = vec![None; partitions as usize];
-        let mut why = Vec::new();
-        for &addr in &t.nodes {
-            match crate::client::status(t, addr, Duration::from_secs(3))? {
-                Ok(s) => {
-                    for task in s.tasks.iter().filter(|k| k.stream == stream && k.task.0 < partitions) {
-                        owner[task.task.0 as usize] = Some(addr);
-                    }
-                    if s.restarting {
-                        why.push(format!("{addr} is restarting its stream"));
-                    }
-                }
-                Err(e) => why.push(e),
-            }
-        }
+        let (owner, why) = owners_now(t, stream, partitions)?;
         if owner.iter().all(Option::is_some) {
             return Ok(owner.into_iter().map(|o| o.expect("all")).collect());
         }
@@ -169,6 +155,31 @@ fn owners(t: &Target, stream: StreamId, partitions: u32, timeout: Duration) -> a
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// The node each partition's source runs on as the nodes answer now (`None`: no node that
+/// answered runs it), and what kept nodes from answering.
+pub(crate) fn owners_now(
+    t: &Target,
+    stream: StreamId,
+    partitions: u32,
+) -> anyhow::Result<(Vec<Option<SocketAddr>>, Vec<String>)> {
+    let mut owner = vec![None; partitions as usize];
+    let mut why = Vec::new();
+    for &addr in &t.nodes {
+        match crate::client::status(t, addr, Duration::from_secs(3))? {
+            Ok(s) => {
+                for task in s.tasks.iter().filter(|k| k.stream == stream && k.task.0 < partitions) {
+                    owner[task.task.0 as usize] = Some(addr);
+                }
+                if s.restarting {
+                    why.push(format!("{addr} is restarting its stream"));
+                }
+            }
+            Err(e) => why.push(e),
+        }
+    }
+    Ok((owner, why))
 }
 
 /// Runs `weir load`.

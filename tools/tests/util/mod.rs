@@ -12,6 +12,8 @@ use weir_engine::operator::window::{WindowResult, WindowSpec};
 use weir_engine::spec::{SourceKind, StreamSpec};
 use weir_engine::wire::StreamId;
 
+pub mod load;
+
 pub fn weir() -> Command {
     Command::new(env!("CARGO_BIN_EXE_weir"))
 }
