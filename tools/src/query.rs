@@ -22,7 +22,8 @@ use weir_engine::wire::msg::ResultRow;
     weir query --config examples/load-three-node.toml --from 2026-12-03T10:00:00Z --to 2026-12-03T10:05:00Z --csv > r.csv\n  \
     WEIR_CLUSTER_SECRET=... weir query --node 10.0.0.5:7101 --cluster lab --stream 2 --json\n\n\
     Exit codes: 0 every node that runs the stream answered, 1 one did not (what the others hold \
-    was printed), 2 an error (a refused secret, no such stream).")]
+    was printed; a node that is down counts only when the others do not run every sink of the \
+    stream, i.e. its tasks have not moved), 2 an error (a refused secret, no such stream).")]
 pub struct QueryArgs {
     #[command(flatten)]
     cluster: crate::client::ClusterArgs,

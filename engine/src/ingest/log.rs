@@ -149,6 +149,9 @@ pub struct IngestLog {
     /// so no row a source processed can be missing from the copy a moved source reads.
     pub(super) readable: Arc<AtomicU64>,
     pub(super) replicated: bool,
+    /// A replicated partition's entries written since they were last shipped, as written (the
+    /// primary ships them from here instead of reading them back; `replica.rs`).
+    pub(super) unshipped: super::replica::Unshipped,
     pub(super) buf: Vec<u8>,
     /// Each producer's last batches: (sequence number, first and last version), oldest first.
     pub(super) producers: Producers,
@@ -202,6 +205,7 @@ impl IngestLog {
             durable: Arc::new(AtomicU64::new(next.0)),
             readable: Arc::new(AtomicU64::new(next.0)),
             replicated: false,
+            unshipped: Default::default(),
             buf: Vec::new(),
             producers,
             ledger,
@@ -305,6 +309,7 @@ impl IngestLog {
         segment::encode_marker(at, watermark_ms, &mut self.buf);
         self.put()?;
         self.next = Version(at.0 + 1);
+        self.keep_for_follower(at);
         Ok(at)
     }
 
@@ -338,6 +343,7 @@ impl IngestLog {
         segment::encode_entry(first, batch, from, &mut self.buf);
         self.put()?;
         self.next = Version(first.0 + batch.len() as u64);
+        self.keep_for_follower(first);
         Ok(Some((first, Version(self.next.0 - 1))))
     }
 
@@ -370,6 +376,7 @@ impl IngestLog {
     /// (nothing past the log's first version until it does).
     pub fn replicate(&mut self) {
         self.replicated = true;
+        self.unshipped = Default::default();
         self.readable.store(self.first_version().0, Ordering::Release);
     }
 

@@ -31,6 +31,29 @@ pub struct ProducerFacts {
     pub ended: Option<i64>,
 }
 
+/// Bytes of entries a primary keeps for its follower at most; past them it reads its log.
+const UNSHIPPED_BYTES: usize = 64 << 20;
+
+/// Entries written and not yet shipped, in order: `bytes` holds whole entries from version
+/// `from`, each ending at a mark (its end version and byte offset).
+#[derive(Debug, Default)]
+pub(super) struct Unshipped {
+    from: Version,
+    bytes: Vec<u8>,
+    marks: std::collections::VecDeque<(Version, usize)>,
+    /// Bytes at the front already taken (dropped in bulk, not per message).
+    taken: usize,
+}
+
+/// Entries of a shipped message that continue the copy, not yet written.
+struct Run {
+    bytes: Vec<u8>,
+    /// The copy's next version once they are.
+    next: Version,
+    /// Their producers' batches: producer, first version, end, rows.
+    counted: Vec<(super::segment::ProducerSeq, Version, Version, u32)>,
+}
+
 impl IngestLog {
     /// Appends entries shipped from the partition's primary, `bytes` holding whole entries from
     /// version `at` on. Entries the copy holds already are skipped; the rest must continue it.
@@ -39,36 +62,67 @@ impl IngestLog {
         if at > self.next {
             return Err(self.out_of_step(format!("entries start at {at}, the copy ends at {}", self.next)));
         }
+        // Consecutive entries go out in one write (split where a segment ends): a message of
+        // many entries costs one system call, not one per entry.
+        let mut run = Run { bytes: Vec::new(), next: self.next, counted: Vec::new() };
         let mut off = 0;
+        let mut refused = None;
         while off < bytes.len() {
-            let (first, rows, len, from, watermark) =
-                match segment::parse_entry(&bytes[off..], self.cfg.max_entry_bytes) {
-                    Parsed::Entry { first, rows, len, from, watermark } => (first, rows, len, from, watermark),
-                    Parsed::Incomplete => return Err(self.out_of_step("shipped bytes end inside an entry".into())),
-                    Parsed::Corrupt(reason) => return Err(self.out_of_step(format!("shipped entry: {reason}"))),
-                };
+            let parsed = segment::parse_entry(&bytes[off..], self.cfg.max_entry_bytes);
+            let (first, rows, len, from, watermark) = match parsed {
+                Parsed::Entry { first, rows, len, from, watermark } => (first, rows, len, from, watermark),
+                Parsed::Incomplete => {
+                    refused = Some("shipped bytes end inside an entry".to_string());
+                    break;
+                }
+                Parsed::Corrupt(reason) => {
+                    refused = Some(format!("shipped entry: {reason}"));
+                    break;
+                }
+            };
             let end = Version(first.0 + Parsed::versions(rows, watermark));
             let entry = &bytes[off..off + len];
             off += len;
-            if end <= self.next {
+            if end <= run.next {
                 continue; // the copy has it
             }
-            if first != self.next {
-                return Err(self.out_of_step(format!("entry at {first} does not continue the copy at {}", self.next)));
+            if first != run.next {
+                refused = Some(format!("entry at {first} does not continue the copy at {}", run.next));
+                break;
             }
-            if self.active_len >= self.cfg.segment_bytes {
+            if self.active_len + run.bytes.len() as u64 >= self.cfg.segment_bytes {
+                self.write_run(&mut run)?;
                 self.roll()?;
             }
-            self.buf.clear();
-            self.buf.extend_from_slice(entry);
-            self.put()?;
-            self.next = end;
+            run.bytes.extend_from_slice(entry);
+            run.next = end;
             if let Some(from) = from {
-                remember(&mut self.producers, from, first, Version(end.0 - 1));
-                self.ledger.count(from, first, rows as u64);
+                run.counted.push((from, first, end, rows));
             }
         }
-        Ok(self.next)
+        self.write_run(&mut run)?;
+        match refused {
+            Some(reason) => Err(self.out_of_step(reason)),
+            None => Ok(self.next),
+        }
+    }
+
+    /// Writes the entries of `run` and takes their producers' batches into account.
+    fn write_run(&mut self, run: &mut Run) -> Result<(), LogError> {
+        if run.bytes.is_empty() {
+            return Ok(());
+        }
+        std::mem::swap(&mut self.buf, &mut run.bytes);
+        let written = self.put();
+        std::mem::swap(&mut self.buf, &mut run.bytes);
+        run.bytes.clear();
+        written?;
+        self.next = run.next;
+        for (from, first, end, rows) in run.counted.drain(..) {
+            remember(&mut self.producers, from, first, Version(end.0 - 1));
+            self.ledger.count(from, first, rows as u64);
+        }
+        Ok(())
     }
 
     /// Takes the producers' descriptions and ends from the primary (before the entries that
@@ -116,6 +170,71 @@ impl IngestLog {
     /// How many producers the ledger records and how many of them ended.
     pub fn ledger_summary(&self) -> (usize, usize) {
         self.ledger.summary()
+    }
+
+    /// The entry in `buf` was written at `first` (up to `next`): a replicated partition keeps
+    /// it for its follower.
+    pub(super) fn keep_for_follower(&mut self, first: Version) {
+        if !self.replicated {
+            return;
+        }
+        let u = &mut self.unshipped;
+        let end = u.marks.back().map_or(u.from, |m| m.0);
+        if end != first || u.bytes.len() - u.taken + self.buf.len() > UNSHIPPED_BYTES {
+            // Not what follows (or too far behind): start again here; the rest is read back.
+            u.bytes.clear();
+            u.marks.clear();
+            u.taken = 0;
+            u.from = first;
+        }
+        u.bytes.extend_from_slice(&self.buf);
+        u.marks.push_back((self.next, u.bytes.len()));
+    }
+
+    /// Appends the kept entries from version `from` that are durable, about `max_bytes` of them
+    /// (one at least), to `out`, and forgets them. Returns where they end; `None` when the
+    /// entries at `from` are no longer kept (read them from the log).
+    pub(super) fn take_unshipped(&mut self, from: Version, max_bytes: usize, out: &mut Vec<u8>) -> Option<Version> {
+        let durable = self.durable_version();
+        let u = &mut self.unshipped;
+        // Entries already shipped another way go.
+        while u.from < from
+            && let Some(&(end, byte_end)) = u.marks.front()
+        {
+            if end > from {
+                return None; // `from` is inside an entry: not where shipping stands
+            }
+            u.marks.pop_front();
+            u.taken = byte_end;
+            u.from = end;
+        }
+        if u.from != from || u.marks.is_empty() {
+            return None; // not kept: read from the log
+        }
+        if u.marks.front().is_some_and(|m| m.0 > durable) {
+            return Some(from); // the next entry is not durable yet
+        }
+        let start = u.taken;
+        while let Some(&(end, byte_end)) = u.marks.front() {
+            if end > durable || (byte_end - start > max_bytes && u.taken > start) {
+                break;
+            }
+            u.marks.pop_front();
+            u.taken = byte_end;
+            u.from = end;
+        }
+        out.extend_from_slice(&u.bytes[start..u.taken]);
+        if u.marks.is_empty() {
+            u.bytes.clear();
+            u.taken = 0;
+        } else if u.taken > UNSHIPPED_BYTES / 2 {
+            u.bytes.drain(..u.taken);
+            for m in &mut u.marks {
+                m.1 -= u.taken;
+            }
+            u.taken = 0;
+        }
+        Some(u.from)
     }
 
     fn out_of_step(&self, reason: String) -> LogError {

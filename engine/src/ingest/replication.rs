@@ -271,10 +271,10 @@ impl<T> Replicator<T> {
 
     /// Ships what became durable since the last call, asks followers that never answered, and
     /// ships again after a silence.
-    pub(super) fn pump(&mut self, logs: &[IngestLog]) {
+    pub(super) fn pump(&mut self, logs: &mut [IngestLog]) {
         let Some(link) = self.link.as_mut() else { return };
         for (&p, s) in &mut self.shipping {
-            let log = &logs[p as usize];
+            let log = &mut logs[p as usize];
             let now = Instant::now();
             let quiet = s.last_sent.is_none_or(|t| now - t >= ASK_EVERY);
             let Some(acked) = s.acked else {
@@ -309,16 +309,29 @@ impl<T> Replicator<T> {
                 s.reader = None;
             }
             while (s.shipped < durable || reset) && s.in_flight.len() < IN_FLIGHT {
-                let reader = s.reader.get_or_insert_with(|| log.durable_reader(s.shipped));
                 self.buf.clear();
-                let end = match reader.read_entries(SHIP_BYTES, &mut self.buf) {
-                    Ok(end) => end,
-                    Err(e) => {
-                        tracing::error!(partition = p, error = %e, "cannot read the ingest log to replicate it");
+                // What was just written is shipped from memory; older entries are read back.
+                let kept = if reset { None } else { log.take_unshipped(s.shipped, SHIP_BYTES, &mut self.buf) };
+                let end = match kept {
+                    Some(end) => {
                         s.reader = None;
-                        break;
+                        end
+                    }
+                    None => {
+                        let reader = s.reader.get_or_insert_with(|| log.durable_reader(s.shipped));
+                        match reader.read_entries(SHIP_BYTES, &mut self.buf) {
+                            Ok(end) => end,
+                            Err(e) => {
+                                tracing::error!(partition = p, error = %e, "cannot read the ingest log to replicate it");
+                                s.reader = None;
+                                break;
+                            }
+                        }
                     }
                 };
+                if end == s.shipped && !reset {
+                    break;
+                }
                 let facts = fingerprint(log);
                 let producers = if s.facts_sent != Some(facts) { producer_facts(log) } else { Vec::new() };
                 let msg = Replicate {

@@ -337,7 +337,7 @@ fn writer<T>(mut logs: Vec<IngestLog>, policy: SyncPolicy, io: Io<'_, T>, mut re
             sync_and_acknowledge(&mut logs, policy, &mut dirty, &mut pending, &io, &mut rep);
             last_sync = Instant::now();
         }
-        rep.pump(&logs);
+        rep.pump(&mut logs);
     }
     for log in &mut logs {
         let _ = log.sync();
