@@ -56,6 +56,16 @@ impl ReplicaLink for Link {
 type Service = IngestService<u64>;
 
 fn start(dir: &Path, me: NodeId, net: &Net, ship_to: Option<NodeId>) -> (Service, Receiver<Appended<u64>>) {
+    start_with(dir, me, net, ship_to, Duration::from_millis(5))
+}
+
+fn start_with(
+    dir: &Path,
+    me: NodeId,
+    net: &Net,
+    ship_to: Option<NodeId>,
+    group_commit: Duration,
+) -> (Service, Receiver<Appended<u64>>) {
     let (tx, rx) = crossbeam_channel::unbounded();
     let replication = ship_to.map(|f| Replication {
         stream: StreamId(1),
@@ -70,7 +80,7 @@ fn start(dir: &Path, me: NodeId, net: &Net, ship_to: Option<NodeId>) -> (Service
             link: Box::new(Link { me, net: net.clone() }),
         })
     });
-    let policy = SyncPolicy::GroupCommit(Duration::from_millis(5));
+    let policy = SyncPolicy::GroupCommit(group_commit);
     let svc = IngestService::start_replicated(dir, 1, LogConfig::default(), policy, tx, None, replication).unwrap();
     net.inputs.lock().unwrap().insert(me, svc.replica_inputs().clone());
     (svc, rx)
@@ -157,6 +167,24 @@ fn an_append_is_acknowledged_only_once_its_follower_holds_it() {
     assert_eq!((ff[0].rows, ff[0].batches, ff[0].description.as_slice()), (20_000, 20, &b"{\"seed\":1}"[..]));
     drop((primary, follower));
     assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
+}
+
+#[test]
+fn the_source_reads_what_both_copies_hold_when_the_follower_answered_before_the_primary_synced() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let net = Net::default();
+    // The primary ships as it writes and syncs only every 300 ms: the follower answers first.
+    let (primary, acks) = start_with(a.path(), PRIMARY, &net, Some(FOLLOWER), Duration::from_millis(300));
+    let (_follower, _) = start(b.path(), FOLLOWER, &net, None);
+    append(&primary, 5, 0, rows(0, 700), true);
+    assert_eq!(acked(&acks, Duration::from_secs(10)), Some((0, Version(0), Version(699))));
+    // Nothing comes after it: the source reads it all the same, once both copies hold it.
+    let mut source = primary.log(0).unwrap().reader(Version(0));
+    let mut out = Batch::default();
+    wait_for("the source to read the last batch", || {
+        source.read(10_000, &mut out).unwrap();
+        out.len() == 700
+    });
 }
 
 #[test]

@@ -149,6 +149,8 @@ pub struct IngestLog {
     /// so no row a source processed can be missing from the copy a moved source reads.
     pub(super) readable: Arc<AtomicU64>,
     pub(super) replicated: bool,
+    /// Where the follower's copy ends (durably), as it last said.
+    pub(super) copy: Version,
     /// A replicated partition's entries written since they were last shipped, as written (the
     /// primary ships them from here instead of reading them back; `replica.rs`).
     pub(super) unshipped: super::replica::Unshipped,
@@ -205,6 +207,7 @@ impl IngestLog {
             durable: Arc::new(AtomicU64::new(next.0)),
             readable: Arc::new(AtomicU64::new(next.0)),
             replicated: false,
+            copy: Version(0),
             unshipped: Default::default(),
             buf: Vec::new(),
             producers,
@@ -367,15 +370,17 @@ impl IngestLog {
 
     fn publish(&mut self, durable: Version) {
         self.durable.store(durable.0, Ordering::Release);
-        if !self.replicated {
-            self.readable.store(durable.0, Ordering::Release);
-        }
+        // A replicated partition's readers see what both copies hold: the follower's answer
+        // may have come before this sync (the primary ships before it syncs).
+        let readable = if self.replicated { durable.min(self.copy) } else { durable };
+        self.readable.store(readable.0, Ordering::Release);
     }
 
     /// From now on readers see only what [`Self::publish_replicated`] says the follower holds
     /// (nothing past the log's first version until it does).
     pub fn replicate(&mut self) {
         self.replicated = true;
+        self.copy = self.first_version();
         self.unshipped = Default::default();
         self.readable.store(self.first_version().0, Ordering::Release);
     }
@@ -383,6 +388,7 @@ impl IngestLog {
     /// The follower holds every version below `copy` durably: readers may read up to there (and
     /// never past what is durable here).
     pub fn publish_replicated(&mut self, copy: Version) {
+        self.copy = copy;
         let v = copy.min(self.durable_version());
         self.readable.store(v.0, Ordering::Release);
     }

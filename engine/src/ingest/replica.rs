@@ -191,11 +191,10 @@ impl IngestLog {
         u.marks.push_back((self.next, u.bytes.len()));
     }
 
-    /// Appends the kept entries from version `from` that are durable, about `max_bytes` of them
-    /// (one at least), to `out`, and forgets them. Returns where they end; `None` when the
-    /// entries at `from` are no longer kept (read them from the log).
+    /// Appends the kept entries from version `from` on, about `max_bytes` of them (one at
+    /// least), to `out`, and forgets them. Returns where they end; `None` when the entries at
+    /// `from` are no longer kept (read them from the log).
     pub(super) fn take_unshipped(&mut self, from: Version, max_bytes: usize, out: &mut Vec<u8>) -> Option<Version> {
-        let durable = self.durable_version();
         let u = &mut self.unshipped;
         // Entries already shipped another way go.
         while u.from < from
@@ -211,12 +210,9 @@ impl IngestLog {
         if u.from != from || u.marks.is_empty() {
             return None; // not kept: read from the log
         }
-        if u.marks.front().is_some_and(|m| m.0 > durable) {
-            return Some(from); // the next entry is not durable yet
-        }
         let start = u.taken;
         while let Some(&(end, byte_end)) = u.marks.front() {
-            if end > durable || (byte_end - start > max_bytes && u.taken > start) {
+            if byte_end - start > max_bytes && u.taken > start {
                 break;
             }
             u.marks.pop_front();

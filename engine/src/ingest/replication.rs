@@ -1,4 +1,4 @@
-//! Ingest replication on the writer thread: a partition's primary ships its durable entries to
+//! Ingest replication on the writer thread: a partition's primary ships its entries to
 //! the partition's follower and acknowledges a client's append only once the follower has it
 //! durably; a follower writes what its primaries ship and answers where its copy ends.
 //!
@@ -6,12 +6,15 @@
 //! - An append is acknowledged to its client only when it is durable on both nodes: the
 //!   primary's sync, and the follower's answer ([`ReplicateAck::next`]) past its last version.
 //!   Refusals (nothing stored) go out at once.
-//! - The primary ships only durable entries, in version order, from where the follower's copy
-//!   ends; whatever goes wrong (a lost message, a follower that restarted, a refusal) it ships
-//!   again from the follower's last answer, and the follower skips what it holds. So the copy
-//!   is always a prefix of the primary's log.
-//! - A follower whose copy holds more than the primary (the primary lost its disk) is started
-//!   afresh from the primary's log: the primary's log is the partition.
+//! - The primary ships its entries in version order as soon as they are written (in the page
+//!   cache: they survive a killed process), so the follower's sync runs beside the primary's
+//!   group commit instead of after it; from where the follower's copy ends, and whatever goes
+//!   wrong (a lost message, a follower that restarted, a refusal) it ships again from the
+//!   follower's last answer, and the follower skips what it holds. So the copy is always a
+//!   prefix of the primary's log.
+//! - A follower whose copy holds more than the primary (the primary lost its disk, or its
+//!   unsynced tail in a power loss: those entries were never acknowledged) is started afresh
+//!   from the primary's log: the primary's log is the partition.
 //!
 //! The network is behind [`ReplicaLink`], so tests run two writers over channels and the engine
 //! runs them over its transport.
@@ -30,7 +33,7 @@ use super::service::Appended;
 /// Bytes of entries in one [`Replicate`] at most (a frame holds 16 MiB).
 const SHIP_BYTES: usize = 4 << 20;
 /// Messages shipped and not yet answered, per partition.
-const IN_FLIGHT: usize = 8;
+const IN_FLIGHT: usize = 32;
 /// Without an answer this long, the primary ships again from the follower's last answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often a primary asks a follower that has not answered yet where its copy ends.
@@ -252,7 +255,7 @@ impl<T> Replicator<T> {
                 tracing::debug!(partition = msg.partition, follower = %from, error = %msg.error, next = %msg.next, "ingest replica out of step");
             }
             // Ship from where the copy ends (or, for a copy past the primary's log, afresh).
-            s.shipped = msg.next.min(log.durable_version());
+            s.shipped = msg.next.min(log.next_version());
             s.reader = None;
             s.in_flight.clear();
             s.facts_sent = None;
@@ -269,7 +272,7 @@ impl<T> Replicator<T> {
         released
     }
 
-    /// Ships what became durable since the last call, asks followers that never answered, and
+    /// Ships what was written since the last call, asks followers that never answered, and
     /// ships again after a silence.
     pub(super) fn pump(&mut self, logs: &mut [IngestLog]) {
         let Some(link) = self.link.as_mut() else { return };
@@ -287,16 +290,16 @@ impl<T> Replicator<T> {
             };
             if !s.in_flight.is_empty() && now - s.last_heard >= ANSWER_TIMEOUT && quiet {
                 // Lost on the way, or the follower restarted: again from its last answer.
-                s.shipped = acked.min(log.durable_version());
+                s.shipped = acked.min(log.next_version());
                 s.reader = None;
                 s.in_flight.clear();
                 s.facts_sent = None;
             }
-            let durable = log.durable_version();
+            let written = log.next_version();
             // A copy past the primary's log is started afresh (the primary lost what it had).
-            let reset = acked > durable;
+            let reset = acked > written;
             if reset {
-                tracing::error!(partition = p, follower = %s.follower, copy = %acked, log = %durable,
+                tracing::error!(partition = p, follower = %s.follower, copy = %acked, log = %written,
                     "the follower's copy holds more than this node's log: starting it afresh");
                 s.shipped = log.first_version();
                 s.reader = None;
@@ -308,7 +311,7 @@ impl<T> Replicator<T> {
                 s.shipped = first;
                 s.reader = None;
             }
-            while (s.shipped < durable || reset) && s.in_flight.len() < IN_FLIGHT {
+            while (s.shipped < written || reset) && s.in_flight.len() < IN_FLIGHT {
                 self.buf.clear();
                 // What was just written is shipped from memory; older entries are read back.
                 let kept = if reset { None } else { log.take_unshipped(s.shipped, SHIP_BYTES, &mut self.buf) };
