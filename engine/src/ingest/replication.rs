@@ -152,8 +152,8 @@ impl<T> Replicator<T> {
             || self.shipping.values().any(|s| s.acked.is_none() || !s.held.is_empty() || !s.in_flight.is_empty())
     }
 
-    /// Whether a follower's copy waits for a sync (a follower syncs at once, not at the group
-    /// commit: its primary's clients wait for it).
+    /// Whether copies kept for other nodes wait for a sync (at the writer's group commit, with
+    /// its own appends).
     pub(super) fn owes(&self) -> bool {
         !self.owed.is_empty()
     }

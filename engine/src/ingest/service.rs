@@ -220,9 +220,11 @@ fn writer<T>(mut logs: Vec<IngestLog>, policy: SyncPolicy, io: Io<'_, T>, mut re
         if stop.load(Ordering::Acquire) {
             open = false;
         }
+        // Appends wait for the next sync, and so do copies kept for other nodes.
+        let waiting = !pending.is_empty() || rep.owes();
         let mut wait = match policy {
-            SyncPolicy::GroupCommit(d) if !pending.is_empty() => d.saturating_sub(last_sync.elapsed()),
-            _ if !pending.is_empty() => Duration::ZERO,
+            SyncPolicy::GroupCommit(d) if waiting => d.saturating_sub(last_sync.elapsed()),
+            _ if waiting => Duration::ZERO,
             _ => Duration::from_millis(100),
         };
         if rep.busy() {
@@ -325,16 +327,17 @@ fn writer<T>(mut logs: Vec<IngestLog>, policy: SyncPolicy, io: Io<'_, T>, mut re
                 }
             }
         }
-        // Copies kept for other nodes sync at once: their primaries' clients wait for them.
-        if rep.owes() {
-            rep.sync_copies(&mut logs);
-        }
         let due = match policy {
             SyncPolicy::GroupCommit(d) => last_sync.elapsed() >= d || !open,
             _ => true,
         };
-        if !pending.is_empty() && due {
-            sync_and_acknowledge(&mut logs, policy, &mut dirty, &mut pending, &io, &mut rep);
+        // Copies kept for other nodes sync with the node's own appends, at its group commit (a
+        // sync per message received would take the writer's time from its own appends).
+        if due && (rep.owes() || !pending.is_empty()) {
+            rep.sync_copies(&mut logs);
+            if !pending.is_empty() {
+                sync_and_acknowledge(&mut logs, policy, &mut dirty, &mut pending, &io, &mut rep);
+            }
             last_sync = Instant::now();
         }
         rep.pump(&mut logs);
