@@ -225,6 +225,11 @@ impl Topology {
     pub fn task(&self, t: TaskId) -> Option<&TaskDesc> {
         self.tasks.get(t.0 as usize).filter(|d| d.id == t)
     }
+
+    /// The source task of `partition`.
+    pub fn source_of(&self, partition: u32) -> Option<TaskId> {
+        self.tasks.iter().find(|t| t.kind == TaskKind::Source { partition }).map(|t| t.id)
+    }
 }
 
 /// Which node runs each task.
@@ -281,8 +286,7 @@ impl Placement {
     /// next node after the partition's source's, in id order, among the nodes this placement
     /// gives tasks (wrapping around); `None` when it gives tasks to one node only.
     pub fn ingest_follower(&self, topology: &Topology, partition: u32) -> Option<NodeId> {
-        let source = topology.tasks.iter().find(|t| t.kind == TaskKind::Source { partition })?;
-        let primary = self.node_of(source.id);
+        let primary = self.node_of(topology.source_of(partition)?);
         let nodes = self.nodes(topology);
         nodes.range(NodeId(primary.0 + 1)..).next().or_else(|| nodes.iter().next()).copied().filter(|n| *n != primary)
     }

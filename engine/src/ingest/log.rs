@@ -318,13 +318,21 @@ impl IngestLog {
 
     /// Writes `self.buf` at the end of the active segment.
     pub(super) fn put(&mut self) -> Result<(), LogError> {
+        let buf = std::mem::take(&mut self.buf);
+        let written = self.put_bytes(&buf);
+        self.buf = buf;
+        written
+    }
+
+    /// Writes whole entries at the end of the active segment.
+    pub(super) fn put_bytes(&mut self, bytes: &[u8]) -> Result<(), LogError> {
         let path = &self.segments.last().expect("segment").path;
-        if let Err(e) = self.active.write_all(&self.buf) {
+        if let Err(e) = self.active.write_all(bytes) {
             // A partial write leaves a torn entry; cut it so the next append starts clean.
             let _ = self.active.set_len(self.active_len);
             return Err(io_err(path)(e));
         }
-        self.active_len += self.buf.len() as u64;
+        self.active_len += bytes.len() as u64;
         self.written_unsynced = true;
         Ok(())
     }

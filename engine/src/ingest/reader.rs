@@ -24,11 +24,28 @@ pub struct LogRead {
     pub watermark: Option<i64>,
 }
 
+/// An entry [`LogReader::next_entry`] read: its first version, rows, a marker's watermark, and
+/// where it is (for errors).
+pub(super) struct Entry {
+    pub(super) first: Version,
+    pub(super) rows: u32,
+    pub(super) watermark: Option<i64>,
+    pub(super) segment: PathBuf,
+    pub(super) offset: u64,
+}
+
+impl Entry {
+    /// The version after it.
+    pub(super) fn end(&self) -> Version {
+        Version(self.first.0 + Parsed::versions(self.rows, self.watermark))
+    }
+}
+
 /// Reads one partition's log from a version on, up to what is durable.
 #[derive(Debug)]
 pub struct LogReader {
-    pub(super) dir: PathBuf,
-    pub(super) cfg: LogConfig,
+    dir: PathBuf,
+    cfg: LogConfig,
     durable: Arc<AtomicU64>,
     pub(super) pos: Version,
     /// Open segment, its first version and the byte offset of the entry holding `pos`.
@@ -68,55 +85,25 @@ impl LogReader {
     /// As [`Self::read`], but stops after a marker and says so: the rows before it are in `out`,
     /// and its watermark applies after them.
     pub fn read_marked(&mut self, max_rows: usize, out: &mut Batch) -> Result<LogRead, LogError> {
-        let durable = Version(self.durable.load(Ordering::Acquire));
+        let durable = self.durable();
         let mut read = 0;
         while self.pos < durable && read < max_rows {
-            if self.file.is_none() {
-                self.open_at(self.pos)?;
-            }
-            let (file, seg_first, offset) = self.file.as_mut().expect("opened");
-            let seg_path = segment::segment_path(&self.dir, *seg_first);
-            let mut head = [0u8; segment::ENTRY_HEADER];
-            match file.read_exact(&mut head) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    // End of this segment: the next one starts at pos.
-                    self.file = None;
-                    let next = segment::segment_path(&self.dir, self.pos);
-                    if !next.exists() {
-                        let reason = format!("segment for {} missing", self.pos);
-                        return Err(LogError::Corrupt { path: next, offset: 0, reason });
-                    }
-                    continue;
-                }
-                Err(e) => return Err(io_err(&seg_path)(e)),
-            }
-            // An unknown header reads no further: `parse_entry` says what is wrong with it.
-            let rest = segment::rest_len(&head).unwrap_or(0);
-            self.buf.clear();
-            self.buf.extend_from_slice(&head);
-            let cap = self.cfg.max_entry_bytes + segment::PRODUCER_BYTES;
-            self.buf.resize(segment::ENTRY_HEADER + rest.min(cap), 0);
-            file.read_exact(&mut self.buf[segment::ENTRY_HEADER..]).map_err(io_err(&seg_path))?;
-            let (first, rows, len, watermark) = match segment::parse_entry(&self.buf, self.cfg.max_entry_bytes) {
-                Parsed::Entry { first, rows, len, watermark, .. } => (first, rows as usize, len, watermark),
-                Parsed::Incomplete => unreachable!("read the whole entry"),
-                Parsed::Corrupt(reason) => {
-                    return Err(LogError::Corrupt { path: seg_path, offset: *offset, reason });
-                }
-            };
-            *offset += len as u64;
-            let end = Version(first.0 + Parsed::versions(rows as u32, watermark));
+            let mut buf = std::mem::take(&mut self.buf);
+            buf.clear();
+            let got = self.next_entry(&mut buf);
+            self.buf = buf;
+            let Some(e) = got? else { continue };
+            let end = e.end();
             if end <= self.pos {
                 continue; // before our start (first entry after a seek)
             }
-            let skip = (self.pos.0 - first.0) as usize;
+            let skip = (self.pos.0 - e.first.0) as usize;
             self.pos = end;
-            if let Some(w) = watermark {
+            if let Some(w) = e.watermark {
                 return Ok(LogRead { rows: read, watermark: Some(w) });
             }
-            segment::decode_rows(&self.buf, rows, skip, out);
-            read += rows - skip;
+            segment::decode_rows(&self.buf, e.rows as usize, skip, out);
+            read += e.rows as usize - skip;
         }
         Ok(LogRead { rows: read, watermark: None })
     }
@@ -126,31 +113,44 @@ impl LogReader {
         Version(self.durable.load(Ordering::Acquire))
     }
 
-    /// The segment holding the position, open at the entry to read next: the file, its first
-    /// version and the entry's byte offset.
-    pub(super) fn entry_file(&mut self) -> Result<(&mut File, Version, u64), LogError> {
+    /// Reads the entry at the open segment's offset (opening the segment holding the position
+    /// first) onto the end of `into`, whole and checked, and moves past it. `Ok(None)` when the
+    /// segment has no more entries: the next one starts at the position.
+    pub(super) fn next_entry(&mut self, into: &mut Vec<u8>) -> Result<Option<Entry>, LogError> {
         if self.file.is_none() {
             self.open_at(self.pos)?;
         }
-        let (file, first, offset) = self.file.as_mut().expect("opened");
-        Ok((file, *first, *offset))
-    }
-
-    /// The open segment has no more entries: the next one starts at the position.
-    pub(super) fn segment_ended(&mut self) -> Result<(), LogError> {
-        self.file = None;
-        let next = segment::segment_path(&self.dir, self.pos);
-        if !next.exists() {
-            let reason = format!("segment for {} missing", self.pos);
-            return Err(LogError::Corrupt { path: next, offset: 0, reason });
+        let (file, seg_first, offset) = self.file.as_mut().expect("opened");
+        let seg_path = segment::segment_path(&self.dir, *seg_first);
+        let mut head = [0u8; segment::ENTRY_HEADER];
+        match file.read_exact(&mut head) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                self.file = None;
+                let next = segment::segment_path(&self.dir, self.pos);
+                if !next.exists() {
+                    let reason = format!("segment for {} missing", self.pos);
+                    return Err(LogError::Corrupt { path: next, offset: 0, reason });
+                }
+                return Ok(None);
+            }
+            Err(e) => return Err(io_err(&seg_path)(e)),
         }
-        Ok(())
-    }
-
-    /// The entry read last took `len` bytes of the open segment.
-    pub(super) fn advance(&mut self, len: u64) {
-        if let Some((_, _, offset)) = self.file.as_mut() {
-            *offset += len;
+        // An unknown header reads no further: `parse_entry` says what is wrong with it.
+        let rest = segment::rest_len(&head).unwrap_or(0);
+        let cap = self.cfg.max_entry_bytes + segment::PRODUCER_BYTES;
+        let at = into.len();
+        into.extend_from_slice(&head);
+        into.resize(at + segment::ENTRY_HEADER + rest.min(cap), 0);
+        file.read_exact(&mut into[at + segment::ENTRY_HEADER..]).map_err(io_err(&seg_path))?;
+        let at_offset = *offset;
+        match segment::parse_entry(&into[at..], self.cfg.max_entry_bytes) {
+            Parsed::Entry { first, rows, len, watermark, .. } => {
+                *offset += len as u64;
+                Ok(Some(Entry { first, rows, watermark, segment: seg_path, offset: at_offset }))
+            }
+            Parsed::Incomplete => unreachable!("read the whole entry"),
+            Parsed::Corrupt(reason) => Err(LogError::Corrupt { path: seg_path, offset: at_offset, reason }),
         }
     }
 

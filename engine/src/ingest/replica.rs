@@ -8,28 +8,14 @@
 //! ships from where the copy ends.
 
 use std::fs::{self, OpenOptions};
-use std::io::{self, Read};
 
 use weir_wire::Version;
+use weir_wire::msg::ReplicaProducer;
 
 use super::log::{IngestLog, LogError, Segment, io_err, sync_dir};
 use super::producers::remember;
 use super::reader::LogReader;
 use super::segment::{self, Parsed};
-
-/// What a producer said of itself and whether it ended: the part of a partition's ledger that
-/// the entries do not carry.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProducerFacts {
-    /// Producer id.
-    pub producer: u64,
-    /// Its description.
-    pub description: Vec<u8>,
-    /// Version of its first row.
-    pub first: Version,
-    /// The watermark of its end-of-load marker.
-    pub ended: Option<i64>,
-}
 
 /// Bytes of entries a primary keeps for its follower at most; past them it reads its log.
 const UNSHIPPED_BYTES: usize = 64 << 20;
@@ -45,9 +31,11 @@ pub(super) struct Unshipped {
     taken: usize,
 }
 
-/// Entries of a shipped message that continue the copy, not yet written.
+/// Entries of a shipped message that continue the copy, not yet written: `bytes[start..end]`
+/// of the message (consecutive entries are contiguous there: written as they are, no copy).
 struct Run {
-    bytes: Vec<u8>,
+    start: usize,
+    end: usize,
     /// The copy's next version once they are.
     next: Version,
     /// Their producers' batches: producer, first version, end, rows.
@@ -64,7 +52,7 @@ impl IngestLog {
         }
         // Consecutive entries go out in one write (split where a segment ends): a message of
         // many entries costs one system call, not one per entry.
-        let mut run = Run { bytes: Vec::new(), next: self.next, counted: Vec::new() };
+        let mut run = Run { start: 0, end: 0, next: self.next, counted: Vec::new() };
         let mut off = 0;
         let mut refused = None;
         while off < bytes.len() {
@@ -81,7 +69,7 @@ impl IngestLog {
                 }
             };
             let end = Version(first.0 + Parsed::versions(rows, watermark));
-            let entry = &bytes[off..off + len];
+            let at = off;
             off += len;
             if end <= run.next {
                 continue; // the copy has it
@@ -90,17 +78,20 @@ impl IngestLog {
                 refused = Some(format!("entry at {first} does not continue the copy at {}", run.next));
                 break;
             }
-            if self.active_len + run.bytes.len() as u64 >= self.cfg.segment_bytes {
-                self.write_run(&mut run)?;
+            if self.active_len + (run.end - run.start) as u64 >= self.cfg.segment_bytes {
+                self.write_run(bytes, &mut run)?;
                 self.roll()?;
             }
-            run.bytes.extend_from_slice(entry);
+            if run.start == run.end {
+                run.start = at;
+            }
+            run.end = off;
             run.next = end;
             if let Some(from) = from {
                 run.counted.push((from, first, end, rows));
             }
         }
-        self.write_run(&mut run)?;
+        self.write_run(bytes, &mut run)?;
         match refused {
             Some(reason) => Err(self.out_of_step(reason)),
             None => Ok(self.next),
@@ -108,15 +99,12 @@ impl IngestLog {
     }
 
     /// Writes the entries of `run` and takes their producers' batches into account.
-    fn write_run(&mut self, run: &mut Run) -> Result<(), LogError> {
-        if run.bytes.is_empty() {
+    fn write_run(&mut self, bytes: &[u8], run: &mut Run) -> Result<(), LogError> {
+        if run.start == run.end {
             return Ok(());
         }
-        std::mem::swap(&mut self.buf, &mut run.bytes);
-        let written = self.put();
-        std::mem::swap(&mut self.buf, &mut run.bytes);
-        run.bytes.clear();
-        written?;
+        self.put_bytes(&bytes[run.start..run.end])?;
+        run.start = run.end;
         self.next = run.next;
         for (from, first, end, rows) in run.counted.drain(..) {
             remember(&mut self.producers, from, first, Version(end.0 - 1));
@@ -125,9 +113,10 @@ impl IngestLog {
         Ok(())
     }
 
-    /// Takes the producers' descriptions and ends from the primary (before the entries that
-    /// count their rows), writing the ledger when something changed.
-    pub fn adopt_producers(&mut self, facts: &[ProducerFacts]) -> Result<(), LogError> {
+    /// Takes the producers' descriptions and ends from the primary (the part of its ledger the
+    /// entries do not carry; before the entries that count their rows), writing the ledger when
+    /// something changed.
+    pub fn adopt_producers(&mut self, facts: &[ReplicaProducer]) -> Result<(), LogError> {
         let mut changed = false;
         for f in facts {
             if !self.ledger.knows(f.producer) {
@@ -244,42 +233,19 @@ impl LogReader {
     /// starts. Returns the new position.
     pub fn read_entries(&mut self, max_bytes: usize, out: &mut Vec<u8>) -> Result<Version, LogError> {
         let start = out.len();
-        let (dir, max_entry) = (self.dir.clone(), self.cfg.max_entry_bytes);
         while self.pos < self.durable() && (out.len() == start || out.len() - start < max_bytes) {
-            let pos = self.pos;
-            let (file, seg_first, offset) = self.entry_file()?;
-            let seg_path = segment::segment_path(&dir, seg_first);
-            let mut head = [0u8; segment::ENTRY_HEADER];
-            match file.read_exact(&mut head) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    self.segment_ended()?;
-                    continue;
-                }
-                Err(e) => return Err(io_err(&seg_path)(e)),
-            }
-            let rest = segment::rest_len(&head).unwrap_or(0).min(max_entry + segment::PRODUCER_BYTES);
             let at = out.len();
-            out.extend_from_slice(&head);
-            out.resize(at + segment::ENTRY_HEADER + rest, 0);
-            file.read_exact(&mut out[at + segment::ENTRY_HEADER..]).map_err(io_err(&seg_path))?;
-            let (first, rows, len, watermark) = match segment::parse_entry(&out[at..], max_entry) {
-                Parsed::Entry { first, rows, len, watermark, .. } => (first, rows, len, watermark),
-                Parsed::Incomplete => unreachable!("read the whole entry"),
-                Parsed::Corrupt(reason) => return Err(LogError::Corrupt { path: seg_path, offset, reason }),
-            };
-            self.advance(len as u64);
-            let end = Version(first.0 + Parsed::versions(rows, watermark));
-            if end <= pos {
+            let Some(e) = self.next_entry(out)? else { continue };
+            if e.end() <= self.pos {
                 out.truncate(at); // before our start (the first entries after opening a segment)
                 continue;
             }
-            if first != pos {
+            if e.first != self.pos {
                 out.truncate(at);
-                let reason = format!("version {pos} is inside the entry at {first}, not where one starts");
-                return Err(LogError::Corrupt { path: seg_path, offset, reason });
+                let reason = format!("version {} is inside the entry at {}, not where one starts", self.pos, e.first);
+                return Err(LogError::Corrupt { path: e.segment, offset: e.offset, reason });
             }
-            self.pos = end;
+            self.pos = e.end();
         }
         Ok(self.pos)
     }

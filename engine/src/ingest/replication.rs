@@ -27,7 +27,6 @@ use weir_wire::{NodeId, StreamId, Version};
 
 use super::log::{IngestLog, LogError};
 use super::reader::LogReader;
-use super::replica::ProducerFacts;
 use super::service::Appended;
 
 /// Bytes of entries in one [`Replicate`] at most (a frame holds 16 MiB).
@@ -95,10 +94,21 @@ struct Shipping<T> {
     in_flight: VecDeque<Version>,
     last_sent: Option<Instant>,
     last_heard: Instant,
-    /// The producers as last sent (their count and how many had ended).
+    /// The producers as last sent (their count and how many had ended: a description or an end
+    /// since then sends them again).
     facts_sent: Option<(usize, usize)>,
     /// Acknowledgements waiting for the follower: each with the version the copy must pass.
     held: VecDeque<(Appended<T>, Instant, Version)>,
+}
+
+impl<T> Shipping<T> {
+    /// Ships again from `v`: what is in flight no longer counts, the producers go again.
+    fn ship_from(&mut self, v: Version) {
+        self.shipped = v;
+        self.reader = None;
+        self.in_flight.clear();
+        self.facts_sent = None;
+    }
 }
 
 /// The writer's replication state.
@@ -192,16 +202,11 @@ impl<T> Replicator<T> {
             let error = format!("no partition {p} on this node ({} partitions)", logs.len());
             return self.answer_now(from, msg.stream, p, Version(0), error);
         };
-        let facts: Vec<ProducerFacts> = msg
-            .producers
-            .into_iter()
-            .map(|r| ProducerFacts { producer: r.producer, description: r.description, first: r.first, ended: r.ended })
-            .collect();
         let wrote = (|| {
             if msg.reset || log.next_version() < msg.log_first {
                 log.restart_at(msg.at.max(msg.log_first))?;
             }
-            log.adopt_producers(&facts)?;
+            log.adopt_producers(&msg.producers)?;
             log.append_entries(msg.at, &msg.entries)
         })();
         match wrote {
@@ -255,10 +260,7 @@ impl<T> Replicator<T> {
                 tracing::debug!(partition = msg.partition, follower = %from, error = %msg.error, next = %msg.next, "ingest replica out of step");
             }
             // Ship from where the copy ends (or, for a copy past the primary's log, afresh).
-            s.shipped = msg.next.min(log.next_version());
-            s.reader = None;
-            s.in_flight.clear();
-            s.facts_sent = None;
+            s.ship_from(msg.next.min(log.next_version()));
         }
         while s.in_flight.front().is_some_and(|end| *end <= msg.next) {
             s.in_flight.pop_front();
@@ -290,10 +292,7 @@ impl<T> Replicator<T> {
             };
             if !s.in_flight.is_empty() && now - s.last_heard >= ANSWER_TIMEOUT && quiet {
                 // Lost on the way, or the follower restarted: again from its last answer.
-                s.shipped = acked.min(log.next_version());
-                s.reader = None;
-                s.in_flight.clear();
-                s.facts_sent = None;
+                s.ship_from(acked.min(log.next_version()));
             }
             let written = log.next_version();
             // A copy past the primary's log is started afresh (the primary lost what it had).
@@ -301,9 +300,7 @@ impl<T> Replicator<T> {
             if reset {
                 tracing::error!(partition = p, follower = %s.follower, copy = %acked, log = %written,
                     "the follower's copy holds more than this node's log: starting it afresh");
-                s.shipped = log.first_version();
-                s.reader = None;
-                s.in_flight.clear();
+                s.ship_from(log.first_version());
             }
             let first = log.first_version();
             if s.shipped < first {
@@ -335,7 +332,7 @@ impl<T> Replicator<T> {
                 if end == s.shipped && !reset {
                     break;
                 }
-                let facts = fingerprint(log);
+                let facts = log.ledger_summary();
                 let producers = if s.facts_sent != Some(facts) { producer_facts(log) } else { Vec::new() };
                 let msg = Replicate {
                     stream: self.stream,
@@ -380,11 +377,6 @@ fn hello(stream: StreamId, p: u32, log: &IngestLog) -> Replicate {
         entries: Vec::new(),
         producers: Vec::new(),
     }
-}
-
-/// A cheap summary of the producers' facts: how many there are, how many ended.
-fn fingerprint(log: &IngestLog) -> (usize, usize) {
-    log.ledger_summary()
 }
 
 fn producer_facts(log: &IngestLog) -> Vec<ReplicaProducer> {

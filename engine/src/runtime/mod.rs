@@ -236,12 +236,8 @@ impl Engine {
         // reads the acknowledgements from `Engine::ingest_acks`.
         let (router, ingest_acks) = match transport {
             Some(t) => {
-                let owners = (0..spec.partitions)
-                    .map(|p| {
-                        let source = topo.tasks.iter().find(|t| t.kind == TaskKind::Source { partition: p });
-                        source.map_or(me, |t| placement.node_of(t.id))
-                    })
-                    .collect();
+                let owners =
+                    (0..spec.partitions).map(|p| topo.source_of(p).map_or(me, |t| placement.node_of(t))).collect();
                 let ing = ingest.clone().map(|s| (s, ack_rx, owners));
                 let proto = (peers.clone(), coord_inbox);
                 let r =
