@@ -90,10 +90,12 @@ impl UploadJob {
                     tracing::debug!(task = %task, files = info.files, bytes = info.bytes, "spill store checkpointed");
                 }
                 let held = chain.as_ref().expect("locked above");
+                let entries = copy.len();
+                // The operator gets its shards back once they are encoded, before the file is
+                // written and long before the upload (it copies any shard a snapshot holds
+                // when the rows waiting for it grow too many, or at the next barrier).
                 let w = held.write(copy, id, &self.dir).map_err(state)?;
-                tracing::debug!(task = %task, entries = copy.len(), bytes = w.bytes, full = w.full, files = w.files.len(), write_us = t0.elapsed().as_micros() as u64, "state snapshot written");
-                // Written: the operator gets its shards back now, not after the upload (it
-                // copies any shard it writes to while this holds it).
+                tracing::debug!(task = %task, entries, bytes = w.bytes, full = w.full, files = w.files.len(), write_us = t0.elapsed().as_micros() as u64, "state snapshot written");
                 *copy = FrozenState::default();
                 chain_write = Some(w);
             }

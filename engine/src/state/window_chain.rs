@@ -132,7 +132,8 @@ impl WindowChain {
 
     /// Writes snapshot `copy` of checkpoint `id` into `dir` (created; it must not hold other
     /// files): the chain's files linked in and a delta after them, or the whole state alone.
-    pub fn write(&self, copy: &FrozenState, id: CheckpointId, dir: &Path) -> Result<ChainWrite, StateError> {
+    /// `copy`'s windows are let go once encoded (see [`write_window_file`]).
+    pub fn write(&self, copy: &mut FrozenState, id: CheckpointId, dir: &Path) -> Result<ChainWrite, StateError> {
         std::fs::create_dir_all(dir).map_err(super::io_err(dir))?;
         let live = copy.len() as u64;
         let chained: u64 = self.files.iter().map(|f| f.entries).sum();

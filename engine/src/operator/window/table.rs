@@ -255,11 +255,16 @@ impl WindowTable {
                 m.drain_into(scratch);
                 pool.put(m);
             }
-            Shard::Shared(a, rows) if rows.is_empty() => {
+            Shard::Shared(a, mut rows) => {
+                // The rows that waited are applied to the entries as they come out, not to a
+                // copy of the table (a copy per fired shard was half of all page faults at
+                // 4,000,000 keys), and the table waits for the snapshot to let go of it.
                 scratch.extend(a.iter().map(|(k, a)| (order_of(k), k, *a)));
+                if !rows.is_empty() {
+                    apply_sorted(scratch, &mut rows);
+                }
                 pool.put_shared(a);
             }
-            shard => scratch.extend(shard.settled().iter().map(|(k, a)| (order_of(k), k, *a))),
         }
         // Almost sorted already (see `SlotMap`): the stable sort finds the runs.
         scratch.sort_by_key(|e| e.0);
@@ -270,6 +275,28 @@ impl WindowTable {
     pub fn bytes(&self) -> usize {
         let deferred = |s: &Shard| if let Shard::Shared(_, r) = s { r.capacity() * 24 } else { 0 };
         self.shards.iter().map(|s| s.map().bytes() + deferred(s)).sum()
+    }
+}
+
+/// Adds `rows` (order, key, value) to `entries` (order, key, aggregate, one per key): rows of
+/// keys it holds to their aggregates, the others as new entries at its end. Both are sorted
+/// first, so one pass matches them; `rows` is left sorted.
+fn apply_sorted(entries: &mut Vec<(u64, u64, Acc)>, rows: &mut [(u64, u64, f64)]) {
+    entries.sort_by_key(|e| e.0);
+    rows.sort_unstable_by_key(|r| r.0);
+    let held = entries.len();
+    let mut i = 0;
+    for &(h, k, v) in rows.iter() {
+        while i < held && entries[i].0 < h {
+            i += 1;
+        }
+        if i < held && entries[i].0 == h {
+            entries[i].2.add(v);
+        } else if entries.len() > held && entries.last().is_some_and(|e| e.0 == h) {
+            entries.last_mut().expect("a new entry").2.add(v);
+        } else {
+            entries.push((h, k, Acc::new(v)));
+        }
     }
 }
 
@@ -372,5 +399,35 @@ mod tests {
         assert_eq!(snap.iter().map(|m| m.len()).sum::<usize>(), 5000, "the snapshot keeps what was drained");
         assert!(out.windows(2).all(|w| order_of(w[0].0) < order_of(w[1].0)));
         assert!(out.iter().all(|(k, c)| k + 1 == *c));
+    }
+
+    #[test]
+    fn a_fired_shard_with_waiting_rows_comes_out_exact_without_a_copy_and_its_table_is_kept() {
+        let mut t = WindowTable::default();
+        (0..4_000u64).for_each(|k| t.add(order_of(k), k, k as f64));
+        let snap = t.freeze(1);
+        // Rows for held shards wait: keys the snapshot has, new keys, and a new key twice.
+        let later: Vec<(u64, f64)> = (2_000..6_000u64).chain(5_000..5_500).map(|k| (k, 0.5 + k as f64)).collect();
+        later.iter().for_each(|&(k, v)| t.add(order_of(k), k, v));
+        assert!(t.deferred() > 0, "rows wait beside held shards");
+        let mut want: std::collections::BTreeMap<u64, Acc> = Default::default();
+        for (k, v) in (0..4_000u64).map(|k| (k, k as f64)).chain(later.iter().copied()) {
+            want.entry(order_of(k)).and_modify(|a| a.add(v)).or_insert_with(|| Acc::new(v));
+        }
+        let mut pool = SlotPool::default();
+        pool.set_limit(usize::MAX);
+        let mut got = Vec::new();
+        for s in 0..SHARDS {
+            t.drain_shard_sorted(s, &mut Vec::new(), &mut pool, |k, a| got.push((order_of(k), k, *a)));
+        }
+        assert_eq!(got.len(), want.len());
+        assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "in order of the mixed key");
+        for (h, k, a) in &got {
+            assert_eq!(Some(a), want.get(h), "key {k}");
+        }
+        assert_eq!(pool.bytes(), 0, "the snapshot still holds the tables");
+        drop(snap);
+        (0..SHARDS).for_each(|_| pool.reclaim_one());
+        assert!(pool.bytes() > 0, "the tables are kept once the snapshot lets go");
     }
 }

@@ -44,7 +44,7 @@ fn started(keys: u64) -> (tempfile::TempDir, WindowAgg, WindowChain) {
     let mut agg = WindowAgg::new(WindowSpec::tumbling(HOUR), 0, 1);
     (0..keys).for_each(|k| agg.add(1, k, 1.0));
     let mut chain = WindowChain::new();
-    let w = chain.write(&agg.freeze(), CheckpointId(1), &snap(root.path(), 1)).unwrap();
+    let w = chain.write(&mut agg.freeze(), CheckpointId(1), &snap(root.path(), 1)).unwrap();
     assert!(w.full);
     chain.accept(w);
     (root, agg, chain)
@@ -56,7 +56,7 @@ fn a_delta_holds_only_the_entries_written_since_the_last_stored_snapshot() {
     let mut agg = WindowAgg::new(WindowSpec::tumbling(HOUR), 0, 1);
     (0..100_000u64).for_each(|k| agg.add(1, k, 1.0));
     let mut chain = WindowChain::new();
-    let w1 = chain.write(&agg.freeze(), CheckpointId(1), &snap(root.path(), 1)).unwrap();
+    let w1 = chain.write(&mut agg.freeze(), CheckpointId(1), &snap(root.path(), 1)).unwrap();
     assert!(w1.full && w1.files.len() == 1 && w1.files[0].entries == 100_000, "{w1:?}");
     chain.accept(w1);
     // A tenth of the keys again, and a few new ones.
@@ -65,7 +65,7 @@ fn a_delta_holds_only_the_entries_written_since_the_last_stored_snapshot() {
     let frozen = agg.freeze();
     assert_eq!(frozen.changed_bound(1), 10_500, "counted as written, exactly");
     assert_eq!(frozen.changed_bound(0), 100_500);
-    let w2 = chain.write(&frozen, CheckpointId(2), &snap(root.path(), 2)).unwrap();
+    let w2 = chain.write(&mut frozen.clone(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
     assert!(!w2.full, "{w2:?}");
     assert_eq!(w2.files.iter().map(|f| f.entries).collect::<Vec<_>>(), vec![100_000, 10_500]);
     let full_bytes = std::fs::metadata(&w2.files[0].path).unwrap().len();
@@ -77,7 +77,7 @@ fn a_delta_holds_only_the_entries_written_since_the_last_stored_snapshot() {
     chain.accept(w2);
     assert_eq!(sorted(&load(&snap(root.path(), 2), WindowSpec::tumbling(HOUR), 0)), sorted(&agg));
     // Nothing written since: an empty delta.
-    let w3 = chain.write(&agg.freeze(), CheckpointId(3), &snap(root.path(), 3)).unwrap();
+    let w3 = chain.write(&mut agg.freeze(), CheckpointId(3), &snap(root.path(), 3)).unwrap();
     assert_eq!((w3.full, w3.files.last().unwrap().entries), (false, 0));
 }
 
@@ -85,12 +85,12 @@ fn a_delta_holds_only_the_entries_written_since_the_last_stored_snapshot() {
 fn the_next_delta_covers_a_snapshot_whose_upload_failed() {
     let (root, mut agg, chain) = started(1000);
     (0..100u64).for_each(|k| agg.add(1, k, 1.0));
-    let lost = chain.write(&agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
+    let lost = chain.write(&mut agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
     assert_eq!(lost.files.last().unwrap().entries, 100);
     drop(lost); // not stored: never accepted
     std::fs::remove_dir_all(snap(root.path(), 2)).unwrap();
     (900..1000u64).for_each(|k| agg.add(1, k, 1.0));
-    let w3 = chain.write(&agg.freeze(), CheckpointId(3), &snap(root.path(), 3)).unwrap();
+    let w3 = chain.write(&mut agg.freeze(), CheckpointId(3), &snap(root.path(), 3)).unwrap();
     assert_eq!(w3.files.iter().map(|f| f.entries).collect::<Vec<_>>(), vec![1000, 200]);
     assert_eq!(sorted(&load(&snap(root.path(), 3), WindowSpec::tumbling(HOUR), 0)), sorted(&agg));
 }
@@ -104,7 +104,7 @@ fn a_chain_is_written_whole_again_when_long_or_mostly_fired() {
     let mut kinds = Vec::new();
     for id in 1..=(MAX_FILES as u64 + 1) {
         (0..100u64).for_each(|k| agg.add(1, k * id, 1.0));
-        let w = chain.write(&agg.freeze(), CheckpointId(id), &snap(root.path(), id)).unwrap();
+        let w = chain.write(&mut agg.freeze(), CheckpointId(id), &snap(root.path(), id)).unwrap();
         kinds.push((w.full, w.files.len()));
         chain.accept(w);
     }
@@ -115,7 +115,7 @@ fn a_chain_is_written_whole_again_when_long_or_mostly_fired() {
     agg.advance(0, HOUR + 1, |_| {}).unwrap();
     (0..10u64).for_each(|k| agg.add(HOUR + 5, k, 1.0));
     let id = MAX_FILES as u64 + 2;
-    let w = chain.write(&agg.freeze(), CheckpointId(id), &snap(root.path(), id)).unwrap();
+    let w = chain.write(&mut agg.freeze(), CheckpointId(id), &snap(root.path(), id)).unwrap();
     assert!(w.full && w.files.len() == 1 && w.files[0].entries == 10, "{w:?}");
     assert_eq!(files_in(&snap(root.path(), id)), vec![state_file_name(CheckpointId(id))]);
 }
@@ -125,7 +125,7 @@ fn a_chain_file_gone_from_the_node_makes_the_snapshot_whole() {
     let (root, mut agg, chain) = started(1000);
     std::fs::remove_dir_all(snap(root.path(), 1)).unwrap(); // a dropped snapshot directory
     agg.add(1, 5, 1.0);
-    let w = chain.write(&agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
+    let w = chain.write(&mut agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
     assert!(w.full && w.files.len() == 1 && w.files[0].entries == 1000, "{w:?}");
     assert_eq!(sorted(&load(&snap(root.path(), 2), WindowSpec::tumbling(HOUR), 0)), sorted(&agg));
 }
@@ -140,7 +140,7 @@ fn a_whole_snapshot_after_a_restore_keeps_the_restored_entries_no_row_touched_si
     chain.restored(&snap(root.path(), 1), CHAIN_FORMAT).unwrap();
     (0..10u64).for_each(|k| agg.add(1, k, 1.0));
     std::fs::remove_dir_all(snap(root.path(), 1)).unwrap(); // the restored snapshot dropped
-    let w = chain.write(&agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
+    let w = chain.write(&mut agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
     assert!(w.full && w.files[0].entries == 1000, "{w:?}");
     assert_eq!(sorted(&load(&snap(root.path(), 2), WindowSpec::tumbling(HOUR), 0)), sorted(&agg));
 }
@@ -149,7 +149,7 @@ fn a_whole_snapshot_after_a_restore_keeps_the_restored_entries_no_row_touched_si
 fn a_write_begun_before_a_restore_is_not_accepted_after_it() {
     let (root, mut agg, mut chain) = started(1000);
     agg.add(1, 1, 1.0);
-    let stale = chain.write(&agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
+    let stale = chain.write(&mut agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
     chain.restored(&snap(root.path(), 1), CHAIN_FORMAT).unwrap();
     let restored_files = chain.files().to_vec();
     assert_eq!(restored_files.len(), 1);
@@ -213,7 +213,7 @@ fn chain_equals_full(seed: u64, keys: u64, size: i64, slice: usize) {
         if i % 5 == 4 {
             let id = i as u64 + 1;
             let frozen = agg.freeze();
-            let w = chain.write(&frozen, CheckpointId(id), &snap(root.path(), id)).unwrap();
+            let w = chain.write(&mut frozen.clone(), CheckpointId(id), &snap(root.path(), id)).unwrap();
             deltas += usize::from(!w.full);
             if rnd() % 4 != 0 {
                 chain.accept(w);
@@ -283,7 +283,7 @@ fn deltas_go_uncompressed_when_their_full_file_did_not_shrink() {
         let (mut kinds, mut mixed) = (Vec::new(), Vec::new());
         for id in 1..=MAX_FILES as u64 + 1 {
             (0..2_000usize).for_each(|i| agg.add(1, keys[(i * 7 + id as usize) % keys.len()], value()));
-            let w = chain.write(&agg.freeze(), CheckpointId(id), &snap(root.path(), id)).unwrap();
+            let w = chain.write(&mut agg.freeze(), CheckpointId(id), &snap(root.path(), id)).unwrap();
             kinds.push((w.full, w.lz4));
             chain.accept(w);
             if id == MAX_FILES as u64 {
@@ -303,4 +303,20 @@ fn deltas_go_uncompressed_when_their_full_file_did_not_shrink() {
         assert_eq!(files_in(&before_full).len(), MAX_FILES, "a chain of a full file and its deltas");
         assert_eq!(sorted(&load(&before_full, WindowSpec::tumbling(HOUR), 0)), mixed);
     }
+}
+
+#[test]
+fn a_snapshot_lets_go_of_the_shards_once_encoded_and_its_file_holds_them_all() {
+    let root = tempfile::tempdir().unwrap();
+    let mut agg = WindowAgg::new(WindowSpec::tumbling(HOUR), 0, 1);
+    (0..20_000u64).for_each(|k| agg.add(1, k, 1.0));
+    let mut copy = agg.freeze();
+    let held: Vec<std::sync::Weak<_>> =
+        copy.windows.iter().flat_map(|(_, shards)| shards.iter().map(std::sync::Arc::downgrade)).collect();
+    let w = WindowChain::new().write(&mut copy, CheckpointId(1), &snap(root.path(), 1)).unwrap();
+    assert!(copy.windows.is_empty(), "the snapshot holds no shard once written");
+    // Only the operator holds each shard now: its next write takes it back without a copy.
+    assert!(held.iter().all(|s| s.strong_count() == 1));
+    assert_eq!(w.files.iter().map(|f| f.entries).sum::<u64>(), 20_000);
+    assert_eq!(sorted(&load(&snap(root.path(), 1), WindowSpec::tumbling(HOUR), 0)), sorted(&agg));
 }
