@@ -28,8 +28,8 @@ use driver::{Acked, Counters, Driver, Report};
 /// Options of `weir load`.
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
-    weir load --config examples/one-node.toml --stream 2 --events 10M\n  \
-    weir load --config examples/three-node.toml --stream 2 --rate 2M --duration 30s --hdr-log load.hlog\n\n\
+    weir load --config examples/load-one-node.toml --events 10M\n  \
+    weir load --config examples/load-three-node.toml --rate 2M --duration 30s --hdr-log load.hlog\n\n\
     Rows are a pure function of (seed, partition, offset); every batch carries the load's producer \
     id and its sequence number, so one sent again is stored once.\n\n\
     Exit codes: 0 every event acknowledged exactly once, 1 an event not acknowledged (a node \
