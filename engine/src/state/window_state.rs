@@ -153,7 +153,7 @@ pub fn write_window_snapshot(copy: &FrozenState, path: &std::path::Path) -> Resu
 
 /// [`write_window_snapshot`], LZ4-compressed or not.
 pub fn write_window_snapshot_with(copy: &FrozenState, path: &std::path::Path, lz4: bool) -> Result<u64, StateError> {
-    write_window_file(&mut copy.clone(), None, 0, path, lz4).map(|w| w.bytes)
+    write_window_file(copy, None, 0, path, lz4).map(|w| w.bytes)
 }
 
 /// What writing a state file did.
@@ -169,19 +169,23 @@ pub(crate) struct FileWrite {
 }
 
 /// Writes `copy` as file `file` of a chain at `path` (LZ4-compressed when `lz4`): every entry,
-/// or with `since` the entries written after the snapshot of that epoch. The windows' shards
-/// are let go once encoded, before the file is written: the operator takes them back without a
-/// copy, and rows for them stop waiting (at 4,000,000 keys the file's write and compression are
-/// most of a snapshot's time).
+/// or with `since` the entries written after the snapshot of that epoch.
 pub(crate) fn write_window_file(
-    copy: &mut FrozenState,
+    copy: &FrozenState,
     since: Option<u32>,
     file: u64,
     path: &std::path::Path,
     lz4: bool,
 ) -> Result<FileWrite, StateError> {
-    let encoded = encode_state(copy, since, file);
-    copy.windows = Vec::new();
+    write_encoded(&encode_state(copy, since, file), path, lz4)
+}
+
+/// Writes an encoded state file at `path` (LZ4-compressed when `lz4`).
+pub(crate) fn write_encoded(
+    encoded: &EncodedState,
+    path: &std::path::Path,
+    lz4: bool,
+) -> Result<FileWrite, StateError> {
     let (mut entries, mut raw) = (0u64, 0u64);
     let bytes = super::write_sst_with(
         path,
@@ -223,7 +227,7 @@ fn with_state_kvs<R>(
 }
 
 /// File `file`'s keys and values, encoded: the blocks of entries and the `n` record.
-struct EncodedState {
+pub(crate) struct EncodedState {
     blocks: Vec<([u8; 21], Vec<u8>, u32)>,
     meta_key: [u8; 9],
     meta: Vec<u8>,
@@ -238,7 +242,7 @@ impl EncodedState {
 
 /// Encodes file `file` of `copy` (every entry, or with `since` those written after that
 /// snapshot) in memory: the shards can be let go before the file is written.
-fn encode_state(copy: &FrozenState, since: Option<u32>, file: u64) -> EncodedState {
+pub(crate) fn encode_state(copy: &FrozenState, since: Option<u32>, file: u64) -> EncodedState {
     // Entries of one window, in blocks; windows come oldest first, so the blocks ascend.
     let mut blocks: Vec<([u8; 21], Vec<u8>, u32)> = Vec::new();
     let mut next_chunk: BTreeMap<i64, u32> = Default::default();
@@ -496,9 +500,9 @@ mod tests {
         .unwrap();
         // Then a compact delta on it.
         (1000..4000u64).for_each(|k| agg.add(7, k, 1.5));
-        let mut second = agg.freeze();
+        let second = agg.freeze();
         let written =
-            write_window_file(&mut second, Some(first.epoch), 2, &snap.join("state-00000000000000000002.sst"), true)
+            write_window_file(&second, Some(first.epoch), 2, &snap.join("state-00000000000000000002.sst"), true)
                 .unwrap();
         assert_eq!(written.entries, 3000);
         let store = TaskStore::open_from_state_files(&snap, &dir.path().join("db")).unwrap();
