@@ -17,9 +17,11 @@
 //! - A restore replaces the chain with the restored checkpoint's files (its entries are stamped
 //!   epoch 0, so the next delta holds what changed after the restore); an upload begun before
 //!   the restore is not accepted into the new chain (the generation differs).
-//! - Files go LZ4-compressed while that shrinks them: every full file tries, and the deltas on
-//!   it follow what it found (random `f64` aggregates do not shrink, and trying cost half the
-//!   write).
+//! - Files go LZ4-compressed while that shrinks them: deltas follow what the last file found,
+//!   and so do full files, except that after [`PROBE_EVERY`] full files in a row written raw
+//!   the next one tries LZ4 again (the data may have changed). Random `f64` aggregates do not shrink, and
+//!   trying cost half the write: at 4,000,000 keys with 1 s windows half the snapshots are full
+//!   files.
 
 use std::path::{Path, PathBuf};
 
@@ -37,6 +39,9 @@ pub const MAX_FILES: usize = 8;
 /// A delta is written only while the chain's entries, with it, are at most this many times the
 /// live entries; beyond, the whole state is written (what a restore reads stays bounded).
 pub const MAX_READ_FACTOR: u64 = 2;
+/// After this many full files in a row written raw (the last file had not shrunk), the next
+/// full file tries LZ4 again.
+pub const PROBE_EVERY: u32 = 8;
 
 /// One file of a chain.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,9 +65,11 @@ pub struct WindowChain {
     spill_gen: u32,
     /// Bumped by every restore: a write begun before one is not accepted after it.
     generation: u64,
-    /// The chain's last file was written without LZ4, or with it and did not shrink: deltas go
-    /// uncompressed, and the next full file tries LZ4 again (the data may have changed).
+    /// The chain's last file was written without LZ4, or with it and did not shrink: the next
+    /// file goes uncompressed (a full file tries LZ4 again every [`PROBE_EVERY`] of them).
     plain: bool,
+    /// Full files written raw since the last full file that tried LZ4.
+    raw_fulls: u32,
 }
 
 /// A snapshot written on a chain, to [`WindowChain::accept`] once it is stored.
@@ -116,7 +123,7 @@ impl WindowChain {
             }
         }
         files.sort_by(|a, b| a.name.cmp(&b.name));
-        *self = Self { epoch: 0, files, spill_gen: 0, generation: self.generation + 1, plain: false };
+        *self = Self { epoch: 0, files, spill_gen: 0, generation: self.generation + 1, ..Self::default() };
         Ok(())
     }
 
@@ -158,7 +165,7 @@ impl WindowChain {
         }
         let path = dir.join(&name);
         let since = delta.then_some(self.epoch);
-        let lz4 = !delta || !self.plain;
+        let lz4 = !self.plain || (!delta && self.raw_fulls >= PROBE_EVERY);
         let encoded = encode_state(copy, since, id.0);
         copy.windows = Vec::new();
         let w = write_encoded(&encoded, &path, lz4)?;
@@ -197,6 +204,9 @@ impl WindowChain {
             self.files = w.files;
             self.spill_gen = w.spill_gen;
             self.plain = !w.shrank;
+            if w.full {
+                self.raw_fulls = if w.lz4 { 0 } else { self.raw_fulls + 1 };
+            }
         }
     }
 }

@@ -261,11 +261,12 @@ proptest! {
     }
 }
 
-/// Random keys and `f64` aggregates do not shrink under LZ4: the full file tries, its deltas go
-/// raw, and the next full file tries again; aggregates that do shrink stay compressed. Either
-/// way the chain restores to the state.
+/// Random keys and `f64` aggregates do not shrink under LZ4: the first full file tries, the
+/// files after it go raw (deltas and full files alike), and after `PROBE_EVERY` raw full files
+/// the next tries again; aggregates that do shrink stay compressed. Either way the chain
+/// restores to the state.
 #[test]
-fn deltas_go_uncompressed_when_their_full_file_did_not_shrink() {
+fn files_go_uncompressed_while_the_last_one_did_not_shrink_and_full_files_try_again_now_and_then() {
     for random in [true, false] {
         let root = tempfile::tempdir().unwrap();
         let mut agg = WindowAgg::new(WindowSpec::tumbling(HOUR), 0, 1);
@@ -281,7 +282,8 @@ fn deltas_go_uncompressed_when_their_full_file_did_not_shrink() {
         keys.iter().for_each(|&k| agg.add(1, k, value()));
         let mut chain = WindowChain::new();
         let (mut kinds, mut mixed) = (Vec::new(), Vec::new());
-        for id in 1..=MAX_FILES as u64 + 1 {
+        let writes = MAX_FILES * (PROBE_EVERY as usize + 1) + 1;
+        for id in 1..=writes as u64 {
             (0..2_000usize).for_each(|i| agg.add(1, keys[(i * 7 + id as usize) % keys.len()], value()));
             let w = chain.write(&mut agg.freeze(), CheckpointId(id), &snap(root.path(), id)).unwrap();
             kinds.push((w.full, w.lz4));
@@ -290,14 +292,16 @@ fn deltas_go_uncompressed_when_their_full_file_did_not_shrink() {
                 mixed = sorted(&agg);
             }
         }
-        let want: Vec<(bool, bool)> = (0..=MAX_FILES)
+        // A full file every MAX_FILES writes (the chain is full); the probes among them.
+        let want: Vec<(bool, bool)> = (0..writes)
             .map(|i| {
-                let full = i == 0 || i == MAX_FILES;
-                (full, full || !random)
+                let full = i % MAX_FILES == 0;
+                let probe = full && (i / MAX_FILES) % (PROBE_EVERY as usize + 1) == 0;
+                (full, probe || !random)
             })
             .collect();
         assert_eq!(kinds, want, "random values: {random}");
-        let last = snap(root.path(), MAX_FILES as u64 + 1);
+        let last = snap(root.path(), writes as u64);
         assert_eq!(sorted(&load(&last, WindowSpec::tumbling(HOUR), 0)), sorted(&agg));
         let before_full = snap(root.path(), MAX_FILES as u64);
         assert_eq!(files_in(&before_full).len(), MAX_FILES, "a chain of a full file and its deltas");
