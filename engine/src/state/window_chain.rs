@@ -19,9 +19,9 @@
 //!   the restore is not accepted into the new chain (the generation differs).
 //! - Files go LZ4-compressed while that shrinks them: deltas follow what the last file found,
 //!   and so do full files, except that after [`PROBE_EVERY`] full files in a row written raw
-//!   the next one tries LZ4 again (the data may have changed). Random `f64` aggregates do not shrink, and
-//!   trying cost half the write: at 4,000,000 keys with 1 s windows half the snapshots are full
-//!   files.
+//!   the next one tries LZ4 again (the data may have changed). Random `f64` aggregates do not
+//!   shrink, and trying cost half the write: at 4,000,000 keys with 1 s windows half the
+//!   snapshots are full files.
 
 use std::path::{Path, PathBuf};
 
@@ -66,7 +66,7 @@ pub struct WindowChain {
     /// Bumped by every restore: a write begun before one is not accepted after it.
     generation: u64,
     /// The chain's last file was written without LZ4, or with it and did not shrink: the next
-    /// file goes uncompressed (a full file tries LZ4 again every [`PROBE_EVERY`] of them).
+    /// file goes uncompressed (a full file after [`PROBE_EVERY`] raw ones in a row tries LZ4).
     plain: bool,
     /// Full files written raw since the last full file that tried LZ4.
     raw_fulls: u32,
