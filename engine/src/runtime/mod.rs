@@ -10,6 +10,7 @@
 //!   sequence numbers, hands frames to the destination task's queue (credits guarantee room), and
 //!   returns credits to local senders.
 
+mod batch_pool;
 mod board;
 mod channel;
 mod checkpointing;

@@ -192,7 +192,7 @@ impl SourceTask {
         let cap = self.batch_rows / n_out.max(1) + 16;
         for i in 0..n_out {
             if !self.builders[i].is_empty() {
-                let b = std::mem::replace(&mut self.builders[i], Batch::with_capacity(cap));
+                let b = std::mem::replace(&mut self.builders[i], super::batch_pool::take(cap));
                 self.out.push(i, Msg::Rows(Rows::Local(b)));
             }
         }
@@ -257,8 +257,12 @@ impl AggTask {
                     // grow a shard at a time: the budget is overshot by one shard's growth at
                     // most), never in a snapshot's way (the store says when it is held).
                     self.agg.maybe_spill()?;
-                    self.stats.rows_aggregated.fetch_add(rows.len() as u64, Ordering::Relaxed);
-                    self.board.rows_in.fetch_add(rows.len() as u64, Ordering::Relaxed);
+                    let n = rows.len() as u64;
+                    self.stats.rows_aggregated.fetch_add(n, Ordering::Relaxed);
+                    self.board.rows_in.fetch_add(n, Ordering::Relaxed);
+                    if let Rows::Local(b) = rows {
+                        super::batch_pool::give(b);
+                    }
                 }
                 Msg::Progress(ts) => self.agg.observe(i, ts),
                 Msg::End => {
