@@ -138,7 +138,10 @@ impl SlotMap {
     }
 
     /// Adds `value` to `key`'s aggregate (`h` is `order_of(key)`).
-    #[inline]
+    ///
+    /// Always inlined: the agg task's row loop otherwise calls it (two call sites in
+    /// `WindowTable::add`), spilling its registers on every row.
+    #[inline(always)]
     pub fn add(&mut self, h: u64, key: u64, value: f64) {
         if (self.len + 1) * 2 > self.slots.len() {
             self.grow();
