@@ -48,6 +48,8 @@ mod tests {
 
     #[test]
     fn a_batch_given_back_is_taken_again_empty_and_a_too_small_one_is_not() {
+        // The pool is the thread's: a test run on one thread may have left batches in it.
+        POOL.with_borrow_mut(Vec::clear);
         let mut b = take(100);
         b.push(1, 2, 3.0);
         let ptr = b.ts.as_ptr();
