@@ -58,6 +58,11 @@ impl Batch {
         self.ts.is_empty()
     }
 
+    /// Rows the batch holds without growing a column.
+    pub fn capacity(&self) -> usize {
+        self.ts.capacity().min(self.key.capacity()).min(self.value.capacity())
+    }
+
     /// Removes every row, keeping the allocations.
     pub fn clear(&mut self) {
         self.ts.clear();
@@ -128,5 +133,18 @@ impl ArchivedBatch {
         let (ts, key, value) = (self.ts.as_slice(), self.key.as_slice(), self.value.as_slice());
         let n = ts.len().min(key.len()).min(value.len());
         (0..n).map(move |i| Row { ts: ts[i].to_native(), key: key[i].to_native(), value: value[i].to_native() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_is_that_of_the_smallest_column() {
+        let mut b = Batch::with_capacity(64);
+        assert!(b.capacity() >= 64);
+        b.key = Vec::with_capacity(8);
+        assert_eq!(b.capacity(), b.key.capacity());
     }
 }

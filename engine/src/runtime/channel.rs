@@ -251,7 +251,12 @@ fn encode(
     m: Msg,
 ) -> Result<EncodedFrame, String> {
     let r = match m {
-        Msg::Rows(Rows::Local(batch)) => enc.encode(&Data { stream, from, to, seq, batch }),
+        Msg::Rows(Rows::Local(batch)) => {
+            let data = Data { stream, from, to, seq, batch };
+            let r = enc.encode(&data);
+            super::batch_pool::give(data.batch);
+            r
+        }
         Msg::Rows(Rows::Remote(_)) => return Err("a received frame cannot be forwarded as is".into()),
         Msg::Progress(watermark_ms) => enc.encode(&Watermark { stream, from, to, seq, watermark_ms }),
         Msg::Results(rs) => {
