@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use super::Acc;
-use super::slots::{SlotMap, SlotPool};
+use super::slots::{SlotMap, SlotPool, sort_drained};
 
 /// log2 of the shards per window.
 pub const SHARD_BITS: u32 = 8;
@@ -254,6 +254,7 @@ impl WindowTable {
             Shard::Owned(mut m) => {
                 m.drain_into(scratch);
                 pool.put(m);
+                sort_drained(scratch);
             }
             Shard::Shared(a, mut rows) => {
                 // The rows that waited are applied to the entries as they come out, not to a
@@ -265,10 +266,10 @@ impl WindowTable {
                     apply_sorted(scratch, &mut rows);
                 }
                 pool.put_shared(a);
+                // Sorted, and the new keys after them sorted too: the stable sort merges the two runs.
+                scratch.sort_by_key(|e| e.0);
             }
         }
-        // Almost sorted already (see `SlotMap`): the stable sort finds the runs.
-        scratch.sort_by_key(|e| e.0);
     }
 
     /// Bytes of the tables the window owns or shares (a snapshot may hold them too), and of
