@@ -85,12 +85,18 @@ pub fn weir(keys: u64, seconds: u64, checkpoint_ms: u64) -> WeirRun {
     }
 }
 
-/// Prints the table for every key count in `keys`, runs of `seconds` each.
+/// Prints the table for every key count in `keys`, runs of `seconds` each, `rounds` times: Weir
+/// then timely, alternately, and with more than one round the medians of the rounds (each ratio
+/// is of two runs back to back).
+///
+/// Why rounds: on a shared host both engines' rates move by half within minutes (timely ran the
+/// 1,000,000-key job at 14.6 and 29.6 M events/s ten minutes apart, docs/benchmarks.md); one
+/// ratio says little, the median of several adjacent pairs more.
 #[allow(clippy::print_stdout)]
-pub fn keys(keys: &[u64], seconds: u64) {
+pub fn keys(keys: &[u64], seconds: u64, rounds: usize) {
     println!(
         "the benchmark job, {seconds} s per run, 2 workers; Weir with checkpoints every second into file://, \
-         timely-dataflow 0.32 keeping nothing durable"
+         timely-dataflow 0.32 keeping nothing durable; {rounds} round(s) per key count"
     );
     println!(
         "{:>10} | {:>14} | {:>12} | {:>11} | {:>10} | {:>12} | {:>8} | {:>14} | {:>10}",
@@ -105,19 +111,41 @@ pub fn keys(keys: &[u64], seconds: u64) {
         "Weir/timely"
     );
     for &k in keys {
-        let w = weir(k, seconds, 1000);
-        let t = timely_job::run(k, 1000, 2, seconds as f64);
-        println!(
-            "{:>10} | {:>14.2} | {:>9.1} ms | {:>8.1} ms | {:>10} | {:>8} KiB | {:>4} MiB | {:>14.2} | {:>9.0} %",
-            k,
-            w.rate / 1e6,
-            w.commit_median_ms,
-            w.pause_p99_ms,
-            w.commits,
-            w.upload_median / 1024,
-            w.rss_mib,
-            t.rate() / 1e6,
-            100.0 * w.rate / t.rate()
-        );
+        let mut runs = Vec::new();
+        for _ in 0..rounds.max(1) {
+            let w = weir(k, seconds, 1000);
+            let t = timely_job::run(k, 1000, 2, seconds as f64).rate();
+            println!(
+                "{:>10} | {:>14.2} | {:>9.1} ms | {:>8.1} ms | {:>10} | {:>8} KiB | {:>4} MiB | {:>14.2} | {:>9.0} %",
+                k,
+                w.rate / 1e6,
+                w.commit_median_ms,
+                w.pause_p99_ms,
+                w.commits,
+                w.upload_median / 1024,
+                w.rss_mib,
+                t / 1e6,
+                100.0 * w.rate / t
+            );
+            runs.push((w, t));
+        }
+        if runs.len() > 1 {
+            let median = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            println!(
+                "{:>10} | {:>14.2} | {:>9.1} ms | {:>8.1} ms | {:>10} | {:>12} | {:>8} | {:>14.2} | {:>9.0} %",
+                "median",
+                median(runs.iter().map(|r| r.0.rate).collect()) / 1e6,
+                median(runs.iter().map(|r| r.0.commit_median_ms).collect()),
+                median(runs.iter().map(|r| r.0.pause_p99_ms).collect()),
+                "",
+                "",
+                "",
+                median(runs.iter().map(|r| r.1).collect()) / 1e6,
+                median(runs.iter().map(|r| 100.0 * r.0.rate / r.1).collect())
+            );
+        }
     }
 }

@@ -7,7 +7,7 @@
 //! cargo run --release -p weir-bench --bin weir-e2e -- checkpoints [seconds] [runs]
 //! cargo run --release -p weir-bench --bin weir-e2e -- jitter [seconds]
 //! source scripts/services && cargo run --release -p weir-bench --bin weir-e2e -- backup [seconds] [runs]
-//! cargo run --release -p weir-bench --bin weir-e2e -- keys [seconds] [k1,k2,...]
+//! cargo run --release -p weir-bench --bin weir-e2e -- keys [seconds] [k1,k2,...] [rounds]
 //! cargo run --release -p weir-bench --bin weir-e2e -- agg [k1,k2,...]
 //! source scripts/services && cargo run --release -p weir-bench --bin weir-e2e -- restore [keys]
 //! ```
@@ -25,7 +25,8 @@
 //! runs meanwhile). A pause figure cannot be better than this machine lets it be.
 //!
 //! `keys`: the job at several key counts on Weir (checkpoints every second) and on
-//! timely-dataflow (`weir_bench::keys`, `weir_bench::timely_job`).
+//! timely-dataflow (`weir_bench::keys`, `weir_bench::timely_job`), `rounds` times each
+//! (default 1), alternately, with the medians of the rounds.
 //!
 //! `agg`: 40 million generator rows through one window agg (1 s tumbling windows, firing
 //! included) per key count, best of three runs, in ns per row: the agg's hot path without the
@@ -470,12 +471,12 @@ fn main() {
         Some("checkpoints") => checkpoints(num(2, 5), num(3, 10) as usize),
         Some("jitter") => jitter(num(2, 20)),
         Some("backup") => weir_bench::backup::backup(num(2, 10), num(3, 3) as usize),
-        Some("keys") => weir_bench::keys::keys(&key_counts(args.get(3)), num(2, 10)),
+        Some("keys") => weir_bench::keys::keys(&key_counts(args.get(3)), num(2, 10), num(4, 1) as usize),
         Some("agg") => agg(&key_counts(args.get(2))),
         Some("restore") => weir_bench::restore::restore(num(2, 4_000_000)),
         _ => {
             eprintln!(
-                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] | agg [k1,k2,...] | restore [keys]"
+                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] [rounds] | agg [k1,k2,...] | restore [keys]"
             );
             std::process::exit(2);
         }
