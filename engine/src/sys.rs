@@ -12,8 +12,13 @@
 //! - [`prefetch`]: a prefetch hint, which the agg issues for the rows it aggregates next (their
 //!   hash-table lines arrive while it works on the rows before them; `weir-e2e agg`: 132 against
 //!   107–110 ns per row at 1,000,000 keys, docs/benchmarks.md).
+//! - [`TableBuf`]: the window tables' arrays, large ones on transparent huge pages (raw memory
+//!   mappings: see `table_buf.rs` for why and what it measured).
 
 #![allow(unsafe_code)]
+
+mod table_buf;
+pub(crate) use table_buf::TableBuf;
 
 /// Puts the calling thread in the batch scheduling class (Linux; elsewhere nothing). Failure only
 /// costs latency: it is logged, not returned.

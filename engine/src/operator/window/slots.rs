@@ -21,6 +21,7 @@
 
 use super::Acc;
 use super::table::{SHARD_BITS, order_of};
+use crate::sys::TableBuf;
 
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C, align(64))]
@@ -34,7 +35,8 @@ struct Slot {
 /// Keys to aggregates, for one shard of a window.
 #[derive(Clone, Debug, Default)]
 pub struct SlotMap {
-    slots: Vec<Slot>,
+    /// On huge pages when large (see [`TableBuf`]).
+    slots: TableBuf<Slot>,
     len: usize,
     /// `64 - log2(slots)`: the start of a probe is `(h << SHARD_BITS) >> shift`.
     shift: u32,
@@ -77,7 +79,7 @@ impl SlotMap {
 
     /// Bytes of the table's slots.
     pub fn bytes(&self) -> usize {
-        self.slots.capacity() * std::mem::size_of::<Slot>()
+        self.slots.len() * std::mem::size_of::<Slot>()
     }
 
     /// Entries stamped with [`Self::epoch`]: written since the table took that epoch.
@@ -220,11 +222,11 @@ impl SlotMap {
     }
 
     fn resize(&mut self, n: usize) {
-        let old = std::mem::replace(&mut self.slots, vec![Slot::default(); n]);
+        let old = std::mem::replace(&mut self.slots, TableBuf::new(n));
         self.shift = 64 - n.trailing_zeros();
         self.len = 0;
         self.stamped = 0;
-        for s in old.into_iter().filter(|s| s.acc.count > 0) {
+        for s in old.iter().filter(|s| s.acc.count > 0) {
             self.put(order_of(s.key), s.key, s.epoch, s.acc);
         }
     }
@@ -331,7 +333,7 @@ pub fn sort_drained(v: &mut [(u64, u64, Acc)]) {
 #[derive(Debug, Default)]
 pub struct SlotPool {
     /// Arrays held, by log2 of their length.
-    free: Vec<Vec<Vec<Slot>>>,
+    free: Vec<Vec<TableBuf<Slot>>>,
     bytes: usize,
     limit: usize,
     shared: Vec<std::sync::Arc<SlotMap>>,
@@ -381,9 +383,9 @@ impl SlotPool {
     }
 
     /// An array of `n` (a power of two) empty slots, if one is held.
-    fn take(&mut self, n: usize) -> Option<Vec<Slot>> {
+    fn take(&mut self, n: usize) -> Option<TableBuf<Slot>> {
         let v = self.free.get_mut(n.trailing_zeros() as usize)?.pop()?;
-        self.bytes -= v.capacity() * std::mem::size_of::<Slot>();
+        self.bytes -= v.len() * std::mem::size_of::<Slot>();
         Some(v)
     }
 
