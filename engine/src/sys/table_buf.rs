@@ -53,7 +53,7 @@ unsafe impl<T: Copy + Default + Sync> Sync for TableBuf<T> {}
 impl<T: Copy + Default> TableBuf<T> {
     /// `len` elements, each `T::default()`.
     pub(crate) fn new(len: usize) -> Self {
-        let bytes = len * size_of::<T>();
+        let bytes = len.checked_mul(size_of::<T>()).expect("a table of that many slots would not fit in memory");
         let placed = if bytes >= HUGE_FROM && align_of::<T>() <= HUGE && cfg!(target_os = "linux") {
             place(bytes)
         } else {
