@@ -1,4 +1,4 @@
-//! The one module with `unsafe` code: two calls past what safe Rust offers, each measured to
+//! The one module with `unsafe` code: three things past what safe Rust offers, each measured to
 //! matter.
 //!
 //! - [`background_thread`]: uploader threads run as `SCHED_BATCH` (an FFI call). The same CPU
