@@ -13,8 +13,9 @@
 //! Invariants: a buffer owns `len` initialised elements (written with `T::default()` when made);
 //! a chunk's blocks are all of one power-of-two size, each either owned by one buffer or on the
 //! arena's free list of that size; a chunk with no owned block has none on a free list, and is
-//! either one of at most [`SPARE`] spare chunks (re-carved for the next size asked) or unmapped. Where the kernel refuses the advice or the mapping, a table is an
-//! ordinary heap allocation: only speed depends on this, never correctness.
+//! either one of at most [`SPARE`] spare chunks (re-carved for the next size asked) or unmapped.
+//! Where the kernel refuses the advice or the mapping, a table is an ordinary heap allocation:
+//! only speed depends on this, never correctness.
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -24,7 +25,7 @@ use std::sync::Mutex;
 const HUGE: usize = 2 << 20;
 
 /// Buffers from this many bytes on come from huge-page chunks.
-pub(crate) const HUGE_FROM: usize = 256 << 10;
+const HUGE_FROM: usize = 256 << 10;
 
 /// Where a buffer's memory came from (and goes back to).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

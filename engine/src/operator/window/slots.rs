@@ -136,11 +136,14 @@ impl SlotMap {
                     s.acc.count = 0;
                 }
             };
-            let n = self.slots.len();
-            let head: Vec<bool> = (0..first_empty).map(|i| wrapped(self, i)).collect();
-            (0..first_empty).filter(|&i| !head[i]).for_each(|i| take(self, i));
-            (first_empty..n).for_each(|i| take(self, i));
-            (0..first_empty).filter(|&i| head[i]).for_each(|i| take(self, i));
+            for i in 0..first_empty {
+                if !wrapped(self, i) {
+                    take(self, i);
+                }
+            }
+            (first_empty..self.slots.len()).for_each(|i| take(self, i));
+            // What is left before the first empty slot is what wrapped round.
+            (0..first_empty).for_each(|i| take(self, i));
         }
         self.len = 0;
         self.stamped = 0;
