@@ -94,6 +94,7 @@ pub fn weir(keys: u64, seconds: u64, checkpoint_ms: u64) -> WeirRun {
 /// ratio says little, the median of several adjacent pairs more.
 #[allow(clippy::print_stdout)]
 pub fn keys(keys: &[u64], seconds: u64, rounds: usize) {
+    let rounds = rounds.max(1);
     println!(
         "the benchmark job, {seconds} s per run, 2 workers; Weir with checkpoints every second into file://, \
          timely-dataflow 0.32 keeping nothing durable; {rounds} round(s) per key count"
@@ -112,7 +113,7 @@ pub fn keys(keys: &[u64], seconds: u64, rounds: usize) {
     );
     for &k in keys {
         let mut runs = Vec::new();
-        for _ in 0..rounds.max(1) {
+        for _ in 0..rounds {
             let w = weir(k, seconds, 1000);
             let t = timely_job::run(k, 1000, 2, seconds as f64).rate();
             println!(
