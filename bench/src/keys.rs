@@ -45,8 +45,9 @@ pub struct WeirRun {
     pub pause_p99_ms: f64,
 }
 
-/// Runs the job on Weir with `keys` keys for `seconds` (checkpoints every `checkpoint_ms`; 0: off).
-pub fn weir(keys: u64, seconds: u64, checkpoint_ms: u64) -> WeirRun {
+/// Runs the job on Weir with `keys` keys for `seconds` (checkpoints every `checkpoint_ms`; 0: off;
+/// `replay`: the aggs take replay snapshots).
+pub fn weir(keys: u64, seconds: u64, checkpoint_ms: u64, replay: bool) -> WeirRun {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut spec = StreamSpec::generator(StreamId(1), 2, 2, 1);
     if let SourceKind::Generator { spec: g, .. } = &mut spec.source {
@@ -55,7 +56,9 @@ pub fn weir(keys: u64, seconds: u64, checkpoint_ms: u64) -> WeirRun {
     }
     let mut cfg = EngineConfig::new(NodeId(1), dir.path());
     if checkpoint_ms > 0 {
-        cfg.checkpoint = Some(CheckpointSettings::every(checkpoint_ms, dir.path().join("remote")));
+        let mut ck = CheckpointSettings::every(checkpoint_ms, dir.path().join("remote"));
+        ck.replay = replay;
+        cfg.checkpoint = Some(ck);
     }
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).expect("engine");
     std::thread::sleep(Duration::from_secs(1));
@@ -87,17 +90,18 @@ pub fn weir(keys: u64, seconds: u64, checkpoint_ms: u64) -> WeirRun {
 
 /// Prints the table for every key count in `keys`, runs of `seconds` each, `rounds` times: Weir
 /// then timely, alternately, and with more than one round the medians of the rounds (each ratio
-/// is of two runs back to back).
+/// is of two runs back to back). `replay`: Weir's aggs take replay snapshots (else full ones).
 ///
 /// Why rounds: on a shared host both engines' rates move by half within minutes (timely ran the
 /// 1,000,000-key job at 14.6 and 29.6 M events/s ten minutes apart, docs/benchmarks.md); one
 /// ratio says little, the median of several adjacent pairs more.
 #[allow(clippy::print_stdout)]
-pub fn keys(keys: &[u64], seconds: u64, rounds: usize) {
+pub fn keys(keys: &[u64], seconds: u64, rounds: usize, replay: bool) {
     let rounds = rounds.max(1);
+    let kind = if replay { "replay" } else { "full" };
     println!(
         "the benchmark job, {seconds} s per run, 2 workers; Weir with checkpoints every second into file://, \
-         timely-dataflow 0.32 keeping nothing durable; {rounds} round(s) per key count"
+         {kind} snapshots, timely-dataflow 0.32 keeping nothing durable; {rounds} round(s) per key count"
     );
     println!(
         "{:>10} | {:>14} | {:>12} | {:>11} | {:>10} | {:>12} | {:>8} | {:>14} | {:>10}",
@@ -114,7 +118,7 @@ pub fn keys(keys: &[u64], seconds: u64, rounds: usize) {
     for &k in keys {
         let mut runs = Vec::new();
         for _ in 0..rounds {
-            let w = weir(k, seconds, 1000);
+            let w = weir(k, seconds, 1000, replay);
             let t = timely_job::run(k, 1000, 2, seconds as f64).rate();
             println!(
                 "{:>10} | {:>14.2} | {:>9.1} ms | {:>8.1} ms | {:>10} | {:>8} KiB | {:>4} MiB | {:>14.2} | {:>9.0} %",

@@ -83,11 +83,50 @@ fn manifest_checksum_detects_edits() {
         id: CheckpointId(4),
         version: Version(99),
         files: vec![ManifestEntry { name: "CURRENT".into(), key: "1/tasks/0/chk-4/CURRENT".into(), size: 16, crc: 7 }],
+        offsets: Vec::new(),
+        replay: None,
     };
     let text = m.encode();
     assert_eq!(Manifest::decode("k", text.as_bytes()).unwrap(), m);
     let edited = text.replace("version 99", "version 98");
     assert!(Manifest::decode("k", edited.as_bytes()).is_err());
+}
+
+#[test]
+fn a_manifests_offsets_and_replay_point_roundtrip() {
+    use weir_engine::backup::ReplayPoint;
+    let source = Manifest {
+        format: MANIFEST_FORMAT,
+        id: CheckpointId(9),
+        version: Version(900),
+        files: Vec::new(),
+        offsets: vec![(CheckpointId(7), Version(700)), (CheckpointId(9), Version(900))],
+        replay: None,
+    };
+    let agg = Manifest {
+        version: Version(0),
+        offsets: Vec::new(),
+        replay: Some(ReplayPoint { from: CheckpointId(7), taken: vec![(10, 20), (0, 5)] }),
+        ..source.clone()
+    };
+    for m in [source, agg] {
+        assert_eq!(Manifest::decode("k", m.encode().as_bytes()).unwrap(), m);
+    }
+}
+
+#[test]
+fn a_manifest_of_format_5_reads_without_offsets_or_replay_point() {
+    // As Weir wrote it before replay checkpoints (format 5): no offset or replay lines.
+    let m = Manifest {
+        format: 5,
+        id: CheckpointId(3),
+        version: Version(30),
+        files: Vec::new(),
+        offsets: Vec::new(),
+        replay: None,
+    };
+    let read = Manifest::decode("k", m.encode().as_bytes()).unwrap();
+    assert_eq!((read.format, read.version, read.offsets.len(), read.replay), (5, Version(30), 0, None));
 }
 
 /// Seals `body` the way stored records are (a trailing CRC32C line).

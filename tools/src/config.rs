@@ -220,6 +220,23 @@ pub struct CheckpointFile {
     /// Uploader threads per node.
     #[serde(default = "default_uploaders")]
     pub uploaders: usize,
+    /// What an agg's checkpoint holds: `"full"` (its windows' entries) or `"replay"` (where
+    /// the sources' rows for its windows begin; a restore sends them again).
+    #[serde(default, deserialize_with = "de_snapshots")]
+    pub snapshots: bool,
+}
+
+/// `full` or `replay` (true): what an agg's checkpoint holds.
+pub(crate) fn parse_snapshots(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "full" => Ok(false),
+        "replay" => Ok(true),
+        other => Err(format!("snapshots must be `full` or `replay`, not `{other}`")),
+    }
+}
+
+fn de_snapshots<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    parse_snapshots(&String::deserialize(d)?).map_err(serde::de::Error::custom)
 }
 
 impl Default for CheckpointFile {

@@ -141,6 +141,7 @@ pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<Engin
         s.retain = ck.retain;
         s.upload_limit = ck.upload_limit;
         s.uploaders = ck.uploaders.max(1);
+        s.replay = ck.snapshots;
         cfg.checkpoint = Some(s);
     }
     Ok(cfg)

@@ -72,6 +72,11 @@ pub struct RunArgs {
     /// agg's RocksDB. Default: all state in memory.
     #[arg(long, env = "WEIR_STATE_BUDGET", value_name = "BYTES", value_parser = parse_bytes)]
     state_budget: Option<u64>,
+    /// What an agg's checkpoint holds: `full` (its windows' entries, written incrementally) or
+    /// `replay` (where the sources' rows for its windows begin; a restore sends them again:
+    /// checkpoints cost the same at any key count, a restore replays up to a window's rows).
+    #[arg(long, env = "WEIR_SNAPSHOTS", default_value = "full", action = clap::ArgAction::Set, value_name = "full|replay", value_parser = crate::config::parse_snapshots)]
+    snapshots: bool,
 }
 
 /// `512`, `64K`, `50M`, `1G` (binary multiples; an optional `B`, `iB`, `/s`).
@@ -159,6 +164,7 @@ pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<()> 
         }
         ck.upload_limit = args.upload_limit;
         ck.uploaders = args.uploaders as usize;
+        ck.replay = args.snapshots;
         cfg.checkpoint = Some(ck);
     }
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).context("starting the engine")?;

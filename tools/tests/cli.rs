@@ -62,6 +62,22 @@ fn results(dir: &std::path::Path) -> Vec<weir_engine::operator::window::WindowRe
 
 #[test]
 fn killed_with_sigkill_and_resumed_it_ends_with_the_results_of_an_uninterrupted_run() {
+    killed_and_resumed(&[], "restoring from the last commit");
+}
+
+#[test]
+fn killed_with_sigkill_and_resumed_from_replay_snapshots_it_ends_with_the_same_results() {
+    killed_and_resumed(&["--snapshots", "replay"], "replaying the windows' rows");
+}
+
+/// The SIGKILL test, with `extra` arguments for every run of the stream; the last run's log
+/// says `restored`.
+fn killed_and_resumed(extra: &[&str], restored: &str) {
+    let bounded = |n| {
+        let mut a = bounded(n);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
     let rounds = kill_rounds();
     // Each round runs 0.3-0.9 s of a stream that takes 3 s: longer soaks get a longer stream.
     let per_partition = 300_000.max(rounds * 75_000);
@@ -114,6 +130,7 @@ fn killed_with_sigkill_and_resumed_it_ends_with_the_results_of_an_uninterrupted_
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("restoring from the last commit"), "the last run did not restore: {stderr}");
+    assert!(stderr.contains(restored), "the last run's log does not say {restored:?}: {stderr}");
     // It resumed part-way: fewer events than the whole stream (2 partitions).
     let summary = stdout.lines().find(|l| l.starts_with("summary:")).expect("summary");
     let events: u64 = summary.split_whitespace().nth(1).unwrap().parse().unwrap();

@@ -74,8 +74,19 @@ fn weir_load_into_one_node_acknowledges_every_event_once_and_every_window_closes
 
 #[test]
 fn weir_load_survives_its_node_killed_with_sigkill_and_every_event_is_stored_once() {
+    load_survives_sigkill("full");
+}
+
+#[test]
+fn weir_load_survives_its_node_killed_with_sigkill_with_replay_snapshots() {
+    load_survives_sigkill("replay");
+}
+
+/// The node of a `weir load` is killed mid-load and started again, its aggs taking `snapshots`
+/// checkpoints: every event is acknowledged and stored once, every window is exact.
+fn load_survives_sigkill(snapshots: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let config = load_one_node(dir.path());
+    let config = load_one_node_with(dir.path(), snapshots);
     let logs = [dir.path().join("node-1.log"), dir.path().join("node-1b.log")];
     let mut node = Nodes(vec![start(&config, 1, &logs[0], &[])]);
     let hdr = dir.path().join("load.hlog");
@@ -118,6 +129,10 @@ fn weir_load_survives_its_node_killed_with_sigkill_and_every_event_is_stored_onc
     // window are those of the rows sent, as without the kill.
     let want = expected(&s, 2, 1_000_000);
     wait_for_results(&config, want.len(), &logs[1]);
+    if snapshots == "replay" {
+        let log = std::fs::read_to_string(&logs[1]).unwrap();
+        assert!(log.contains("replaying rows for the downstream windows"), "the restarted node did not replay: {log}");
+    }
     let (code, text) = verify_ingest(&config);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("match the 2000000 rows of 1 load(s)"), "{text}");

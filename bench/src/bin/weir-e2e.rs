@@ -471,12 +471,24 @@ fn main() {
         Some("checkpoints") => checkpoints(num(2, 5), num(3, 10) as usize),
         Some("jitter") => jitter(num(2, 20)),
         Some("backup") => weir_bench::backup::backup(num(2, 10), num(3, 3) as usize),
-        Some("keys") => weir_bench::keys::keys(&key_counts(args.get(3)), num(2, 10), num(4, 1) as usize),
+        Some("keys") => weir_bench::keys::keys(
+            &key_counts(args.get(3)),
+            num(2, 10),
+            num(4, 1) as usize,
+            match args.get(5).map(String::as_str) {
+                None | Some("full") => false,
+                Some("replay") => true,
+                Some(other) => {
+                    eprintln!("weir-e2e keys: snapshots are `full` or `replay`, not `{other}`");
+                    std::process::exit(2);
+                }
+            },
+        ),
         Some("agg") => agg(&key_counts(args.get(2))),
         Some("restore") => weir_bench::restore::restore(num(2, 4_000_000)),
         _ => {
             eprintln!(
-                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] [rounds] | agg [k1,k2,...] | restore [keys]"
+                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] [rounds] [full|replay] | agg [k1,k2,...] | restore [keys]"
             );
             std::process::exit(2);
         }

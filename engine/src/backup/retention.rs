@@ -214,7 +214,14 @@ mod tests {
             })
             .collect();
         store.put(&format!("1/tasks/0/chk-{id}/OPTIONS"), b"o").unwrap();
-        let m = Manifest { format: crate::backup::MANIFEST_FORMAT, id: CheckpointId(id), version: Version(id), files };
+        let m = Manifest {
+            format: crate::backup::MANIFEST_FORMAT,
+            id: CheckpointId(id),
+            version: Version(id),
+            files,
+            offsets: Vec::new(),
+            replay: None,
+        };
         store.put(&format!("1/tasks/0/chk-{id}/MANIFEST.weir"), m.encode().as_bytes()).unwrap();
         if committed {
             let r = CommitRecord::consensus(CheckpointId(id), 0);

@@ -28,8 +28,40 @@ pub struct ManifestEntry {
 /// agg's manifest names a chain of state files, a full one and deltas (`state::WindowChain`;
 /// format 3 and older named one file, which reads as a chain of one). 5: those files hold
 /// compact entries (varint counts and sums; format 4's fixed ones are read, and a chain may hold
-/// both). Formats 1 to 5 are read; a sink refuses to restore a result store older than 3.
-pub const MANIFEST_FORMAT: u32 = 5;
+/// both). 6: a source's manifest lists its offsets at its recent checkpoints, and an agg's may
+/// hold a [`ReplayPoint`] instead of its windows' entries (replay checkpoints, see
+/// `operator::window::replay`); an older Weir refuses it rather than restore empty windows.
+/// Formats 1 to 6 are read; a sink refuses to restore a result store older than 3.
+pub const MANIFEST_FORMAT: u32 = 6;
+
+/// What an agg's replay snapshot asks of its upstreams at a restore: the rows its windows hold
+/// came after the sources' offsets at checkpoint `from`, and `taken` says, per upstream (in the
+/// agg's upstream order), how many rows the agg had taken from it by `from` and by this
+/// checkpoint: the difference is what a restore sends it again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplayPoint {
+    /// The checkpoint the replay starts at (0: the sources' start).
+    pub from: CheckpointId,
+    /// Per upstream: rows taken by `from`, and by this checkpoint.
+    pub taken: Vec<(u64, u64)>,
+}
+
+/// What a manifest says besides its files.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ManifestHead {
+    /// Source offset (sources).
+    pub version: Version,
+    /// A source's offsets at its recent checkpoints, oldest first.
+    pub offsets: Vec<(CheckpointId, Version)>,
+    /// An agg's replay point, when its snapshot holds no entries.
+    pub replay: Option<ReplayPoint>,
+}
+
+impl From<Version> for ManifestHead {
+    fn from(version: Version) -> Self {
+        ManifestHead { version, ..Default::default() }
+    }
+}
 
 /// What one task's checkpoint consists of.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,12 +74,25 @@ pub struct Manifest {
     pub version: Version,
     /// Files.
     pub files: Vec<ManifestEntry>,
+    /// A source's offsets at its recent checkpoints, oldest first (format 6).
+    pub offsets: Vec<(CheckpointId, Version)>,
+    /// An agg's replay point (format 6).
+    pub replay: Option<ReplayPoint>,
 }
 
 impl Manifest {
     /// The manifest as text (one line per file), with a trailing CRC line over everything before it.
     pub fn encode(&self) -> String {
         let mut s = format!("weir-manifest {}\nid {}\nversion {}\n", self.format, self.id.0, self.version.0);
+        for (id, v) in &self.offsets {
+            s.push_str(&format!("offset {} {}\n", id.0, v.0));
+        }
+        if let Some(r) = &self.replay {
+            s.push_str(&format!("replay {}\n", r.from.0));
+            for (at_from, now) in &r.taken {
+                s.push_str(&format!("taken {at_from} {now}\n"));
+            }
+        }
         for f in &self.files {
             s.push_str(&format!("file {} {} {:08x} {}\n", f.size, f.key, f.crc, f.name));
         }
@@ -81,7 +126,30 @@ impl Manifest {
         let id = CheckpointId(num(lines.next(), "id ")?);
         let version = Version(num(lines.next(), "version ")?);
         let mut files = Vec::new();
+        let (mut offsets, mut replay) = (Vec::new(), None::<ReplayPoint>);
         for l in lines {
+            let two = |l: &str, p: &str| {
+                let mut n = l.strip_prefix(p)?.split(' ').map(|v| v.parse::<u64>().ok());
+                match (n.next()?, n.next()?, n.next()) {
+                    (Some(a), Some(b), None) => Some((a, b)),
+                    _ => None,
+                }
+            };
+            if format >= 6 && l.starts_with("offset ") {
+                let (id, v) = two(l, "offset ").ok_or_else(|| bad("bad offset line"))?;
+                offsets.push((CheckpointId(id), Version(v)));
+                continue;
+            }
+            if format >= 6 && l.starts_with("replay ") {
+                let from = l["replay ".len()..].parse::<u64>().map_err(|_| bad("bad replay line"))?;
+                replay = Some(ReplayPoint { from: CheckpointId(from), taken: Vec::new() });
+                continue;
+            }
+            if format >= 6 && l.starts_with("taken ") {
+                let t = two(l, "taken ").ok_or_else(|| bad("bad taken line"))?;
+                replay.as_mut().ok_or_else(|| bad("taken line before the replay line"))?.taken.push(t);
+                continue;
+            }
             let mut parts = l.splitn(5, ' ');
             let (Some("file"), Some(size), Some(k), Some(crc), Some(name)) =
                 (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
@@ -95,7 +163,7 @@ impl Manifest {
                 crc: u32::from_str_radix(crc, 16).map_err(|_| bad("bad crc"))?,
             });
         }
-        Ok(Manifest { format, id, version, files })
+        Ok(Manifest { format, id, version, files, offsets, replay })
     }
 }
 
@@ -175,7 +243,7 @@ pub fn upload_snapshot(
     version: Version,
     dir: &Path,
 ) -> Result<UploadSummary, StoreError> {
-    upload(store, stream, task, id, version, dir, None).map(|(s, _)| s)
+    upload(store, stream, task, id, version.into(), dir, None).map(|(s, _)| s)
 }
 
 /// [`upload_snapshot`] with the task's [`UploadIndex`]: SST files it knows are neither read nor
@@ -186,11 +254,11 @@ pub fn upload_snapshot_indexed(
     stream: StreamId,
     task: TaskId,
     id: CheckpointId,
-    version: Version,
+    head: impl Into<ManifestHead>,
     dir: &Path,
     index: &mut UploadIndex,
 ) -> Result<UploadSummary, StoreError> {
-    let (summary, manifest) = upload(store, stream, task, id, version, dir, Some(index))?;
+    let (summary, manifest) = upload(store, stream, task, id, head.into(), dir, Some(index))?;
     *index = UploadIndex::from_manifest(&manifest);
     Ok(summary)
 }
@@ -200,7 +268,7 @@ fn upload(
     stream: StreamId,
     task: TaskId,
     id: CheckpointId,
-    version: Version,
+    head: ManifestHead,
     dir: &Path,
     index: Option<&UploadIndex>,
 ) -> Result<(UploadSummary, Manifest), StoreError> {
@@ -244,7 +312,8 @@ fn upload(
         }
     }
     let count = files.len() as u32;
-    let manifest = Manifest { format: MANIFEST_FORMAT, id, version, files };
+    let ManifestHead { version, offsets, replay } = head;
+    let manifest = Manifest { format: MANIFEST_FORMAT, id, version, files, offsets, replay };
     let text = manifest.encode();
     // The files go up at once (each put waits for the store's durability, and none depends on
     // another), then the manifest that names them: a manifest in the store always names files

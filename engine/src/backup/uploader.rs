@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
-use super::{Store, UploadIndex, upload_snapshot_indexed};
+use super::{ReplayPoint, Store, UploadIndex, upload_snapshot_indexed};
 use crate::checkpoint::{CheckpointError, UploadDone};
 use crate::operator::window::FrozenState;
 use crate::state::{ResultStore, SpillSnapshot, StateError, WindowChain};
@@ -33,8 +33,12 @@ pub enum Captured {
     /// chain of files (the chain is held for the job: one snapshot of a task at a time), and
     /// its spill store, held since the barrier, when it spills.
     Window(FrozenState, Arc<Mutex<WindowChain>>, Option<SpillSnapshot>),
-    /// A source's state is its offset, which the manifest (and the commit record) carry.
-    Offset,
+    /// An agg's replay snapshot (see `operator::window::replay`): its windows without entries,
+    /// written on its chain as a file of its own, and the replay point its manifest carries.
+    Replay(FrozenState, Arc<Mutex<WindowChain>>, ReplayPoint),
+    /// A source's state is its offset, which the manifest (and the commit record) carry, with
+    /// its offsets at its recent checkpoints (where a replay of an agg's windows starts).
+    Offset(Vec<(CheckpointId, Version)>),
     /// A sink's result store, checkpointed by the uploader: it holds every result written before
     /// the barrier (and perhaps some after, which a replay from this checkpoint rewrites with the
     /// same values: results are upserts of deterministic values).
@@ -78,10 +82,11 @@ impl UploadJob {
         let _ = std::fs::remove_dir_all(&self.dir);
         let mut chain_write = None;
         let chain = match &self.captured {
-            Captured::Window(_, chain, _) => Some(chain.clone()),
+            Captured::Window(_, chain, _) | Captured::Replay(_, chain, _) => Some(chain.clone()),
             _ => None,
         };
         let mut chain = chain.as_ref().map(|c| c.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut head = crate::backup::ManifestHead::from(self.version);
         match &mut self.captured {
             Captured::Window(copy, _, spill) => {
                 if let Some(spill) = spill.take() {
@@ -99,14 +104,22 @@ impl UploadJob {
                 *copy = FrozenState::default();
                 chain_write = Some(w);
             }
-            Captured::Offset => std::fs::create_dir_all(&self.dir).map_err(io)?,
+            Captured::Replay(copy, _, point) => {
+                let held = chain.as_ref().expect("locked above");
+                chain_write = Some(held.write(copy, id, &self.dir).map_err(state)?);
+                head.replay = Some(std::mem::take(point));
+            }
+            Captured::Offset(offsets) => {
+                std::fs::create_dir_all(&self.dir).map_err(io)?;
+                head.offsets = std::mem::take(offsets);
+            }
             Captured::Sink(results) => {
                 let info = results.checkpoint(&self.dir).map_err(state)?;
                 tracing::debug!(task = %task, files = info.files, bytes = info.bytes, write_us = t0.elapsed().as_micros() as u64, "result store checkpointed");
             }
         }
         let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
-        let up = upload_snapshot_indexed(store, stream, task, id, self.version, &self.dir, &mut index)
+        let up = upload_snapshot_indexed(store, stream, task, id, head, &self.dir, &mut index)
             .map_err(|e| failed(e.to_string(), e.is_retryable()))?;
         if let (Some(chain), Some(w)) = (chain.as_mut(), chain_write) {
             chain.accept(w);

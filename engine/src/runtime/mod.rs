@@ -20,6 +20,7 @@ mod error;
 mod log_feed;
 mod protocol_wire;
 mod queries;
+mod replay;
 mod replication;
 mod router;
 mod shared;
@@ -341,6 +342,7 @@ impl Engine {
                         stats: stats.clone(),
                         board: boards[&t.id].clone(),
                         queued_trigger: None,
+                        replay: Default::default(),
                     }))
                 }
                 TaskKind::Agg { .. } => Task::Agg(Box::new(AggTask {
@@ -355,6 +357,10 @@ impl Engine {
                     ended: false,
                     stats: stats.clone(),
                     board: boards[&t.id].clone(),
+                    replay: replay::AggReplay::new(
+                        cfg.checkpoint.as_ref().is_some_and(|c| c.replay),
+                        t.upstreams.len(),
+                    ),
                 })),
                 TaskKind::Sink { .. } => Task::Sink(Box::new(SinkTask {
                     id: t.id,

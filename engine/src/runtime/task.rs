@@ -113,6 +113,8 @@ pub(crate) struct SourceTask {
     pub(crate) board: Arc<TaskBoard>,
     /// A checkpoint trigger queued behind the data already emitted.
     pub(crate) queued_trigger: Option<CheckpointId>,
+    /// Offsets at recent checkpoints, and a restore's replay.
+    pub(crate) replay: super::replay::SourceReplay,
 }
 
 impl SourceTask {
@@ -152,10 +154,23 @@ impl SourceTask {
                     self.out.flush()?;
                     return Ok(Poll::Busy.into());
                 }
-                for o in self.offset..self.offset + n {
-                    let (ts, key, value) = generator.row(o);
-                    self.max_ts = self.max_ts.max(ts);
-                    self.builders[self.dispatch.pick(key, n_out)].push(ts, key, value);
+                if self.replay.skip_until > self.offset {
+                    // A replay: each output gets the rows from its agg's point on.
+                    let skip = &self.replay.skip_below;
+                    for o in self.offset..self.offset + n {
+                        let (ts, key, value) = generator.row(o);
+                        self.max_ts = self.max_ts.max(ts);
+                        let j = self.dispatch.pick(key, n_out);
+                        if o >= skip[j] {
+                            self.builders[j].push(ts, key, value);
+                        }
+                    }
+                } else {
+                    for o in self.offset..self.offset + n {
+                        let (ts, key, value) = generator.row(o);
+                        self.max_ts = self.max_ts.max(ts);
+                        self.builders[self.dispatch.pick(key, n_out)].push(ts, key, value);
+                    }
                 }
                 n
             }
@@ -172,9 +187,14 @@ impl SourceTask {
                 if read.rows > 0 {
                     feed.saw_rows();
                 }
-                for r in self.scratch.rows() {
+                // The rows' versions: they end at the marker, when one ended the read.
+                let first = feed.reader.position().0 - read.rows as u64 - u64::from(read.watermark.is_some());
+                for (o, r) in (first..).zip(self.scratch.rows()) {
                     self.max_ts = self.max_ts.max(r.ts);
-                    self.builders[self.dispatch.pick(r.key, n_out)].push(r.ts, r.key, r.value);
+                    let j = self.dispatch.pick(r.key, n_out);
+                    if o >= self.replay.skip_until || o >= self.replay.skip_below[j] {
+                        self.builders[j].push(r.ts, r.key, r.value);
+                    }
                 }
                 // A marker: no later row earlier than this is on time (broadcast below).
                 if let Some(w) = read.watermark {
@@ -186,9 +206,11 @@ impl SourceTask {
                 read.rows as u64
             }
         };
+        // Rows replayed after a restore were counted before it.
+        let counted = (self.offset + rows).saturating_sub(self.offset.max(self.replay.counted_from));
         self.offset += rows;
-        self.stats.rows_in.fetch_add(rows, Ordering::Relaxed);
-        self.board.rows_out.fetch_add(rows, Ordering::Relaxed);
+        self.stats.rows_in.fetch_add(counted, Ordering::Relaxed);
+        self.board.rows_out.fetch_add(counted, Ordering::Relaxed);
         let cap = self.batch_rows / n_out.max(1) + 16;
         for i in 0..n_out {
             if !self.builders[i].is_empty() {
@@ -218,6 +240,8 @@ pub(crate) struct AggTask {
     pub(crate) ended: bool,
     pub(crate) stats: Arc<EngineStats>,
     pub(crate) board: Arc<TaskBoard>,
+    /// Rows taken per upstream, and a restore's replay.
+    pub(crate) replay: super::replay::AggReplay,
 }
 
 /// Results a poll emits from fired windows before it takes input (whole shards: about a
@@ -250,9 +274,27 @@ impl AggTask {
             worked = true;
             match m {
                 Msg::Rows(rows) => {
-                    let mut adder = self.agg.batch();
-                    rows.for_each(|t, k, v| adder.add(t, k, v));
-                    drop(adder);
+                    let again = self.replay.take(i, rows.len() as u64);
+                    if again == 0 {
+                        let mut adder = self.agg.batch();
+                        rows.for_each(|t, k, v| adder.add(t, k, v));
+                        drop(adder);
+                    } else {
+                        // Rows a restore sends again, then perhaps new ones (see `replay.rs`).
+                        let (agg, mut n) = (&mut self.agg, 0);
+                        rows.for_each(|t, k, v| {
+                            if n < again {
+                                agg.replay_add(t, k, v);
+                            } else {
+                                agg.add(t, k, v);
+                            }
+                            n += 1;
+                        });
+                        if !self.replay.replaying() {
+                            tracing::debug!("the replay is over: fired windows go out");
+                            self.agg.hold(false);
+                        }
+                    }
                     // State past the budget goes to the spill store after each message (tables
                     // grow a shard at a time: the budget is overshot by one shard's growth at
                     // most), never in a snapshot's way (the store says when it is held).

@@ -15,8 +15,14 @@ use super::{adjusted, example, exit_within, set, weir};
 
 /// `examples/load-one-node.toml` under `dir`, checkpointing every 200 ms.
 pub fn load_one_node(dir: &Path) -> PathBuf {
+    load_one_node_with(dir, "full")
+}
+
+/// [`load_one_node`] whose aggs take `snapshots` (`full` or `replay`) checkpoints.
+pub fn load_one_node_with(dir: &Path, snapshots: &str) -> PathBuf {
     adjusted(example("load-one-node.toml"), dir, |t| {
         set(t, &["checkpoint", "interval"], "200ms");
+        set(t, &["checkpoint", "snapshots"], snapshots);
     })
 }
 

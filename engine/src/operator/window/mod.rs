@@ -24,6 +24,7 @@
 mod adder;
 mod fixed;
 mod frozen;
+pub mod replay;
 mod slots;
 mod spill;
 mod table;
@@ -172,6 +173,11 @@ pub struct WindowAgg {
     spill_gen: u32,
     /// Fired windows' slot arrays for the next windows (none kept under a memory budget).
     pool: SlotPool,
+    /// The last checkpoint this agg took (0: none since its start from nothing): a window
+    /// created now is born at it (see [`replay`]).
+    checkpoint: u64,
+    /// Fired windows wait: a restore's replay is not over (see [`replay`]).
+    held: bool,
 }
 
 impl WindowAgg {
@@ -191,6 +197,8 @@ impl WindowAgg {
             spill: None,
             spill_gen: 0,
             pool: SlotPool::default(),
+            checkpoint: 0,
+            held: false,
         }
     }
 
@@ -232,8 +240,9 @@ impl WindowAgg {
             // A new window: sized like the newest one, which is over the same keys.
             let e = self.epoch;
             let pool = &mut self.pool;
-            let table =
+            let mut table =
                 self.windows.last().map_or_else(|| WindowTable::empty(e), |(_, t)| WindowTable::sized_like(t, e, pool));
+            table.born = self.checkpoint;
             self.windows.insert(i, (start, table));
             return i;
         }
@@ -289,7 +298,7 @@ impl WindowAgg {
 
     /// Whether fired windows wait to be emitted.
     pub fn has_fired(&self) -> bool {
-        self.windows.first().is_some_and(|(s, _)| s.saturating_add(self.spec.size_ms) <= self.watermark)
+        !self.held && self.windows.first().is_some_and(|(s, _)| s.saturating_add(self.spec.size_ms) <= self.watermark)
     }
 
     /// Emits fired windows, oldest first, shard by shard, until at least `max` results went out

@@ -100,6 +100,8 @@ pub struct WindowTable {
     shards: Box<[Shard]>,
     /// What writes stamp (see [`SlotMap::set_epoch`]).
     epoch: u32,
+    /// The checkpoint the window was born at (see `replay.rs`).
+    pub(super) born: u64,
 }
 
 impl Default for WindowTable {
@@ -116,7 +118,7 @@ fn owned(mut m: ShardMap, epoch: u32) -> Shard {
 impl WindowTable {
     /// An empty window whose writes stamp `epoch`.
     pub fn empty(epoch: u32) -> Self {
-        Self { shards: (0..SHARDS).map(|_| owned(ShardMap::default(), epoch)).collect(), epoch }
+        Self { shards: (0..SHARDS).map(|_| owned(ShardMap::default(), epoch)).collect(), epoch, born: 0 }
     }
 
     /// An empty window sized like `other` shard by shard (the next window over the same keys):
@@ -124,13 +126,13 @@ impl WindowTable {
     /// where it has them.
     pub fn sized_like(other: &WindowTable, epoch: u32, pool: &mut SlotPool) -> Self {
         let shards = other.shards.iter().map(|s| owned(ShardMap::from_pool(s.map().len(), pool), epoch)).collect();
-        Self { shards, epoch }
+        Self { shards, epoch, born: 0 }
     }
 
     /// An empty window whose shards have room for `sizes[i]` entries each (a restore: epoch 0).
     pub fn with_shard_sizes(sizes: &[usize]) -> Self {
         debug_assert_eq!(sizes.len(), SHARDS);
-        Self { shards: sizes.iter().map(|n| Shard::Owned(ShardMap::with_capacity(*n))).collect(), epoch: 0 }
+        Self { shards: sizes.iter().map(|n| Shard::Owned(ShardMap::with_capacity(*n))).collect(), epoch: 0, born: 0 }
     }
 
     /// Writes from now on stamp `epoch` (not below the current one).

@@ -21,6 +21,7 @@ use crate::backup::{Store, UploadIndex};
 use crate::checkpoint::driver::{Clock, RestorePoint, Signal, TaskDriver, TaskEffects, TaskPort, UploadRequest};
 use crate::checkpoint::{CheckpointError, CoordInput, TaskInput};
 use crate::runtime::control::{Control, ControlHandle};
+use crate::runtime::replay::SourceReplay;
 use crate::runtime::task::{Feed, Task};
 use crate::state::WindowChain;
 
@@ -75,12 +76,25 @@ impl TaskPort for EnginePort<'_> {
     fn capture(&mut self, id: CheckpointId) -> Result<Captured, CheckpointError> {
         Ok(match self.task {
             Task::Agg(a) => {
-                // The spill store is held until the uploader has its checkpoint: what it holds
-                // then is what was spilled before this barrier.
-                let spill = a.spill.as_ref().map(|db| db.hold());
-                Captured::Window(a.agg.freeze(), self.ctx.chain.clone(), spill)
+                let point = a.replay.checkpoint(id.0, a.agg.replay_from());
+                a.agg.set_checkpoint(id.0);
+                match point {
+                    // A replay under way is always snapshot as one: the windows are not whole.
+                    Some(p) if a.replay.enabled || a.replay.replaying() => {
+                        Captured::Replay(a.agg.replay_state(), self.ctx.chain.clone(), p)
+                    }
+                    _ => {
+                        // The spill store is held until the uploader has its checkpoint: what
+                        // it holds then is what was spilled before this barrier.
+                        let spill = a.spill.as_ref().map(|db| db.hold());
+                        Captured::Window(a.agg.freeze(), self.ctx.chain.clone(), spill)
+                    }
+                }
             }
-            Task::Source(_) => Captured::Offset,
+            Task::Source(s) => {
+                s.replay.checkpoint(id, Version(s.offset));
+                Captured::Offset(s.replay.history.iter().copied().collect())
+            }
             Task::Sink(s) => {
                 s.store.start_flush().map_err(|e| CheckpointError::Snapshot {
                     task: self.ctx.task,
@@ -123,6 +137,7 @@ impl TaskPort for EnginePort<'_> {
             match self.task {
                 Task::Source(s) => {
                     s.offset = 0;
+                    s.replay = Default::default();
                     if let Feed::Log(f) = &mut s.feed {
                         f.reader = f.reader.reopen_at(Version(0));
                     }
@@ -132,6 +147,9 @@ impl TaskPort for EnginePort<'_> {
                     let ups = vec![None; a.agg.progress().len()];
                     a.agg.restore(std::iter::empty(), &ups, 0, 0).map_err(failed)?;
                     crate::state::load_window_state(&state, &mut a.agg).map_err(|e| failed(e.to_string()))?;
+                    a.agg.set_checkpoint(0);
+                    a.agg.hold(false);
+                    a.replay.restore_fresh();
                     a.agg.clear_spill();
                     a.spill = None;
                     if a.spill_budget.is_some() {
@@ -151,12 +169,27 @@ impl TaskPort for EnginePort<'_> {
             Task::Agg(a) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, m| {
                 let db = restore::db_dir(&c.data, c.task);
                 let state = crate::state::TaskStore::open_from_state_files(src, &db).map_err(|e| e.to_string())?;
+                a.agg.set_checkpoint(p.id.0);
                 crate::state::load_window_state(&state, &mut a.agg).map_err(|e| e.to_string())?;
-                // Spilled partials restore whether or not this run spills: they are state.
                 a.agg.clear_spill();
                 a.spill = None;
-                if a.spill_budget.is_some() || src.join("CURRENT").is_file() {
-                    open_spill(a, crate::state::SpillDb::restore(src, &a.spill_root).map_err(|e| e.to_string())?)?;
+                if let Some(point) = &m.replay {
+                    // The windows come back empty, and the sources send their rows again.
+                    a.agg.set_born(point.from.0);
+                    a.replay.restore_replay(p.id.0, point)?;
+                    a.agg.hold(a.replay.replaying());
+                    tracing::info!(task = %c.task, checkpoint = %p.id, from = %point.from, windows = a.agg.open_windows(), "replaying the windows' rows");
+                    if a.spill_budget.is_some() {
+                        open_spill(a, crate::state::SpillDb::fresh(&a.spill_root).map_err(|e| e.to_string())?)?;
+                    }
+                } else {
+                    a.agg.set_born(crate::operator::window::replay::NEEDS_FULL);
+                    a.replay.restore_full(p.id.0);
+                    a.agg.hold(false);
+                    // Spilled partials restore whether or not this run spills: they are state.
+                    if a.spill_budget.is_some() || src.join("CURRENT").is_file() {
+                        open_spill(a, crate::state::SpillDb::restore(src, &a.spill_root).map_err(|e| e.to_string())?)?;
+                    }
                 }
                 // The next snapshot adds to the restored files.
                 c.chain.lock().unwrap_or_else(|e| e.into_inner()).restored(src, m.format).map_err(|e| e.to_string())
@@ -185,9 +218,25 @@ impl TaskPort for EnginePort<'_> {
         };
         let version = p.version.unwrap_or(manifest.version);
         if let Task::Source(s) = self.task {
-            s.offset = version.0;
+            // Each downstream agg that took a replay snapshot gets its windows' rows again.
+            s.replay = SourceReplay { history: manifest.offsets.iter().copied().collect(), ..Default::default() };
+            let mut from = Vec::with_capacity(s.out.len());
+            for j in 0..s.out.len() {
+                let agg = s.out.target(j);
+                let m = crate::backup::fetch_manifest(c.store.as_ref(), c.stream, agg, p.id, None)
+                    .map_err(|e| failed(format!("the manifest of downstream task {agg}: {e}")))?;
+                from.push(match &m.replay {
+                    Some(r) => s.replay.offset_at(r.from).map_err(failed)?,
+                    None => version.0,
+                });
+            }
+            let start = s.replay.start(from, version.0);
+            if start < version.0 {
+                tracing::info!(task = %c.task, checkpoint = %p.id, from = start, to = version.0, "replaying rows for the downstream windows");
+            }
+            s.offset = start;
             if let Feed::Log(f) = &mut s.feed {
-                f.reader = f.reader.reopen_at(version);
+                f.reader = f.reader.reopen_at(Version(start));
             }
         }
         // What the checkpoint's manifest names is in the store (unless deleted since: checked).

@@ -46,6 +46,12 @@ pub struct CheckpointSettings {
     /// Upload bandwidth limit of this engine (bytes per second, all uploads together); `None`:
     /// as fast as the store takes them.
     pub upload_limit: Option<u64>,
+    /// Aggs take replay snapshots: their windows' starts and where the sources' rows for them
+    /// begin, not the windows' entries, and a restore sends the rows again
+    /// (`operator::window::replay`). A checkpoint's cost then does not grow with the state; a
+    /// restore replays up to the windows' rows, and needs sources that can (the generator and
+    /// the ingest logs can). `false`: full snapshots (the entries, incrementally).
+    pub replay: bool,
 }
 
 impl CheckpointSettings {
@@ -64,6 +70,7 @@ impl CheckpointSettings {
             store_timeout_ms: 10_000,
             retain: 3,
             upload_limit: None,
+            replay: false,
         }
     }
 
