@@ -58,6 +58,10 @@ fn a_bad_config_is_refused_with_what_is_wrong_and_where() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("WEIR_CHECKPOINT__INTERVAL") && err.contains("\"soon\" is not a duration"), "{err}");
 
+    let (code, err) = node_with(MINIMAL, &[], &[("WEIR_CHECKPOINT__SNAPSHOTS", "some")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("snapshots must be `full` or `replay`, not `some`"), "{err}");
+
     let two = format!("{MINIMAL}[[nodes]]\nid = 2\naddr = \"127.0.0.1:2\"\n").replace("[stream]\n", "") + "[stream]\n";
     let (code, err) = node_with(&two, &[], &[]);
     assert_eq!(code, Some(2), "{err}");
