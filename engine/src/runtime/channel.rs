@@ -327,6 +327,11 @@ impl Inputs {
         Self { stream, to, ins, next: 0, grant_every, net }
     }
 
+    /// The task these inputs feed.
+    pub(crate) fn task(&self) -> TaskId {
+        self.to
+    }
+
     /// Messages waiting in every input queue.
     pub fn queued(&self) -> usize {
         self.ins.iter().map(|i| i.rx.len()).sum()

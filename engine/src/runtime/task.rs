@@ -275,12 +275,12 @@ impl AggTask {
             match m {
                 Msg::Rows(rows) => {
                     let again = self.replay.take(i, rows.len() as u64);
-                    if again == 0 {
-                        let mut adder = self.agg.batch();
+                    if again == 0 || again == rows.len() as u64 {
+                        let mut adder = if again == 0 { self.agg.batch() } else { self.agg.replay_batch() };
                         rows.for_each(|t, k, v| adder.add(t, k, v));
                         drop(adder);
                     } else {
-                        // Rows a restore sends again, then perhaps new ones (see `replay.rs`).
+                        // Rows a restore sends again, then new ones (see `replay.rs`).
                         let (agg, mut n) = (&mut self.agg, 0);
                         rows.for_each(|t, k, v| {
                             if n < again {
@@ -290,16 +290,17 @@ impl AggTask {
                             }
                             n += 1;
                         });
-                        if !self.replay.replaying() {
-                            tracing::debug!("the replay is over: fired windows go out");
-                            self.agg.hold(false);
-                        }
+                    }
+                    if again > 0 && !self.replay.replaying() {
+                        tracing::info!(task = %self.inp.task(), "the replay is over: fired windows go out");
+                        self.agg.hold(false);
                     }
                     // State past the budget goes to the spill store after each message (tables
                     // grow a shard at a time: the budget is overshot by one shard's growth at
                     // most), never in a snapshot's way (the store says when it is held).
                     self.agg.maybe_spill()?;
-                    let n = rows.len() as u64;
+                    // Replayed rows were counted before the restore.
+                    let n = rows.len() as u64 - again;
                     self.stats.rows_aggregated.fetch_add(n, Ordering::Relaxed);
                     self.board.rows_in.fetch_add(n, Ordering::Relaxed);
                     if let Rows::Local(b) = rows {

@@ -25,10 +25,12 @@ pub struct RowAdder<'a> {
     /// Rows of `window` prefetched and not yet aggregated: (order of the key, key, value).
     ring: [(u64, u64, f64); AHEAD],
     queued: usize,
+    /// Rows a restore sends again ([`WindowAgg::replay_add`]): to windows held only, uncounted.
+    replay: bool,
 }
 
 impl<'a> RowAdder<'a> {
-    pub(super) fn new(agg: &'a mut WindowAgg) -> Self {
+    pub(super) fn new(agg: &'a mut WindowAgg, replay: bool) -> Self {
         RowAdder {
             agg,
             lo: i64::MAX,
@@ -38,17 +40,22 @@ impl<'a> RowAdder<'a> {
             late: 0,
             ring: [(0, 0, 0.0); AHEAD],
             queued: 0,
+            replay,
         }
     }
 
-    /// Adds one row (the same as [`WindowAgg::add`]).
+    /// Adds one row (the same as [`WindowAgg::add`], or [`WindowAgg::replay_add`] for a
+    /// replay).
     #[inline]
     pub fn add(&mut self, ts: i64, key: u64, value: f64) {
         if self.agg.spec.slide_ms != self.agg.spec.size_ms {
-            self.agg.add(ts, key, value);
+            match self.replay {
+                true => self.agg.replay_add(ts, key, value),
+                false => self.agg.add(ts, key, value),
+            }
             return;
         }
-        self.rows += 1;
+        self.rows += u64::from(!self.replay);
         if !(ts >= self.lo && ts < self.hi) {
             // Another window: found once for the run of rows that share it. Indices stay valid
             // until the next miss: only a miss inserts a window, and nothing fires meanwhile.
@@ -56,10 +63,13 @@ impl<'a> RowAdder<'a> {
             let agg = &mut *self.agg;
             self.lo = agg.spec.last_start(ts);
             self.hi = self.lo.saturating_add(agg.spec.size_ms);
-            self.window = (self.hi > agg.watermark).then(|| agg.window_index(self.lo));
+            self.window = match self.replay {
+                true => agg.windows.binary_search_by_key(&self.lo, |w| w.0).ok(),
+                false => (self.hi > agg.watermark).then(|| agg.window_index(self.lo)),
+            };
         }
         let Some(w) = self.window else {
-            self.late += 1;
+            self.late += u64::from(!self.replay);
             return;
         };
         let h = order_of(key);

@@ -275,7 +275,13 @@ impl WindowAgg {
     /// event time moves slowly against the row rate) find their window and its lateness once.
     #[inline]
     pub fn batch(&mut self) -> RowAdder<'_> {
-        RowAdder::new(self)
+        RowAdder::new(self, false)
+    }
+
+    /// [`Self::batch`] for rows a restore sends again (see [`replay`]).
+    #[inline]
+    pub fn replay_batch(&mut self) -> RowAdder<'_> {
+        RowAdder::new(self, true)
     }
 
     /// Upstream `input` has sent every row with event time up to `max_ts`. Fires the windows the

@@ -128,6 +128,16 @@ mod tests {
 
     #[test]
     fn a_replay_rebuilds_the_held_windows_and_skips_the_rest_uncounted() {
+        rebuild(false);
+    }
+
+    #[test]
+    fn a_replay_through_a_batch_rebuilds_the_same() {
+        rebuild(true);
+    }
+
+    /// The rows of a checkpoint replayed row by row, or through [`WindowAgg::replay_batch`].
+    fn rebuild(batch: bool) {
         // Window 0 fires at ts 11 (emitted before the checkpoint), so ts 2 is late; window 10
         // is held at the checkpoint.
         let before = [(1, 1, 1.0), (3, 2, 2.0), (11, 1, 4.0), (2, 3, 8.0), (13, 2, 16.0)];
@@ -145,8 +155,11 @@ mod tests {
         agg.reopen(&snap.windows.iter().map(|w| w.0).collect::<Vec<_>>(), snap.cursor);
         agg.set_born(from);
         agg.hold(true);
-        for &(t, k, v) in &before {
-            agg.replay_add(t, k, v);
+        if batch {
+            let mut adder = agg.replay_batch();
+            before.iter().for_each(|&(t, k, v)| adder.add(t, k, v));
+        } else {
+            before.iter().for_each(|&(t, k, v)| agg.replay_add(t, k, v));
         }
         agg.hold(false);
         feed(&mut agg, &after);
