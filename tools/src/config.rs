@@ -220,10 +220,14 @@ pub struct CheckpointFile {
     /// Uploader threads per node.
     #[serde(default = "default_uploaders")]
     pub uploaders: usize,
-    /// What an agg's checkpoint holds: `"full"` (its windows' entries) or `"replay"` (where
-    /// the sources' rows for its windows begin; a restore sends them again).
-    #[serde(default, deserialize_with = "de_snapshots")]
+    /// What an agg's checkpoint holds: `"replay"` (where the sources' rows for its windows
+    /// begin; a restore sends them again) or `"full"` (its windows' entries).
+    #[serde(default = "default_snapshots", deserialize_with = "de_snapshots")]
     pub snapshots: bool,
+}
+
+fn default_snapshots() -> bool {
+    true
 }
 
 /// `full` or `replay` (true): what an agg's checkpoint holds.

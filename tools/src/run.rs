@@ -72,10 +72,11 @@ pub struct RunArgs {
     /// agg's RocksDB. Default: all state in memory.
     #[arg(long, env = "WEIR_STATE_BUDGET", value_name = "BYTES", value_parser = parse_bytes)]
     state_budget: Option<u64>,
-    /// What an agg's checkpoint holds: `full` (its windows' entries, written incrementally) or
-    /// `replay` (where the sources' rows for its windows begin; a restore sends them again:
-    /// checkpoints cost the same at any key count, a restore replays up to a window's rows).
-    #[arg(long, env = "WEIR_SNAPSHOTS", default_value = "full", action = clap::ArgAction::Set, value_name = "full|replay", value_parser = crate::config::parse_snapshots)]
+    /// What an agg's checkpoint holds: `replay` (where the sources' rows for its windows begin;
+    /// a restore sends them again: checkpoints cost the same at any key count, a restore replays
+    /// up to a window's rows) or `full` (its windows' entries, written incrementally: a restore
+    /// reads them, whatever the window's length).
+    #[arg(long, env = "WEIR_SNAPSHOTS", default_value = "replay", action = clap::ArgAction::Set, value_name = "full|replay", value_parser = crate::config::parse_snapshots)]
     snapshots: bool,
 }
 

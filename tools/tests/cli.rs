@@ -62,7 +62,7 @@ fn results(dir: &std::path::Path) -> Vec<weir_engine::operator::window::WindowRe
 
 #[test]
 fn killed_with_sigkill_and_resumed_it_ends_with_the_results_of_an_uninterrupted_run() {
-    killed_and_resumed(&[], "restoring from the last commit");
+    killed_and_resumed(&["--snapshots", "full"], "restoring from the last commit");
 }
 
 #[test]

@@ -90,6 +90,12 @@ impl AggReplay {
             self.history.pop_front();
         }
         let from = from?;
+        // A source remembers the offsets of its last OFFSET_HISTORY checkpoints, which reach
+        // back at least this far in ids (it reached every checkpoint an agg took): an older
+        // point could not be replayed, so the snapshot is full.
+        if id.saturating_sub(from) >= OFFSET_HISTORY as u64 {
+            return None;
+        }
         let (_, at) = self.history.iter().find(|(c, _)| *c == from)?;
         Some(ReplayPoint {
             from: CheckpointId(from),
@@ -208,6 +214,17 @@ mod tests {
         assert_eq!(back.take(0, 5), 3, "the last 2 of this message are new");
         assert!(!back.replaying());
         assert_eq!(back.checkpoint(3, Some(2)).unwrap().taken, vec![(17, 19), (5, 8)]);
+    }
+
+    #[test]
+    fn a_window_older_than_the_sources_remember_makes_the_snapshot_full() {
+        let mut r = AggReplay::new(true, 1);
+        let last = OFFSET_HISTORY as u64 - 1;
+        for id in 1..last {
+            assert!(r.checkpoint(id, Some(0)).is_some(), "checkpoint {id}");
+        }
+        assert_eq!(r.checkpoint(last + 1, Some(0)), None, "the sources no longer know where chk-0's rows began");
+        assert!(r.checkpoint(last + 2, Some(last + 1)).is_some(), "that window fired: replay again");
     }
 
     #[test]
