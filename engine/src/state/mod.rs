@@ -15,6 +15,7 @@
 //!   where possible) into a fresh directory, so the snapshot stays valid for the next restore.
 
 mod result_blocks;
+mod result_merge;
 mod results;
 mod spill_store;
 mod window_chain;

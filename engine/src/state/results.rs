@@ -1,6 +1,7 @@
 //! Result stores: each sink task writes its window results into a RocksDB instance of its own
 //! (`tasks/<sink>/results`), in blocks keyed by (stream, window start, upstream, first key)
-//! (layout and reasons in [`super::result_blocks`]), so a replay after recovery rewrites the same
+//! (layout and reasons in [`super::result_blocks`]), each upstream's in a column family of its
+//! own (why in [`super::result_merge`]), so a replay after recovery rewrites the same
 //! blocks with the same values (exactly-once effect). [`NodeResults`] reads every sink's store of
 //! a node; `weir query` reads them.
 //!
@@ -20,6 +21,7 @@ use std::sync::{RwLock, RwLockReadGuard};
 use weir_wire::{StreamId, TaskId};
 
 use super::result_blocks as blocks;
+use super::result_merge as cfs;
 use super::{SnapshotInfo, StateError, db_err, io_err};
 use crate::operator::window::{WindowResult, order_of};
 
@@ -27,6 +29,8 @@ use crate::operator::window::{WindowResult, order_of};
 /// it; a restore replaces its content under a write lock.
 pub struct ResultStore {
     db: RwLock<Option<rocksdb::DB>>,
+    /// The upstreams' column families the store has (see [`super::result_merge`]).
+    cfs: RwLock<Vec<String>>,
     path: PathBuf,
 }
 
@@ -41,6 +45,8 @@ fn options() -> rocksdb::Options {
     // Results are written once per window: larger memtables mean fewer, larger files per
     // checkpoint interval.
     o.set_write_buffer_size(64 << 20);
+    // One memtable per upstream's column family: together they stay within what one took.
+    o.set_db_write_buffer_size(128 << 20);
     // f64 aggregates hardly compress (LZ4 saved 45 % on them at a third of a core per 100 MB/s,
     // more than the whole sink): stored as they are.
     o.set_compression_type(rocksdb::DBCompressionType::None);
@@ -51,12 +57,50 @@ fn corrupt(path: &Path, reason: String) -> StateError {
     StateError::Corrupt { path: path.to_path_buf(), reason }
 }
 
+/// Opens the store at `path` with every column family it has; returns the upstreams' ones.
+fn open_db(path: &Path) -> Result<(rocksdb::DB, Vec<String>), StateError> {
+    let mut names = rocksdb::DB::list_cf(&options(), path).unwrap_or_default();
+    if !names.iter().any(|n| n == rocksdb::DEFAULT_COLUMN_FAMILY_NAME) {
+        names.push(rocksdb::DEFAULT_COLUMN_FAMILY_NAME.into());
+    }
+    let db = rocksdb::DB::open_cf(&options(), path, &names).map_err(db_err(path))?;
+    names.retain(|n| n != rocksdb::DEFAULT_COLUMN_FAMILY_NAME);
+    names.sort();
+    Ok((db, names))
+}
+
 impl ResultStore {
     /// Opens (or creates) the store at `path`.
     pub fn open(path: &Path) -> Result<ResultStore, StateError> {
         std::fs::create_dir_all(path).map_err(io_err(path))?;
-        let db = rocksdb::DB::open(&options(), path).map_err(db_err(path))?;
-        Ok(ResultStore { db: RwLock::new(Some(db)), path: path.to_path_buf() })
+        let (db, cfs) = open_db(path)?;
+        Ok(ResultStore { db: RwLock::new(Some(db)), cfs: RwLock::new(cfs), path: path.to_path_buf() })
+    }
+
+    fn cf_names(&self) -> Vec<String> {
+        self.cfs.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Creates `upstream`'s column family unless it exists.
+    fn ensure_cf(&self, upstream: TaskId) -> Result<(), StateError> {
+        let name = cfs::cf_name(upstream);
+        if self.cfs.read().unwrap_or_else(|e| e.into_inner()).contains(&name) {
+            return Ok(());
+        }
+        let mut g = self.db.write().unwrap_or_else(|e| e.into_inner());
+        let db = g.as_mut().ok_or_else(|| StateError::Corrupt {
+            path: self.path.clone(),
+            reason: "the store is closed: a restore failed midway".into(),
+        })?;
+        if db.cf_handle(&name).is_none() {
+            db.create_cf(&name, &options()).map_err(db_err(&self.path))?;
+        }
+        let mut names = self.cfs.write().unwrap_or_else(|e| e.into_inner());
+        if !names.contains(&name) {
+            names.push(name);
+            names.sort();
+        }
+        Ok(())
     }
 
     /// The database directory.
@@ -97,12 +141,16 @@ impl ResultStore {
         no_wait: bool,
     ) -> Result<bool, StateError> {
         let Some(first) = results.first() else { return Ok(true) };
+        self.ensure_cf(upstream)?;
+        let g = self.db()?;
+        let db = g.as_ref().expect("open");
+        let cf = db.cf_handle(&cfs::cf_name(upstream)).expect("created above");
         let mut b = rocksdb::WriteBatch::default();
         let mut v = Vec::new();
         let mut put = |rs: &[WindowResult]| {
             v.clear();
             blocks::encode(rs, &mut v);
-            b.put(blocks::block_key(stream, rs[0].start, upstream, order_of(rs[0].key)), &v);
+            b.put_cf(cf, blocks::block_key(stream, rs[0].start, upstream, order_of(rs[0].key)), &v);
         };
         if blocks::is_block(results) {
             debug_assert!(results.iter().all(|r| r.start == first.start));
@@ -113,8 +161,7 @@ impl ResultStore {
         let mut wo = rocksdb::WriteOptions::default();
         wo.disable_wal(true);
         wo.set_no_slowdown(no_wait);
-        let g = self.db()?;
-        match g.as_ref().expect("open").write_opt(b, &wo) {
+        match db.write_opt(b, &wo) {
             Ok(()) => Ok(true),
             Err(e) if no_wait && e.kind() == rocksdb::ErrorKind::Incomplete => Ok(false),
             Err(e) => Err(db_err(&self.path)(e)),
@@ -126,15 +173,32 @@ impl ResultStore {
     pub fn get(&self, stream: StreamId, key: u64, start: i64) -> Result<Option<WindowResult>, StateError> {
         let prefix = blocks::window_prefix(stream, start);
         let g = self.db()?;
-        let mut it = g.as_ref().expect("open").raw_iterator();
+        let db = g.as_ref().expect("open");
+        for cf in cfs::handles(db, &self.cf_names()) {
+            if let Some(r) = self.get_in(db.raw_iterator_cf(cf), &prefix, stream, key, start)? {
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
+    }
+
+    /// [`Self::get`] in one column family.
+    fn get_in(
+        &self,
+        mut it: rocksdb::DBRawIterator<'_>,
+        prefix: &[u8; 16],
+        stream: StreamId,
+        key: u64,
+        start: i64,
+    ) -> Result<Option<WindowResult>, StateError> {
         let mut upstream = 0u32;
         loop {
             // The next upstream with blocks in this window…
             let mut from = [0u8; 20];
-            from[..16].copy_from_slice(&prefix);
+            from[..16].copy_from_slice(prefix);
             from[16..].copy_from_slice(&upstream.to_be_bytes());
             it.seek(from);
-            let Some(k) = it.key().filter(|k| k.starts_with(&prefix)) else { break };
+            let Some(k) = it.key().filter(|k| k.starts_with(prefix)) else { break };
             let (_, _, up) =
                 blocks::parse_key(k).ok_or_else(|| corrupt(&self.path, format!("result key of {} bytes", k.len())))?;
             // …and its block whose first key is the last at or before `key`.
@@ -173,17 +237,11 @@ impl ResultStore {
         mut f: impl FnMut(WindowResult) -> Result<(), StateError>,
     ) -> Result<(), StateError> {
         let prefix = stream.0.to_be_bytes();
-        let mut ro = rocksdb::ReadOptions::default();
-        if let Some(next) = stream.0.checked_add(1) {
-            ro.set_iterate_upper_bound(next.to_be_bytes().to_vec());
-        }
+        let upper = stream.0.checked_add(1).map(|n| n.to_be_bytes().to_vec());
         let g = self.db()?;
-        let it = g
-            .as_ref()
-            .expect("open")
-            .iterator_opt(rocksdb::IteratorMode::From(&prefix, rocksdb::Direction::Forward), ro);
-        for item in it {
-            let (k, v) = item.map_err(db_err(&self.path))?;
+        let db = g.as_ref().expect("open");
+        let mut it = cfs::Merged::new(db, &cfs::handles(db, &self.cf_names()), &prefix, upper);
+        while let Some((k, v)) = it.next_block().map_err(db_err(&self.path))? {
             blocks::check(&k, &v).map_err(|r| corrupt(&self.path, r))?;
             let (_, start, _) = blocks::parse_key(&k).expect("checked length");
             for r in blocks::decode(&v, start) {
@@ -202,17 +260,13 @@ impl ResultStore {
         max: usize,
     ) -> Result<(Vec<WindowResult>, Option<Vec<u8>>), StateError> {
         let prefix = stream.0.to_be_bytes();
-        let mut ro = rocksdb::ReadOptions::default();
-        if let Some(next) = stream.0.checked_add(1) {
-            ro.set_iterate_upper_bound(next.to_be_bytes().to_vec());
-        }
+        let upper = stream.0.checked_add(1).map(|n| n.to_be_bytes().to_vec());
         let from: &[u8] = if after.is_empty() { &prefix } else { after };
         let g = self.db()?;
-        let it =
-            g.as_ref().expect("open").iterator_opt(rocksdb::IteratorMode::From(from, rocksdb::Direction::Forward), ro);
+        let db = g.as_ref().expect("open");
+        let mut it = cfs::Merged::new(db, &cfs::handles(db, &self.cf_names()), from, upper);
         let mut out = Vec::new();
-        for item in it {
-            let (k, v) = item.map_err(db_err(&self.path))?;
+        while let Some((k, v)) = it.next_block().map_err(db_err(&self.path))? {
             if !after.is_empty() && &k[..] <= after {
                 continue; // the block the last page ended with
             }
@@ -229,7 +283,11 @@ impl ResultStore {
     /// Writes the memtable to SST files: everything written so far is on disk.
     pub fn flush(&self) -> Result<(), StateError> {
         let g = self.db()?;
-        g.as_ref().expect("open").flush().map_err(db_err(&self.path))
+        let db = g.as_ref().expect("open");
+        for cf in cfs::handles(db, &self.cf_names()) {
+            db.flush_cf(cf).map_err(db_err(&self.path))?;
+        }
+        Ok(())
     }
 
     /// Starts writing the memtable to an SST file in the background and returns at once (a
@@ -242,13 +300,16 @@ impl ResultStore {
     pub fn start_flush(&self) -> Result<(), StateError> {
         let g = self.db()?;
         let db = g.as_ref().expect("open");
-        let pending = db.property_int_value("rocksdb.num-immutable-mem-table").map_err(db_err(&self.path))?;
-        if pending.unwrap_or(0) > 0 {
-            return Ok(());
-        }
         let mut fo = rocksdb::FlushOptions::default();
         fo.set_wait(false);
-        db.flush_opt(&fo).map_err(db_err(&self.path))
+        for cf in cfs::handles(db, &self.cf_names()) {
+            let pending =
+                db.property_int_value_cf(cf, "rocksdb.num-immutable-mem-table").map_err(db_err(&self.path))?;
+            if pending.unwrap_or(0) == 0 {
+                db.flush_cf_opt(cf, &fo).map_err(db_err(&self.path))?;
+            }
+        }
+        Ok(())
     }
 
     /// Takes a RocksDB checkpoint into `dir` (which must not exist): the memtable flushed, hard
@@ -265,7 +326,9 @@ impl ResultStore {
         // Closed first: RocksDB holds the directory's lock and files.
         drop(g.take());
         super::copy_checkpoint(snapshot, &self.path)?;
-        *g = Some(rocksdb::DB::open(&options(), &self.path).map_err(db_err(&self.path))?);
+        let (db, names) = open_db(&self.path)?;
+        *g = Some(db);
+        *self.cfs.write().unwrap_or_else(|e| e.into_inner()) = names;
         Ok(())
     }
 
@@ -277,7 +340,9 @@ impl ResultStore {
             std::fs::remove_dir_all(&self.path).map_err(io_err(&self.path))?;
         }
         std::fs::create_dir_all(&self.path).map_err(io_err(&self.path))?;
-        *g = Some(rocksdb::DB::open(&options(), &self.path).map_err(db_err(&self.path))?);
+        let (db, names) = open_db(&self.path)?;
+        *g = Some(db);
+        *self.cfs.write().unwrap_or_else(|e| e.into_inner()) = names;
         Ok(())
     }
 }
@@ -377,65 +442,4 @@ impl NodeResults {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn r(key: u64, start: i64) -> WindowResult {
-        WindowResult { key, start, count: 1, sum: 1.0, min: 1.0, max: 1.0 }
-    }
-
-    #[test]
-    fn a_write_rocksdb_would_hold_back_is_refused_at_once_and_goes_through_later() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = ResultStore::open(dir.path()).unwrap();
-        let set = |opts: &[(&str, &str)]| store.db.read().unwrap().as_ref().unwrap().set_options(opts).unwrap();
-        // Two files in level 0 that no compaction picks up (its trigger far above), and writes
-        // that stop at two.
-        set(&[("level0_file_num_compaction_trigger", "100")]);
-        for start in [0, 1000] {
-            store.upsert(StreamId(1), TaskId(2), &[r(1, start)]).unwrap();
-            store.flush().unwrap();
-        }
-        set(&[("level0_slowdown_writes_trigger", "1"), ("level0_stop_writes_trigger", "2")]);
-        let t = std::time::Instant::now();
-        assert!(!store.try_upsert(StreamId(1), TaskId(2), &[r(1, 2000)]).unwrap(), "refused, not waited for");
-        assert!(t.elapsed() < std::time::Duration::from_secs(5));
-        assert_eq!(store.get(StreamId(1), 1, 2000).unwrap(), None, "nothing written");
-        set(&[
-            ("level0_slowdown_writes_trigger", "20"),
-            ("level0_stop_writes_trigger", "36"),
-            ("level0_file_num_compaction_trigger", "4"),
-        ]);
-        assert!(store.try_upsert(StreamId(1), TaskId(2), &[r(1, 2000)]).unwrap());
-        assert_eq!(store.get(StreamId(1), 1, 2000).unwrap(), Some(r(1, 2000)));
-    }
-
-    #[test]
-    fn pages_of_a_stream_read_back_every_result_once_and_stop_at_the_stream() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = ResultStore::open(dir.path()).unwrap();
-        for start in [-1000, 0, 1000] {
-            let rs: Vec<WindowResult> = (0..1500u64).map(|k| r(k, start)).collect();
-            for b in blocks::sorted_windows(&rs) {
-                for m in b.chunks(512) {
-                    store.upsert(StreamId(1), TaskId(2), m).unwrap();
-                }
-            }
-        }
-        store.upsert(StreamId(2), TaskId(2), &[r(5, 0)]).unwrap(); // another stream's
-        let (mut got, mut after, mut pages) = (Vec::new(), Vec::new(), 0);
-        loop {
-            let (rows, next) = store.page(StreamId(1), &after, 700).unwrap();
-            assert!(rows.len() >= 700 || next.is_none(), "a page is full unless it is the last");
-            got.extend(rows);
-            pages += 1;
-            match next {
-                Some(n) => after = n,
-                None => break,
-            }
-        }
-        assert!(pages > 3, "{pages} pages");
-        assert_eq!(got, store.scan(StreamId(1)).unwrap(), "the pages are the scan, in its order");
-        assert_eq!(got.len(), 4500);
-    }
-}
+mod tests;
