@@ -152,6 +152,15 @@ pub(crate) struct SourceReplay {
 }
 
 impl SourceReplay {
+    /// Where the source stands for a checkpoint taken when it has read up to `offset`: during a
+    /// replay, the restored offset. Every row below it had reached each agg before the restore
+    /// (an agg still owed some counts them as replayed, and replays from its own older point),
+    /// so an agg not replaying, or done, continues from there: the actual offset would send it
+    /// rows it already holds, and a full snapshot of it would count them twice.
+    pub(crate) fn position(&self, offset: u64) -> Version {
+        Version(offset.max(self.counted_from))
+    }
+
     /// The source reached checkpoint `id` at `offset`.
     pub(crate) fn checkpoint(&mut self, id: CheckpointId, offset: Version) {
         self.history.push_back((id, offset));
@@ -251,5 +260,8 @@ mod tests {
         assert_eq!((s.skip_below.clone(), s.skip_until), (vec![250, 100], 250));
         assert_eq!(s.start(vec![400, 400], 400), 400, "nothing to replay");
         assert!(s.skip_below.is_empty());
+        s.start(vec![250, 400], 400);
+        assert_eq!(s.position(250), Version(400), "mid-replay: the restored offset");
+        assert_eq!(s.position(420), Version(420));
     }
 }

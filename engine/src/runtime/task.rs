@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use weir_wire::{Batch, CheckpointId, StreamId, TaskId, Version};
+use weir_wire::{Batch, CheckpointId, StreamId, TaskId};
 
 use super::board::TaskBoard;
 use super::channel::{ChannelError, Inputs, Msg, Outputs, Rows};
@@ -124,7 +124,7 @@ impl SourceTask {
         }
         if let Some(id) = self.queued_trigger.take() {
             // Reached: the checkpoint machine records the offset and snapshots before more rows.
-            let signal = Some(Signal::ReachedTrigger { id, offset: Version(self.offset) });
+            let signal = Some(Signal::ReachedTrigger { id, offset: self.replay.position(self.offset) });
             return Ok(Polled { poll: Poll::Busy, signal });
         }
         if self.ended {

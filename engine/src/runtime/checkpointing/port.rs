@@ -92,7 +92,7 @@ impl TaskPort for EnginePort<'_> {
                 }
             }
             Task::Source(s) => {
-                s.replay.checkpoint(id, Version(s.offset));
+                s.replay.checkpoint(id, s.replay.position(s.offset));
                 Captured::Offset(s.replay.history.iter().copied().collect())
             }
             Task::Sink(s) => {
