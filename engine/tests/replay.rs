@@ -21,14 +21,21 @@ fn with_snapshots(dir: &std::path::Path, replay: bool, budget: Option<usize>) ->
     cfg
 }
 
-/// Runs `spec` for 0.3-0.7 s per entry of `replay` (its snapshot kind), stopping it each time.
-fn runs(spec: &StreamSpec, dir: &std::path::Path, replay: &[bool], budget: Option<usize>, seed: &mut u64) {
+/// Runs `spec` once per entry of `replay` (its snapshot kind) with `cfg` of that kind, for
+/// `least` ms plus up to `spread` more (from `seed`), stopping it each time.
+fn runs(
+    spec: &StreamSpec,
+    replay: &[bool],
+    cfg: impl Fn(bool) -> EngineConfig,
+    (least, spread): (u64, u64),
+    seed: &mut u64,
+) {
     for r in replay {
-        let engine = Engine::start(spec, &Placement::single(NodeId(1)), with_snapshots(dir, *r, budget)).unwrap();
+        let engine = Engine::start(spec, &Placement::single(NodeId(1)), cfg(*r)).unwrap();
         *seed ^= *seed << 13;
         *seed ^= *seed >> 7;
         *seed ^= *seed << 17;
-        std::thread::sleep(Duration::from_millis(300 + *seed % 400));
+        std::thread::sleep(Duration::from_millis(least + *seed % spread));
         engine.stop();
         engine.wait().unwrap();
     }
@@ -49,7 +56,7 @@ fn last_commit(spec: &StreamSpec, dir: &std::path::Path) -> CheckpointId {
 fn replay_snapshots_stopped_and_restored_end_with_the_reference_results() {
     let dir = tempfile::tempdir().unwrap();
     let spec = spec(100_000);
-    runs(&spec, dir.path(), &[true, true], None, &mut 0x9E37_79B9);
+    runs(&spec, &[true, true], |r| with_snapshots(dir.path(), r, None), (300, 400), &mut 0x9E37_79B9);
     // The last commit's agg manifests carry a replay point and their state files no entries.
     let store = LocalDirStore::new(dir.path().join("remote"));
     let id = last_commit(&spec, dir.path());
@@ -68,8 +75,9 @@ fn replay_snapshots_of_spilled_state_end_with_the_reference_results() {
     if let SourceKind::Generator { spec: g, .. } = &mut spec.source {
         g.keys = 20_000; // every window's tables pass the budget many times over
     }
-    runs(&spec, dir.path(), &[true, true], Some(512 << 10), &mut 0x2545_F491);
-    restart_ends_exact(&spec, with_snapshots(dir.path(), true, Some(512 << 10)), dir.path());
+    let budget = Some(512 << 10);
+    runs(&spec, &[true, true], |r| with_snapshots(dir.path(), r, budget), (300, 400), &mut 0x2545_F491);
+    restart_ends_exact(&spec, with_snapshots(dir.path(), true, budget), dir.path());
 }
 
 #[test]
@@ -79,18 +87,12 @@ fn checkpoints_taken_while_a_replay_is_under_way_restore_exact_in_either_kind() 
     // stream's replays are short, and it does not hit that case for certain.)
     let dir = tempfile::tempdir().unwrap();
     let spec = spec(120_000);
-    let mut seed = 0x0BAD_5EEDu64;
-    for replay in [true, false, true, true, false, true] {
-        let mut cfg = with_snapshots(dir.path(), replay, None);
+    let fast = |r| {
+        let mut cfg = with_snapshots(dir.path(), r, None);
         cfg.checkpoint.as_mut().unwrap().interval_ms = 20;
-        let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        std::thread::sleep(Duration::from_millis(150 + seed % 250));
-        engine.stop();
-        engine.wait().unwrap();
-    }
+        cfg
+    };
+    runs(&spec, &[true, false, true, true, false, true], fast, (150, 250), &mut 0x0BAD_5EED);
     restart_ends_exact(&spec, with_snapshots(dir.path(), true, None), dir.path());
 }
 
@@ -98,6 +100,7 @@ fn checkpoints_taken_while_a_replay_is_under_way_restore_exact_in_either_kind() 
 fn switching_between_full_and_replay_snapshots_across_restarts_stays_exact() {
     let dir = tempfile::tempdir().unwrap();
     let spec = spec(120_000);
-    runs(&spec, dir.path(), &[false, true, false, true], None, &mut 0x1234_5678);
+    let kinds = [false, true, false, true];
+    runs(&spec, &kinds, |r| with_snapshots(dir.path(), r, None), (300, 400), &mut 0x1234_5678);
     restart_ends_exact(&spec, with_snapshots(dir.path(), false, None), dir.path());
 }

@@ -81,10 +81,9 @@ impl ResultStore {
         self.cfs.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Creates `upstream`'s column family unless it exists.
-    fn ensure_cf(&self, upstream: TaskId) -> Result<(), StateError> {
-        let name = cfs::cf_name(upstream);
-        if self.cfs.read().unwrap_or_else(|e| e.into_inner()).contains(&name) {
+    /// Creates the column family `name` unless it exists.
+    fn ensure_cf(&self, name: &str) -> Result<(), StateError> {
+        if self.cfs.read().unwrap_or_else(|e| e.into_inner()).iter().any(|n| n == name) {
             return Ok(());
         }
         let mut g = self.db.write().unwrap_or_else(|e| e.into_inner());
@@ -92,12 +91,12 @@ impl ResultStore {
             path: self.path.clone(),
             reason: "the store is closed: a restore failed midway".into(),
         })?;
-        if db.cf_handle(&name).is_none() {
-            db.create_cf(&name, &options()).map_err(db_err(&self.path))?;
+        if db.cf_handle(name).is_none() {
+            db.create_cf(name, &options()).map_err(db_err(&self.path))?;
         }
         let mut names = self.cfs.write().unwrap_or_else(|e| e.into_inner());
-        if !names.contains(&name) {
-            names.push(name);
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
             names.sort();
         }
         Ok(())
@@ -141,10 +140,12 @@ impl ResultStore {
         no_wait: bool,
     ) -> Result<bool, StateError> {
         let Some(first) = results.first() else { return Ok(true) };
-        self.ensure_cf(upstream)?;
+        // One name per message: the column family is found by it twice.
+        let name = cfs::cf_name(upstream);
+        self.ensure_cf(&name)?;
         let g = self.db()?;
         let db = g.as_ref().expect("open");
-        let cf = db.cf_handle(&cfs::cf_name(upstream)).expect("created above");
+        let cf = db.cf_handle(&name).expect("created above");
         let mut b = rocksdb::WriteBatch::default();
         let mut v = Vec::new();
         let mut put = |rs: &[WindowResult]| {

@@ -10,7 +10,7 @@ fn r(key: u64, start: i64) -> WindowResult {
 fn a_write_rocksdb_would_hold_back_is_refused_at_once_and_goes_through_later() {
     let dir = tempfile::tempdir().unwrap();
     let store = ResultStore::open(dir.path()).unwrap();
-    store.ensure_cf(TaskId(2)).unwrap();
+    store.ensure_cf(&cfs::cf_name(TaskId(2))).unwrap();
     let set = |opts: &[(&str, &str)]| {
         let g = store.db.read().unwrap();
         let db = g.as_ref().unwrap();
