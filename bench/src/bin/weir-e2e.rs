@@ -462,6 +462,10 @@ fn agg(keys: &[u64]) {
 }
 
 fn main() {
+    // The engine's log on stderr when asked (`WEIR_LOG=debug`): where a run's time went.
+    if let Ok(filter) = std::env::var("WEIR_LOG") {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
     let args: Vec<String> = std::env::args().collect();
     let num = |i: usize, d: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
     match args.get(1).map(String::as_str) {

@@ -6,6 +6,7 @@
 //! <stream>/tasks/<task>/chk-<id>/<file>     the small files of one checkpoint
 //! <stream>/tasks/<task>/chk-<id>/MANIFEST.weir   every file with size and CRC32C, and the offset
 //! <stream>/checkpoints/<id>.commit          the commit record, written last
+//! <stream>/ahead/<task>.weir                 SST files a sink stored ahead of its next manifest
 //! ```
 //!
 //! Invariants: a manifest is written only after every file it names is stored; a commit record only
@@ -15,11 +16,13 @@
 //! default), `s3://bucket/prefix` ([`S3Store`], any S3-compatible server) and
 //! `rsync://[user@]host[:port]/module/prefix` ([`RsyncStore`], an rsync daemon).
 //!
+//! - [`ahead`]: stores a sink's new SST files while results arrive, ahead of the checkpoint.
 //! - [`commit`]: the coordinator's records (commit records, the id record).
 //! - [`uploader`]: the uploader pool that writes and ships snapshots off the data path.
 //! - [`retention`]: keeps the last K commits and collects the rest.
 //! - [`inspect`]: the committed checkpoints and their verification, for `weir checkpoints`.
 
+pub mod ahead;
 pub mod commit;
 mod index;
 pub mod inspect;

@@ -12,10 +12,12 @@
 //!   in flight stores its files before its manifest, and a checkpoint lasts less than the time
 //!   between two passes that both see it unnamed (passes run after commits; one checkpoint is in
 //!   flight at a time, so its files are named by its manifest by the next commit, or garbage).
-//! - A file an upload skipped (already stored) is in the task's upload index: named by the
-//!   manifest of the task's previous upload (a folder above the newest commit, kept, or a commit
-//!   since) or of the checkpoint it restored (a restore point is a kept commit, or the one a kept
-//!   fallback record goes back to).
+//! - An SST file stored ahead of a checkpoint (`super::ahead`) is named by its task's ahead
+//!   record until a stored manifest names it; the records are read before the listing.
+//! - A file an upload skipped (already stored) is in the task's upload index: named by an ahead
+//!   record (above), by the manifest of the task's previous upload (a folder above the newest
+//!   commit, kept, or a commit since), or by that of the checkpoint it restored (a restore point
+//!   is a kept commit, or the one a kept fallback record goes back to).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -118,9 +120,28 @@ impl Collector {
         // A kept fallback record keeps the checkpoint it goes back to.
         let restored: BTreeSet<CheckpointId> = kept.iter().filter_map(|id| points.get(id).copied()).collect();
         let is_kept = |id: CheckpointId| kept.contains(&id) || restored.contains(&id) || id > newest;
+        // The files stored ahead of a manifest, read before the listing: a file the listing
+        // finds that a record no longer names is named by a manifest the listing finds too (a
+        // record lets a file go only after a stored manifest names it). A stopped stream's
+        // records name nothing that any checkpoint will.
+        let mut named = BTreeSet::new();
+        let records_ahead = store.list(&format!("{}/ahead/", stream.0))?;
+        for key in &records_ahead {
+            if opts.stopped {
+                break;
+            }
+            match store.get(key) {
+                Ok(bytes) => match super::ahead::decode_record(key, &bytes) {
+                    Ok(keys) => named.extend(keys),
+                    // A damaged record names nothing we can read: keep every SST this pass.
+                    Err(_) => return Ok(Collected { kept: kept.into_iter().collect(), ..out }),
+                },
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
         // Every object of the stream's tasks, and which SST files the kept folders' manifests name.
         let objects = store.list(&format!("{}/tasks/", stream.0))?;
-        let mut named = BTreeSet::new();
         for key in objects.iter().filter(|k| k.ends_with("/MANIFEST.weir")) {
             if !chk_id(key).is_some_and(is_kept) {
                 continue;
@@ -156,6 +177,9 @@ impl Collector {
             if !kept.contains(id) {
                 delete.insert(key.clone(), true);
             }
+        }
+        if opts.stopped {
+            delete.extend(records_ahead.into_iter().map(|k| (k, false)));
         }
         for key in damaged {
             if decode_id(&key).is_some_and(|id| id < oldest) {
@@ -197,7 +221,7 @@ fn decode_id(key: &str) -> Option<CheckpointId> {
 mod tests {
     use super::*;
     use crate::backup::commit::{commit_key, encode_commit};
-    use crate::backup::{LocalDirStore, ManifestEntry};
+    use crate::backup::{LocalDirStore, ManifestEntry, ahead};
     use crate::checkpoint::CommitRecord;
     use weir_wire::Version;
 
@@ -315,6 +339,52 @@ mod tests {
         assert!(k.iter().any(|k| k.contains("chk-2/MANIFEST.weir")), "{k:?}");
         assert!(k.contains(&"1/tasks/0/sst/b.sst".to_string()), "{k:?}");
         assert!(!k.iter().any(|k| k.contains("chk-1/") || k.contains("chk-3/") || k.ends_with("c.sst")), "{k:?}");
+    }
+
+    /// A store with checkpoint 1 committed and `ahead.sst` stored ahead; with its record's key.
+    fn stored_ahead(dir: &std::path::Path) -> (LocalDirStore, String) {
+        let store = LocalDirStore::new(dir);
+        checkpoint(&store, 1, &["a.sst"], true);
+        let record = ahead::ahead_record_key(S, weir_wire::TaskId(0));
+        store.put("1/tasks/0/sst/ahead.sst", b"x").unwrap();
+        store.put(&record, ahead::encode_record(&["1/tasks/0/sst/ahead.sst".into()]).as_bytes()).unwrap();
+        (store, record)
+    }
+
+    #[test]
+    fn files_stored_ahead_stay_while_their_record_names_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, record) = stored_ahead(dir.path());
+        let mut c = Collector::new();
+        for _ in 0..3 {
+            let p = c.collect(&store, S, 1).unwrap();
+            assert_eq!(p.pending, 0, "named: {p:?}");
+        }
+        assert!(keys(&store).contains(&"1/tasks/0/sst/ahead.sst".to_string()));
+        // The record lets it go (never named, or named by a manifest since): two passes collect it.
+        store.put(&record, ahead::encode_record(&[]).as_bytes()).unwrap();
+        assert_eq!(c.collect(&store, S, 1).unwrap().pending, 1);
+        c.collect(&store, S, 1).unwrap();
+        assert!(!keys(&store).contains(&"1/tasks/0/sst/ahead.sst".to_string()));
+        // A damaged record: nothing unnamed is collected.
+        store.put("1/tasks/0/sst/more.sst", b"y").unwrap();
+        store.put(&record, b"weir ahead 1\nkey 1/tasks/0/sst/more.sst\ncrc 00000000\n").unwrap();
+        for _ in 0..3 {
+            c.collect(&store, S, 1).unwrap();
+        }
+        assert!(keys(&store).contains(&"1/tasks/0/sst/more.sst".to_string()));
+    }
+
+    #[test]
+    fn a_stopped_stream_collects_files_stored_ahead_and_their_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, record) = stored_ahead(dir.path());
+        let stopped = CollectOptions { keep: 1, dry_run: false, stopped: true };
+        let done = Collector::new().collect_with(&store, S, stopped).unwrap();
+        assert!(done.deleted.contains(&record), "{done:?}");
+        let k = keys(&store);
+        assert!(!k.iter().any(|k| k.ends_with("ahead.sst") || k.contains("/ahead/")), "{k:?}");
+        assert!(k.contains(&"1/tasks/0/sst/a.sst".to_string()));
     }
 
     #[test]

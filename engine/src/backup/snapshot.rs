@@ -168,7 +168,7 @@ impl Manifest {
 }
 
 /// CRC32C of the file at `path`, read a megabyte at a time (SST files can be large).
-fn file_crc(path: &Path) -> std::io::Result<u32> {
+pub(crate) fn file_crc(path: &Path) -> std::io::Result<u32> {
     use std::io::Read;
     let mut f = fs::File::open(path)?;
     let mut buf = vec![0u8; 1 << 20];
@@ -248,7 +248,8 @@ pub fn upload_snapshot(
 
 /// [`upload_snapshot`] with the task's [`UploadIndex`]: SST files it knows are neither read nor
 /// sent again, and the others go up without asking the store first (they are new: a round trip
-/// to a remote store saved per file). The index then holds this snapshot's SST files.
+/// to a remote store saved per file). The index then holds this snapshot's SST files (and the
+/// files stored ahead that it does not name).
 pub fn upload_snapshot_indexed(
     store: &dyn Store,
     stream: StreamId,
@@ -259,7 +260,7 @@ pub fn upload_snapshot_indexed(
     index: &mut UploadIndex,
 ) -> Result<UploadSummary, StoreError> {
     let (summary, manifest) = upload(store, stream, task, id, head.into(), dir, Some(index))?;
-    *index = UploadIndex::from_manifest(&manifest);
+    index.accept(&manifest);
     Ok(summary)
 }
 

@@ -140,7 +140,7 @@ const ALIGNMENT_WAIT: Duration = Duration::from_millis(20);
 /// and its snapshot. The first task to snapshot would otherwise write its state file on a core
 /// that another task is aligning or copying state on: milliseconds of pause on two cores, for
 /// work that can as well start a millisecond later.
-fn wait_for_alignment(aligning: &AtomicUsize) {
+pub(super) fn wait_for_alignment(aligning: &AtomicUsize) {
     let t0 = Instant::now();
     while aligning.load(Ordering::Relaxed) > 0 && t0.elapsed() < ALIGNMENT_WAIT {
         std::thread::sleep(Duration::from_micros(100));
@@ -152,6 +152,7 @@ fn wait_for_alignment(aligning: &AtomicUsize) {
 pub struct UploaderPool {
     jobs: Sender<UploadJob>,
     threads: Vec<JoinHandle<()>>,
+    ahead: super::ahead::AheadUploader,
 }
 
 impl UploaderPool {
@@ -164,6 +165,7 @@ impl UploaderPool {
         aligning: Arc<AtomicUsize>,
         init: fn(),
     ) -> std::io::Result<Self> {
+        let ahead = super::ahead::AheadUploader::start(store.clone(), stream, aligning.clone(), init)?;
         let (jobs, rx): (Sender<UploadJob>, Receiver<UploadJob>) = crossbeam_channel::unbounded();
         let threads = (0..n.max(1))
             .map(|i| {
@@ -184,7 +186,12 @@ impl UploaderPool {
                     })
             })
             .collect::<std::io::Result<_>>()?;
-        Ok(Self { jobs, threads })
+        Ok(Self { jobs, threads, ahead })
+    }
+
+    /// Stores `w`'s new SST files ahead of its checkpoints from now on (see [`super::ahead`]).
+    pub fn store_ahead(&self, w: super::ahead::Watched) {
+        self.ahead.watch(w);
     }
 
     /// The job queue (the pool ends once every sender is dropped and the queue is empty).
@@ -194,6 +201,8 @@ impl UploaderPool {
 
     /// Waits for the queued jobs; call once every other job sender is dropped.
     pub fn join(self) {
+        // First: it would store files that no checkpoint will name.
+        drop(self.ahead);
         drop(self.jobs);
         for t in self.threads {
             let _ = t.join();

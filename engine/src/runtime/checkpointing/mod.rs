@@ -247,6 +247,10 @@ impl Setup {
             ready_resend_ms: self.settings.ready_resend_ms,
         };
         let index = Arc::new(std::sync::Mutex::new(crate::backup::UploadIndex::new()));
+        if let Task::Sink(s) = &*task {
+            let live: Arc<dyn crate::backup::ahead::LiveSsts> = s.store.clone();
+            self.uploaders.store_ahead(crate::backup::ahead::Watched::new(t.id, live, index.clone()));
+        }
         let mut ck = TaskCheckpointing {
             driver: TaskDriver::new(TaskMachine::new(setup), start_token(t.id)),
             fx: EngineTaskFx {
