@@ -68,7 +68,9 @@ impl World {
             for (input, a) in topo.upstreams(t).into_iter().enumerate() {
                 let agg = self.snapshot(a, id).0;
                 let out = topo.downstreams(a).iter().position(|d| *d == t).expect("edge");
-                assert_eq!(m.consumed[input], agg.forwarded[out], "sink t{t} in {} is not a consistent cut", r.id);
+                // A sink does not hold inputs while it aligns: everything before the cut, and
+                // perhaps more (upserts that a replay writes again with the same values).
+                assert!(m.consumed[input] >= agg.forwarded[out], "sink t{t} in {} misses rows before the cut", r.id);
             }
         }
     }
@@ -112,7 +114,7 @@ impl Sim {
     }
 
     /// The reference: every row of every source exactly once, each valued by its rank among
-    /// the rows of its source that took the same agg and sink.
+    /// the rows of its source that took the same agg and sink (as that agg counts them).
     pub fn reference(&self) -> BTreeMap<(usize, u64), u64> {
         let w = self.w.borrow();
         let topo = &w.topo;

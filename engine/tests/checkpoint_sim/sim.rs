@@ -61,6 +61,8 @@ impl Sim {
                 downstreams: topo.downstreams(i).into_iter().map(|d| (id(d), topo.node(d))).collect(),
                 trigger_timeout_ms: TRIGGER_TIMEOUT,
                 ready_resend_ms: READY_RESEND,
+                // As the engine's: sinks upsert (see `Item::Row`) and do not hold inputs.
+                hold_inputs: i < topo.sources + topo.aggs,
             })
             .collect();
         let mut channels = Vec::new();
@@ -300,7 +302,7 @@ impl Sim {
                 break;
             }
             let a = w.topo.sources + w.topo.agg_of(s, o);
-            w.push(s, a, Item::Row { s, o });
+            w.push(s, a, Item::Row { s, o, v: 0 });
             w.models[s].emitted += 1;
         }
     }
@@ -366,7 +368,7 @@ impl Sim {
             w.channels[ci].expected += 1;
         }
         match item {
-            Item::Row { s, o } => {
+            Item::Row { s, o, v } => {
                 let mut w = self.w.borrow_mut();
                 w.models[to].consumed[input] += 1;
                 let (sources, aggs) = (w.topo.sources, w.topo.aggs);
@@ -374,11 +376,11 @@ impl Sim {
                     let sink = sources + aggs + w.topo.sink_of(to - sources, o);
                     let out = w.topo.downstreams(to).iter().position(|d| *d == sink).expect("edge");
                     w.models[to].forwarded[out] += 1;
-                    w.push(to, sink, Item::Row { s, o });
-                } else {
-                    let rank = w.models[to].ranks.entry((input, s)).or_insert(0);
+                    let rank = w.models[to].ranks.entry((out, s)).or_insert(0);
                     *rank += 1;
                     let v = *rank;
+                    w.push(to, sink, Item::Row { s, o, v });
+                } else {
                     w.results.insert((s, o), v); // an upsert, as the result store does
                 }
             }

@@ -122,8 +122,9 @@ pub struct Model {
     pub consumed: Vec<u64>,
     /// Agg: rows forwarded per output.
     pub forwarded: Vec<u64>,
-    /// Sink: rows seen per (input, source): each result's value is its rank there, so a row
-    /// seen twice or missed shifts every later result.
+    /// Agg: rows forwarded per (output, source): each result's value is its rank there, so a
+    /// row counted twice or missed shifts every later result (a sink upserts the values, as the
+    /// result store does: a value is fixed where it is computed).
     pub ranks: BTreeMap<(usize, usize), u64>,
 }
 
@@ -168,10 +169,11 @@ pub fn snapshot_key(t: usize, id: CheckpointId) -> String {
 
 #[derive(Clone, Debug)]
 pub enum Item {
-    /// Row `o` of source `s`.
+    /// Row `o` of source `s`; `v` its value once an agg computed it (0 before).
     Row {
         s: usize,
         o: u64,
+        v: u64,
     },
     Trigger {
         id: CheckpointId,

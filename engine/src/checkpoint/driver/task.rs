@@ -428,7 +428,10 @@ impl<C> TaskDriver<C> {
         if let Some(c) = self.clock.as_mut().filter(|c| c.id == id) {
             c.align_us = t0.saturating_sub(c.first_us);
             c.snapshot_us = t1.saturating_sub(t0);
-            fx.paused(id, c.align_us + c.snapshot_us);
+            // The pause is what held the task's inputs: a task that holds none while it waits for
+            // its last trigger (a sink) pauses for its snapshot only.
+            let held = if self.machine.setup().hold_inputs { c.align_us } else { 0 };
+            fx.paused(id, held + c.snapshot_us);
         }
         let dispatched = match result {
             Ok(d) => d,

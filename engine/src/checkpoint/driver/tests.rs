@@ -163,6 +163,20 @@ fn a_report_carries_when_the_barrier_came_and_how_long_alignment_and_snapshot_to
 }
 
 #[test]
+fn a_sink_holds_no_input_and_pauses_for_its_snapshot_only() {
+    let (mut d, mut p, mut fx, seen) = driver(setup(20, Role::Sink, &[10, 11], &[]));
+    seen.clock.set(1_000);
+    d.signal(&mut p, &mut fx, Signal::Barrier { from: TaskId(10), id: C1, trans: T1 }).unwrap();
+    assert!(seen.closed.borrow().is_empty(), "nothing held back");
+    assert!(!d.aligning() && seen.aligning.borrow().is_empty(), "nothing waits on it");
+    seen.clock.set(9_000);
+    seen.capture_us.set(40);
+    d.signal(&mut p, &mut fx, Signal::Barrier { from: TaskId(11), id: C1, trans: T1 }).unwrap();
+    assert_eq!(*seen.pauses.borrow(), vec![40], "the 8 ms between its barriers paused nothing");
+    assert_eq!(seen.uploads.borrow().len(), 1);
+}
+
+#[test]
 fn a_source_snapshots_at_its_queued_trigger_and_answers_the_coordinator() {
     let (mut d, mut p, mut fx, seen) = driver(setup(1, Role::Source, &[], &[20]));
     let req = TaskInput::SourceReq { id: C1, trans: T1, kind: TriggerKind::Manual, expire_at: u64::MAX };

@@ -36,6 +36,15 @@ pub struct TaskSetup {
     pub trigger_timeout_ms: u64,
     /// Interval for resending unconfirmed ready messages (ms).
     pub ready_resend_ms: u64,
+    /// Whether an input is held (closed) from its trigger until every input's trigger arrived:
+    /// aligned barriers, so the snapshot is exactly the cut. A task whose writes are idempotent
+    /// upserts of deterministic values (a sink's result store) need not: taken once the last
+    /// trigger arrived, its snapshot holds everything before each trigger and perhaps some
+    /// results after one, which a replay from the checkpoint writes again with the same values;
+    /// and a newer trigger on an input still means the older checkpoint is over (one checkpoint
+    /// is in flight at a time, and it cannot commit without this task). It then never blocks
+    /// an upstream that is ahead.
+    pub hold_inputs: bool,
 }
 
 /// Lifecycle state of a task.

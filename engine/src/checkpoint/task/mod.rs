@@ -157,9 +157,11 @@ impl TaskMachine {
     }
 
     /// Whether the task is between the start of a checkpoint (its first trigger, or a source's
-    /// request) and its snapshot: the part of a checkpoint the pipeline waits for.
+    /// request) and its snapshot, holding inputs: the part of a checkpoint the pipeline waits
+    /// for. A task that holds no input (see [`TaskSetup::hold_inputs`]) pauses nothing while it
+    /// waits for its last trigger.
     pub fn aligning(&self) -> bool {
-        self.active.as_ref().is_some_and(|a| !a.snapshot_taken())
+        self.setup.hold_inputs && self.active.as_ref().is_some_and(|a| !a.snapshot_taken())
     }
 
     fn upstream_index(&self, t: TaskId) -> Option<usize> {
@@ -356,7 +358,9 @@ impl TaskMachine {
         }
         let a = self.active.as_mut().expect("active");
         a.triggers[i] = true;
-        out.push(TaskAction::CloseInput(i));
+        if self.setup.hold_inputs {
+            out.push(TaskAction::CloseInput(i));
+        }
         if a.triggers.iter().all(|t| *t) {
             out.push(TaskAction::Snapshot { id, trans: a.trans, offset: Version(0) });
         }

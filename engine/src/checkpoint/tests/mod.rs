@@ -36,6 +36,7 @@ pub(in crate::checkpoint) fn setup(task: u32, role: Role, ups: &[u32], downs: &[
         downstreams: downs.iter().map(|d| (TaskId(*d), NodeId(1))).collect(),
         trigger_timeout_ms: 10_000,
         ready_resend_ms: 1_000,
+        hold_inputs: role != Role::Sink,
     }
 }
 

@@ -108,6 +108,22 @@ fn alignment_closes_inputs_until_every_trigger_arrived_then_snapshots() {
 }
 
 #[test]
+fn a_sink_keeps_its_inputs_open_while_it_aligns() {
+    let mut m = ready(TaskMachine::new(setup(20, Role::Sink, &[1, 2], &[])));
+    assert_eq!(m.handle(trig(2, C1)), vec![], "upstream 2 is not held back");
+    assert_eq!(m.state(), TaskState::Checkpointing(C1));
+    assert_eq!(m.handle(trig(1, C1)), vec![TaskAction::Snapshot { id: C1, trans: T1, offset: Version(0) }]);
+    // A newer trigger on an open input: the older checkpoint is over (one is in flight at a time).
+    let mut m = ready(TaskMachine::new(setup(20, Role::Sink, &[1, 2], &[])));
+    m.handle(trig(2, C1));
+    let out = m.handle(trig(2, C2));
+    assert!(
+        out.contains(&TaskAction::ReopenAllInputs) && !out.iter().any(|a| matches!(a, TaskAction::Snapshot { .. }))
+    );
+    assert_eq!(m.state(), TaskState::Checkpointing(C2));
+}
+
+#[test]
 fn an_upstream_that_ended_counts_as_aligned_now_and_in_later_checkpoints() {
     let mut m = agg();
     // Waiting for upstream 2's trigger when it ends instead: the alignment is complete.

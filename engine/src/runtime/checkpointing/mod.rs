@@ -245,6 +245,9 @@ impl Setup {
             downstreams: t.downstreams.iter().map(|d| (*d, self.node_of[d])).collect(),
             trigger_timeout_ms: self.settings.trigger_timeout_ms,
             ready_resend_ms: self.settings.ready_resend_ms,
+            // A sink's result store takes upserts of deterministic values: it need not hold an
+            // upstream back while it waits for the others' triggers.
+            hold_inputs: !matches!(t.kind, TaskKind::Sink { .. }),
         };
         let index = Arc::new(std::sync::Mutex::new(crate::backup::UploadIndex::new()));
         if let Task::Sink(s) = &*task {
