@@ -321,3 +321,17 @@ fn after_a_small_change_a_sinks_next_checkpoint_uploads_only_its_new_files_to_s3
     let store = services::s3(&services::unique("incremental"));
     util::uploads::a_small_change_uploads_only_the_new_files(store.as_ref(), dir.path());
 }
+
+#[test]
+fn results_stored_ahead_in_s3_make_a_checkpoint_that_restores() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = services::s3(&services::unique("ahead"));
+    util::uploads::results_stored_ahead_make_a_checkpoint_that_restores(store.as_ref(), dir.path());
+}
+
+#[test]
+fn results_stored_ahead_in_rsync_make_a_checkpoint_that_restores() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = services::rsync(&services::unique("ahead"));
+    util::uploads::results_stored_ahead_make_a_checkpoint_that_restores(store.as_ref(), dir.path());
+}

@@ -76,7 +76,7 @@ pub fn ahead_record_key(stream: StreamId, task: TaskId) -> String {
 const RECORD_HEAD: &str = "weir ahead 1\n";
 
 /// An ahead record naming `keys`.
-pub(crate) fn encode_record(keys: &[String]) -> String {
+pub fn encode_record(keys: &[String]) -> String {
     let mut text = String::from(RECORD_HEAD);
     for k in keys {
         text.push_str("key ");
@@ -87,7 +87,7 @@ pub(crate) fn encode_record(keys: &[String]) -> String {
 }
 
 /// The keys an ahead record names.
-pub(crate) fn decode_record(key: &str, bytes: &[u8]) -> Result<Vec<String>, StoreError> {
+pub fn decode_record(key: &str, bytes: &[u8]) -> Result<Vec<String>, StoreError> {
     let body = unseal(key, bytes)?;
     let bad = |reason: &str| StoreError::Corrupt { key: key.into(), reason: reason.into() };
     let rest = body.strip_prefix(RECORD_HEAD).ok_or_else(|| bad("not an ahead record of format 1"))?;

@@ -57,3 +57,44 @@ pub fn a_small_change_uploads_only_the_new_files(store: &dyn Store, dir: &Path) 
     back.restore_from(&dl).unwrap();
     assert_eq!(back.scan(s).unwrap().len(), 200_010);
 }
+
+/// A sink's flushed result files go to `store` ahead of its checkpoint, named by the task's ahead
+/// record; the checkpoint then sends its last file and small files only, its manifest names the
+/// files stored ahead, and it restores every result from `store`.
+pub fn results_stored_ahead_make_a_checkpoint_that_restores(store: &dyn Store, dir: &Path) {
+    use std::sync::{Arc, Mutex};
+    use weir_engine::backup::ahead::{Watched, ahead_record_key, decode_record};
+
+    let live = Arc::new(ResultStore::open(&dir.join("live")).unwrap());
+    let (s, t) = (StreamId(1), TaskId(4));
+    for w in 0..3 {
+        live.upsert(s, TaskId(2), &results(w * 100_000, 50_000, 1)).unwrap();
+        live.flush().unwrap();
+    }
+    let index = Arc::new(Mutex::new(UploadIndex::new()));
+    let mut watched = Watched::new(t, live.clone(), index.clone());
+    let ahead = watched.pass(store, s, &|| {}).unwrap();
+    assert!(ahead.files >= 3, "{ahead:?}");
+    let record = ahead_record_key(s, t);
+    let named = decode_record(&record, &store.get(&record).unwrap()).unwrap();
+    assert_eq!(named.len(), ahead.files as usize);
+    for key in &named {
+        assert!(store.size(key).unwrap().is_some(), "{key}");
+    }
+    live.upsert(s, TaskId(2), &results(1_000_000, 10, 1)).unwrap();
+    let chk = dir.join("chk-1");
+    live.checkpoint(&chk).unwrap();
+    let up = {
+        let mut idx = index.lock().unwrap();
+        upload_snapshot_indexed(store, s, t, CheckpointId(1), Version(0), &chk, &mut idx).unwrap()
+    };
+    assert!(up.bytes < ahead.bytes / 10, "sent {} bytes after {} stored ahead", up.bytes, ahead.bytes);
+    let manifest = fetch_manifest(store, s, t, CheckpointId(1), Some(up.manifest_crc)).unwrap();
+    assert!(named.iter().all(|k| manifest.files.iter().any(|f| &f.key == k)), "the manifest names them");
+    let dl = dir.join("dl");
+    download_files(store, &manifest, &dl).unwrap();
+    let back = ResultStore::open(&dir.join("back")).unwrap();
+    back.restore_from(&dl).unwrap();
+    assert_eq!(back.scan(s).unwrap(), live.scan(s).unwrap());
+    assert_eq!(back.scan(s).unwrap().len(), 150_010);
+}
