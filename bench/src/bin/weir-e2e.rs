@@ -492,7 +492,7 @@ fn main() {
         Some("restore") => weir_bench::restore::restore(num(2, 4_000_000)),
         _ => {
             eprintln!(
-                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] [rounds] [full|replay] | agg [k1,k2,...] | restore [keys]"
+                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] [rounds] [full|replay] | agg [k1,k2,...] | restore [keys]   (WEIR_LOG=weir_engine=debug: the engine's log on stderr)"
             );
             std::process::exit(2);
         }
