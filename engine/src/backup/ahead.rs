@@ -53,6 +53,12 @@ pub struct LiveSst {
 pub trait LiveSsts: Send + Sync {
     /// Calls `f` with the finished SST files; they stay in place until `f` returns.
     fn with_live_ssts(&self, f: &mut dyn FnMut(&[LiveSst])) -> Result<(), String>;
+
+    /// A number that changes whenever the set of files may have (none: unknown). A pass is
+    /// skipped while it stays what the last complete pass saw: listing is linear in the files.
+    fn version(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl LiveSsts for crate::state::ResultStore {
@@ -65,6 +71,10 @@ impl LiveSsts for crate::state::ResultStore {
             f(&files)
         })
         .map_err(|e| e.to_string())
+    }
+
+    fn version(&self) -> Option<u64> {
+        crate::state::ResultStore::files_version(self).ok()
     }
 }
 
@@ -110,12 +120,14 @@ pub struct Watched {
     index: Arc<Mutex<UploadIndex>>,
     /// The keys the task's ahead record names (as last written by this thread).
     recorded: Vec<String>,
+    /// The files' version at the last complete pass.
+    seen: Option<u64>,
 }
 
 impl Watched {
     /// Task `task`'s files from `live`, known to its uploads by `index`.
     pub fn new(task: TaskId, live: Arc<dyn LiveSsts>, index: Arc<Mutex<UploadIndex>>) -> Self {
-        Self { task, live, index, recorded: Vec::new() }
+        Self { task, live, index, recorded: Vec::new(), seen: None }
     }
 
     /// Stores the finished files the index does not know, each under the index's lock, and keeps
@@ -127,19 +139,23 @@ impl Watched {
         stream: StreamId,
         before_each: &dyn Fn(),
     ) -> Result<AheadPass, StoreError> {
+        let version = self.live.version();
+        if version.is_some() && version == self.seen {
+            return Ok(AheadPass::default());
+        }
         let (task, index, recorded) = (self.task, &self.index, &mut self.recorded);
         let record_key = ahead_record_key(stream, task);
         let mut out = AheadPass::default();
-        let mut result = Ok(());
+        let mut result = Ok(false);
         let listed = self.live.with_live_ssts(&mut |files| {
             result = (|| {
-                for f in files {
-                    match try_lock(index) {
-                        // A checkpoint's upload holds the index: it stores what it needs itself.
-                        None => return Ok(()),
-                        Some(idx) if idx.get(&f.name, f.size).is_some() => continue,
-                        Some(_) => {}
-                    }
+                // One look at the index for every file (a result store has thousands).
+                let new: Vec<&LiveSst> = match try_lock(index) {
+                    // A checkpoint's upload holds the index: it stores what it needs itself.
+                    None => return Ok(false),
+                    Some(idx) => files.iter().filter(|f| idx.get(&f.name, f.size).is_none()).collect(),
+                };
+                for f in new {
                     before_each();
                     let crc = match file_crc(&f.path) {
                         Ok(c) => c,
@@ -166,18 +182,22 @@ impl Watched {
                 }
                 // Files no longer live are never named: the record lets them go (and so does
                 // the record of files a manifest names now).
-                let Some(mut idx) = try_lock(index) else { return Ok(()) };
-                idx.retain_ahead(|name| files.iter().any(|f| f.name == name));
+                let Some(mut idx) = try_lock(index) else { return Ok(false) };
+                let live: std::collections::HashSet<&str> = files.iter().map(|f| f.name.as_str()).collect();
+                idx.retain_ahead(|name| live.contains(name));
                 let keys = idx.ahead_keys();
                 if keys != *recorded {
                     with_retries(|| store.put(&record_key, encode_record(&keys).as_bytes()))?;
                     *recorded = keys;
                 }
-                Ok(())
+                Ok(true)
             })();
         });
         listed.map_err(|reason| StoreError::Unavailable { op: "list", key: format!("task {task}"), reason })?;
-        result.map(|()| out)
+        if result? {
+            self.seen = version;
+        }
+        Ok(out)
     }
 }
 
@@ -261,6 +281,7 @@ fn run(rx: Receiver<Watched>, store: &dyn Store, stream: StreamId, aligning: &At
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
@@ -392,6 +413,44 @@ mod tests {
         assert!(remote.list("1/").unwrap().is_empty(), "nothing stored while a checkpoint uploads");
         drop(held);
         assert_eq!(w.pass(&remote, S, &|| {}).unwrap().files, 1);
+    }
+
+    /// [`Dir`] with a version the test sets, counting its listings.
+    struct Versioned(Dir, AtomicU64, AtomicUsize);
+
+    impl LiveSsts for Versioned {
+        fn with_live_ssts(&self, f: &mut dyn FnMut(&[LiveSst])) -> Result<(), String> {
+            self.2.fetch_add(1, Ordering::Relaxed);
+            self.0.with_live_ssts(f)
+        }
+
+        fn version(&self) -> Option<u64> {
+            Some(self.1.load(Ordering::Relaxed))
+        }
+    }
+
+    #[test]
+    fn files_are_listed_again_only_once_their_version_moved_or_a_pass_was_cut_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, remote) = (dir.path().join("db"), LocalDirStore::new(dir.path().join("remote")));
+        std::fs::create_dir_all(&db).unwrap();
+        std::fs::write(db.join("000007.sst"), vec![7u8; 100]).unwrap();
+        let live = Arc::new(Versioned(Dir(db.clone()), AtomicU64::new(1), AtomicUsize::new(0)));
+        let index = Arc::new(Mutex::new(UploadIndex::new()));
+        let mut w = Watched::new(T, live.clone(), index.clone());
+        let listings = || live.2.load(Ordering::Relaxed);
+        // Cut short by a checkpoint's upload: the version is not taken as seen.
+        let held = index.lock().unwrap();
+        w.pass(&remote, S, &|| {}).unwrap();
+        drop(held);
+        assert_eq!(w.pass(&remote, S, &|| {}).unwrap().files, 1);
+        assert_eq!(listings(), 2);
+        std::fs::write(db.join("000008.sst"), vec![8u8; 100]).unwrap();
+        assert_eq!(w.pass(&remote, S, &|| {}).unwrap().files, 0, "the same version: not listed");
+        assert_eq!(listings(), 2);
+        live.1.store(2, Ordering::Relaxed);
+        assert_eq!(w.pass(&remote, S, &|| {}).unwrap().files, 1);
+        assert_eq!(listings(), 3);
     }
 
     #[test]

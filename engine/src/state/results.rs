@@ -323,6 +323,19 @@ impl ResultStore {
         Ok(())
     }
 
+    /// A number that changes whenever the store's set of SST files may have (a flush, a
+    /// compaction, a new column family): the sum of the column families' version numbers.
+    pub fn files_version(&self) -> Result<u64, StateError> {
+        let g = self.db()?;
+        let db = g.as_ref().expect("open");
+        let mut v = 0u64;
+        for cf in cfs::handles(db, &self.cf_names()) {
+            let n = db.property_int_value_cf(cf, "rocksdb.current-super-version-number").map_err(db_err(&self.path))?;
+            v = v.wrapping_add(n.unwrap_or(0)).wrapping_add(1);
+        }
+        Ok(v)
+    }
+
     /// Calls `f` with the store's finished SST files (name, size), of every column family,
     /// sorted by name; they stay as they are until `f` returns (a restore waits for it).
     pub fn with_live_ssts<R>(&self, f: impl FnOnce(&Path, &[(String, u64)]) -> R) -> Result<R, StateError> {
