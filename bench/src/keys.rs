@@ -61,6 +61,9 @@ pub fn weir(keys: u64, seconds: u64, checkpoint_ms: u64, replay: bool) -> WeirRu
         g.keys = keys;
     }
     let mut cfg = EngineConfig::new(NodeId(1), dir.path());
+    if let Some(q) = std::env::var("WEIR_E2E_QUEUE").ok().and_then(|v| v.parse().ok()) {
+        cfg.queue_capacity = q;
+    }
     if checkpoint_ms > 0 {
         let mut ck = CheckpointSettings::every(checkpoint_ms, dir.path().join("remote"));
         ck.replay = replay;

@@ -1,18 +1,20 @@
 //! Replay checkpoints on the real engine: aggs whose snapshots name their windows instead of
 //! holding their entries, restored by the sources sending the windows' rows again, end with
 //! exactly the reference's results, with state spilled or not, and across switches between
-//! full and replay snapshots.
+//! full and replay snapshots, and from a checkpoint committed while a replay was under way.
 
 mod util;
 
 use std::time::Duration;
 
 use weir_engine::backup::{LocalDirStore, fetch_manifest};
+use weir_engine::operator::window::WindowSpec;
 use weir_engine::runtime::{Engine, EngineConfig};
 use weir_engine::spec::{Placement, SourceKind, StreamSpec, TaskKind};
+use weir_engine::wire::msg::RestoreBasis;
 use weir_engine::wire::{CheckpointId, NodeId};
 
-use util::ckpt::{config, restart_ends_exact, spec};
+use util::ckpt::{config, restart_ends_exact, spec, spec_at, wait_for_commits, wait_restored};
 
 fn with_snapshots(dir: &std::path::Path, replay: bool, budget: Option<usize>) -> EngineConfig {
     let mut cfg = config(dir, 80);
@@ -84,7 +86,8 @@ fn replay_snapshots_of_spilled_state_end_with_the_reference_results() {
 fn checkpoints_taken_while_a_replay_is_under_way_restore_exact_in_either_kind() {
     // 20 ms checkpoints, so that some may fall inside a restart's replay, with the kinds
     // alternating. (It passed as well without the fix to `SourceReplay::position`: this
-    // stream's replays are short, and it does not hit that case for certain.)
+    // stream's replays are short, and it does not hit that case for certain; the next test
+    // does, and fails without it.)
     let dir = tempfile::tempdir().unwrap();
     let spec = spec(120_000);
     let fast = |r| {
@@ -103,4 +106,51 @@ fn switching_between_full_and_replay_snapshots_across_restarts_stays_exact() {
     let kinds = [false, true, false, true];
     runs(&spec, &kinds, |r| with_snapshots(dir.path(), r, None), (300, 400), &mut 0x1234_5678);
     restart_ends_exact(&spec, with_snapshots(dir.path(), false, None), dir.path());
+}
+
+#[test]
+fn a_checkpoint_committed_mid_replay_records_the_restored_offsets_and_restores_exact() {
+    // One window longer than the stream: it is born at the start, so a restore replays every
+    // row the sources had sent, at their paced rate. The replay lasts about 1.5 s of wall time
+    // however fast the machine is (a slower one only makes it longer), and the restarted engine
+    // is stopped at its first commit, inside it.
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec_at(60_000, 15_000);
+    spec.window = WindowSpec::tumbling(1_000_000);
+    let cfg = || with_snapshots(dir.path(), true, None);
+    let sources: Vec<_> =
+        spec.topology().tasks.iter().filter(|t| matches!(t.kind, TaskKind::Source { .. })).map(|t| t.id).collect();
+    let store = LocalDirStore::new(dir.path().join("remote"));
+    let offsets = |id| -> Vec<u64> {
+        sources.iter().map(|s| fetch_manifest(&store, spec.id, *s, id, None).unwrap().version.0).collect()
+    };
+
+    runs(&spec, &[true], |_| cfg(), (1500, 1), &mut 1);
+    let first = last_commit(&spec, dir.path());
+    let at_first = offsets(first);
+    assert!(at_first.iter().all(|o| *o >= 5_000), "the sources had sent rows to replay: {at_first:?}");
+
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg()).unwrap();
+    assert_eq!(wait_restored(&engine), (RestoreBasis::Committed, Some(first)));
+    wait_for_commits(&engine, 1);
+    engine.stop();
+    engine.wait().unwrap();
+    let mid = last_commit(&spec, dir.path());
+    assert!(mid > first, "a commit during the replay");
+    // Mid-replay, a source records the offset it was restored at: every row below it had
+    // reached the aggs before the restore, whatever it has sent again since.
+    assert_eq!(offsets(mid), at_first, "at {mid}, the sources recorded other offsets than those they were restored at");
+    // And an agg's window keeps its birth, one of the first run's checkpoints: a restore of
+    // `mid` replays from there again.
+    for a in aggs(&spec) {
+        let from = |id| fetch_manifest(&store, spec.id, a, id, None).unwrap().replay.map(|r| r.from);
+        assert_eq!(from(mid), from(first), "{a}");
+        assert!(from(mid).is_some_and(|f| f < first), "{a}: {:?}", from(mid));
+    }
+
+    // Restored from the mid-replay commit, the stream (now unpaced) ends with the reference.
+    if let SourceKind::Generator { rate, .. } = &mut spec.source {
+        *rate = None;
+    }
+    restart_ends_exact(&spec, cfg(), dir.path());
 }
