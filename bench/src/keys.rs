@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig};
+use weir_engine::runtime::{CheckpointSettings, Engine};
 use weir_engine::spec::{Placement, SourceKind, StreamSpec};
 use weir_engine::wire::msg::CheckpointOutcome;
 use weir_engine::wire::{NodeId, StreamId};
@@ -60,10 +60,7 @@ pub fn weir(keys: u64, seconds: u64, checkpoint_ms: u64, replay: bool) -> WeirRu
         g.rows_per_ms = 10_000;
         g.keys = keys;
     }
-    let mut cfg = EngineConfig::new(NodeId(1), dir.path());
-    if let Some(q) = std::env::var("WEIR_E2E_QUEUE").ok().and_then(|v| v.parse().ok()) {
-        cfg.queue_capacity = q;
-    }
+    let mut cfg = crate::engine_config(NodeId(1), dir.path());
     if checkpoint_ms > 0 {
         let mut ck = CheckpointSettings::every(checkpoint_ms, dir.path().join("remote"));
         ck.replay = replay;

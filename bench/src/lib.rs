@@ -17,6 +17,21 @@ use weir_wire::msg::{CheckpointTrigger, Data};
 use weir_wire::transport::{Event, PeerConfig, Transport, TransportConfig};
 use weir_wire::{Batch, CheckpointId, NodeId, Seq, StreamId, TaskId, TransId};
 
+/// The engine's defaults for the end-to-end benchmarks, with `WEIR_E2E_QUEUE` and
+/// `WEIR_E2E_CREDITS` overriding the local queue size and the remote credit window (to compare
+/// settings with the same command).
+pub fn engine_config(node: NodeId, dir: &std::path::Path) -> weir_engine::runtime::EngineConfig {
+    let mut cfg = weir_engine::runtime::EngineConfig::new(node, dir);
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    if let Some(q) = var("WEIR_E2E_QUEUE") {
+        cfg.queue_capacity = q;
+    }
+    if let Some(c) = var("WEIR_E2E_CREDITS") {
+        cfg.remote_credits = c;
+    }
+    cfg
+}
+
 /// Rows in the benchmark batch (a typical engine batch).
 pub const BATCH_ROWS: usize = 4096;
 

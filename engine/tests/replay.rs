@@ -43,8 +43,13 @@ fn runs(
     }
 }
 
+/// The ids of `spec`'s tasks whose kind `is` accepts.
+fn tasks(spec: &StreamSpec, is: fn(&TaskKind) -> bool) -> Vec<weir_engine::wire::TaskId> {
+    spec.topology().tasks.iter().filter(|t| is(&t.kind)).map(|t| t.id).collect()
+}
+
 fn aggs(spec: &StreamSpec) -> Vec<weir_engine::wire::TaskId> {
-    spec.topology().tasks.iter().filter(|t| matches!(t.kind, TaskKind::Agg { .. })).map(|t| t.id).collect()
+    tasks(spec, |k| matches!(k, TaskKind::Agg { .. }))
 }
 
 /// The last commit's id of `spec` in the store under `dir`.
@@ -118,14 +123,16 @@ fn a_checkpoint_committed_mid_replay_records_the_restored_offsets_and_restores_e
     let mut spec = spec_at(60_000, 15_000);
     spec.window = WindowSpec::tumbling(1_000_000);
     let cfg = || with_snapshots(dir.path(), true, None);
-    let sources: Vec<_> =
-        spec.topology().tasks.iter().filter(|t| matches!(t.kind, TaskKind::Source { .. })).map(|t| t.id).collect();
+    let sources = tasks(&spec, |k| matches!(k, TaskKind::Source { .. }));
     let store = LocalDirStore::new(dir.path().join("remote"));
     let offsets = |id| -> Vec<u64> {
         sources.iter().map(|s| fetch_manifest(&store, spec.id, *s, id, None).unwrap().version.0).collect()
     };
 
-    runs(&spec, &[true], |_| cfg(), (1500, 1), &mut 1);
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg()).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    engine.stop();
+    engine.wait().unwrap();
     let first = last_commit(&spec, dir.path());
     let at_first = offsets(first);
     assert!(at_first.iter().all(|o| *o >= 5_000), "the sources had sent rows to replay: {at_first:?}");

@@ -46,7 +46,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use weir_engine::ingest::{AppendRequest, IngestService, LogConfig, SyncPolicy};
-use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig};
+use weir_engine::runtime::{CheckpointSettings, Engine};
 use weir_engine::spec::{Placement, SourceKind, StreamSpec};
 use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats, TaskCheckpointStats};
 use weir_engine::wire::{Batch, NodeId, StreamId};
@@ -64,20 +64,6 @@ fn rss_kib() -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// The engine's defaults, with `WEIR_E2E_QUEUE` and `WEIR_E2E_CREDITS` overriding the local
-/// queue size and the remote credit window (to compare settings with the same command).
-fn config(node: NodeId, dir: &std::path::Path) -> EngineConfig {
-    let mut cfg = EngineConfig::new(node, dir);
-    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
-    if let Some(q) = var("WEIR_E2E_QUEUE") {
-        cfg.queue_capacity = q;
-    }
-    if let Some(c) = var("WEIR_E2E_CREDITS") {
-        cfg.remote_credits = c;
-    }
-    cfg
-}
-
 fn pipeline(seconds: u64, workers: usize) {
     let dir = tempfile::tempdir().expect("temp dir");
     // Two sources, two aggs, one sink: with two workers each runs a source and an agg.
@@ -87,7 +73,7 @@ fn pipeline(seconds: u64, workers: usize) {
     if let SourceKind::Generator { spec: g, .. } = &mut spec.source {
         g.rows_per_ms = 10_000;
     }
-    let mut cfg = config(NodeId(1), dir.path());
+    let mut cfg = weir_bench::engine_config(NodeId(1), dir.path());
     cfg.workers = workers;
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).expect("engine");
     let t0 = Instant::now();
@@ -128,7 +114,7 @@ fn checkpoints(seconds: u64, pairs: usize) {
         if let SourceKind::Generator { spec: g, .. } = &mut spec.source {
             g.rows_per_ms = 10_000;
         }
-        let mut cfg = config(NodeId(1), dir.path());
+        let mut cfg = weir_bench::engine_config(NodeId(1), dir.path());
         if with {
             cfg.checkpoint = Some(CheckpointSettings::every(1000, dir.path().join("remote")));
         }
@@ -308,7 +294,7 @@ fn two_nodes(seconds: u64) {
         let mut t = TransportConfig::new("bench", NodeId(node), b"weir-bench-two-nodes".to_vec());
         t.listen = Some("127.0.0.1:0".parse().expect("addr"));
         t.peers = vec![peer];
-        let mut cfg = config(NodeId(node), dir);
+        let mut cfg = weir_bench::engine_config(NodeId(node), dir);
         cfg.workers = 1;
         cfg.pin_workers = false;
         cfg.transport = Some(t);
