@@ -173,6 +173,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError>;
     /// Deletes `key` (no error if it does not exist).
     fn delete(&self, key: &str) -> Result<(), StoreError>;
+    /// Deletes every key of `keys` (none an error for not existing), in batches where the store
+    /// has them (S3's bulk delete: a thousand keys a request). After an error some may be gone.
+    fn delete_many(&self, keys: &[String]) -> Result<(), StoreError> {
+        keys.iter().try_for_each(|k| self.delete(k))
+    }
 }
 
 #[cfg(test)]

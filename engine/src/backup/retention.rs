@@ -98,7 +98,14 @@ impl Collector {
         // The checkpoint each record restores (a fallback record's is an older one).
         let mut points: BTreeMap<CheckpointId, CheckpointId> = BTreeMap::new();
         let mut damaged = Vec::new();
+        // Records older than the `keep`th good one go whatever they hold: not read (a pass
+        // after a burst of commits would otherwise read every one of them).
+        let mut older = Vec::new();
         for key in records.iter().rev() {
+            if good.len() == keep {
+                older.push(key.clone());
+                continue;
+            }
             match store.get(key).map(|b| decode_commit(key, &b)) {
                 Ok(Ok(r)) => {
                     if let Some(p) = r.restore_point() {
@@ -178,6 +185,7 @@ impl Collector {
                 delete.insert(key.clone(), true);
             }
         }
+        delete.extend(older.into_iter().map(|k| (k, true)));
         if opts.stopped {
             delete.extend(records_ahead.into_iter().map(|k| (k, false)));
         }
@@ -189,20 +197,15 @@ impl Collector {
         // Commit records first: a checkpoint whose record is gone is no restore point, so
         // deleting its files afterwards can never leave a commit that names missing files.
         let (records, files): (Vec<_>, Vec<_>) = delete.into_iter().partition(|(_, is_record)| *is_record);
-        for (key, _) in records {
-            if !opts.dry_run {
-                store.delete(&key)?;
-            }
-            out.commits_deleted += 1;
-            out.deleted.push(key);
+        let records: Vec<String> = records.into_iter().map(|(k, _)| k).collect();
+        let files: Vec<String> = files.into_iter().map(|(k, _)| k).collect();
+        if !opts.dry_run {
+            store.delete_many(&records)?;
+            store.delete_many(&files)?;
         }
-        for (key, _) in files {
-            if !opts.dry_run {
-                store.delete(&key)?;
-            }
-            out.objects_deleted += 1;
-            out.deleted.push(key);
-        }
+        out.commits_deleted = records.len();
+        out.objects_deleted = files.len();
+        out.deleted = records.into_iter().chain(files).collect();
         out.pending = unnamed.len();
         if !opts.dry_run {
             self.unnamed = unnamed;

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjPath;
 use object_store::{
@@ -236,5 +236,20 @@ impl Store for S3Store {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.error("delete", key, e)),
         }
+    }
+
+    /// One `DeleteObjects` request per thousand keys: a retention pass after a burst of
+    /// checkpoints deletes hundreds of objects, 10–15 ms each one by one on `s3s-fs`.
+    fn delete_many(&self, keys: &[String]) -> Result<(), StoreError> {
+        let paths = keys.iter().map(|k| self.path(k)).collect::<Result<Vec<_>, _>>()?;
+        let stream = futures::stream::iter(paths.into_iter().map(Ok)).boxed();
+        let results: Vec<object_store::Result<ObjPath>> = self.rt.block_on(self.s3.delete_stream(stream).collect());
+        for r in results {
+            match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.error("delete", keys.first().map_or("", String::as_str), e)),
+            }
+        }
+        Ok(())
     }
 }

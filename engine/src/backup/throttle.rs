@@ -71,6 +71,10 @@ impl Store for Throttled {
     fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.inner.delete(key)
     }
+
+    fn delete_many(&self, keys: &[String]) -> Result<(), StoreError> {
+        self.inner.delete_many(keys)
+    }
 }
 
 #[cfg(test)]
