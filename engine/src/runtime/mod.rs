@@ -26,6 +26,7 @@ mod router;
 mod shared;
 mod status;
 mod task;
+mod unaligned;
 mod worker;
 
 use std::collections::HashMap;
@@ -361,6 +362,7 @@ impl Engine {
                         cfg.checkpoint.as_ref().is_some_and(|c| c.replay),
                         t.upstreams.len(),
                     ),
+                    cuts: unaligned::Cuts::new(t.upstreams.len()),
                 })),
                 TaskKind::Sink { .. } => Task::Sink(Box::new(SinkTask {
                     id: t.id,

@@ -80,7 +80,14 @@ impl AggReplay {
     /// some came from a full snapshot): records `taken` at `id`, forgets what no window needs,
     /// and returns the replay point of a replay snapshot, when one can be taken.
     pub(crate) fn checkpoint(&mut self, id: u64, from: Option<u64>) -> Option<ReplayPoint> {
-        self.history.push_back((id, self.taken.clone()));
+        self.checkpoint_at(id, from, self.taken.clone())
+    }
+
+    /// [`Self::checkpoint`] with `taken` as it stood at each input's barrier (inputs taken on
+    /// past their barrier: `runtime/unaligned.rs`).
+    pub(crate) fn checkpoint_at(&mut self, id: u64, from: Option<u64>, taken: Vec<u64>) -> Option<ReplayPoint> {
+        let at_id = taken.clone();
+        self.history.push_back((id, taken));
         if let Some(from) = from {
             while self.history.len() > 1 && self.history[1].0 <= from {
                 self.history.pop_front();
@@ -97,10 +104,24 @@ impl AggReplay {
             return None;
         }
         let (_, at) = self.history.iter().find(|(c, _)| *c == from)?;
-        Some(ReplayPoint {
-            from: CheckpointId(from),
-            taken: at.iter().zip(&self.taken).map(|(a, b)| (*a, *b)).collect(),
-        })
+        Some(ReplayPoint { from: CheckpointId(from), taken: at.iter().zip(&at_id).map(|(a, b)| (*a, *b)).collect() })
+    }
+
+    /// Rows taken from each upstream so far.
+    pub(crate) fn taken(&self) -> &[u64] {
+        &self.taken
+    }
+
+    /// Whether checkpoint `id` of an agg whose windows were born at `from` at the oldest will
+    /// be a replay snapshot that may take inputs on past their barriers: replay snapshots on,
+    /// no replay under way (its counts and the sources' restored offsets are aligned ones), and
+    /// [`Self::checkpoint`] would give a replay point.
+    pub(crate) fn cuts_allowed(&self, id: u64, from: Option<u64>) -> bool {
+        self.enabled
+            && !self.replaying()
+            && from.is_some_and(|f| {
+                id.saturating_sub(f) < OFFSET_HISTORY as u64 && self.history.iter().any(|(c, _)| *c == f)
+            })
     }
 
     /// A start from nothing.

@@ -19,6 +19,10 @@ pub struct EngineStats {
     pub results_written: AtomicU64,
     /// Late rows dropped by local aggs (added when an agg ends).
     pub late_rows: AtomicU64,
+    /// Rows local aggs took on past a checkpoint barrier while waiting for another input's
+    /// (unaligned barriers of replay snapshots, `runtime/unaligned.rs`): rows that aligned
+    /// barriers would have held back.
+    pub rows_past_cuts: AtomicU64,
 }
 
 /// The engine's stop flag, first failure and wake-up handles.

@@ -242,6 +242,8 @@ pub(crate) struct AggTask {
     pub(crate) board: Arc<TaskBoard>,
     /// Rows taken per upstream, and a restore's replay.
     pub(crate) replay: super::replay::AggReplay,
+    /// Inputs taken on past their barrier while the agg waits for its last one.
+    pub(crate) cuts: super::unaligned::Cuts,
 }
 
 /// Results a poll emits from fired windows before it takes input (whole shards: about a
@@ -274,6 +276,8 @@ impl AggTask {
             worked = true;
             match m {
                 Msg::Rows(rows) => {
+                    let cut = self.cuts.is_cut(i);
+                    let before = if cut { (self.agg.rows(), self.agg.late_rows()) } else { (0, 0) };
                     let again = self.replay.take(i, rows.len() as u64);
                     if again == 0 || again == rows.len() as u64 {
                         let mut adder = if again == 0 { self.agg.batch() } else { self.agg.replay_batch() };
@@ -291,6 +295,10 @@ impl AggTask {
                             n += 1;
                         });
                     }
+                    if cut {
+                        self.cuts.counted(i, self.agg.rows() - before.0, self.agg.late_rows() - before.1);
+                        self.stats.rows_past_cuts.fetch_add(rows.len() as u64, Ordering::Relaxed);
+                    }
                     if again > 0 && !self.replay.replaying() {
                         tracing::info!(task = %self.inp.task(), "the replay is over: fired windows go out");
                         self.agg.hold(false);
@@ -307,9 +315,15 @@ impl AggTask {
                         super::batch_pool::give(b);
                     }
                 }
-                Msg::Progress(ts) => self.agg.observe(i, ts),
+                Msg::Progress(ts) => {
+                    if !self.cuts.defer_progress(i, ts) {
+                        self.agg.observe(i, ts)
+                    }
+                }
                 Msg::End => {
-                    self.agg.observe(i, i64::MAX);
+                    if !self.cuts.defer_progress(i, i64::MAX) {
+                        self.agg.observe(i, i64::MAX);
+                    }
                     signal = Some(Signal::UpstreamEnded { from: self.inp.source_of(i) });
                     break;
                 }
@@ -339,7 +353,9 @@ impl AggTask {
         }
         self.board.watermark_ms.store(self.agg.watermark(), Ordering::Relaxed);
         self.board.queued.store(self.inp.queued() as u64, Ordering::Relaxed);
-        if self.inp.all_ended() && !self.agg.has_fired() {
+        // A cut input's end waits for the snapshot like its progress (the windows it closes
+        // have not fired yet).
+        if self.inp.all_ended() && !self.cuts.any() && !self.agg.has_fired() {
             self.ended = true;
             self.stats.late_rows.fetch_add(self.agg.late_rows(), Ordering::Relaxed);
             self.out.broadcast(|| Msg::End);

@@ -6,11 +6,12 @@ use std::cell::RefCell;
 
 use weir_engine::backup::Store;
 use weir_engine::backup::commit::{CommitWrite, last_commit, write_commit, write_ids};
-use weir_engine::checkpoint::driver::{Clock, CoordEffects, RestorePoint, TaskEffects, TaskPort, UploadRequest};
-use weir_engine::checkpoint::{CheckpointError, CommitRecord, CoordInput, IdRecord, RecordKind, TaskInput};
+use weir_engine::checkpoint::driver::{Clock, CoordEffects, Hold, RestorePoint, TaskEffects, TaskPort, UploadRequest};
+use weir_engine::checkpoint::{CheckpointError, CommitRecord, CoordInput, IdRecord, RecordKind, Role, TaskInput};
 use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats, RestoreBasis};
 use weir_engine::wire::{CheckpointId, Seq, StreamId, TaskId, TransId, Version};
 
+use super::cuts::Cut;
 use super::world::World;
 use super::world::{Ctl, Item, Model, snapshot_key};
 
@@ -25,16 +26,33 @@ pub struct SimPort<'a> {
 impl TaskPort for SimPort<'_> {
     type Captured = Model;
 
-    fn close_input(&mut self, i: usize) {
-        self.w.borrow_mut().closed[self.t][i] = true;
+    fn close_input(&mut self, i: usize, _id: CheckpointId) -> Hold {
+        let mut w = self.w.borrow_mut();
+        let t = self.t;
+        // An agg cuts its inputs for half of its checkpoints (as one with replay snapshots
+        // does when it can): every input of a checkpoint, or none.
+        let cutting = w.cuts[t].iter().any(Option::is_some);
+        let holding = w.closed[t].iter().any(|c| *c);
+        if w.setups[t].role == Role::Agg && (cutting || (!holding && w.rng.chance(500))) {
+            let outs = w.setups[t].downstreams.len();
+            w.cuts[t][i] = Some(Cut { forwarded: vec![0; outs], ..Cut::default() });
+            w.stats.cut_inputs += 1;
+            return Hold::Cut;
+        }
+        w.closed[t][i] = true;
+        Hold::Closed
     }
 
     fn reopen_input(&mut self, i: usize) {
-        self.w.borrow_mut().closed[self.t][i] = false;
+        let mut w = self.w.borrow_mut();
+        w.closed[self.t][i] = false;
+        w.release(self.t, Some(i));
     }
 
     fn reopen_all_inputs(&mut self) {
-        self.w.borrow_mut().closed[self.t].iter_mut().for_each(|c| *c = false);
+        let mut w = self.w.borrow_mut();
+        w.closed[self.t].iter_mut().for_each(|c| *c = false);
+        w.release(self.t, None);
     }
 
     fn queue_source_trigger(&mut self, id: CheckpointId) {
@@ -47,13 +65,16 @@ impl TaskPort for SimPort<'_> {
             w.stats.snapshot_failures += 1;
             return Err(CheckpointError::Snapshot { task: TaskId(self.t as u32), id, reason: "disk full".into() });
         }
-        Ok(w.models[self.t].clone())
+        Ok(w.at_cuts(self.t))
     }
 
     fn forward_trigger(&mut self, id: CheckpointId, trans: TransId) -> Result<Vec<(TaskId, Seq)>, CheckpointError> {
         let mut w = self.w.borrow_mut();
         let downs = w.topo.downstreams(self.t);
-        Ok(downs.into_iter().map(|d| (TaskId(d as u32), w.push(self.t, d, Item::Trigger { id, trans }))).collect())
+        let sent =
+            downs.into_iter().map(|d| (TaskId(d as u32), w.push(self.t, d, Item::Trigger { id, trans }))).collect();
+        w.release(self.t, None); // rows past the cuts go behind the barrier
+        Ok(sent)
     }
 
     fn next_seq(&self, from: TaskId) -> Option<Seq> {
@@ -64,6 +85,7 @@ impl TaskPort for SimPort<'_> {
     fn restore(&mut self, point: Option<RestorePoint>) -> Result<Version, CheckpointError> {
         let mut w = self.w.borrow_mut();
         let t = self.t;
+        w.cuts[t].iter_mut().for_each(|c| *c = None); // the state they cut is replaced
         let Some(p) = point else {
             w.models[t] = w.empty(t);
             return Ok(Version(0));

@@ -25,6 +25,7 @@
 //! `WEIR_SIM_SEED=S` replays seed S alone (a failure prints the seed and the steps before it).
 
 mod checks;
+mod cuts;
 mod damage;
 mod fx;
 mod sim;
@@ -232,6 +233,8 @@ fn the_simulation_really_goes_through_faults() {
         ("failed restores", t.restore_failures),
         ("source refusals", t.refusals),
         ("streams run to their end", t.ended_streams),
+        ("inputs cut instead of held", t.cut_inputs),
+        ("rows taken past a cut", t.rows_past_cuts),
     ] {
         assert!(n > 0, "no {what} in 200 seeds: {t:?}");
     }

@@ -92,6 +92,7 @@ impl Sim {
             faults: true,
             models: Vec::new(),
             closed: Vec::new(),
+            cuts: Vec::new(),
             queued_trigger: Vec::new(),
             channels,
             chan_of,
@@ -145,6 +146,7 @@ impl Sim {
             }
             w.models = (0..n).map(|i| w.empty(i)).collect();
             w.closed = w.setups.iter().map(|c| vec![false; c.upstreams.len()]).collect();
+            w.cuts = w.setups.iter().map(|c| vec![None; c.upstreams.len()]).collect();
             w.queued_trigger = vec![None; n];
             w.uploads.clear();
             w.ended_inputs.clear();
@@ -379,7 +381,17 @@ impl Sim {
                     let rank = w.models[to].ranks.entry((out, s)).or_insert(0);
                     *rank += 1;
                     let v = *rank;
-                    w.push(to, sink, Item::Row { s, o, v });
+                    if let Some(c) = &mut w.cuts[to][input] {
+                        // Past the barrier of a cut input: left out of the capture, and sent
+                        // behind the agg's own barrier.
+                        c.consumed += 1;
+                        c.forwarded[out] += 1;
+                        *c.ranks.entry((out, s)).or_insert(0) += 1;
+                        c.withheld.push((sink, Item::Row { s, o, v }));
+                        w.stats.rows_past_cuts += 1;
+                    } else {
+                        w.push(to, sink, Item::Row { s, o, v });
+                    }
                 } else {
                     w.results.insert((s, o), v); // an upsert, as the result store does
                 }

@@ -238,6 +238,8 @@ pub struct Stats {
     pub damaged_snapshots: u64,
     pub fallbacks: u64,
     pub halts: u64,
+    pub cut_inputs: u64,
+    pub rows_past_cuts: u64,
 }
 
 impl Stats {
@@ -273,6 +275,8 @@ impl Stats {
             refusals,
             ended_streams,
             damaged_snapshots,
+            cut_inputs,
+            rows_past_cuts,
             fallbacks,
             halts
         );
@@ -415,6 +419,8 @@ pub struct World {
     pub setups: Vec<TaskSetup>,
     pub models: Vec<Model>,
     pub closed: Vec<Vec<bool>>,
+    /// Per task and input: taken on past its barrier ([`Hold::Cut`](weir_engine::checkpoint::driver::Hold)).
+    pub cuts: Vec<Vec<Option<super::cuts::Cut>>>,
     pub queued_trigger: Vec<Option<CheckpointId>>,
     pub channels: Vec<Channel>,
     pub chan_of: BTreeMap<(usize, usize), usize>,

@@ -30,7 +30,9 @@
 //!    `Upload`, which becomes [`TaskEffects::upload`] with the captured state.
 //! 4. Downstream, an agg's or sink's poll stops at the barrier and returns [`Signal::Barrier`];
 //!    the machine closes that input (`CloseInput`, [`TaskPort::close_input`]) until every
-//!    upstream's barrier is in, then snapshots as in 3. A missing barrier is asked for after the
+//!    upstream's barrier is in, then snapshots as in 3. The port may instead cut the input
+//!    ([`Hold::Cut`]: an agg with replay snapshots keeps taking it and captures the state at
+//!    each cut), so nothing waits for a slower upstream's barrier. A missing barrier is asked for after the
 //!    trigger timeout (`SendRetrieveTrigger`); the answer passes through
 //!    [`TaskDriver::handle`], which adds the channel's position ([`TaskPort::next_seq`]) so the
 //!    machine injects the barrier only when nothing before it is missing.
@@ -52,7 +54,7 @@ mod task;
 mod tests;
 
 pub use coord::{CoordDriver, CoordEffects};
-pub use task::{RestorePoint, Signal, TaskDriver, TaskEffects, TaskPort, UploadRequest};
+pub use task::{Hold, RestorePoint, Signal, TaskDriver, TaskEffects, TaskPort, UploadRequest};
 
 /// The two clocks a driver reads.
 pub trait Clock {

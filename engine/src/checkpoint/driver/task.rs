@@ -14,7 +14,7 @@ use weir_wire::msg::RestoreBasis;
 use weir_wire::{CheckpointId, Seq, TaskId, TransId, Version};
 
 use super::Clock;
-use crate::checkpoint::{CheckpointError, CoordInput, TaskAction, TaskInput, TaskMachine, TaskState};
+use crate::checkpoint::{CheckpointError, CoordInput, Role, TaskAction, TaskInput, TaskMachine, TaskState};
 
 /// Something the task saw in its data that the protocol must hear of, returned by its poll.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,12 +67,27 @@ pub struct UploadRequest<C> {
     pub captured: C,
 }
 
+/// What a port did with an input whose barrier came.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Held back until the snapshot: nothing after the barrier is taken before it (the
+    /// pipeline behind that input waits).
+    Closed,
+    /// Taken on: the port recorded where the barrier cut the input, and its capture is the state
+    /// at each input's cut, however much it took past one. The port owes that: what rows past a
+    /// cut change in the state is left out of the capture, and nothing they cause goes
+    /// downstream before the barrier (an agg with replay snapshots: their windows are rebuilt
+    /// by a restore, and their progress waits, so no window fires on them).
+    Cut,
+}
+
 /// The task a driver runs on.
 pub trait TaskPort {
     /// The state copied at a barrier.
     type Captured;
-    /// Holds back input `i` (alignment).
-    fn close_input(&mut self, i: usize);
+    /// Input `i`'s barrier of checkpoint `id` came: holds the input back until the snapshot
+    /// (aligned), or records where the barrier cut it and keeps taking it ([`Hold::Cut`]).
+    fn close_input(&mut self, i: usize, id: CheckpointId) -> Hold;
     /// Takes input `i` again.
     fn reopen_input(&mut self, i: usize);
     /// Takes every input again.
@@ -143,6 +158,9 @@ pub struct TaskDriver<C> {
     /// Clock readings of the newest checkpoint this task saw the start of.
     clock: Option<TaskClock>,
     aligning: bool,
+    /// An input of the checkpoint under way is held back ([`Hold::Closed`]); cleared when the
+    /// machine stops aligning.
+    held: bool,
     last_tick_us: Option<u64>,
     /// While `Uninit`: when the task first and last asked for its restore point, and the
     /// warnings so far.
@@ -165,6 +183,7 @@ impl<C> TaskDriver<C> {
             captured: None,
             clock: None,
             aligning: false,
+            held: false,
             last_tick_us: None,
             waiting_since_us: None,
             asked_us: None,
@@ -196,7 +215,9 @@ impl<C> TaskDriver<C> {
         self.machine.state() == TaskState::Uninit
     }
 
-    /// Whether the task is between a checkpoint's start and its snapshot.
+    /// Whether the task is between a checkpoint's start and its snapshot with something held
+    /// back: a source before its trigger, an agg with a closed input (an agg whose inputs are
+    /// all [`Hold::Cut`] holds nothing while it waits for its last barrier).
     pub fn aligning(&self) -> bool {
         self.aligning
     }
@@ -335,6 +356,12 @@ impl<C> TaskDriver<C> {
         Ok(())
     }
 
+    /// Whether the checkpoint under way holds anything back: a source (its output, until its
+    /// trigger), a task with a closed input.
+    fn holding(&self) -> bool {
+        self.held || self.machine.setup().role == Role::Source
+    }
+
     fn feed<P, E>(&mut self, port: &mut P, fx: &mut E, input: TaskInput) -> Result<(), CheckpointError>
     where
         P: TaskPort<Captured = C>,
@@ -342,7 +369,11 @@ impl<C> TaskDriver<C> {
     {
         let actions = self.machine.handle(input);
         let r = self.apply(port, fx, actions);
-        let now = self.machine.aligning();
+        let machine = self.machine.aligning();
+        if !machine {
+            self.held = false;
+        }
+        let now = machine && self.holding();
         if now != self.aligning {
             self.aligning = now;
             fx.aligning(now);
@@ -360,7 +391,12 @@ impl<C> TaskDriver<C> {
             match a {
                 TaskAction::Discarded(why) => tracing::debug!(task = %me, ?why, "discarded"),
                 TaskAction::QueueSourceTrigger { id, .. } => port.queue_source_trigger(id),
-                TaskAction::CloseInput(i) => port.close_input(i),
+                TaskAction::CloseInput(i) => {
+                    let TaskState::Checkpointing(id) = self.machine.state() else { continue };
+                    if port.close_input(i, id) == Hold::Closed {
+                        self.held = true;
+                    }
+                }
                 TaskAction::ReopenInput(i) => port.reopen_input(i),
                 TaskAction::ReopenAllInputs => port.reopen_all_inputs(),
                 TaskAction::Snapshot { id, trans, offset } => self.snapshot(port, fx, id, trans, offset)?,
@@ -425,12 +461,13 @@ impl<C> TaskDriver<C> {
             port.forward_trigger(id, trans)
         });
         let t1 = fx.mono_us();
+        let holding = self.machine.setup().hold_inputs && self.holding();
         if let Some(c) = self.clock.as_mut().filter(|c| c.id == id) {
             c.align_us = t0.saturating_sub(c.first_us);
             c.snapshot_us = t1.saturating_sub(t0);
             // The pause is what held the task's inputs: a task that holds none while it waits for
-            // its last trigger (a sink) pauses for its snapshot only.
-            let held = if self.machine.setup().hold_inputs { c.align_us } else { 0 };
+            // its last trigger (a sink, an agg that cut its inputs) pauses for its snapshot only.
+            let held = if holding { c.align_us } else { 0 };
             fx.paused(id, held + c.snapshot_us);
         }
         let dispatched = match result {

@@ -23,6 +23,8 @@ struct Seen {
     /// Each `capture` takes this long.
     capture_us: Cell<u64>,
     closed: RefCell<Vec<usize>>,
+    /// `close_input` cuts instead of closing.
+    cut: Cell<bool>,
     queued: RefCell<Vec<CheckpointId>>,
     forwarded: RefCell<Vec<CheckpointId>>,
     next_seq: Cell<Option<Seq>>,
@@ -41,8 +43,12 @@ struct Fx(Rc<Seen>);
 
 impl TaskPort for Port {
     type Captured = u64;
-    fn close_input(&mut self, i: usize) {
+    fn close_input(&mut self, i: usize, _id: CheckpointId) -> Hold {
+        if self.0.cut.get() {
+            return Hold::Cut;
+        }
         self.0.closed.borrow_mut().push(i);
+        Hold::Closed
     }
     fn reopen_input(&mut self, _i: usize) {}
     fn reopen_all_inputs(&mut self) {}
@@ -174,6 +180,30 @@ fn a_sink_holds_no_input_and_pauses_for_its_snapshot_only() {
     d.signal(&mut p, &mut fx, Signal::Barrier { from: TaskId(11), id: C1, trans: T1 }).unwrap();
     assert_eq!(*seen.pauses.borrow(), vec![40], "the 8 ms between its barriers paused nothing");
     assert_eq!(seen.uploads.borrow().len(), 1);
+}
+
+#[test]
+fn an_agg_that_cuts_its_inputs_pauses_for_its_snapshot_only() {
+    let (mut d, mut p, mut fx, seen) = driver(setup(10, Role::Agg, &[1, 2], &[20]));
+    seen.cut.set(true);
+    seen.clock.set(1_000);
+    d.signal(&mut p, &mut fx, Signal::Barrier { from: TaskId(1), id: C1, trans: T1 }).unwrap();
+    assert!(seen.closed.borrow().is_empty(), "nothing held back");
+    assert!(!d.aligning() && seen.aligning.borrow().is_empty(), "its worker need not hurry it");
+    seen.clock.set(9_000);
+    seen.capture_us.set(40);
+    d.signal(&mut p, &mut fx, Signal::Barrier { from: TaskId(2), id: C1, trans: T1 }).unwrap();
+    assert_eq!(*seen.pauses.borrow(), vec![40], "the 8 ms between its barriers paused nothing");
+    assert_eq!(*seen.forwarded.borrow(), vec![C1]);
+    // The next checkpoint holds its inputs again: the pause counts the alignment.
+    seen.cut.set(false);
+    let c2 = CheckpointId(2);
+    seen.clock.set(20_000);
+    d.signal(&mut p, &mut fx, Signal::Barrier { from: TaskId(1), id: c2, trans: TransId(2) }).unwrap();
+    assert!(d.aligning());
+    seen.clock.set(20_100);
+    d.signal(&mut p, &mut fx, Signal::Barrier { from: TaskId(2), id: c2, trans: TransId(2) }).unwrap();
+    assert_eq!(*seen.pauses.borrow(), vec![40, 140]);
 }
 
 #[test]

@@ -43,7 +43,8 @@ pub struct TaskSetup {
     /// results after one, which a replay from the checkpoint writes again with the same values;
     /// and a newer trigger on an input still means the older checkpoint is over (one checkpoint
     /// is in flight at a time, and it cannot commit without this task). It then never blocks
-    /// an upstream that is ahead.
+    /// an upstream that is ahead. With `true` the machine still only asks: the port may cut
+    /// the input instead of closing it ([`Hold::Cut`](crate::checkpoint::driver::Hold)).
     pub hold_inputs: bool,
 }
 

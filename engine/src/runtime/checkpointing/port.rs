@@ -18,7 +18,7 @@ use super::restore::{self, snapshot_dir};
 use super::stats::CheckpointLog;
 use crate::backup::uploader::{Captured, UploadJob};
 use crate::backup::{Store, UploadIndex};
-use crate::checkpoint::driver::{Clock, RestorePoint, Signal, TaskDriver, TaskEffects, TaskPort, UploadRequest};
+use crate::checkpoint::driver::{Clock, Hold, RestorePoint, Signal, TaskDriver, TaskEffects, TaskPort, UploadRequest};
 use crate::checkpoint::{CheckpointError, CoordInput, TaskInput};
 use crate::runtime::control::{Control, ControlHandle};
 use crate::runtime::replay::SourceReplay;
@@ -49,19 +49,35 @@ pub(crate) struct EnginePort<'a> {
 impl TaskPort for EnginePort<'_> {
     type Captured = Captured;
 
-    fn close_input(&mut self, i: usize) {
+    fn close_input(&mut self, i: usize, id: CheckpointId) -> Hold {
+        if let Task::Agg(a) = self.task {
+            // A replay snapshot at the cuts needs no alignment (`runtime/unaligned.rs`); the
+            // choice holds for the whole checkpoint: every input cut, or every input held.
+            let held = (0..a.inp.len()).any(|j| a.inp.is_closed(j));
+            if a.cuts.any() || (!held && a.replay.cuts_allowed(id.0, a.agg.replay_from())) {
+                a.cuts.cut(i, a.replay.taken()[i]);
+                return Hold::Cut;
+            }
+        }
         if let Some(inp) = self.task.inputs() {
             inp.close(i)
         }
+        Hold::Closed
     }
 
     fn reopen_input(&mut self, i: usize) {
+        if let Task::Agg(a) = self.task {
+            a.cuts.release(&mut a.agg, Some(i));
+        }
         if let Some(inp) = self.task.inputs() {
             inp.reopen(i)
         }
     }
 
     fn reopen_all_inputs(&mut self) {
+        if let Task::Agg(a) = self.task {
+            a.cuts.release(&mut a.agg, None);
+        }
         if let Some(inp) = self.task.inputs() {
             inp.reopen_all()
         }
@@ -75,6 +91,20 @@ impl TaskPort for EnginePort<'_> {
 
     fn capture(&mut self, id: CheckpointId) -> Result<Captured, CheckpointError> {
         Ok(match self.task {
+            Task::Agg(a) if a.cuts.any() => {
+                // Inputs taken on past their barriers: the replay snapshot at the cuts.
+                let taken = a.cuts.taken_at_cuts(a.replay.taken());
+                let point = a.replay.checkpoint_at(id.0, a.agg.replay_from(), taken);
+                a.agg.set_checkpoint(id.0);
+                let mut state = a.agg.replay_state();
+                (state.rows, state.late_rows) = a.cuts.counters_at_cuts(state.rows, state.late_rows);
+                a.cuts.release(&mut a.agg, None);
+                let Some(p) = point else {
+                    let reason = "inputs were cut for a replay snapshot that cannot be taken".to_string();
+                    return Err(CheckpointError::Snapshot { task: self.ctx.task, id, reason });
+                };
+                Captured::Replay(state, self.ctx.chain.clone(), p)
+            }
             Task::Agg(a) => {
                 let point = a.replay.checkpoint(id.0, a.agg.replay_from());
                 a.agg.set_checkpoint(id.0);
@@ -129,6 +159,9 @@ impl TaskPort for EnginePort<'_> {
     fn restore(&mut self, point: Option<RestorePoint>) -> Result<Version, CheckpointError> {
         let c = self.ctx;
         let failed = |reason: String| CheckpointError::Restore { task: c.task, id: point.map(|p| p.id), reason };
+        if let Task::Agg(a) = self.task {
+            a.cuts.clear(); // the state they cut is replaced
+        }
         let Some(p) = point else {
             // A start from nothing: no state, no results, nothing known to be stored.
             let state = restore::fresh_state(&c.data, c.task)?;
