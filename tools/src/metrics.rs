@@ -75,10 +75,10 @@ struct State {
     phase: Option<Phase>,
     /// The current run's last snapshot.
     status: Option<StatusRsp>,
-    stats: [u64; 5],
+    stats: [u64; 6],
     /// Earlier runs' totals.
     base_tasks: BTreeMap<(u64, u32), TaskCounts>,
-    base_stats: [u64; 5],
+    base_stats: [u64; 6],
     restarts: u64,
     /// Checkpoints already counted (their ids), and the outcomes counted.
     seen: BTreeSet<u64>,
@@ -102,8 +102,8 @@ fn seconds_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.0001, 2.0, 20)
 }
 
-fn stats_of(s: &EngineStats) -> [u64; 5] {
-    [&s.rows_in, &s.rows_aggregated, &s.results_emitted, &s.results_written, &s.late_rows]
+fn stats_of(s: &EngineStats) -> [u64; 6] {
+    [&s.rows_in, &s.rows_aggregated, &s.results_emitted, &s.results_written, &s.late_rows, &s.rows_past_cuts]
         .map(|a| a.load(Ordering::Relaxed))
 }
 
@@ -248,6 +248,10 @@ impl Board {
             ("results_emitted", "Window results the node's aggs emitted"),
             ("results_written", "Window results the node's sinks wrote"),
             ("late_rows", "Late rows the node's aggs dropped"),
+            (
+                "agg_rows_past_cuts",
+                "Rows the node's aggs took past a checkpoint barrier while waiting for another input's (unaligned barriers)",
+            ),
         ];
         for (i, (name, help)) in names.iter().enumerate() {
             r.register(*name, *help, counter(s.base_stats[i] + s.stats[i]));

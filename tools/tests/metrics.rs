@@ -86,6 +86,7 @@ fn prometheus_scrapes_a_node_and_answers_a_query_for_its_ingest_rows() {
         .collect();
     assert!(marks.len() >= 4 && marks.iter().all(|w| *w > ts_start), "watermarks: {marks:?}\n{text}");
     assert!(text.contains("weir_task_input_queue{"), "{text}");
+    assert!(sample(&text, "weir_agg_rows_past_cuts_total").is_some(), "{text}");
     assert!(text.ends_with("# EOF\n"), "OpenMetrics text ends with # EOF");
     assert_eq!(get(&metrics, "/nothing").unwrap().0, "HTTP/1.1 404 Not Found");
 
