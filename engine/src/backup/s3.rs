@@ -247,7 +247,10 @@ impl Store for S3Store {
         for r in results {
             match r {
                 Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(self.error("delete", keys.first().map_or("", String::as_str), e)),
+                Err(e) => {
+                    let what = format!("{} keys from {}", keys.len(), keys.first().map_or("", String::as_str));
+                    return Err(self.error("delete", &what, e));
+                }
             }
         }
         Ok(())

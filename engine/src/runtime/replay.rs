@@ -96,13 +96,7 @@ impl AggReplay {
         while self.history.len() > TAKEN_HISTORY {
             self.history.pop_front();
         }
-        let from = from?;
-        // A source remembers the offsets of its last OFFSET_HISTORY checkpoints, which reach
-        // back at least this far in ids (it reached every checkpoint an agg took): an older
-        // point could not be replayed, so the snapshot is full.
-        if id.saturating_sub(from) >= OFFSET_HISTORY as u64 {
-            return None;
-        }
+        let from = from.filter(|f| self.point_at(id, *f))?;
         let (_, at) = self.history.iter().find(|(c, _)| *c == from)?;
         Some(ReplayPoint { from: CheckpointId(from), taken: at.iter().zip(&at_id).map(|(a, b)| (*a, *b)).collect() })
     }
@@ -117,11 +111,15 @@ impl AggReplay {
     /// no replay under way (its counts and the sources' restored offsets are aligned ones), and
     /// [`Self::checkpoint`] would give a replay point.
     pub(crate) fn cuts_allowed(&self, id: u64, from: Option<u64>) -> bool {
-        self.enabled
-            && !self.replaying()
-            && from.is_some_and(|f| {
-                id.saturating_sub(f) < OFFSET_HISTORY as u64 && self.history.iter().any(|(c, _)| *c == f)
-            })
+        self.enabled && !self.replaying() && from.is_some_and(|f| self.point_at(id, f))
+    }
+
+    /// Whether checkpoint `id` can replay from `from`: `taken` at `from` is known, and the
+    /// sources still remember their offsets there (they remember their last OFFSET_HISTORY
+    /// checkpoints, which reach back at least this far in ids: they reached every checkpoint
+    /// an agg took). Otherwise the snapshot is full.
+    fn point_at(&self, id: u64, from: u64) -> bool {
+        id.saturating_sub(from) < OFFSET_HISTORY as u64 && self.history.iter().any(|(c, _)| *c == from)
     }
 
     /// A start from nothing.

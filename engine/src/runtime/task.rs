@@ -315,15 +315,9 @@ impl AggTask {
                         super::batch_pool::give(b);
                     }
                 }
-                Msg::Progress(ts) => {
-                    if !self.cuts.defer_progress(i, ts) {
-                        self.agg.observe(i, ts)
-                    }
-                }
+                Msg::Progress(ts) => self.cuts.observe(&mut self.agg, i, ts),
                 Msg::End => {
-                    if !self.cuts.defer_progress(i, i64::MAX) {
-                        self.agg.observe(i, i64::MAX);
-                    }
+                    self.cuts.observe(&mut self.agg, i, i64::MAX);
                     signal = Some(Signal::UpstreamEnded { from: self.inp.source_of(i) });
                     break;
                 }

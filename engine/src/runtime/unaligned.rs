@@ -74,16 +74,13 @@ impl Cuts {
         }
     }
 
-    /// Progress `ts` from input `i`: `false` when it must wait for the snapshot (the input is
-    /// cut), else the caller applies it.
+    /// Progress `ts` from input `i` (`i64::MAX`: its end): to `agg` now, or, past the input's
+    /// cut, at its release.
     #[inline]
-    pub(crate) fn defer_progress(&mut self, i: usize, ts: i64) -> bool {
+    pub(crate) fn observe(&mut self, agg: &mut WindowAgg, i: usize, ts: i64) {
         match &mut self.cuts[i] {
-            Some(c) => {
-                c.pending = Some(c.pending.map_or(ts, |p| p.max(ts)));
-                true
-            }
-            None => false,
+            Some(c) => c.pending = Some(c.pending.map_or(ts, |p| p.max(ts))),
+            None => agg.observe(i, ts),
         }
     }
 
@@ -135,13 +132,14 @@ mod tests {
         agg.observe(1, 5);
         let mut cuts = Cuts::new(2);
         cuts.cut(0, 100);
-        assert!(cuts.defer_progress(0, 25) && cuts.defer_progress(0, 22));
-        assert!(!cuts.defer_progress(1, 30), "input 1 is not cut");
-        agg.observe(1, 30);
+        cuts.observe(&mut agg, 0, 25);
+        cuts.observe(&mut agg, 0, 22);
+        cuts.observe(&mut agg, 1, 30); // input 1 is not cut: applied now
+        assert_eq!(agg.progress()[1], Some(30), "input 1 is not cut");
         assert_eq!(agg.watermark(), 5, "input 0's progress past its cut waits");
         assert!(!agg.has_fired());
         cuts.release(&mut agg, None);
-        assert_eq!(agg.watermark(), 25);
+        assert_eq!(agg.watermark(), 25, "the largest progress that waited, applied");
         assert!(!cuts.any());
     }
 

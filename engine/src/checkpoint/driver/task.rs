@@ -461,7 +461,7 @@ impl<C> TaskDriver<C> {
             port.forward_trigger(id, trans)
         });
         let t1 = fx.mono_us();
-        let holding = self.machine.setup().hold_inputs && self.holding();
+        let holding = self.holding();
         if let Some(c) = self.clock.as_mut().filter(|c| c.id == id) {
             c.align_us = t0.saturating_sub(c.first_us);
             c.snapshot_us = t1.saturating_sub(t0);
