@@ -156,8 +156,10 @@ impl SlotMap {
 
     #[inline]
     fn start(&self, h: u64) -> usize {
-        // `checked_shr`: an empty table (shift 64) probes nothing.
-        (h << SHARD_BITS).checked_shr(self.shift).unwrap_or(0) as usize
+        // An empty table (shift 64) gives an index past its end, which `prefetch` and `get` never
+        // read; `add` and `insert` grow the table first. A plain shift, no branch: it runs twice
+        // per row.
+        ((h << SHARD_BITS) >> (self.shift & 63)) as usize
     }
 
     /// Adds `value` to `key`'s aggregate (`h` is `order_of(key)`).

@@ -97,7 +97,8 @@ const MIN_DEFERRED: usize = 64;
 /// The aggregates of one open window.
 #[derive(Debug)]
 pub struct WindowTable {
-    shards: Box<[Shard]>,
+    /// An array, not a slice: a shard's index (`h >> 56`) needs no bounds check.
+    shards: Box<[Shard; SHARDS]>,
     /// What writes stamp (see [`SlotMap::set_epoch`]).
     epoch: u32,
     /// The checkpoint the window was born at (see `replay.rs`).
@@ -110,6 +111,11 @@ impl Default for WindowTable {
     }
 }
 
+/// [`SHARDS`] shards (`it` yields exactly that many).
+fn shard_array(it: impl Iterator<Item = Shard>) -> Box<[Shard; SHARDS]> {
+    it.collect::<Box<[Shard]>>().try_into().expect("one entry per shard")
+}
+
 fn owned(mut m: ShardMap, epoch: u32) -> Shard {
     m.set_epoch(epoch);
     Shard::Owned(m)
@@ -118,21 +124,21 @@ fn owned(mut m: ShardMap, epoch: u32) -> Shard {
 impl WindowTable {
     /// An empty window whose writes stamp `epoch`.
     pub fn empty(epoch: u32) -> Self {
-        Self { shards: (0..SHARDS).map(|_| owned(ShardMap::default(), epoch)).collect(), epoch, born: 0 }
+        Self { shards: shard_array((0..SHARDS).map(|_| owned(ShardMap::default(), epoch))), epoch, born: 0 }
     }
 
     /// An empty window sized like `other` shard by shard (the next window over the same keys):
     /// its tables do not grow through every size on the way, and take their slots from `pool`
     /// where it has them.
     pub fn sized_like(other: &WindowTable, epoch: u32, pool: &mut SlotPool) -> Self {
-        let shards = other.shards.iter().map(|s| owned(ShardMap::from_pool(s.map().len(), pool), epoch)).collect();
+        let shards = shard_array(other.shards.iter().map(|s| owned(ShardMap::from_pool(s.map().len(), pool), epoch)));
         Self { shards, epoch, born: 0 }
     }
 
     /// An empty window whose shards have room for `sizes[i]` entries each (a restore: epoch 0).
     pub fn with_shard_sizes(sizes: &[usize]) -> Self {
         debug_assert_eq!(sizes.len(), SHARDS);
-        Self { shards: sizes.iter().map(|n| Shard::Owned(ShardMap::with_capacity(*n))).collect(), epoch: 0, born: 0 }
+        Self { shards: shard_array(sizes.iter().map(|n| Shard::Owned(ShardMap::with_capacity(*n)))), epoch: 0, born: 0 }
     }
 
     /// Writes from now on stamp `epoch` (not below the current one).
@@ -163,20 +169,12 @@ impl WindowTable {
     /// for it: the row waits beside the shard until the snapshot lets go (the common case: the
     /// uploader drops a snapshot's shards once it has written them), unless as many rows as the
     /// shard has entries are waiting already.
-    #[inline]
+    #[inline(always)]
     pub fn add(&mut self, h: u64, key: u64, value: f64) {
-        let shard = &mut self.shards[shard_of_order(h)];
-        match shard {
+        let epoch = self.epoch;
+        match &mut self.shards[shard_of_order(h)] {
             Shard::Owned(m) => m.add(h, key, value),
-            Shard::Shared(a, rows) if Arc::strong_count(a) > 1 && rows.len() < a.len().max(MIN_DEFERRED) => {
-                rows.push((h, key, value))
-            }
-            Shard::Shared(..) => {
-                unshare(shard, self.epoch);
-                if let Shard::Owned(m) = shard {
-                    m.add(h, key, value)
-                }
-            }
+            shard => add_shared(shard, epoch, h, key, value),
         }
     }
 
@@ -300,6 +298,23 @@ fn apply_sorted(entries: &mut Vec<(u64, u64, Acc)>, rows: &mut [(u64, u64, f64)]
             entries.last_mut().expect("a new entry").2.add(v);
         } else {
             entries.push((h, k, Acc::new(v)));
+        }
+    }
+}
+
+/// [`WindowTable::add`] to a shard a snapshot shares: out of line, so the row loop keeps only
+/// the owned case (rows meet shared shards only between a snapshot and its upload).
+#[inline(never)]
+fn add_shared(shard: &mut Shard, epoch: u32, h: u64, key: u64, value: f64) {
+    match shard {
+        Shard::Shared(a, rows) if Arc::strong_count(a) > 1 && rows.len() < a.len().max(MIN_DEFERRED) => {
+            rows.push((h, key, value))
+        }
+        _ => {
+            unshare(shard, epoch);
+            if let Shard::Owned(m) = shard {
+                m.add(h, key, value)
+            }
         }
     }
 }
