@@ -1,4 +1,4 @@
-//! The one module with `unsafe` code: three things past what safe Rust offers, each measured to
+//! The one module with `unsafe` code: four things past what safe Rust offers, each measured to
 //! matter.
 //!
 //! - [`background_thread`]: uploader threads run as `SCHED_BATCH` (an FFI call). The same CPU
@@ -12,6 +12,8 @@
 //! - [`prefetch`]: a prefetch hint, which the agg issues for the rows it aggregates next (their
 //!   hash-table lines arrive while it works on the rows before them; `weir-e2e agg`: 132 against
 //!   107–110 ns per row at 1,000,000 keys, docs/benchmarks.md).
+//! - [`trunc_below_2_52`]: the fixed-point conversion of every value the agg sums, without the
+//!   saturating checks of `as` (see `operator/window/fixed.rs` for what it measured).
 //! - [`TableBuf`]: the window tables' arrays, large ones on transparent huge pages (raw memory
 //!   mappings: see `table_buf.rs` for why and what it measured).
 
@@ -36,6 +38,20 @@ pub(crate) fn background_thread() {
     }
 }
 
+/// `x` truncated toward zero when `|x| < 2^52`, else `None` (NaN and infinities included): the
+/// conversion without the saturation and NaN handling `as` adds, which the range check makes
+/// unnecessary.
+#[inline(always)]
+pub fn trunc_below_2_52(x: f64) -> Option<i64> {
+    if x.abs() < 4_503_599_627_370_496.0 {
+        // SAFETY: `x` is finite (NaN fails the comparison, infinities exceed it) and its
+        // truncation lies within ±2^52, inside i64: what `to_int_unchecked` requires.
+        Some(unsafe { x.to_int_unchecked::<i64>() })
+    } else {
+        None
+    }
+}
+
 /// Asks the CPU to bring the cache line of `r` closer; does nothing elsewhere than x86-64.
 #[inline(always)]
 pub fn prefetch<T>(r: &T) {
@@ -51,6 +67,8 @@ pub fn prefetch<T>(r: &T) {
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
+    use super::trunc_below_2_52;
+
     /// The calling thread's scheduling policy, from `/proc` (field 41 of `stat`).
     fn policy() -> u32 {
         let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
@@ -68,5 +86,16 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!(p, (libc::SCHED_OTHER as u32, libc::SCHED_BATCH as u32));
+    }
+
+    #[test]
+    fn truncation_below_2_52_matches_as_and_refuses_the_rest() {
+        let limit = 4_503_599_627_370_496.0f64;
+        for x in [0.0, -0.0, 3.7, -3.7, 0.5, -0.999, limit - 1.0, -(limit - 0.5), 1e15 + 0.25] {
+            assert_eq!(trunc_below_2_52(x), Some(x as i64), "{x}");
+        }
+        for x in [limit, -limit, 1e300, f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
+            assert_eq!(trunc_below_2_52(x), None, "{x}");
+        }
     }
 }

@@ -27,10 +27,13 @@ pub struct RowAdder<'a> {
     queued: usize,
     /// Rows a restore sends again ([`WindowAgg::replay_add`]): to windows held only, uncounted.
     replay: bool,
+    /// Whether windows are tumbling (read once, not per row).
+    tumbling: bool,
 }
 
 impl<'a> RowAdder<'a> {
     pub(super) fn new(agg: &'a mut WindowAgg, replay: bool) -> Self {
+        let tumbling = agg.spec.slide_ms == agg.spec.size_ms;
         RowAdder {
             agg,
             lo: i64::MAX,
@@ -40,6 +43,7 @@ impl<'a> RowAdder<'a> {
             late: 0,
             ring: [(0, 0, 0.0); AHEAD],
             queued: 0,
+            tumbling,
             replay,
         }
     }
@@ -48,7 +52,7 @@ impl<'a> RowAdder<'a> {
     /// replay).
     #[inline]
     pub fn add(&mut self, ts: i64, key: u64, value: f64) {
-        if self.agg.spec.slide_ms != self.agg.spec.size_ms {
+        if !self.tumbling {
             match self.replay {
                 true => self.agg.replay_add(ts, key, value),
                 false => self.agg.add(ts, key, value),
