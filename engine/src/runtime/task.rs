@@ -281,7 +281,11 @@ impl AggTask {
                     let again = self.replay.take(i, rows.len() as u64);
                     if again == 0 || again == rows.len() as u64 {
                         let mut adder = if again == 0 { self.agg.batch() } else { self.agg.replay_batch() };
-                        rows.for_each(|t, k, v| adder.add(t, k, v));
+                        match &rows {
+                            // Columns as they are: a run of rows in one window goes in at once.
+                            Rows::Local(b) => adder.add_columns(&b.ts, &b.key, &b.value),
+                            remote => remote.for_each(|t, k, v| adder.add(t, k, v)),
+                        }
                         drop(adder);
                     } else {
                         // Rows a restore sends again, then new ones (see `replay.rs`).

@@ -4,7 +4,7 @@
 use super::{WindowAgg, order_of};
 
 /// Rows a [`RowAdder`] holds between asking for a row's table line and aggregating it.
-const AHEAD: usize = 8;
+pub(super) const AHEAD: usize = 8;
 
 /// Adds rows to a [`WindowAgg`] (see [`WindowAgg::batch`]); the counters are updated, and the
 /// rows still held are aggregated, when it is dropped.
@@ -64,13 +64,7 @@ impl<'a> RowAdder<'a> {
             // Another window: found once for the run of rows that share it. Indices stay valid
             // until the next miss: only a miss inserts a window, and nothing fires meanwhile.
             self.drain();
-            let agg = &mut *self.agg;
-            self.lo = agg.spec.last_start(ts);
-            self.hi = self.lo.saturating_add(agg.spec.size_ms);
-            self.window = match self.replay {
-                true => agg.windows.binary_search_by_key(&self.lo, |w| w.0).ok(),
-                false => (self.hi > agg.watermark).then(|| agg.window_index(self.lo)),
-            };
+            self.find(ts);
         }
         let Some(w) = self.window else {
             self.late += u64::from(!self.replay);
@@ -86,6 +80,46 @@ impl<'a> RowAdder<'a> {
         }
         self.ring[slot] = (h, key, value);
         self.queued += 1;
+    }
+
+    /// Adds rows given as columns, the same as [`Self::add`] row by row: a run of rows in one
+    /// window is found by one scan of its event times and goes to
+    /// [`WindowTable::add_run`](super::WindowTable::add_run) whole, without the per-row window
+    /// checks and ring of [`Self::add`].
+    pub fn add_columns(&mut self, ts: &[i64], keys: &[u64], values: &[f64]) {
+        let n = ts.len();
+        assert!(keys.len() == n && values.len() == n, "columns of one length");
+        if !self.tumbling {
+            (0..n).for_each(|i| self.add(ts[i], keys[i], values[i]));
+            return;
+        }
+        self.drain();
+        let mut i = 0;
+        while i < n {
+            if !(ts[i] >= self.lo && ts[i] < self.hi) {
+                self.find(ts[i]);
+            }
+            let (lo, hi) = (self.lo, self.hi);
+            let run = ts[i..].iter().position(|&t| !(t >= lo && t < hi)).unwrap_or(n - i);
+            let counted = if self.replay { 0 } else { run as u64 };
+            self.rows += counted;
+            match self.window {
+                Some(w) => self.agg.windows[w].1.add_run(&keys[i..i + run], &values[i..i + run]),
+                None => self.late += counted,
+            }
+            i += run;
+        }
+    }
+
+    /// Makes the window of `ts` the current one (a row outside the current one came).
+    fn find(&mut self, ts: i64) {
+        let agg = &mut *self.agg;
+        self.lo = agg.spec.last_start(ts);
+        self.hi = self.lo.saturating_add(agg.spec.size_ms);
+        self.window = match self.replay {
+            true => agg.windows.binary_search_by_key(&self.lo, |w| w.0).ok(),
+            false => (self.hi > agg.watermark).then(|| agg.window_index(self.lo)),
+        };
     }
 
     /// Aggregates the rows held.

@@ -128,16 +128,28 @@ mod tests {
 
     #[test]
     fn a_replay_rebuilds_the_held_windows_and_skips_the_rest_uncounted() {
-        rebuild(false);
+        rebuild(Way::RowByRow);
     }
 
     #[test]
     fn a_replay_through_a_batch_rebuilds_the_same() {
-        rebuild(true);
+        rebuild(Way::Batch);
     }
 
-    /// The rows of a checkpoint replayed row by row, or through [`WindowAgg::replay_batch`].
-    fn rebuild(batch: bool) {
+    #[test]
+    fn a_replay_as_columns_rebuilds_the_same() {
+        rebuild(Way::Columns);
+    }
+
+    enum Way {
+        RowByRow,
+        Batch,
+        Columns,
+    }
+
+    /// The rows of a checkpoint replayed row by row, or through [`WindowAgg::replay_batch`] one
+    /// by one or as columns.
+    fn rebuild(way: Way) {
         // Window 0 fires at ts 11 (emitted before the checkpoint), so ts 2 is late; window 10
         // is held at the checkpoint.
         let before = [(1, 1, 1.0), (3, 2, 2.0), (11, 1, 4.0), (2, 3, 8.0), (13, 2, 16.0)];
@@ -155,11 +167,18 @@ mod tests {
         agg.reopen(&snap.windows.iter().map(|w| w.0).collect::<Vec<_>>(), snap.cursor);
         agg.set_born(from);
         agg.hold(true);
-        if batch {
-            let mut adder = agg.replay_batch();
-            before.iter().for_each(|&(t, k, v)| adder.add(t, k, v));
-        } else {
-            before.iter().for_each(|&(t, k, v)| agg.replay_add(t, k, v));
+        match way {
+            Way::RowByRow => before.iter().for_each(|&(t, k, v)| agg.replay_add(t, k, v)),
+            Way::Batch => {
+                let mut adder = agg.replay_batch();
+                before.iter().for_each(|&(t, k, v)| adder.add(t, k, v));
+            }
+            Way::Columns => {
+                let ts: Vec<i64> = before.iter().map(|r| r.0).collect();
+                let keys: Vec<u64> = before.iter().map(|r| r.1).collect();
+                let values: Vec<f64> = before.iter().map(|r| r.2).collect();
+                agg.replay_batch().add_columns(&ts, &keys, &values);
+            }
         }
         agg.hold(false);
         feed(&mut agg, &after);

@@ -178,6 +178,29 @@ impl WindowTable {
         }
     }
 
+    /// Adds rows `(keys[i], values[i])`, in order: each row's line is asked for
+    /// [`AHEAD`](super::adder::AHEAD) rows before the row is aggregated (the agg's time is the
+    /// latency of a table line per row; this way several are on their way at once).
+    pub fn add_run(&mut self, keys: &[u64], values: &[f64]) {
+        const AHEAD: usize = super::adder::AHEAD;
+        let n = keys.len().min(values.len());
+        let (keys, values) = (&keys[..n], &values[..n]);
+        let mut hs = [0u64; AHEAD];
+        for (h, k) in hs.iter_mut().zip(keys) {
+            *h = order_of(*k);
+            self.prefetch(*h);
+        }
+        for i in 0..n {
+            let h = hs[i % AHEAD];
+            if let Some(k) = keys.get(i + AHEAD) {
+                let next = order_of(*k);
+                self.prefetch(next);
+                hs[i % AHEAD] = next;
+            }
+            self.add(h, keys[i], values[i]);
+        }
+    }
+
     /// Entries.
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.settled().len()).sum()
