@@ -409,69 +409,62 @@ fn agg(keys: &[u64]) {
     use weir_engine::operator::generator::{Generator, GeneratorSpec};
     use weir_engine::operator::window::{WindowAgg, WindowSpec};
     const ROWS: u64 = 40_000_000;
+    const BATCH: u64 = 4096;
+    // Best of three runs: ns per row of what `make` returns, fed the generator's rows a batch at
+    // a time as a source fills them (`Generator::fill`), with the offset after each batch.
+    fn best_of_three<F: FnMut(&weir_wire::Batch, u64)>(g: &Generator, mut make: impl FnMut() -> F) -> f64 {
+        (0..3)
+            .map(|_| {
+                let (mut f, mut b, mut o) = (make(), weir_wire::Batch::with_capacity(BATCH as usize), 0);
+                let t = Instant::now();
+                while o < ROWS {
+                    b.clear();
+                    g.fill(o, BATCH as usize, &mut b);
+                    o += BATCH;
+                    f(&b, o);
+                }
+                t.elapsed().as_nanos() as f64 / ROWS as f64
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
     for &k in keys {
-        let g = Generator::new(GeneratorSpec { keys: k, rows_per_ms: 10_000, ..GeneratorSpec::default() }, 0);
-        let best = (0..3)
-            .map(|_| {
-                let mut agg = WindowAgg::new(WindowSpec::tumbling(1000), 0, 1);
-                let (mut o, mut results) = (0u64, 0u64);
-                let t = Instant::now();
-                while o < ROWS {
-                    let mut adder = agg.batch();
-                    for x in o..o + 4096 {
-                        let (ts, key, v) = g.row(x);
-                        adder.add(ts, key, v);
-                    }
-                    drop(adder);
-                    o += 4096;
-                    agg.advance(0, g.max_ts_before(o), |_| results += 1).unwrap();
-                }
-                std::hint::black_box(results);
-                t.elapsed().as_nanos() as f64 / ROWS as f64
-            })
-            .fold(f64::INFINITY, f64::min);
-        // The generator alone, to tell the agg's own cost.
-        let gen_ns = (0..3)
-            .map(|_| {
-                let t = Instant::now();
-                let mut acc = 0u64;
-                for x in 0..ROWS {
-                    let (ts, key, v) = g.row(x);
-                    acc = acc.wrapping_add(key ^ ts as u64 ^ v.to_bits());
-                }
-                std::hint::black_box(acc);
-                t.elapsed().as_nanos() as f64 / ROWS as f64
-            })
-            .fold(f64::INFINITY, f64::min);
-        // The timely job's table (`timely_job`): an `FxHashMap` of f64 sums per window.
-        let fx_ns = (0..3)
-            .map(|_| {
-                type Table = rustc_hash::FxHashMap<u64, [f64; 4]>;
-                let mut windows = std::collections::BTreeMap::<i64, Table>::new();
-                const EMPTY: [f64; 4] = [0.0, 0.0, f64::INFINITY, f64::NEG_INFINITY];
-                let t = Instant::now();
+        let generator = Generator::new(GeneratorSpec { keys: k, rows_per_ms: 10_000, ..GeneratorSpec::default() }, 0);
+        let g = &generator;
+        // The agg as the engine feeds it (columns, `RowAdder::add_columns`), firing as it goes.
+        let weir_ns = best_of_three(g, || {
+            let mut agg = WindowAgg::new(WindowSpec::tumbling(1000), 0, 1);
+            move |b, o| {
+                agg.batch().add_columns(&b.ts, &b.key, &b.value);
                 let mut results = 0u64;
-                let mut o = 0;
-                while o < ROWS {
-                    for x in o..o + 4096 {
-                        let (ts, key, v) = g.row(x);
-                        let a = windows.entry(ts - ts % 1000).or_default().entry(key).or_insert(EMPTY);
-                        a[0] += 1.0;
-                        a[1] += v;
-                        a[2] = a[2].min(v);
-                        a[3] = a[3].max(v);
-                    }
-                    o += 4096;
-                    let wm = g.max_ts_before(o);
-                    while windows.first_key_value().is_some_and(|(s, _)| s + 1000 <= wm) {
-                        results += windows.pop_first().map(|w| w.1.len() as u64).unwrap_or(0);
-                    }
-                }
+                agg.advance(0, g.max_ts_before(o), |_| results += 1).unwrap();
                 std::hint::black_box(results);
-                t.elapsed().as_nanos() as f64 / ROWS as f64
-            })
-            .fold(f64::INFINITY, f64::min);
-        println!("{k:>10} keys: {best:.1} ns per row ({gen_ns:.1} of them the generator's); FxHashMap: {fx_ns:.1}");
+            }
+        });
+        // The generator alone, to tell the tables' own cost.
+        let gen_ns = best_of_three(g, || {
+            |b, _| {
+                std::hint::black_box(b.len());
+            }
+        });
+        // The timely job's table (`timely_job`): an `FxHashMap` of f64 sums per window.
+        let fx_ns = best_of_three(g, || {
+            const EMPTY: [f64; 4] = [0.0, 0.0, f64::INFINITY, f64::NEG_INFINITY];
+            let mut windows = std::collections::BTreeMap::<i64, rustc_hash::FxHashMap<u64, [f64; 4]>>::new();
+            move |b, o| {
+                for ((ts, key), v) in b.ts.iter().zip(&b.key).zip(&b.value) {
+                    let a = windows.entry(ts - ts % 1000).or_default().entry(*key).or_insert(EMPTY);
+                    a[0] += 1.0;
+                    a[1] += v;
+                    a[2] = a[2].min(*v);
+                    a[3] = a[3].max(*v);
+                }
+                let wm = g.max_ts_before(o);
+                while windows.first_key_value().is_some_and(|(s, _)| s + 1000 <= wm) {
+                    std::hint::black_box(windows.pop_first().map(|w| w.1.len()));
+                }
+            }
+        });
+        println!("{k:>10} keys: {weir_ns:.1} ns per row ({gen_ns:.1} of them the generator's); FxHashMap: {fx_ns:.1}");
     }
 }
 
