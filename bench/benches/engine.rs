@@ -212,5 +212,28 @@ fn state_writes(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, parts, result_writes, state_writes);
+/// Values to the agg's fixed point (`to_fixed`, on every row a window sums) at three magnitudes:
+/// the generator's (below 1,000), counters of millions to billions, and 10^12 to 10^15 (bytes,
+/// microsecond timestamps).
+fn fixed_point(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine");
+    g.throughput(Throughput::Elements(ROWS as u64));
+    for (name, scale) in [("small", 1e3), ("millions", 1e9), ("1e15", 1e15)] {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let values: Vec<f64> = (0..ROWS)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 11) as f64 / (1u64 << 53) as f64 * scale
+            })
+            .collect();
+        g.bench_function(format!("to_fixed_4096_values_{name}"), |b| {
+            b.iter(|| values.iter().fold(0i128, |s, v| s.wrapping_add(weir_engine::operator::window::to_fixed(*v))))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, parts, result_writes, state_writes, fixed_point);
 criterion_main!(benches);

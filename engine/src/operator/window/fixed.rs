@@ -28,11 +28,21 @@ pub fn to_fixed(v: f64) -> i128 {
     to_fixed_large(x)
 }
 
-/// Huge values, NaN and infinities; out of line, or the compiler computes `round` (a libm call)
-/// ahead of the branch for every value.
-#[cold]
+/// Values from 2^20 up (`x` at least 2^52 in magnitude), NaN and infinities; out of line, so
+/// the common path stays short.
+///
+/// From 2^52 on, an f64 is a whole number, so rounding is the identity: below 2^63 (values
+/// below about 2.1 billion: counters, byte counts) the hardware's i64 conversion is exact and
+/// all that is needed, instead of libm's `round` and the software f64 → i128 conversion, which
+/// larger values still take (docs/benchmarks.md, `cargo bench -p weir-bench --bench engine --
+/// to_fixed`).
+#[cold] // for the layout of the common path; values of millions take it at full speed too
 #[inline(never)]
 fn to_fixed_large(x: f64) -> i128 {
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    if x.abs() < TWO_63 {
+        return i128::from(x as i64);
+    }
     // `as` saturates (and maps NaN to 0), which keeps the operator total on any input.
     x.round() as i128
 }

@@ -144,6 +144,19 @@ fn the_fast_fixed_point_conversion_rounds_exactly_as_round_does() {
         -(EXACT_INT - 0.5) / FX_SCALE,
         1e30,
         -1e30,
+        // Each path of the conversion past 2^52, and its edges.
+        1_048_576.0,
+        -1_048_576.5,
+        3.5e9,
+        -2_147_483_647.75,
+        2_147_483_648.0,
+        -2_147_483_648.0,
+        1.7e15,
+        -1.7e18,
+        39_614_081_257_132_168_796_771_975_168.0,  // 2^95: x = 2^127, saturates
+        -39_614_081_257_132_168_796_771_975_168.0, // x = -2^127 = i128::MIN exactly
+        f64::from_bits(2f64.powi(95).to_bits() - 1), // the f64 below 2^95
+        -f64::from_bits(2f64.powi(95).to_bits() - 1),
         f64::MAX,
         f64::MIN,
         f64::INFINITY,
