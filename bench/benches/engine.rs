@@ -1,7 +1,7 @@
-//! Engine parts: the generator, window aggregation, the ingest log append path, a window agg's
-//! checkpoint (the synchronous freeze of its state, at 10,000 and 1,000,000 keys, and the
-//! background snapshot write and store, and a state file at a million keys), and a sink's result
-//! writes.
+//! Engine parts: the generator, window aggregation and its fixed-point conversion, the ingest
+//! log append path, a window agg's checkpoint (the synchronous freeze of its state, at 10,000
+//! and 1,000,000 keys, and the background snapshot write and store, and a state file at a
+//! million keys), and a sink's result writes.
 //! Results and the command are in docs/benchmarks.md.
 
 use std::time::{Duration, Instant};
