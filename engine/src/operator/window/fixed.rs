@@ -14,10 +14,11 @@ pub(crate) const EXACT_INT: f64 = 4_503_599_627_370_496.0;
 #[inline]
 pub fn to_fixed(v: f64) -> i128 {
     let x = v * FX_SCALE;
-    // Values below 2^20 (all but huge ones): truncation to i64 is one instruction (without the
-    // saturation `as` adds: `weir-e2e agg` 15.0 / 21.1 against 15.5 / 22.2 ns per row at 5,000 /
-    // 100,000 keys, three runs each), and `x - t` is exact, so the result is `round`'s without its libm call and the software f64 → i128
-    // conversion (together 14 % of the engine's CPU at 10,000 keys, `perf` in issue 11).
+    // Values below 2^20: truncation to i64 is one instruction (without the saturation `as`
+    // adds: `weir-e2e agg` 15.0 / 21.1 against 15.5 / 22.2 ns per row at 5,000 / 100,000 keys,
+    // three runs each), and `x - t` is exact, so the result is `round`'s without its libm call
+    // and the software f64 → i128 conversion (together 14 % of the engine's CPU at 10,000 keys,
+    // `perf` in issue 11).
     if let Some(t) = crate::sys::trunc_below_2_52(x) {
         let frac = x - t as f64;
         // Without branches: the fraction of a random value is above a half as often as not,
