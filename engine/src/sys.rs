@@ -12,7 +12,7 @@
 //! - [`prefetch`]: a prefetch hint, which the agg issues for the rows it aggregates next (their
 //!   hash-table lines arrive while it works on the rows before them; `weir-e2e agg`: 132 against
 //!   107–110 ns per row at 1,000,000 keys, docs/benchmarks.md).
-//! - [`trunc_below_2_52`]: the fixed-point conversion of every value the agg sums, without the
+//! - [`truncate`]: the fixed-point conversion of every value the agg sums, without the
 //!   saturating checks of `as` (see `operator/window/fixed.rs` for what it measured).
 //! - [`TableBuf`]: the window tables' arrays, large ones on transparent huge pages (raw memory
 //!   mappings: see `table_buf.rs` for why and what it measured).
@@ -38,17 +38,22 @@ pub(crate) fn background_thread() {
     }
 }
 
-/// `x` truncated toward zero when `|x| < 2^52`, else `None` (NaN and infinities included): the
-/// conversion without the saturation and NaN handling `as` adds, which the range check makes
-/// unnecessary.
+/// `y` truncated toward zero when that fits in an i64 other than `i64::MIN`, else `i64::MIN`
+/// (NaN and infinities included): the conversion as x86-64's hardware does it, without the
+/// checks `as` adds for saturation and NaN (elsewhere, those checks).
 #[inline(always)]
-pub fn trunc_below_2_52(x: f64) -> Option<i64> {
-    if x.abs() < 4_503_599_627_370_496.0 {
-        // SAFETY: `x` is finite (NaN fails the comparison, infinities exceed it) and its
-        // truncation lies within ±2^52, inside i64: what `to_int_unchecked` requires.
-        Some(unsafe { x.to_int_unchecked::<i64>() })
-    } else {
-        None
+pub fn truncate(y: f64) -> i64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE2, the only target feature these two intrinsics need, is part of x86-64's
+    // baseline; they read and write registers only.
+    unsafe {
+        use core::arch::x86_64::{_mm_cvttsd_si64, _mm_set_sd};
+        _mm_cvttsd_si64(_mm_set_sd(y))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+        if y.abs() < TWO_63 { y as i64 } else { i64::MIN }
     }
 }
 
@@ -67,7 +72,7 @@ pub fn prefetch<T>(r: &T) {
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
-    use super::trunc_below_2_52;
+    use super::truncate;
 
     /// The calling thread's scheduling policy, from `/proc` (field 41 of `stat`).
     fn policy() -> u32 {
@@ -89,13 +94,14 @@ mod tests {
     }
 
     #[test]
-    fn truncation_below_2_52_matches_as_and_refuses_the_rest() {
-        let limit = 4_503_599_627_370_496.0f64;
-        for x in [0.0, -0.0, 3.7, -3.7, 0.5, -0.999, limit - 1.0, -(limit - 0.5), 1e15 + 0.25] {
-            assert_eq!(trunc_below_2_52(x), Some(x as i64), "{x}");
+    fn truncation_matches_as_within_i64_and_gives_its_minimum_past_it() {
+        let two_63 = 9_223_372_036_854_775_808.0f64;
+        let below = f64::from_bits(two_63.to_bits() - 1);
+        for x in [0.0, -0.0, 3.7, -3.7, 0.5, -0.999, 4.5e15 + 0.5, 1e18, -1e18, below, -below] {
+            assert_eq!(truncate(x), x as i64, "{x}");
         }
-        for x in [limit, -limit, 1e300, f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
-            assert_eq!(trunc_below_2_52(x), None, "{x}");
+        for x in [two_63, -two_63, 1e300, -1e300, f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
+            assert_eq!(truncate(x), i64::MIN, "{x}");
         }
     }
 }

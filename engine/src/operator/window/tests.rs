@@ -142,9 +142,17 @@ fn the_fast_fixed_point_conversion_rounds_exactly_as_round_does() {
         (EXACT_INT - 1.0) / FX_SCALE,
         EXACT_INT / FX_SCALE,
         -(EXACT_INT - 0.5) / FX_SCALE,
+        (EXACT_INT / 2.0 + 0.5) / FX_SCALE, // a tie where the spacing is a half
+        -(EXACT_INT / 2.0 + 1.5) / FX_SCALE,
+        (EXACT_INT + 1.0) / FX_SCALE,
+        0.3 / FX_SCALE,
+        -0.25 / FX_SCALE,
+        // x just below 2^63, where the one-truncation path ends (2^63 itself is below).
+        f64::from_bits(2_147_483_648f64.to_bits() - 1),
+        -f64::from_bits(2_147_483_648f64.to_bits() - 1),
         1e30,
         -1e30,
-        // Each path of the conversion past 2^52, and its edges.
+        // Past 2^52 (x whole), and the out-of-line path from 2^63 on.
         1_048_576.0,
         -1_048_576.5,
         3.5e9,
