@@ -8,7 +8,8 @@
 //!   runs the checkpoint protocol on them.
 //! - [`checkpoint`]: the protocol as pure state machines (task and coordinator).
 //! - [`backup`]: the store interface, the local-directory store, snapshot upload and download.
-//! - `sys`: the one module with `unsafe` code (a scheduling-class call and a prefetch hint).
+//! - `sys`: the one module with `unsafe` code (a scheduling-class call, a prefetch hint, the
+//!   hardware's float truncation and the window tables' memory).
 //!
 //! Every protocol type comes from [`wire`] (`weir-wire`), never from a copy here.
 
