@@ -7,8 +7,8 @@
 //! on the instruction after the prefetch). Transparent huge pages cover 2 MiB per TLB entry, but
 //! this machine's setting (`madvise`, Debian's default) gives them only to memory that asks, and
 //! only in whole aligned 2 MiB: a table of a million keys' shard is 256 KiB to 1 MiB. So tables
-//! from 256 KiB up come from aligned 2 MiB chunks advised `MADV_HUGEPAGE`, each chunk carved into
-//! blocks of one size; tables of 2 MiB and more are aligned mappings of their own.
+//! from [`HUGE_FROM`] up come from aligned 2 MiB chunks advised `MADV_HUGEPAGE`, each chunk
+//! carved into blocks of one size; tables of 2 MiB and more are aligned mappings of their own.
 //!
 //! Invariants: a buffer owns `len` initialised elements (written with `T::default()` when made);
 //! a chunk's blocks are all of one power-of-two size, each either owned by one buffer or on the
@@ -24,8 +24,14 @@ use std::sync::Mutex;
 /// The huge page size, the chunk size and alignment.
 const HUGE: usize = 2 << 20;
 
-/// Buffers from this many bytes on come from huge-page chunks.
-const HUGE_FROM: usize = 256 << 10;
+/// Buffers from this many bytes (a 4 KiB page) on come from huge-page chunks.
+///
+/// Was 256 KiB. At 100,000 keys a shard's table is 32 KiB and a window's 256 of them 8 MiB:
+/// 2,048 small pages, as many as the second-level TLB holds, so rows missed it too. `weir-e2e
+/// agg 100000`, three pairs: 19.7 / 20.0 / 20.1 ns per row against 21.7 / 21.6 / 21.4, or 1.09 /
+/// 1.12 / 1.14 times timely's table of the same run against 1.24 / 1.21 / 1.24
+/// (docs/benchmarks.md, session 25).
+const HUGE_FROM: usize = 4 << 10;
 
 /// Where a buffer's memory came from (and goes back to).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -275,8 +281,8 @@ mod tests {
 
     #[test]
     fn buffers_of_every_size_hold_their_elements_apart_and_clone() {
-        // Heap (64 KiB), blocks of 256 KiB and 1 MiB (several per chunk), a 4 MiB mapping.
-        let sizes = [1024, 4096, 4096, 16384, 16384, 65536];
+        // Heap (2 KiB), blocks of 64 KiB, 256 KiB and 1 MiB (several per chunk), a 4 MiB mapping.
+        let sizes = [32, 1024, 4096, 4096, 16384, 16384, 65536];
         let bufs: Vec<_> = sizes.iter().enumerate().map(|(k, &n)| filled(n, k as u64 * 1_000_000)).collect();
         for (k, b) in bufs.iter().enumerate() {
             assert_eq!(b.len(), sizes[k]);
