@@ -1,10 +1,8 @@
 //! [`RowAdder`]: many rows into a [`WindowAgg`] at once, each row's table line prefetched a few
 //! rows ahead.
 
+use super::table::AHEAD;
 use super::{WindowAgg, order_of};
-
-/// Rows a [`RowAdder`] holds between asking for a row's table line and aggregating it.
-pub(super) const AHEAD: usize = 8;
 
 /// Adds rows to a [`WindowAgg`] (see [`WindowAgg::batch`]); the counters are updated, and the
 /// rows still held are aggregated, when it is dropped.

@@ -91,6 +91,10 @@ impl Shard {
     }
 }
 
+/// Rows between asking for a row's table line and aggregating the row ([`WindowTable::add_run`],
+/// and the ring of the row-by-row `RowAdder`): 16 or 32 were slower (docs/benchmarks.md).
+pub(super) const AHEAD: usize = 8;
+
 /// Rows a shared shard defers at least, before it is copied.
 const MIN_DEFERRED: usize = 64;
 
@@ -179,10 +183,9 @@ impl WindowTable {
     }
 
     /// Adds rows `(keys[i], values[i])`, in order: each row's line is asked for
-    /// [`AHEAD`](super::adder::AHEAD) rows before the row is aggregated (the agg's time is the
+    /// [`AHEAD`] rows before the row is aggregated (the agg's time is the
     /// latency of a table line per row; this way several are on their way at once).
     pub fn add_run(&mut self, keys: &[u64], values: &[f64]) {
-        const AHEAD: usize = super::adder::AHEAD;
         let n = keys.len().min(values.len());
         let (keys, values) = (&keys[..n], &values[..n]);
         let mut hs = [0u64; AHEAD];
