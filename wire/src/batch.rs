@@ -9,6 +9,37 @@
 
 use rkyv::rend::{f64_le, i64_le, u64_le};
 
+/// A column's element as a native value: the native types themselves (a batch in memory), and
+/// the little-endian ones of an archived batch read in place (a no-op on little-endian machines).
+/// Lets one loop read the columns of either without copying them.
+pub trait Native: Copy {
+    /// The native type.
+    type Out: Copy;
+    /// The value.
+    fn native(self) -> Self::Out;
+}
+
+macro_rules! native {
+    ($($t:ty => $out:ty, $f:expr;)*) => {$(
+        impl Native for $t {
+            type Out = $out;
+            #[inline(always)]
+            fn native(self) -> $out {
+                $f(self)
+            }
+        }
+    )*};
+}
+
+native! {
+    i64 => i64, |x| x;
+    u64 => u64, |x| x;
+    f64 => f64, |x| x;
+    i64_le => i64, |x: i64_le| x.to_native();
+    u64_le => u64, |x: u64_le| x.to_native();
+    f64_le => f64, |x: f64_le| x.to_native();
+}
+
 /// A record: event time in milliseconds, series key, value.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Row {
@@ -146,5 +177,20 @@ mod tests {
         assert!(b.capacity() >= 64);
         b.key = Vec::with_capacity(8);
         assert_eq!(b.capacity(), b.key.capacity());
+    }
+
+    #[test]
+    fn an_archived_batchs_columns_read_as_native_give_the_rows() {
+        let mut b = Batch::default();
+        for (t, k, v) in [(-5i64, u64::MAX, -0.25f64), (1_700_000_000_000, 7, f64::MAX), (0, 0, f64::NAN)] {
+            b.push(t, k, v);
+        }
+        let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(&b).unwrap();
+        let a = rkyv::access::<ArchivedBatch, rkyv::rancor::Error>(&bytes).unwrap();
+        let ts: Vec<i64> = a.ts_column().iter().map(|x| x.native()).collect();
+        let keys: Vec<u64> = a.key_column().iter().map(|x| x.native()).collect();
+        let values: Vec<u64> = a.value_column().iter().map(|x| x.native().to_bits()).collect();
+        assert_eq!((ts, keys), (b.ts.clone(), b.key.clone()));
+        assert_eq!(values, b.value.iter().map(|v| v.native().to_bits()).collect::<Vec<_>>());
     }
 }

@@ -15,7 +15,7 @@ pub mod ids;
 pub mod msg;
 pub mod transport;
 
-pub use batch::{Batch, Row};
+pub use batch::{Batch, Native, Row};
 pub use frame::{BufferPool, EncodedFrame, Frame, FrameDecoder, FrameEncoder, FrameError, PROTOCOL_VERSION};
 pub use ids::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
 pub use msg::{AnyMessage, Kind, Message};

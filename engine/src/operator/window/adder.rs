@@ -1,6 +1,8 @@
 //! [`RowAdder`]: many rows into a [`WindowAgg`] at once, each row's table line prefetched a few
 //! rows ahead.
 
+use weir_wire::Native;
+
 use super::table::AHEAD;
 use super::{WindowAgg, order_of};
 
@@ -83,22 +85,29 @@ impl<'a> RowAdder<'a> {
     /// Adds rows given as columns, the same as [`Self::add`] row by row: a run of rows in one
     /// window is found by one scan of its event times and goes to
     /// [`WindowTable::add_run`](super::WindowTable::add_run) whole, without the per-row window
-    /// checks and ring of [`Self::add`].
-    pub fn add_columns(&mut self, ts: &[i64], keys: &[u64], values: &[f64]) {
+    /// checks and ring of [`Self::add`]. The columns are a local batch's or, read in place, those
+    /// of a batch from another node ([`Native`]).
+    pub fn add_columns<T, K, V>(&mut self, ts: &[T], keys: &[K], values: &[V])
+    where
+        T: Native<Out = i64>,
+        K: Native<Out = u64>,
+        V: Native<Out = f64>,
+    {
         let n = ts.len();
         assert!(keys.len() == n && values.len() == n, "columns of one length");
         if !self.tumbling {
-            (0..n).for_each(|i| self.add(ts[i], keys[i], values[i]));
+            (0..n).for_each(|i| self.add(ts[i].native(), keys[i].native(), values[i].native()));
             return;
         }
         self.drain();
         let mut i = 0;
         while i < n {
-            if !(ts[i] >= self.lo && ts[i] < self.hi) {
-                self.find(ts[i]);
+            let t = ts[i].native();
+            if !(t >= self.lo && t < self.hi) {
+                self.find(t);
             }
             let (lo, hi) = (self.lo, self.hi);
-            let run = ts[i..].iter().position(|&t| !(t >= lo && t < hi)).unwrap_or(n - i);
+            let run = ts[i..].iter().position(|t| !(t.native() >= lo && t.native() < hi)).unwrap_or(n - i);
             let counted = if self.replay { 0 } else { run as u64 };
             self.rows += counted;
             match self.window {

@@ -20,6 +20,8 @@
 
 use std::sync::Arc;
 
+use weir_wire::Native;
+
 use super::Acc;
 use super::slots::{SlotMap, SlotPool, sort_drained};
 
@@ -182,25 +184,25 @@ impl WindowTable {
         }
     }
 
-    /// Adds rows `(keys[i], values[i])`, in order: each row's line is asked for
-    /// [`AHEAD`] rows before the row is aggregated (the agg's time is the
-    /// latency of a table line per row; this way several are on their way at once).
-    pub fn add_run(&mut self, keys: &[u64], values: &[f64]) {
+    /// Adds rows `(keys[i], values[i])`, in order: each row's line is asked for [`AHEAD`] rows
+    /// before the row is aggregated (the agg's time is the latency of a table line per row; this
+    /// way several are on their way at once).
+    pub fn add_run<K: Native<Out = u64>, V: Native<Out = f64>>(&mut self, keys: &[K], values: &[V]) {
         let n = keys.len().min(values.len());
         let (keys, values) = (&keys[..n], &values[..n]);
         let mut hs = [0u64; AHEAD];
         for (h, k) in hs.iter_mut().zip(keys) {
-            *h = order_of(*k);
+            *h = order_of(k.native());
             self.prefetch(*h);
         }
         for i in 0..n {
             let h = hs[i % AHEAD];
             if let Some(k) = keys.get(i + AHEAD) {
-                let next = order_of(*k);
+                let next = order_of(k.native());
                 self.prefetch(next);
                 hs[i % AHEAD] = next;
             }
-            self.add(h, keys[i], values[i]);
+            self.add(h, keys[i].native(), values[i].native());
         }
     }
 

@@ -62,19 +62,26 @@ fn reference(spec: WindowSpec, delay: i64, ups: usize, evs: &[Ev]) -> (Vec<Windo
     (out, late)
 }
 
-/// Rows go in a batch at a time (the engine's way: a batch's first rows one by one, the rest as
-/// columns, so both paths and a switch between them inside one adder are checked); `run_sliced`
-/// adds them one by one.
+/// Rows go in a batch at a time (the engine's way: a batch's first rows one by one, then some
+/// as native columns and the rest as the little-endian columns of a batch from another node, so
+/// every path and the switches between them inside one adder are checked); `run_sliced` adds
+/// them one by one.
 fn run(agg: &mut WindowAgg, evs: &[Ev], out: &mut Vec<WindowResult>) {
+    use rkyv::rend::{f64_le, i64_le, u64_le};
     for ev in evs {
         match ev {
             Ev::Rows(rows) => {
                 let mut adder = agg.batch();
                 let (one_by_one, columns) = rows.split_at(rows.len() / 3);
+                let (native, remote) = columns.split_at(columns.len() / 2);
                 one_by_one.iter().for_each(|&(t, k, v)| adder.add(t, k, v));
-                let ts: Vec<i64> = columns.iter().map(|r| r.0).collect();
-                let keys: Vec<u64> = columns.iter().map(|r| r.1).collect();
-                let values: Vec<f64> = columns.iter().map(|r| r.2).collect();
+                let ts: Vec<i64> = native.iter().map(|r| r.0).collect();
+                let keys: Vec<u64> = native.iter().map(|r| r.1).collect();
+                let values: Vec<f64> = native.iter().map(|r| r.2).collect();
+                adder.add_columns(&ts, &keys, &values);
+                let ts: Vec<i64_le> = remote.iter().map(|r| i64_le::from_native(r.0)).collect();
+                let keys: Vec<u64_le> = remote.iter().map(|r| u64_le::from_native(r.1)).collect();
+                let values: Vec<f64_le> = remote.iter().map(|r| f64_le::from_native(r.2)).collect();
                 adder.add_columns(&ts, &keys, &values);
             }
             Ev::Progress(i, t) => agg.advance(*i, *t, |r| out.push(r)).unwrap(),
