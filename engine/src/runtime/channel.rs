@@ -55,16 +55,25 @@ impl Rows {
                     f(*t, *k, *v);
                 }
             }
-            Rows::Remote(frame) => match frame.access::<Data>() {
-                Ok(d) => {
-                    let b = &d.batch;
+            Rows::Remote(frame) => {
+                if let Some(b) = received(frame) {
                     for ((t, k), v) in b.ts_column().iter().zip(b.key_column()).zip(b.value_column()) {
                         f(t.to_native(), k.to_native(), v.to_native());
                     }
                 }
-                // The transport validated it already; validation is deterministic.
-                Err(e) => tracing::error!(error = %e, "received data frame failed validation twice"),
-            },
+            }
+        }
+    }
+}
+
+/// The rows of a received `Data` frame, read in place; `None`, logged, if the frame fails
+/// validation (the transport validated it already, and validation is deterministic).
+pub(crate) fn received(frame: &Frame) -> Option<&weir_wire::batch::ArchivedBatch> {
+    match frame.access::<Data>() {
+        Ok(d) => Some(&d.batch),
+        Err(e) => {
+            tracing::error!(error = %e, "received data frame failed validation twice");
+            None
         }
     }
 }

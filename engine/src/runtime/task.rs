@@ -285,13 +285,11 @@ impl AggTask {
                             // Columns as they are: a run of rows in one window goes in at once.
                             Rows::Local(b) => adder.add_columns(&b.ts, &b.key, &b.value),
                             // From another node: the frame's columns, read in place.
-                            Rows::Remote(f) => match f.access::<weir_wire::msg::Data>() {
-                                Ok(d) => {
-                                    adder.add_columns(d.batch.ts_column(), d.batch.key_column(), d.batch.value_column())
+                            Rows::Remote(f) => {
+                                if let Some(b) = super::channel::received(f) {
+                                    adder.add_columns(b.ts_column(), b.key_column(), b.value_column());
                                 }
-                                // The transport validated it already; validation is deterministic.
-                                Err(e) => tracing::error!(error = %e, "received data frame failed validation twice"),
-                            },
+                            }
                         }
                         drop(adder);
                     } else {

@@ -107,7 +107,7 @@ impl<'a> RowAdder<'a> {
                 self.find(t);
             }
             let (lo, hi) = (self.lo, self.hi);
-            let run = ts[i..].iter().position(|t| !(t.native() >= lo && t.native() < hi)).unwrap_or(n - i);
+            let run = ts[i..].iter().map(|t| t.native()).position(|t| !(t >= lo && t < hi)).unwrap_or(n - i);
             let counted = if self.replay { 0 } else { run as u64 };
             self.rows += counted;
             match self.window {
