@@ -6,10 +6,15 @@
 //! bytes and of the entry, which SwissTable keeps apart). Here a lookup touches one line, which
 //! [`SlotMap::prefetch`] can ask for ahead of time.
 //!
-//! Half full at most: at three quarters the agg loop was 20 % slower at 10,000 to 4,000,000 keys
-//! (`weir-e2e agg` on a build with that limit, not committed: 42.8 / 98.3 / 141.8 against 35.3 /
-//! 77.7 / 117.6 ns per row), for a third less memory (a table's slots are 64 bytes, so an entry
-//! takes 128 to 256 bytes).
+//! A quarter full at most up to [`QUARTER_UP_TO`] slots (64 KiB), half full at most beyond: a
+//! key its probe does not find in its first slot costs a mispredicted branch and another line,
+//! about as much as the rest of its row, and at half load a fifth to a third of the rows are
+//! such. At a quarter that is half as many: `weir-e2e keys 6 100000`, three pairs, 93 / 93 / 95
+//! against 82 / 81 / 85 M events/s (docs/benchmarks.md, session 26), for twice the memory (an
+//! entry takes 256 to 512 bytes instead of 128 to 256), which small tables can spend and large
+//! ones, whose state is what the memory budget is for, cannot. At three quarters the agg loop was
+//! 20 % slower at 10,000 to 4,000,000 keys (`weir-e2e agg`: 42.8 / 98.3 / 141.8 against 35.3 /
+//! 77.7 / 117.6 ns per row).
 //!
 //! Invariants: the number of slots is zero or a power of two, at most half used; a slot is empty
 //! when its count is zero (a live aggregate has counted at least one row); a key's probe starts
@@ -42,6 +47,8 @@ pub struct SlotMap {
     shift: u32,
     /// Slots of the first allocation, when there is none yet.
     first: usize,
+    /// Entries the slots hold before the table grows ([`room`]).
+    room: usize,
     /// The epoch writes stamp on slots (see [`Self::set_epoch`]).
     epoch: u32,
     /// Slots stamped with `epoch`.
@@ -50,6 +57,22 @@ pub struct SlotMap {
 
 /// Slots of a table's first allocation.
 const FIRST: usize = 8;
+
+/// Slots up to which a table is a quarter full at most (half full beyond).
+pub(super) const QUARTER_UP_TO: usize = 1024;
+
+/// Entries a table of `slots` slots holds before it grows.
+fn room(slots: usize) -> usize {
+    if slots <= QUARTER_UP_TO { slots / 4 } else { slots / 2 }
+}
+
+/// Slots of a table with [`room`] for `n` entries.
+fn slots_for(n: usize) -> usize {
+    match (n * 4).next_power_of_two().max(FIRST) {
+        quarter if quarter <= QUARTER_UP_TO => quarter,
+        _ => (n * 2).next_power_of_two().max(QUARTER_UP_TO * 2),
+    }
+}
 
 impl SlotMap {
     /// Entries.
@@ -100,7 +123,7 @@ impl SlotMap {
     /// window's 256 tables allocate one by one as rows reach them, instead of all at once (half
     /// a gigabyte at 4,000,000 keys) on the row that opens the window.
     pub fn expecting(n: usize) -> Self {
-        Self { first: (n * 2).next_power_of_two().max(FIRST), ..Self::default() }
+        Self { first: slots_for(n), ..Self::default() }
     }
 
     /// An empty table for about `n` entries whose slots come from `pool` when it has a table of
@@ -110,6 +133,7 @@ impl SlotMap {
         let mut t = Self::expecting(n);
         if let Some(slots) = pool.take(t.first) {
             t.shift = 64 - slots.len().trailing_zeros();
+            t.room = room(slots.len());
             t.slots = slots;
         }
         t
@@ -125,7 +149,7 @@ impl SlotMap {
     pub fn drain_into(&mut self, out: &mut Vec<(u64, u64, Acc)>) {
         out.reserve(self.len);
         if self.len > 0 {
-            // Half empty at most, so there is an empty slot.
+            // At most half used, so there is an empty slot.
             let first_empty = self.slots.iter().position(|s| s.acc.count == 0).expect("a slot is empty");
             let wrapped = |m: &Self, i: usize| m.start(order_of(m.slots[i].key)) > i;
             let mut take = |m: &mut Self, i: usize| {
@@ -168,7 +192,7 @@ impl SlotMap {
     /// `WindowTable::add`), spilling its registers on every row.
     #[inline(always)]
     pub fn add(&mut self, h: u64, key: u64, value: f64) {
-        if (self.len + 1) * 2 > self.slots.len() {
+        if self.len >= self.room {
             self.grow();
         }
         let mask = self.mask();
@@ -196,7 +220,7 @@ impl SlotMap {
     /// Sets `key`'s aggregate (a restore); `acc.count` must be positive.
     pub fn insert(&mut self, key: u64, acc: Acc) {
         debug_assert!(acc.count > 0);
-        if (self.len + 1) * 2 > self.slots.len() {
+        if self.len >= self.room {
             self.grow();
         }
         self.put(order_of(key), key, self.epoch, acc);
@@ -229,6 +253,7 @@ impl SlotMap {
     fn resize(&mut self, n: usize) {
         let old = std::mem::replace(&mut self.slots, TableBuf::new(n));
         self.shift = 64 - n.trailing_zeros();
+        self.room = room(n);
         self.len = 0;
         self.stamped = 0;
         for s in old.iter().filter(|s| s.acc.count > 0) {
@@ -271,7 +296,7 @@ impl SlotMap {
     /// table past the caches for the next line too.
     ///
     /// Why the next line: a slot is a line, so every step of a probe past its first slot is
-    /// another line, and at the loads these tables keep (between a quarter and a half) a third
+    /// another line, and at the loads large tables keep (between a quarter and a half) a third
     /// of the rows take that step, which missed the cache unasked (`perf annotate` of `weir-e2e
     /// agg 4000000`: 71 % of `WindowTable::add`'s samples on the second slot's load). Small
     /// tables are in cache: the second prefetch would cost them an instruction for nothing.
