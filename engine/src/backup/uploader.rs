@@ -73,6 +73,17 @@ impl std::fmt::Debug for UploadJob {
 }
 
 impl UploadJob {
+    /// What starts as soon as the job is taken, before it waits for the tasks to align: a
+    /// sink's store starts writing its memtable out, so the checkpoint finds the flush done or
+    /// under way. A failure shows again, and fails the job, in [`ResultStore::checkpoint`].
+    fn start(&self) {
+        if let Captured::Sink(results) = &self.captured
+            && let Err(e) = results.start_flush()
+        {
+            tracing::debug!(task = %self.task, checkpoint = %self.id, error = %e, "result store flush not started");
+        }
+    }
+
     fn run(&mut self, store: &dyn Store, stream: StreamId) -> Result<UploadDone, CheckpointError> {
         let t0 = Instant::now();
         let (task, id) = (self.task, self.id);
@@ -175,6 +186,7 @@ impl UploaderPool {
                     .spawn(move || {
                         init();
                         for mut job in rx {
+                            job.start();
                             wait_for_alignment(&aligning);
                             let result = job.run(store.as_ref(), stream);
                             match &result {

@@ -302,8 +302,8 @@ impl ResultStore {
     }
 
     /// Starts writing the memtable to an SST file in the background and returns at once (a
-    /// memtable switch): called at the barrier, so that the checkpoint that follows finds the
-    /// flush done or under way instead of starting it.
+    /// memtable switch): called by the uploader as it takes a sink's checkpoint, so that the
+    /// checkpoint finds the flush done or under way instead of starting it.
     ///
     /// Not while an earlier flush is still writing: RocksDB would wait for it before switching
     /// (a flush that would stall writes waits), and the barrier with it (seconds when the disk

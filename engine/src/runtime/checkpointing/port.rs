@@ -125,14 +125,11 @@ impl TaskPort for EnginePort<'_> {
                 s.replay.checkpoint(id, s.replay.position(s.offset));
                 Captured::Offset(s.replay.history.iter().copied().collect())
             }
-            Task::Sink(s) => {
-                s.store.start_flush().map_err(|e| CheckpointError::Snapshot {
-                    task: self.ctx.task,
-                    id,
-                    reason: e.to_string(),
-                })?;
-                Captured::Sink(s.store.clone())
-            }
+            // The store's memtable is switched by the uploader as it takes the job
+            // (`UploadJob::start`), not here: RocksDB's switch takes its mutex and wakes its
+            // flush threads, and a worker that did it was now and then off its core for
+            // milliseconds inside the pause (docs/benchmarks.md, session 26).
+            Task::Sink(s) => Captured::Sink(s.store.clone()),
         })
     }
 
