@@ -306,8 +306,8 @@ impl ResultStore {
     /// checkpoint finds the flush done or under way instead of starting it.
     ///
     /// Not while an earlier flush is still writing: RocksDB would wait for it before switching
-    /// (a flush that would stall writes waits), and the barrier with it (seconds when the disk
-    /// is behind, at millions of keys). The uploader's checkpoint flushes what is left anyway.
+    /// (a flush that would stall writes waits), seconds when the disk is behind at millions of
+    /// keys. The uploader's checkpoint flushes what is left anyway.
     pub fn start_flush(&self) -> Result<(), StateError> {
         let g = self.db()?;
         let db = g.as_ref().expect("open");

@@ -59,19 +59,20 @@ pub struct SlotMap {
 const FIRST: usize = 8;
 
 /// Slots up to which a table is a quarter full at most (half full beyond).
-pub(super) const QUARTER_UP_TO: usize = 1024;
+const QUARTER_UP_TO: usize = 1024;
 
 /// Entries a table of `slots` slots holds before it grows.
 fn room(slots: usize) -> usize {
     if slots <= QUARTER_UP_TO { slots / 4 } else { slots / 2 }
 }
 
-/// Slots of a table with [`room`] for `n` entries.
+/// Slots of the smallest table (from [`FIRST`]) with [`room`] for `n` entries.
 fn slots_for(n: usize) -> usize {
-    match (n * 4).next_power_of_two().max(FIRST) {
-        quarter if quarter <= QUARTER_UP_TO => quarter,
-        _ => (n * 2).next_power_of_two().max(QUARTER_UP_TO * 2),
+    let mut slots = FIRST;
+    while room(slots) < n {
+        slots *= 2;
     }
+    slots
 }
 
 impl SlotMap {
@@ -132,9 +133,7 @@ impl SlotMap {
     pub fn from_pool(n: usize, pool: &mut SlotPool) -> Self {
         let mut t = Self::expecting(n);
         if let Some(slots) = pool.take(t.first) {
-            t.shift = 64 - slots.len().trailing_zeros();
-            t.room = room(slots.len());
-            t.slots = slots;
+            t.set_slots(slots);
         }
         t
     }
@@ -250,10 +249,15 @@ impl SlotMap {
         self.resize((self.slots.len() * 2).max(self.first).max(FIRST));
     }
 
+    /// Makes `slots` the table's slots (with what follows from their number), returning the old.
+    fn set_slots(&mut self, slots: TableBuf<Slot>) -> TableBuf<Slot> {
+        self.shift = 64 - slots.len().trailing_zeros();
+        self.room = room(slots.len());
+        std::mem::replace(&mut self.slots, slots)
+    }
+
     fn resize(&mut self, n: usize) {
-        let old = std::mem::replace(&mut self.slots, TableBuf::new(n));
-        self.shift = 64 - n.trailing_zeros();
-        self.room = room(n);
+        let old = self.set_slots(TableBuf::new(n));
         self.len = 0;
         self.stamped = 0;
         for s in old.iter().filter(|s| s.acc.count > 0) {
