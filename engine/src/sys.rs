@@ -57,6 +57,34 @@ pub fn truncate(y: f64) -> i64 {
     }
 }
 
+/// `if a < b { a } else { b }` (`b` when either is NaN) in x86-64's one instruction; the
+/// compiler otherwise builds it from a packed compare and masks.
+#[inline(always)]
+pub fn min_or_second(a: f64, b: f64) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE2 (part of x86-64's baseline) is the only target feature these intrinsics
+    // need; they read and write registers only.
+    unsafe {
+        use core::arch::x86_64::{_mm_cvtsd_f64, _mm_min_sd, _mm_set_sd};
+        _mm_cvtsd_f64(_mm_min_sd(_mm_set_sd(a), _mm_set_sd(b)))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    if a < b { a } else { b }
+}
+
+/// `if a > b { a } else { b }` (`b` when either is NaN), as [`min_or_second`].
+#[inline(always)]
+pub fn max_or_second(a: f64, b: f64) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as in `min_or_second`.
+    unsafe {
+        use core::arch::x86_64::{_mm_cvtsd_f64, _mm_max_sd, _mm_set_sd};
+        _mm_cvtsd_f64(_mm_max_sd(_mm_set_sd(a), _mm_set_sd(b)))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    if a > b { a } else { b }
+}
+
 /// Asks the CPU to bring the cache line of `r` closer; does nothing elsewhere than x86-64.
 #[inline(always)]
 pub fn prefetch<T>(r: &T) {

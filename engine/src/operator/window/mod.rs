@@ -105,10 +105,30 @@ impl Acc {
     #[inline]
     fn add(&mut self, v: f64) {
         self.count += 1;
-        self.sum_fx = self.sum_fx.saturating_add(to_fixed(v));
-        self.min = self.min.min(v);
-        self.max = self.max.max(v);
+        if v.is_nan() {
+            // What a NaN adds: nothing to the sum (its fixed point is 0), and `f64::min` and
+            // `max` pass over it. One predicted branch, so the row below needs no NaN checks.
+            return;
+        }
+        let t = to_fixed(v);
+        match self.sum_fx.overflowing_add(t) {
+            (s, false) => self.sum_fx = s,
+            (_, true) => self.sum_fx = saturated(t),
+        }
+        // `f64::min` and `max` with `v` not NaN, in one instruction each: a NaN held (every
+        // earlier row was NaN) gives way to `v`, as it does there.
+        self.min = crate::sys::min_or_second(self.min, v);
+        self.max = crate::sys::max_or_second(self.max, v);
     }
+}
+
+/// The bound a sum that overflowed adding `t` stays at (out of line: a sum of values below about
+/// 2.1·10^9 reaches it only after 2^64 rows, and the add's overflow flag then is one branch
+/// instead of the conditional moves of `saturating_add`).
+#[cold]
+#[inline(never)]
+fn saturated(t: i128) -> i128 {
+    if t > 0 { i128::MAX } else { i128::MIN }
 }
 
 /// One key's result for one window.

@@ -195,6 +195,54 @@ fn the_fast_fixed_point_conversion_rounds_exactly_as_round_does() {
     }
 }
 
+/// An aggregate's row, as defined: a saturating sum of the values' fixed points and `f64`'s
+/// `min` and `max`. `Acc::add` reaches the same by other instructions (an overflow branch, NaN
+/// set aside first, x86's one-instruction minimum and maximum).
+#[test]
+fn an_aggregate_adds_rows_as_saturating_sums_and_f64_min_and_max_define() {
+    let edges = [
+        0.0,
+        -0.0,
+        1.5,
+        -2.25,
+        999.999,
+        3.5e9,
+        -1.7e18,
+        39_614_081_257_132_168_796_771_975_168.0, // 2^95: its fixed point is i128::MAX
+        -39_614_081_257_132_168_796_771_975_168.0,
+        f64::MAX,
+        f64::MIN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        -f64::NAN,
+        f64::MIN_POSITIVE,
+    ];
+    let same = |a: f64, b: f64| a == b || (a.is_nan() && b.is_nan());
+    let mut h = 0x2545_F491_4F6C_DD1Du64;
+    for _ in 0..20_000 {
+        let mut row = || {
+            h ^= h << 13;
+            h ^= h >> 7;
+            h ^= h << 17;
+            edges[(h % edges.len() as u64) as usize]
+        };
+        let len = 1 + (row().to_bits() % 6) as usize;
+        let values: Vec<f64> = (0..len).map(|_| row()).collect();
+        let mut acc = Acc::new(values[0]);
+        let (mut sum, mut min, mut max) = (to_fixed_by_round(values[0]), values[0], values[0]);
+        for &v in &values[1..] {
+            acc.add(v);
+            sum = sum.saturating_add(to_fixed_by_round(v));
+            min = min.min(v);
+            max = max.max(v);
+        }
+        assert_eq!(acc.count, len as u64, "{values:?}");
+        assert_eq!(acc.sum_fx, sum, "{values:?}");
+        assert!(same(acc.min, min) && same(acc.max, max), "{values:?}: {acc:?} against {min} {max}");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
 
