@@ -69,7 +69,9 @@ pub fn min_or_second(a: f64, b: f64) -> f64 {
         _mm_cvtsd_f64(_mm_min_sd(_mm_set_sd(a), _mm_set_sd(b)))
     }
     #[cfg(not(target_arch = "x86_64"))]
-    if a < b { a } else { b }
+    {
+        if a < b { a } else { b }
+    }
 }
 
 /// `if a > b { a } else { b }` (`b` when either is NaN), as [`min_or_second`].
@@ -82,7 +84,9 @@ pub fn max_or_second(a: f64, b: f64) -> f64 {
         _mm_cvtsd_f64(_mm_max_sd(_mm_set_sd(a), _mm_set_sd(b)))
     }
     #[cfg(not(target_arch = "x86_64"))]
-    if a > b { a } else { b }
+    {
+        if a > b { a } else { b }
+    }
 }
 
 /// Asks the CPU to bring the cache line of `r` closer; does nothing elsewhere than x86-64.

@@ -59,8 +59,9 @@ fn splitmix(mut z: u64) -> u64 {
 /// low 128 bits times `d`, exactly for every 64-bit `a` (Lemire, Kaser and Kurz, "Faster
 /// remainder by direct computation", 2019).
 ///
-/// Why: a row took two hardware divisions (the key and the millisecond), which were most of
-/// the generator's time, and the generator is a third of a source's and an agg's time per row.
+/// Why: a row took two hardware divisions (the key and the millisecond), and the generator is
+/// about a third of what a row costs a source and an agg together at 10,000 keys
+/// (docs/benchmarks.md, session 27).
 #[derive(Clone, Copy, Debug)]
 struct Divisor {
     d: u64,
