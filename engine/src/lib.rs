@@ -19,6 +19,7 @@ pub mod backup;
 pub mod checkpoint;
 pub mod ingest;
 pub mod operator;
+pub mod private_fs;
 pub mod reference;
 pub mod runtime;
 pub mod spec;

@@ -83,11 +83,12 @@ fn a_damaged_ledger_is_refused_not_misread() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = IngestLog::open(dir.path(), LogConfig::default()).unwrap();
     log.describe(3, b"three").unwrap();
+    log.describe(4, b"four").unwrap();
     drop(log);
-    let path = dir.path().join("ledger");
+    // The first of two journal records damaged: not a torn tail, refused.
+    let path = dir.path().join("ledger.journal");
     let mut bytes = std::fs::read(&path).unwrap();
-    let at = bytes.len() - 6;
-    bytes[at] ^= 0xff;
+    bytes[10] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
     let err = IngestLog::open(dir.path(), LogConfig::default()).unwrap_err();
     assert!(matches!(err, LogError::Corrupt { .. }), "{err}");

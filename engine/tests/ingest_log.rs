@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use weir_engine::ingest::ledger::{MAX_DESCRIPTION, MAX_LEDGER_BYTES};
 use weir_engine::ingest::segment::{ENTRY_HEADER, ProducerSeq, ROW_BYTES, segment_path};
 use weir_engine::ingest::service::partition_dir;
 use weir_engine::ingest::*;
@@ -389,4 +390,63 @@ fn a_watermark_marker_takes_a_version_and_a_replay_meets_it_between_the_same_row
     let mut log = IngestLog::open(dir.path(), LogConfig::default()).unwrap();
     assert_eq!(log.next_version(), Version(16));
     assert_eq!(log.append_marker(1).unwrap(), Version(16));
+}
+
+#[test]
+fn a_new_producer_appends_to_the_ledger_journal_and_a_reopened_log_knows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LogConfig::default();
+    let mut log = IngestLog::open(dir.path(), cfg).unwrap();
+    let journal = dir.path().join("ledger.journal");
+    let mut sizes = Vec::new();
+    for p in 0..200u64 {
+        log.describe(p, format!("{{\"load\":{p}}}").as_bytes()).unwrap();
+        log.append_from(from(p, 0), &rows(p * 2, 2)).unwrap();
+        sizes.push(std::fs::metadata(&journal).unwrap().len());
+    }
+    // Each producer cost one record of its own size: the journal grows by the same step, and
+    // the ledger file was never rewritten.
+    let steps: std::collections::BTreeSet<u64> = sizes.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(steps.len() <= 3 && steps.iter().all(|s| *s < 100), "journal steps {steps:?}");
+    assert!(!dir.path().join("ledger").exists(), "a new producer rewrote the ledger file");
+    log.end_load(7, 12_345).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    let whole = std::fs::metadata(&journal).unwrap().len();
+    // A torn last record (a crash mid-append) is cut off; everything before it is kept.
+    let mut f = OpenOptions::new().append(true).open(&journal).unwrap();
+    f.write_all(&[40, 0, 0, 0, 1, 2, 3]).unwrap();
+    drop(f);
+    let log = IngestLog::open(dir.path(), cfg).unwrap();
+    let recs = log.producers();
+    assert_eq!(recs.len(), 200);
+    assert_eq!(recs[7].description, b"{\"load\":7}");
+    assert_eq!((recs[7].rows, recs[7].ended), (2, Some(12_345)));
+    assert_eq!(std::fs::metadata(&journal).unwrap().len(), whole, "the torn tail was not cut");
+    // Pages of the ledger: each bounded, together the whole of it, in order.
+    let (mut all, mut at) = (Vec::new(), Some(0));
+    while let Some(from) = at {
+        let (page, next) = log.producers_page(from, 1000);
+        assert!(!page.is_empty() && page.len() < 60, "{}", page.len());
+        all.extend(page);
+        at = next;
+    }
+    assert_eq!(all, recs);
+}
+
+#[test]
+fn descriptions_past_the_ledgers_bound_are_refused_and_the_log_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = IngestLog::open(dir.path(), LogConfig::default()).unwrap();
+    let big = vec![b'x'; MAX_DESCRIPTION];
+    let fit = MAX_LEDGER_BYTES / MAX_DESCRIPTION;
+    for p in 0..fit as u64 {
+        log.describe(p, &big).unwrap();
+    }
+    let err = log.describe(fit as u64, &big).unwrap_err();
+    assert!(err.to_string().contains("ledger is full"), "{err}");
+    // Known producers and small ones still go on.
+    log.describe(3, &big).unwrap();
+    log.append_from(from(3, 0), &rows(0, 5)).unwrap();
+    log.describe(fit as u64 + 1, b"").unwrap();
 }

@@ -1,18 +1,20 @@
 //! What the client commands (`weir status`, `weir stop`) share: which cluster and nodes they
-//! talk to, with which secret, and an authenticated request to one node.
+//! talk to, with which credential, and an authenticated request to one node.
+//!
+//! The credential is, first found: `WEIR_CREDENTIAL` or the file's `credential` (a client's own,
+//! `NAME:KEY`, with the role the cluster's config gives that name), else the cluster secret (the
+//! file's `cluster_secret` or `WEIR_CLUSTER_SECRET`: a member's rights).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
 use weir_engine::wire::msg::{CloseCode, Message, StatusReq, StatusRsp};
-use weir_engine::wire::transport::client::{BlockingClient, ClientError};
+use weir_engine::wire::role::MAX_MEMBER_ID;
+use weir_engine::wire::transport::client::{BlockingClient, ClientError, Credential};
 use weir_engine::wire::{Frame, NodeId};
 
-use crate::config::ClusterFile;
-
-/// The highest node id a member may have; clients present ids above it.
-pub const MAX_MEMBER_ID: u32 = (1 << 31) - 1;
+use crate::config::{ClusterFile, Secret};
 
 /// The node id a client presents: random above every member's, so that two clients of one node
 /// (`weir load` and `weir status` side by side) never take each other's connection.
@@ -31,7 +33,8 @@ pub struct ClusterArgs {
     /// The cluster's config file: its name, secret, nodes and stream.
     #[arg(long, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,
-    /// The cluster's name, without `--config` (the secret then comes from `WEIR_CLUSTER_SECRET`).
+    /// The cluster's name, without `--config` (the credential then comes from `WEIR_CREDENTIAL`
+    /// or `WEIR_CLUSTER_SECRET`).
     #[arg(long, default_value = "weir")]
     pub cluster: String,
 }
@@ -46,7 +49,7 @@ impl ClusterArgs {
 /// The cluster a command talks to.
 pub struct Target {
     pub cluster: String,
-    pub secret: Vec<u8>,
+    pub cred: Credential,
     /// The nodes to ask (`--node`, else every node of the file).
     pub nodes: Vec<SocketAddr>,
     pub file: Option<ClusterFile>,
@@ -59,7 +62,7 @@ impl Target {
     }
 }
 
-/// From `--config` (name, secret, nodes) or `WEIR_CLUSTER_SECRET` with `cluster` and `nodes`.
+/// From `--config` (name, credential, nodes) or the environment with `cluster` and `nodes`.
 pub fn target(config: Option<&std::path::Path>, nodes: &[SocketAddr], cluster: &str) -> anyhow::Result<Target> {
     let file = match config {
         Some(path) => {
@@ -69,11 +72,18 @@ pub fn target(config: Option<&std::path::Path>, nodes: &[SocketAddr], cluster: &
         }
         None => None,
     };
-    let (cluster, secret) = match &file {
-        Some(f) => (f.cluster.clone(), f.secret()?),
-        None => match std::env::var("WEIR_CLUSTER_SECRET") {
-            Ok(s) if !s.is_empty() => (cluster.to_string(), s.into_bytes()),
-            _ => anyhow::bail!("no cluster secret: pass --config FILE or set WEIR_CLUSTER_SECRET"),
+    let env = |name| std::env::var(name).ok().filter(|s: &String| !s.is_empty());
+    let (cluster, cred) = match &file {
+        Some(f) => match &f.credential {
+            Some(Secret(c)) => (f.cluster.clone(), parse_credential(c)?),
+            None => (f.cluster.clone(), Credential::Secret(f.secret()?)),
+        },
+        None => match (env("WEIR_CREDENTIAL"), env("WEIR_CLUSTER_SECRET")) {
+            (Some(c), _) => (cluster.to_string(), parse_credential(&c)?),
+            (None, Some(s)) => (cluster.to_string(), Credential::Secret(s.into_bytes())),
+            (None, None) => {
+                anyhow::bail!("no credential: pass --config FILE, or set WEIR_CREDENTIAL (or WEIR_CLUSTER_SECRET)")
+            }
         },
     };
     let nodes = match (&file, nodes.is_empty()) {
@@ -81,7 +91,24 @@ pub fn target(config: Option<&std::path::Path>, nodes: &[SocketAddr], cluster: &
         (Some(f), true) => f.nodes.iter().map(|n| n.addr).collect(),
         (None, true) => anyhow::bail!("which nodes? pass --node ADDR or --config FILE"),
     };
-    Ok(Target { cluster, secret, nodes, file })
+    Ok(Target { cluster, cred, nodes, file })
+}
+
+fn parse_credential(s: &str) -> anyhow::Result<Credential> {
+    Credential::parse(s).context("the client credential (WEIR_CREDENTIAL or the file's credential)")
+}
+
+/// An authenticated connection to `addr` with the target's credential.
+pub fn connect(t: &Target, addr: SocketAddr, timeout: Duration) -> Result<BlockingClient, ClientError> {
+    BlockingClient::connect_as(addr, &t.cluster, client_id(), &t.cred, timeout)
+}
+
+/// What a refusal means for the user.
+pub fn refusal_hint(code: &CloseCode) -> &'static str {
+    match code {
+        CloseCode::Forbidden => "the credential's role may not do this",
+        _ => "is the credential, the cluster secret or the cluster name wrong?",
+    }
 }
 
 /// Why a request got no answer: the node refused this client (fatal: the secret or the cluster
@@ -93,14 +120,19 @@ pub enum Failure {
 
 /// Sends `req` to `addr` and returns the answer's frame.
 pub fn request<Q: Message>(t: &Target, addr: SocketAddr, req: &Q, timeout: Duration) -> Result<Frame, Failure> {
-    let result = BlockingClient::connect(addr, &t.cluster, client_id(), &t.secret, timeout).and_then(|mut c| {
+    let result = connect(t, addr, timeout).and_then(|mut c| {
         c.send(req)?;
         c.recv()
     });
     result.map_err(|e| match &e {
-        ClientError::Closed { code: CloseCode::AuthFailed, message, .. }
-        | ClientError::Handshake { reason: message, .. } => Failure::Refused(anyhow::anyhow!(
-            "{addr} refused this client: {message} (is the cluster secret or name wrong?)"
+        ClientError::Closed {
+            code: code @ (CloseCode::AuthFailed | CloseCode::Forbidden | CloseCode::ClusterMismatch),
+            message,
+            ..
+        } => Failure::Refused(anyhow::anyhow!("{addr} refused this client: {message} ({})", refusal_hint(code))),
+        ClientError::Handshake { reason, .. } => Failure::Refused(anyhow::anyhow!(
+            "{addr} refused this client: {reason} ({})",
+            refusal_hint(&CloseCode::AuthFailed)
         )),
         _ => Failure::Unreachable(e.to_string()),
     })

@@ -5,8 +5,8 @@
 //! by id): the nodes and their addresses, the coordinator, the stream, checkpoints and the
 //! remote store. An unknown key is an error naming it and its line; an environment variable
 //! `WEIR_A__B` sets key `b` of table `a` (`WEIR_CHECKPOINT__INTERVAL=2s`), and
-//! `WEIR_CLUSTER_SECRET` the secret. Variables whose first part names no top-level key
-//! (`WEIR_LOG`, say) are not config. Durations are human (`"1s"`, `"250ms"`, `"2m"`), sizes
+//! `WEIR_CLUSTER_SECRET` the secret (taken raw, never parsed). Variables whose first part names no
+//! top-level key (`WEIR_LOG`, say) are not config. Secrets never appear in `Debug` output. Durations are human (`"1s"`, `"250ms"`, `"2m"`), sizes
 //! binary (`"512M"`).
 
 use std::collections::BTreeMap;
@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
+use weir_engine::wire::role::{MAX_MEMBER_ID, Role};
 
 /// The file, as written.
 #[derive(Deserialize, Debug, Clone)]
@@ -24,8 +25,15 @@ pub struct ClusterFile {
     /// Cluster name: peers and clients of another cluster are refused.
     #[serde(default = "default_cluster")]
     pub cluster: String,
-    /// The shared secret every node and client proves (or `WEIR_CLUSTER_SECRET`). Required.
-    pub cluster_secret: Option<String>,
+    /// The shared secret every node proves (or `WEIR_CLUSTER_SECRET`). Required by nodes.
+    pub cluster_secret: Option<Secret>,
+    /// Client credentials the nodes accept: a name and a role each (`weir credential` derives
+    /// each one's key from the cluster secret).
+    #[serde(default)]
+    pub clients: Vec<ClientEntry>,
+    /// The credential client commands prove instead of the cluster secret, `NAME:KEY` (or
+    /// `WEIR_CREDENTIAL`).
+    pub credential: Option<Secret>,
     /// The node that runs the checkpoint coordinator (default: the lowest node id).
     pub coordinator: Option<u32>,
     /// Where nodes keep their data: `<data_dir>/node-<id>` unless a node names its own.
@@ -50,6 +58,28 @@ pub struct ClusterFile {
     /// What a node does when its stream fails.
     #[serde(default)]
     pub restart: RestartFile,
+}
+
+/// A string that is never printed: `Debug` says `<redacted>`.
+#[derive(Deserialize, Clone, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// A client credential the nodes accept.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct ClientEntry {
+    /// Its name (1 to 64 letters, digits, `-`, `_`, `.`).
+    pub name: String,
+    /// `"read"` (status, query, verify), `"ingest"` (weir load) or `"admin"` (read, stop,
+    /// checkpoint-now).
+    pub role: String,
 }
 
 /// One member.
@@ -392,6 +422,8 @@ fn de_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Err
 const TOP_KEYS: &[&str] = &[
     "cluster",
     "cluster_secret",
+    "clients",
+    "credential",
     "coordinator",
     "data_dir",
     "workers",
@@ -416,7 +448,13 @@ pub fn load(path: &std::path::Path, env: impl IntoIterator<Item = (String, Strin
         if !TOP_KEYS.contains(&parts[0].as_str()) {
             continue;
         }
-        set(&mut table, &parts, parse_value(&value)).with_context(|| format!("environment variable {name}"))?;
+        // Secrets are taken as they are: an all-digit secret is not a number.
+        let value = if matches!(parts[0].as_str(), "cluster_secret" | "credential") {
+            toml::Value::String(value)
+        } else {
+            parse_value(&value)
+        };
+        set(&mut table, &parts, value).with_context(|| format!("environment variable {name}"))?;
         applied.push(name);
     }
     toml::Value::Table(table)
@@ -447,9 +485,26 @@ impl ClusterFile {
     /// The secret; an error when none is set (never a default).
     pub fn secret(&self) -> anyhow::Result<Vec<u8>> {
         match &self.cluster_secret {
-            Some(s) if !s.is_empty() => Ok(s.as_bytes().to_vec()),
+            Some(Secret(s)) if !s.is_empty() => Ok(s.as_bytes().to_vec()),
             _ => bail!("no cluster secret: set cluster_secret in the config file or WEIR_CLUSTER_SECRET"),
         }
+    }
+
+    /// The client credentials the nodes accept, by name.
+    pub fn client_roles(&self) -> anyhow::Result<std::collections::HashMap<String, Role>> {
+        let mut roles = std::collections::HashMap::new();
+        for c in &self.clients {
+            if !weir_engine::wire::role::valid_client_name(&c.name) {
+                bail!("clients: {:?} is not 1 to 64 letters, digits, '-', '_' or '.'", c.name);
+            }
+            let role = Role::client(&c.role).with_context(|| {
+                format!("clients: {} has role {:?}: \"read\", \"ingest\" or \"admin\"", c.name, c.role)
+            })?;
+            if roles.insert(c.name.clone(), role).is_some() {
+                bail!("clients: {} is listed twice", c.name);
+            }
+        }
+        Ok(roles)
     }
 
     /// The entry of node `id`, or of the only node when `id` is `None`.
@@ -478,8 +533,8 @@ impl ClusterFile {
         }
         let mut seen = std::collections::BTreeSet::new();
         for n in &self.nodes {
-            if n.id == 0 || n.id > crate::client::MAX_MEMBER_ID {
-                bail!("node {}: node ids are 1 to {} (clients take the ids above)", n.id, crate::client::MAX_MEMBER_ID);
+            if n.id == 0 || n.id > MAX_MEMBER_ID {
+                bail!("node {}: node ids are 1 to {MAX_MEMBER_ID} (clients take the ids above)", n.id);
             }
             if !seen.insert(n.id) {
                 bail!("node {} is listed twice", n.id);
@@ -491,6 +546,7 @@ impl ClusterFile {
         if self.workers == 0 {
             bail!("workers must be at least 1");
         }
+        self.client_roles()?;
         let lowest = *seen.first().expect("nodes");
         if let Some(c) = self.coordinator {
             if !seen.contains(&c) {

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use weir_engine::operator::generator::{Generator, GeneratorSpec};
 use weir_engine::operator::window::WindowSpec;
 use weir_engine::wire::StreamId;
-use weir_engine::wire::msg::{ProducersReq, ProducersRsp};
+use weir_engine::wire::msg::{ProducersCursor, ProducersReq, ProducersRsp};
 
 use crate::client::{Failure, Target};
 
@@ -93,17 +93,44 @@ impl Load {
 
 const ASK: Duration = Duration::from_secs(10);
 
-/// The ledgers of `stream`'s partitions on `addr`.
+/// The ledgers of `stream`'s partitions on `addr`, page by page, merged into one answer.
 pub fn ledgers(t: &Target, addr: SocketAddr, stream: StreamId) -> anyhow::Result<ProducersRsp> {
-    let f = crate::client::request(t, addr, &ProducersReq { request: 1, stream }, ASK).map_err(|f| match f {
-        Failure::Refused(e) => e,
-        Failure::Unreachable(why) => anyhow::anyhow!("{addr}: {why}"),
-    })?;
-    let rsp = f.to_owned::<ProducersRsp>().with_context(|| format!("{addr}'s answer to a producers request"))?;
-    if !rsp.error.is_empty() {
-        bail!("{addr}: {}", rsp.error);
+    let mut all: Option<ProducersRsp> = None;
+    let mut from = ProducersCursor::default();
+    loop {
+        let req = ProducersReq { request: 1, stream, from };
+        let f = crate::client::request(t, addr, &req, ASK).map_err(|f| match f {
+            Failure::Refused(e) => e,
+            Failure::Unreachable(why) => anyhow::anyhow!("{addr}: {why}"),
+        })?;
+        let page = f.to_owned::<ProducersRsp>().with_context(|| format!("{addr}'s answer to a producers request"))?;
+        if !page.error.is_empty() {
+            bail!("{addr}: {}", page.error);
+        }
+        let next = page.next;
+        match &mut all {
+            None => all = Some(page),
+            Some(all) => {
+                for part in page.partitions {
+                    match all.partitions.iter_mut().find(|p| p.partition == part.partition) {
+                        Some(p) => {
+                            p.producers.extend(part.producers);
+                            p.durable = p.durable.max(part.durable);
+                        }
+                        None => all.partitions.push(part),
+                    }
+                }
+            }
+        }
+        match next {
+            Some(n) if n > from => from = n,
+            Some(n) => bail!("{addr} answered a producers page from {from:?} with the next at {n:?}"),
+            None => break,
+        }
     }
-    Ok(rsp)
+    let mut all = all.expect("at least one page");
+    all.next = None;
+    Ok(all)
 }
 
 /// The loads of each partition `0..owners.len()`, in the order they were sent, from the ledger on

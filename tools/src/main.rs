@@ -3,12 +3,14 @@
 mod checkpoints;
 mod client;
 mod config;
+mod credential;
 mod demo;
 mod failover;
 mod load;
 mod loads;
 mod logging;
 mod metrics;
+mod metrics_http;
 mod node;
 mod placement;
 mod query;
@@ -53,6 +55,9 @@ enum Command {
     Checkpoints(checkpoints::CheckpointsArgs),
     /// Two transports on 127.0.0.1 in this process: handshake, batch throughput and round trips.
     Demo(demo::DemoArgs),
+    /// A client's own credential (NAME:KEY) for the role the config gives it, instead of the
+    /// cluster secret.
+    Credential(credential::CredentialArgs),
 }
 
 /// Exit codes: 0 success, 1 a finding (damage `weir checkpoints verify` found, a node `weir status`
@@ -83,6 +88,7 @@ fn main() -> std::process::ExitCode {
         Command::Report(args) => report::run(&args),
         Command::Checkpoints(args) => checkpoints::run(&args),
         Command::Demo(args) => demo::run(&args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Credential(args) => credential::run(&args),
     };
     result.unwrap_or_else(|e| {
         use std::io::Write;

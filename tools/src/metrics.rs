@@ -9,13 +9,10 @@
 //! Checkpoint durations go into histograms once per checkpoint, on the coordinator's node.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -311,54 +308,4 @@ fn task_state(s: TaskState) -> &'static str {
         TaskState::Paused => "paused",
         TaskState::Stopped => "stopped",
     }
-}
-
-/// Serves `board` at `addr` (`GET /metrics`) on a thread of its own, for the process's life.
-pub fn serve(addr: SocketAddr, board: Arc<Board>) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(addr).with_context(|| format!("metrics: cannot listen on {addr}"))?;
-    tracing::info!(%addr, "serving Prometheus metrics at /metrics");
-    std::thread::Builder::new()
-        .name("weir-metrics".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                match conn {
-                    Ok(c) => {
-                        if let Err(e) = answer(c, &board) {
-                            tracing::debug!(error = %e, "metrics request");
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "metrics: accept failed"),
-                }
-            }
-        })
-        .context("metrics thread")?;
-    Ok(())
-}
-
-/// One HTTP/1.x request on `c`, answered and closed.
-fn answer(c: TcpStream, board: &Board) -> std::io::Result<()> {
-    c.set_read_timeout(Some(Duration::from_secs(5)))?;
-    c.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut reader = BufReader::new(c.try_clone()?);
-    let mut line = String::new();
-    reader.by_ref().take(8192).read_line(&mut line)?;
-    // The headers, up to the blank line (nothing in them matters here).
-    let mut header = String::new();
-    while reader.by_ref().take(8192).read_line(&mut header)? > 2 {
-        header.clear();
-    }
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, kind, body) = match (method, path.split('?').next().unwrap_or("")) {
-        ("GET", "/metrics") => ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", board.render()),
-        ("GET", _) => ("404 Not Found", "text/plain", "weir serves /metrics\n".to_string()),
-        _ => ("405 Method Not Allowed", "text/plain", "GET /metrics\n".to_string()),
-    };
-    let mut c = c;
-    write!(
-        c,
-        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    c.flush()
 }

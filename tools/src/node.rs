@@ -122,6 +122,7 @@ pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<Engin
     cfg.ingest_replicas = file.stream.ingest.replicas;
     let mut t = TransportConfig::new(&file.cluster, NodeId(me.id), file.secret()?);
     t.listen = Some(me.addr);
+    t.clients = file.client_roles()?;
     // Each pair connects once: the higher id dials the lower (reconnects retry with backoff, so
     // the start order does not matter).
     t.peers = file
@@ -168,6 +169,7 @@ pub fn remote_store(file: &ClusterFile) -> anyhow::Result<(String, std::sync::Ar
         s3_endpoint: ck.s3_endpoint.clone(),
         s3_region: ck.s3_region.clone(),
         rsync_password_file: ck.rsync_password_file.clone(),
+        scratch_dir: Some(file.data_dir.clone()),
     };
     let store = remote.open(&url)?;
     Ok((url, store))
@@ -223,7 +225,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let board = match me.metrics {
         Some(addr) => {
             let board = crate::metrics::Board::new(me.id);
-            crate::metrics::serve(addr, board.clone())?;
+            crate::metrics_http::serve(addr, board.clone())?;
             base.ingest_observer = Some(board.ingest());
             Some(board)
         }

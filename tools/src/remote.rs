@@ -22,6 +22,10 @@ pub struct RemoteArgs {
     /// File with the rsync user's password (else `RSYNC_PASSWORD`).
     #[arg(long, env = "WEIR_RSYNC_PASSWORD_FILE", value_name = "PATH", global = true)]
     pub rsync_password_file: Option<std::path::PathBuf>,
+    /// Where a private scratch directory for rsync downloads goes (a node's or a run's data
+    /// directory; default the system's temporary directory).
+    #[arg(skip)]
+    pub scratch_dir: Option<std::path::PathBuf>,
 }
 
 impl RemoteArgs {
@@ -31,6 +35,7 @@ impl RemoteArgs {
         opts.s3.endpoint = self.s3_endpoint.clone();
         opts.s3.region = self.s3_region.clone().or_else(|| std::env::var("AWS_REGION").ok());
         opts.rsync.password_file = self.rsync_password_file.clone();
+        opts.rsync.scratch_dir = self.scratch_dir.clone();
         open_store(url, &opts).with_context(|| format!("opening the remote store {url}"))
     }
 }

@@ -111,7 +111,8 @@ fn remote_store(
     let Some(url) = &args.remote.remote else {
         return Ok((None, args.data_dir.join("remote").display().to_string()));
     };
-    let store = args.remote.open(url)?;
+    let remote = crate::remote::RemoteArgs { scratch_dir: Some(args.data_dir.clone()), ..args.remote.clone() };
+    let store = remote.open(url)?;
     let last = last_commit(store.as_ref(), stream).with_context(|| format!("reading the checkpoints in {url}"))?;
     match last {
         // Never wipe a store someone named: a fresh run there would mix two histories.

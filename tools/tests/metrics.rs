@@ -90,6 +90,27 @@ fn prometheus_scrapes_a_node_and_answers_a_query_for_its_ingest_rows() {
     assert!(text.ends_with("# EOF\n"), "OpenMetrics text ends with # EOF");
     assert_eq!(get(&metrics, "/nothing").unwrap().0, "HTTP/1.1 404 Not Found");
 
+    // Slow clients hold connections open, a header line a second, for as long as the test runs:
+    // the endpoint serves others meanwhile.
+    let stop_slow = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let slow: Vec<_> = (0..8)
+        .map(|_| {
+            let (stop, metrics) = (stop_slow.clone(), metrics.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let Ok(mut c) = TcpStream::connect(&metrics) else { return };
+                    let mut w = c.write_all(b"GET /metrics HTTP/1.1\r\n");
+                    while w.is_ok() && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_secs(1));
+                        w = c.write_all(b"X-Slow: 1\r\n");
+                    }
+                }
+            })
+        })
+        .collect();
+    let (status, _) = get(&metrics, "/metrics").unwrap();
+    assert_eq!(status, "HTTP/1.1 200 OK", "a scrape beside slow clients");
+
     // A real Prometheus scrapes it every second; its query API returns the series.
     let port = free_ports(1)[0];
     let yml = dir.path().join("prometheus.yml");
@@ -130,6 +151,17 @@ fn prometheus_scrapes_a_node_and_answers_a_query_for_its_ingest_rows() {
             std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(500));
+    }
+    // Prometheus kept scraping every second beside the slow clients: at least 8 successful
+    // scrapes in the last 10 s (its own `up` series).
+    std::thread::sleep(Duration::from_secs(10));
+    let (_, body) = get(&api, "/api/v1/query?query=sum_over_time(up%7Bjob%3D%22weir%22%7D%5B10s%5D)").unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let ups: f64 = v["data"]["result"][0]["value"][1].as_str().and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    assert!(ups >= 8.0, "{ups} successful scrapes in 10 s beside slow clients: {body}");
+    stop_slow.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in slow {
+        t.join().unwrap();
     }
     let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

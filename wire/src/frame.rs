@@ -17,8 +17,9 @@
 //!   place ([`Frame::access`]) without copying it again;
 //! - nothing reads a payload before [`rkyv::access`] (bytecheck) and the message's own [`Check`]
 //!   accepted it: the only way to a message is through [`Frame::access`] or [`Frame::message`];
-//! - the decoder never allocates more than the configured maximum frame size for one frame, so a
-//!   hostile length field cannot exhaust memory.
+//! - the decoder never allocates more than the configured maximum frame size for one frame, and
+//!   a payload's buffer grows with the bytes that arrive (doubling), never with the declared
+//!   length: a hostile length field costs nothing until its bytes are sent.
 
 use std::io::{self, Read};
 use std::sync::Arc;
@@ -32,11 +33,14 @@ use crate::msg::{AnyMessage, Check, Kind, Message};
 /// The four magic bytes that start every frame.
 pub const MAGIC: [u8; 4] = *b"WEIR";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u8 = 7;
+pub const PROTOCOL_VERSION: u8 = 8;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Default maximum payload size: 16 MiB.
 pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
+/// Largest payload accepted before the peer is authenticated: the handshake's messages (and a
+/// `Close` with its reason) fit, nothing else does.
+pub const HANDSHAKE_MAX_FRAME: usize = 2 << 10;
 
 /// Payload buffer alignment: enough for every archived type.
 pub type Payload = AlignedVec<16>;
@@ -385,18 +389,60 @@ impl FrameEncoder {
 
 /// Payloads at least this large are read from the socket straight into their own buffer.
 const DIRECT_READ_MIN: usize = 8 << 10;
-/// Size of the decoder's staging buffer for headers and small frames.
+/// Size of the decoder's staging buffer for headers and small frames, once frames may be large.
 const STAGING: usize = 64 << 10;
+/// A payload buffer starts at most this large and doubles as bytes arrive: a declared length
+/// costs nothing until the peer sends the bytes.
+const FIRST_ROOM: usize = 64 << 10;
 
 #[derive(Debug)]
 struct Pending {
     header: Header,
+    /// Its length is the room made so far (zeroed, at least `filled`), never more than
+    /// `header.len`: it grows with the bytes that arrive, not with the declared length.
     payload: Payload,
     filled: usize,
 }
 
+impl Pending {
+    fn new(header: Header) -> Self {
+        let first = (header.len as usize).min(FIRST_ROOM);
+        Pending { header, payload: Payload::with_capacity(first), filled: 0 }
+    }
+
+    fn remaining(&self) -> usize {
+        self.header.len as usize - self.filled
+    }
+
+    /// Appends bytes (at most `remaining`).
+    fn push(&mut self, bytes: &[u8]) {
+        debug_assert!(bytes.len() <= self.remaining());
+        let in_room = (self.payload.len() - self.filled).min(bytes.len());
+        self.payload[self.filled..self.filled + in_room].copy_from_slice(&bytes[..in_room]);
+        self.payload.extend_from_slice(&bytes[in_room..]);
+        self.filled += bytes.len();
+    }
+
+    /// The unfilled room to read into, made by doubling what arrived (at least `FIRST_ROOM`,
+    /// never past the declared length).
+    fn room(&mut self) -> &mut [u8] {
+        if self.filled == self.payload.len() {
+            let total = self.header.len as usize;
+            let len = (self.filled * 2).max(FIRST_ROOM).min(total);
+            self.payload.reserve(len - self.payload.len());
+            self.payload.resize(len, 0);
+        }
+        &mut self.payload[self.filled..]
+    }
+}
+
 /// A streaming frame decoder: accepts the byte stream in any split (down to one byte at a time)
 /// and yields verified frames.
+///
+/// Memory follows the bytes that arrived, not what a header declares: the staging buffer is
+/// sized for the largest frame allowed (up to 64 KiB), and a payload buffer doubles as its bytes
+/// come in. A decoder made for a handshake ([`FrameDecoder::new`] with a small maximum) therefore
+/// costs about that maximum until [`FrameDecoder::set_max_frame`] raises it.
 ///
 /// After it returns an error the stream is out of sync: drop the connection and the decoder.
 #[derive(Debug)]
@@ -408,10 +454,33 @@ pub struct FrameDecoder {
     pending: Option<Pending>,
 }
 
+fn staging_for(max_frame: usize) -> usize {
+    (HEADER_LEN + max_frame).clamp(256, STAGING)
+}
+
 impl FrameDecoder {
     /// A decoder that refuses payloads over `max_frame` bytes.
     pub fn new(max_frame: usize) -> Self {
-        Self { max_frame, staging: vec![0; STAGING].into_boxed_slice(), start: 0, end: 0, pending: None }
+        let staging = vec![0; staging_for(max_frame)].into_boxed_slice();
+        Self { max_frame, staging, start: 0, end: 0, pending: None }
+    }
+
+    /// The largest payload accepted.
+    pub fn max_frame(&self) -> usize {
+        self.max_frame
+    }
+
+    /// Changes the largest payload accepted from the next header on (a connection raises it once
+    /// its peer is authenticated); the staging buffer grows to match.
+    pub fn set_max_frame(&mut self, max_frame: usize) {
+        self.max_frame = max_frame;
+        let want = staging_for(max_frame);
+        if want > self.staging.len() {
+            self.compact();
+            let mut bigger = vec![0; want].into_boxed_slice();
+            bigger[..self.end].copy_from_slice(&self.staging[..self.end]);
+            self.staging = bigger;
+        }
     }
 
     /// Appends bytes received by other means (tests, files).
@@ -420,13 +489,12 @@ impl FrameDecoder {
             // Large payload bytes go straight to their buffer.
             if self.start == self.end
                 && let Some(p) = self.pending.as_mut()
-                && p.filled < p.payload.len()
+                && p.remaining() > 0
             {
-                let n = (p.payload.len() - p.filled).min(bytes.len());
-                p.payload[p.filled..p.filled + n].copy_from_slice(&bytes[..n]);
-                p.filled += n;
+                let n = p.remaining().min(bytes.len());
+                p.push(&bytes[..n]);
                 bytes = &bytes[n..];
-                if p.filled == p.payload.len() {
+                if p.remaining() == 0 {
                     // Complete: the rest starts a new frame and goes to staging.
                     self.stage(bytes);
                     return;
@@ -465,9 +533,9 @@ impl FrameDecoder {
     pub fn read_from<R: Read + ?Sized>(&mut self, r: &mut R) -> io::Result<usize> {
         if self.start == self.end
             && let Some(p) = self.pending.as_mut()
-            && p.payload.len() - p.filled >= DIRECT_READ_MIN
+            && p.remaining() >= DIRECT_READ_MIN
         {
-            let n = r.read(&mut p.payload[p.filled..])?;
+            let n = r.read(p.room())?;
             p.filled += n;
             return Ok(n);
         }
@@ -487,18 +555,23 @@ impl FrameDecoder {
         (self.end - self.start) + self.pending.as_ref().map_or(0, |p| p.filled)
     }
 
+    /// Bytes of memory held for payloads not yet complete (what a slow or hostile peer costs).
+    pub fn pending_capacity(&self) -> usize {
+        self.pending.as_ref().map_or(0, |p| p.payload.capacity())
+    }
+
     /// The next complete frame, `None` if more bytes are needed.
     pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
         loop {
             if let Some(p) = self.pending.as_mut() {
-                let n = (p.payload.len() - p.filled).min(self.end - self.start);
-                p.payload[p.filled..p.filled + n].copy_from_slice(&self.staging[self.start..self.start + n]);
-                p.filled += n;
+                let n = p.remaining().min(self.end - self.start);
+                p.push(&self.staging[self.start..self.start + n]);
                 self.start += n;
-                if p.filled < p.payload.len() {
+                if p.remaining() > 0 {
                     return Ok(None);
                 }
                 let p = self.pending.take().expect("pending");
+                debug_assert_eq!(p.payload.len(), p.filled, "room never passes the declared length");
                 let mut prefix = [0u8; 12];
                 prefix[0..4].copy_from_slice(&MAGIC);
                 prefix[4] = p.header.version;
@@ -518,9 +591,7 @@ impl FrameDecoder {
                 self.staging[self.start..self.start + HEADER_LEN].try_into().expect("header");
             let header = Header::parse(bytes, self.max_frame)?;
             self.start += HEADER_LEN;
-            let mut payload = Payload::with_capacity(header.len as usize);
-            payload.resize(header.len as usize, 0);
-            self.pending = Some(Pending { header, payload, filled: 0 });
+            self.pending = Some(Pending::new(header));
         }
     }
 }
@@ -536,7 +607,7 @@ pub fn decode_one(bytes: &[u8], max_frame: usize) -> Result<Frame, FrameError> {
             reason: format!("{} trailing bytes after the frame", d.buffered()),
         }),
         None => {
-            let need = d.pending.as_ref().map_or(HEADER_LEN, |p| HEADER_LEN + p.payload.len());
+            let need = d.pending.as_ref().map_or(HEADER_LEN, |p| HEADER_LEN + p.header.len as usize);
             Err(FrameError::Truncated { have: bytes.len(), need })
         }
     }

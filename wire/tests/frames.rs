@@ -3,7 +3,7 @@
 mod util;
 
 use proptest::prelude::*;
-use weir_wire::frame::{FrameDecoder, FrameEncoder, FrameError, HEADER_LEN, MAGIC, decode_one};
+use weir_wire::frame::{FrameDecoder, FrameEncoder, FrameError, HEADER_LEN, decode_one};
 use weir_wire::msg::*;
 use weir_wire::*;
 
@@ -49,11 +49,12 @@ macro_rules! roundtrip {
 }
 
 roundtrip! {
-    roundtrip_hello: Hello = Hello { cluster: "c1".into(), node: NodeId(4), protocol_version: 1, incarnation: 3, nonce: [7; 32] };
+    roundtrip_hello: Hello = Hello { cluster: "c1".into(), node: NodeId(4), protocol_version: 1, incarnation: 3, nonce: [7; 32], client: "ops".into() };
     roundtrip_challenge: Challenge = Challenge {
-        cluster: "c1".into(), node: NodeId(5), protocol_version: 1, incarnation: 2, nonce: [1; 32], proof: [2; 32],
+        node: NodeId(5), protocol_version: 1, incarnation: 2, nonce: [1; 32], proof: [2; 32],
     };
     roundtrip_auth: Auth = Auth { proof: [9; 32] };
+    roundtrip_welcome: Welcome = Welcome { role: "read".into() };
     roundtrip_heartbeat: Heartbeat = Heartbeat {
         node: NodeId(1),
         sent_at_ms: 123,
@@ -151,13 +152,14 @@ roundtrip! {
     roundtrip_results_req: ResultsReq = ResultsReq {
         request: 9, stream: StreamId(2), store: 1, after: vec![0, 1, 2, 255], max: 4096,
     };
-    roundtrip_producers_req: ProducersReq = ProducersReq { request: 4, stream: StreamId(2) };
+    roundtrip_producers_req: ProducersReq = ProducersReq { request: 4, stream: StreamId(2), from: ProducersCursor { partition: 1, producer: 7 } };
     roundtrip_producers_rsp: ProducersRsp = ProducersRsp {
         request: 4, node: NodeId(2),
         partitions: vec![PartitionProducers {
             partition: 3, durable: Version(1001),
             producers: vec![ProducerInfo { producer: 0xfeed, description: b"{\"seed\":1}".to_vec(), first: Version(0), rows: 1000, batches: 1, ended: Some(5000) }],
         }],
+        next: Some(ProducersCursor { partition: 3, producer: 1 }),
         error: String::new(),
     };
     roundtrip_results_rsp: ResultsRsp = ResultsRsp {
@@ -287,20 +289,6 @@ fn unknown_kind_and_flags_are_refused() {
     assert!(matches!(decode_one(&bytes, MAX), Err(FrameError::UnknownFlags { flags: 1 })));
 }
 
-/// A frame with a correct checksum over a payload that is not a valid archive of its kind.
-fn forge(kind: Kind, payload: &[u8]) -> Vec<u8> {
-    let mut f = Vec::with_capacity(HEADER_LEN + payload.len());
-    f.extend_from_slice(&MAGIC);
-    f.push(PROTOCOL_VERSION);
-    f.push(kind as u8);
-    f.extend_from_slice(&0u16.to_le_bytes());
-    f.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&f[..12]), payload);
-    f.extend_from_slice(&crc.to_le_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
 #[test]
 fn valid_checksum_over_invalid_payload_fails_validation() {
     // Out-of-range relative pointers: a Data archive whose vectors point outside the buffer.
@@ -309,7 +297,7 @@ fn valid_checksum_over_invalid_payload_fails_validation() {
     for b in &mut payload[n - 40..n - 8] {
         *b = 0xFF;
     }
-    let frame = decode_one(&forge(Kind::Data, &payload), MAX).expect("header and checksum are fine");
+    let frame = decode_one(&util::forge(Kind::Data, &payload), MAX).expect("header and checksum are fine");
     assert!(matches!(frame.access::<Data>(), Err(FrameError::Invalid { kind: Kind::Data, .. })));
     assert!(frame.message().is_err());
     // An invalid enum discriminant.
@@ -320,10 +308,10 @@ fn valid_checksum_over_invalid_payload_fails_validation() {
     // The root object sits at the end; its first field is the discriminant of `code`.
     let root = close.len() - std::mem::size_of::<ArchivedClose>();
     close[root] = 0xEE;
-    let frame = decode_one(&forge(Kind::Close, &close), MAX).unwrap();
+    let frame = decode_one(&util::forge(Kind::Close, &close), MAX).unwrap();
     assert!(frame.message().is_err());
     // Too short for the root object.
-    let frame = decode_one(&forge(Kind::CheckpointTrigger, &[0u8; 3]), MAX).unwrap();
+    let frame = decode_one(&util::forge(Kind::CheckpointTrigger, &[0u8; 3]), MAX).unwrap();
     assert!(frame.access::<CheckpointTrigger>().is_err());
 }
 
@@ -431,7 +419,7 @@ proptest! {
     #[test]
     fn random_payloads_with_valid_checksums_never_panic(kind_idx in 0usize..64, payload in prop::collection::vec(any::<u8>(), 0..512)) {
         let kind = Kind::ALL[kind_idx % Kind::ALL.len()];
-        let frame = decode_one(&forge(kind, &payload), MAX).unwrap();
+        let frame = decode_one(&util::forge(kind, &payload), MAX).unwrap();
         if let Ok(m) = frame.message() {
             prop_assert_eq!(m.kind(), kind);
         }

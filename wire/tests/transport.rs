@@ -298,6 +298,7 @@ fn other_protocol_version_is_refused_with_a_reason() {
             protocol_version: 9,
             incarnation: 0,
             nonce: [0; 32],
+            client: String::new(),
         })
         .unwrap()
         .as_bytes()

@@ -101,7 +101,13 @@ pub fn decode_record(key: &str, bytes: &[u8]) -> Result<Vec<String>, StoreError>
     let body = unseal(key, bytes)?;
     let bad = |reason: &str| StoreError::Corrupt { key: key.into(), reason: reason.into() };
     let rest = body.strip_prefix(RECORD_HEAD).ok_or_else(|| bad("not an ahead record of format 1"))?;
-    rest.lines().map(|l| l.strip_prefix("key ").map(str::to_string).ok_or_else(|| bad("bad line"))).collect()
+    rest.lines()
+        .map(|l| {
+            let k = l.strip_prefix("key ").ok_or_else(|| bad("bad line"))?;
+            super::check_key(key, k)?;
+            Ok(k.to_string())
+        })
+        .collect()
 }
 
 /// What one pass stored for one task.

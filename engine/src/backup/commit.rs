@@ -91,7 +91,7 @@ pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError
 pub fn last_commit(store: &dyn Store, stream: StreamId) -> Result<Option<CommitRecord>, StoreError> {
     let keys = store.list(&format!("{}/checkpoints/", stream.0))?;
     for key in keys.iter().rev() {
-        match decode_commit(key, &store.get(key)?) {
+        match decode_commit(key, &store.get_at_most(key, super::MAX_RECORD)?) {
             Ok(r) => return Ok(Some(r)),
             // A damaged record is skipped, loudly: the previous one is still a valid restore point.
             Err(e) => tracing::error!(%key, error = %e, "skipping a damaged commit record"),
@@ -115,7 +115,7 @@ pub fn write_commit(store: &dyn Store, stream: StreamId, record: &CommitRecord) 
     let key = commit_key(stream, record.id);
     let text = encode_commit(record);
     let Err(put) = store.put(&key, text.as_bytes()) else { return CommitWrite::Durable };
-    match store.get(&key) {
+    match store.get_at_most(&key, super::MAX_RECORD) {
         Ok(bytes) if bytes == text.as_bytes() => {
             tracing::warn!(%key, error = %put, "the commit record's write reported an error, but it is stored");
             CommitWrite::Durable
@@ -150,7 +150,7 @@ pub fn decode_ids(key: &str, bytes: &[u8]) -> Result<IdRecord, StoreError> {
 /// The coordinator's id record: the default when there is none, an error when it cannot be read.
 pub fn read_ids(store: &dyn Store, stream: StreamId) -> Result<IdRecord, StoreError> {
     let key = ids_key(stream);
-    match store.get(&key) {
+    match store.get_at_most(&key, super::MAX_RECORD) {
         Ok(bytes) => decode_ids(&key, &bytes),
         Err(StoreError::NotFound { .. }) => Ok(IdRecord::default()),
         Err(e) => Err(e),

@@ -37,7 +37,7 @@ impl CheckpointInfo {
 pub fn list_commits(store: &dyn Store, stream: StreamId) -> Result<Vec<CommitRecord>, StoreError> {
     let mut out = Vec::new();
     for key in store.list(&format!("{}/checkpoints/", stream.0))? {
-        match store.get(&key) {
+        match store.get_at_most(&key, super::MAX_RECORD) {
             Ok(b) => match decode_commit(&key, &b) {
                 Ok(r) => out.push(r),
                 Err(e) => tracing::warn!(%key, error = %e, "skipping a damaged commit record"),
@@ -78,7 +78,7 @@ fn tasks_of(store: &dyn Store, stream: StreamId, r: &CommitRecord) -> Result<Vec
 /// Checkpoint `id` of `stream`: its record and its tasks' manifests.
 pub fn checkpoint_info(store: &dyn Store, stream: StreamId, id: CheckpointId) -> Result<CheckpointInfo, StoreError> {
     let key = super::commit::commit_key(stream, id);
-    let record = decode_commit(&key, &store.get(&key)?)?;
+    let record = decode_commit(&key, &store.get_at_most(&key, super::MAX_RECORD)?)?;
     // A fallback record's manifests are those of the checkpoint it goes back to.
     let point = record.restore_point().unwrap_or(id);
     let tasks = tasks_of(store, stream, &record)?
@@ -118,14 +118,14 @@ pub fn verify_checkpoint(store: &dyn Store, stream: StreamId, id: CheckpointId) 
     for (t, m) in info.tasks {
         let m = match m {
             Ok(m) => m,
-            Err(e @ (StoreError::Corrupt { .. } | StoreError::NotFound { .. })) => {
+            Err(e @ (StoreError::Corrupt { .. } | StoreError::TooLarge { .. } | StoreError::NotFound { .. })) => {
                 v.damage.push(Damage { key: manifest_key(stream, t, point), reason: e.to_string() });
                 continue;
             }
             Err(e) => return Err(e),
         };
         for f in &m.files {
-            match store.get(&f.key) {
+            match store.get_at_most(&f.key, f.size) {
                 Ok(bytes) if bytes.len() as u64 != f.size => v.damage.push(Damage {
                     key: f.key.clone(),
                     reason: format!("{} bytes, the manifest says {}", bytes.len(), f.size),
@@ -139,6 +139,9 @@ pub fn verify_checkpoint(store: &dyn Store, stream: StreamId, id: CheckpointId) 
                 }
                 Err(StoreError::NotFound { .. }) => {
                     v.damage.push(Damage { key: f.key.clone(), reason: "missing".into() })
+                }
+                Err(e @ StoreError::TooLarge { .. }) => {
+                    v.damage.push(Damage { key: f.key.clone(), reason: e.to_string() })
                 }
                 Err(e) => return Err(e),
             }

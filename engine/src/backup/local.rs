@@ -81,6 +81,27 @@ impl Store for LocalDirStore {
         }
     }
 
+    fn get_at_most(&self, key: &str, max: u64) -> Result<Vec<u8>, StoreError> {
+        use std::io::Read;
+        let path = self.path(key)?;
+        let f = match fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NotFound { key: key.into() }),
+            Err(e) => return Err(unavailable("get", key)(e)),
+        };
+        let size = f.metadata().map_err(unavailable("get", key))?.len();
+        if size > max {
+            return Err(StoreError::TooLarge { key: key.into(), size, max });
+        }
+        // Read at most one byte past the limit: a file that grew since is refused, not read whole.
+        let mut bytes = Vec::with_capacity(size as usize);
+        f.take(max + 1).read_to_end(&mut bytes).map_err(unavailable("get", key))?;
+        if bytes.len() as u64 > max {
+            return Err(StoreError::TooLarge { key: key.into(), size: bytes.len() as u64, max });
+        }
+        Ok(bytes)
+    }
+
     fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
         match fs::metadata(self.path(key)?) {
             Ok(m) => Ok(Some(m.len())),

@@ -51,6 +51,43 @@ pub use url::{StoreOptions, open_store};
 
 /// Appends a line `crc <CRC32C of everything before it>` to `text`: the stored text records
 /// (manifests, commit records) carry their own checksum.
+/// Largest record read whole from a store: manifests, commit, id, placement and upload-ahead
+/// records (a manifest of 100,000 files is about 10 MiB).
+pub const MAX_RECORD: u64 = 64 << 20;
+
+/// Longest file name a record may name.
+pub const MAX_NAME: usize = 255;
+
+/// Checks that `name`, read from the record at `key`, is one plain path component: not empty,
+/// at most [`MAX_NAME`] bytes, no `/`, `\` or NUL, not `.` or `..`. Restores join such names to
+/// their own directory only.
+pub fn check_name(key: &str, name: &str) -> Result<(), StoreError> {
+    let bad = name.is_empty()
+        || name.len() > MAX_NAME
+        || name == "."
+        || name == ".."
+        || name.contains(['/', '\\', '\0'])
+        || name.chars().any(char::is_control);
+    if bad {
+        let shown: String = name.chars().take(64).flat_map(char::escape_debug).collect();
+        return Err(StoreError::Corrupt {
+            key: key.into(),
+            reason: format!("names \"{shown}\", not a plain file name"),
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `k`, a store key read from the record at `key`, has only plain parts (no empty,
+/// `.` or `..` part, no `\\` or NUL) and is at most 1,024 bytes.
+pub fn check_key(key: &str, k: &str) -> Result<(), StoreError> {
+    if k.len() > 1024 || k.split('/').any(|p| p.is_empty() || p == "." || p == ".." || p.contains(['\\', '\0'])) {
+        let shown: String = k.chars().take(64).flat_map(char::escape_debug).collect();
+        return Err(StoreError::Corrupt { key: key.into(), reason: format!("names key \"{shown}\", not a plain key") });
+    }
+    Ok(())
+}
+
 pub(crate) fn seal(mut text: String) -> String {
     let crc = crc32c::crc32c(text.as_bytes());
     text.push_str(&format!("crc {crc:08x}\n"));
@@ -134,6 +171,17 @@ pub enum StoreError {
         /// What the store said.
         reason: String,
     },
+    /// The object is larger than what is read of it into memory (fatal for that checkpoint:
+    /// whoever wrote it is not this Weir).
+    #[error("object {key} holds {size} bytes, more than the {max} read of it")]
+    TooLarge {
+        /// Object key.
+        key: String,
+        /// Its size (or at least this much).
+        size: u64,
+        /// The most read.
+        max: u64,
+    },
     /// The store's URL or options are wrong (fatal).
     #[error("store {store}: {reason}")]
     Config {
@@ -165,8 +213,23 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         })?;
         self.put(key, &bytes)
     }
-    /// The object under `key`.
+    /// The object under `key`, whatever its size: callers use [`Store::get_at_most`].
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError>;
+    /// The object under `key`, refused ([`StoreError::TooLarge`]) when it holds more than `max`
+    /// bytes. Stores that can bound the read itself do; this default asks the size first and
+    /// checks what came.
+    fn get_at_most(&self, key: &str, max: u64) -> Result<Vec<u8>, StoreError> {
+        if let Some(size) = self.size(key)?
+            && size > max
+        {
+            return Err(StoreError::TooLarge { key: key.into(), size, max });
+        }
+        let bytes = self.get(key)?;
+        if bytes.len() as u64 > max {
+            return Err(StoreError::TooLarge { key: key.into(), size: bytes.len() as u64, max });
+        }
+        Ok(bytes)
+    }
     /// Size of the object under `key`, if it exists.
     fn size(&self, key: &str) -> Result<Option<u64>, StoreError>;
     /// Keys that start with `prefix`, sorted.

@@ -124,7 +124,7 @@ pub fn decode_placement(key: &str, bytes: &[u8]) -> Result<PlacementRecord, Stor
 pub fn latest_placement(store: &dyn Store, stream: StreamId) -> Result<Option<PlacementRecord>, StoreError> {
     let keys = store.list(&format!("{}/placement/", stream.0))?;
     match keys.last() {
-        Some(key) => Ok(Some(decode_placement(key, &store.get(key)?)?)),
+        Some(key) => Ok(Some(decode_placement(key, &store.get_at_most(key, super::MAX_RECORD)?)?)),
         None => Ok(None),
     }
 }
@@ -134,7 +134,7 @@ pub fn latest_placement(store: &dyn Store, stream: StreamId) -> Result<Option<Pl
 pub fn write_placement(store: &dyn Store, stream: StreamId, record: &PlacementRecord) -> Result<(), StoreError> {
     let key = placement_key(stream, record.version);
     let text = encode_placement(record);
-    match store.get(&key) {
+    match store.get_at_most(&key, super::MAX_RECORD) {
         Ok(old) if old == text.as_bytes() => return Ok(()),
         Ok(_) => {
             return Err(StoreError::Corrupt {

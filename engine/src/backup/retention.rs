@@ -106,7 +106,7 @@ impl Collector {
                 older.push(key.clone());
                 continue;
             }
-            match store.get(key).map(|b| decode_commit(key, &b)) {
+            match store.get_at_most(key, super::MAX_RECORD).map(|b| decode_commit(key, &b)) {
                 Ok(Ok(r)) => {
                     if let Some(p) = r.restore_point() {
                         points.insert(r.id, p);
@@ -137,7 +137,7 @@ impl Collector {
             if opts.stopped {
                 break;
             }
-            match store.get(key) {
+            match store.get_at_most(key, super::MAX_RECORD) {
                 Ok(bytes) => match super::ahead::decode_record(key, &bytes) {
                     Ok(keys) => named.extend(keys),
                     // A damaged record names nothing we can read: keep every SST this pass.
@@ -153,7 +153,7 @@ impl Collector {
             if !chk_id(key).is_some_and(is_kept) {
                 continue;
             }
-            match store.get(key) {
+            match store.get_at_most(key, super::MAX_RECORD) {
                 Ok(bytes) => match Manifest::decode(key, &bytes) {
                     Ok(m) => named.extend(m.files.into_iter().map(|f| f.key)),
                     // A damaged manifest names nothing we can read: keep every SST this pass.

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::{Store, StoreError};
 
 /// How to reach an rsync daemon.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct RsyncOptions {
     /// The URL's user's password, handed to rsync in its environment (`RSYNC_PASSWORD`), never
     /// on its command line.
@@ -27,17 +27,33 @@ pub struct RsyncOptions {
     pub password_file: Option<PathBuf>,
     /// Connection and I/O timeout of one call (default 30 s).
     pub timeout: Option<Duration>,
+    /// Where the private scratch directory for downloads goes (the node's data directory;
+    /// default the system's temporary directory). It is created with a random name, mode 0700,
+    /// and removed with the store.
+    pub scratch_dir: Option<PathBuf>,
     /// The rsync binary (default `rsync` on the `PATH`).
     pub binary: Option<PathBuf>,
 }
 
 /// A store in an rsync daemon's module.
+impl std::fmt::Debug for RsyncOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RsyncOptions")
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("password_file", &self.password_file)
+            .field("timeout", &self.timeout)
+            .field("scratch_dir", &self.scratch_dir)
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(Debug)]
 pub struct RsyncStore {
     /// `rsync://[user@]host[:port]/module/prefix`, without a trailing slash.
     base: String,
     opts: RsyncOptions,
-    scratch: PathBuf,
+    /// Private (0700, random name), removed when the store is dropped.
+    scratch: tempfile::TempDir,
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -57,8 +73,12 @@ impl RsyncStore {
         if host.is_empty() || path.trim_matches('/').is_empty() {
             return Err(bad("no host or no module: rsync://host[:port]/module[/prefix]"));
         }
-        let scratch = std::env::temp_dir().join(format!("weir-rsync-{}", std::process::id()));
-        std::fs::create_dir_all(&scratch).map_err(|e| bad(&format!("scratch directory: {e}")))?;
+        let base = opts.scratch_dir.clone().unwrap_or_else(std::env::temp_dir);
+        std::fs::create_dir_all(&base).map_err(|e| bad(&format!("scratch directory in {}: {e}", base.display())))?;
+        let scratch = tempfile::Builder::new()
+            .prefix("weir-rsync-")
+            .tempdir_in(&base)
+            .map_err(|e| bad(&format!("scratch directory in {}: {e}", base.display())))?;
         Ok(Self { base: format!("rsync://{host}/{}", path.trim_matches('/')), opts: opts.clone(), scratch })
     }
 
@@ -73,7 +93,7 @@ impl RsyncStore {
     }
 
     fn scratch_file(&self, what: &str) -> PathBuf {
-        self.scratch.join(format!("{what}-{}", SEQ.fetch_add(1, Ordering::Relaxed)))
+        self.scratch.path().join(format!("{what}-{}", SEQ.fetch_add(1, Ordering::Relaxed)))
     }
 
     fn timeout(&self) -> Duration {
@@ -203,6 +223,41 @@ impl Store for RsyncStore {
                 key: key.into(),
                 reason: format!("scratch file: {e}"),
             })
+        });
+        let _ = std::fs::remove_file(&tmp);
+        r
+    }
+
+    fn get_at_most(&self, key: &str, max: u64) -> Result<Vec<u8>, StoreError> {
+        use std::io::Read;
+        let src = self.remote(key)?;
+        let tmp = self.scratch_file("get");
+        let dst = tmp.to_str().expect("scratch paths are UTF-8").to_string();
+        // rsync itself refuses a larger file (`--max-size`), so none reaches the disk either.
+        let max_size = format!("--max-size={}", max.saturating_add(1));
+        let r = self.run("get", key, &["-q", &max_size, "--", &src, &dst]).and_then(|_| {
+            let scratch = |e: std::io::Error| StoreError::Unavailable {
+                op: "get",
+                key: key.into(),
+                reason: format!("scratch file: {e}"),
+            };
+            let f = match std::fs::File::open(&tmp) {
+                Ok(f) => f,
+                // Skipped by --max-size (or gone): ask what is there.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(match self.size(key)? {
+                        Some(size) => StoreError::TooLarge { key: key.into(), size, max },
+                        None => StoreError::NotFound { key: key.into() },
+                    });
+                }
+                Err(e) => return Err(scratch(e)),
+            };
+            let mut bytes = Vec::new();
+            f.take(max + 1).read_to_end(&mut bytes).map_err(scratch)?;
+            if bytes.len() as u64 > max {
+                return Err(StoreError::TooLarge { key: key.into(), size: bytes.len() as u64, max });
+            }
+            Ok(bytes)
         });
         let _ = std::fs::remove_file(&tmp);
         r

@@ -204,6 +204,23 @@ impl Store for S3Store {
             .map_err(|e| self.error("get", key, e))
     }
 
+    fn get_at_most(&self, key: &str, max: u64) -> Result<Vec<u8>, StoreError> {
+        let path = self.path(key)?;
+        let got = self.rt.block_on(async {
+            let r = self.s3.get(&path).await?;
+            // The size comes with the response's headers, before its body is read.
+            if r.meta.size > max {
+                return Ok(Err(r.meta.size));
+            }
+            r.bytes().await.map(Ok)
+        });
+        match got.map_err(|e| self.error("get", key, e))? {
+            Ok(bytes) if bytes.len() as u64 <= max => Ok(Vec::from(bytes)),
+            Ok(bytes) => Err(StoreError::TooLarge { key: key.into(), size: bytes.len() as u64, max }),
+            Err(size) => Err(StoreError::TooLarge { key: key.into(), size, max }),
+        }
+    }
+
     fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
         let path = self.path(key)?;
         match self.rt.block_on(self.s3.head(&path)) {

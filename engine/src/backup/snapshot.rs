@@ -7,7 +7,7 @@ use std::path::Path;
 use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
 use super::index::{UploadIndex, sst_key};
-use super::{Store, StoreError, with_retries};
+use super::{MAX_RECORD, Store, StoreError, check_key, check_name, with_retries};
 
 /// One file of a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,6 +156,9 @@ impl Manifest {
             else {
                 return Err(bad("bad file line"));
             };
+            // A restore writes each file under its name: one plain component, nothing else.
+            check_name(key, name)?;
+            check_key(key, k)?;
             files.push(ManifestEntry {
                 name: name.into(),
                 key: k.into(),
@@ -342,7 +345,7 @@ pub fn fetch_manifest(
     manifest_crc: Option<u32>,
 ) -> Result<Manifest, StoreError> {
     let key = manifest_key(stream, task, id);
-    let text = store.get(&key)?;
+    let text = store.get_at_most(&key, MAX_RECORD)?;
     if let Some(want) = manifest_crc
         && crc32c::crc32c(&text) != want
     {
@@ -364,26 +367,40 @@ pub fn local_snapshot_matches(manifest: &Manifest, dir: &Path) -> bool {
 }
 
 /// Downloads the files of `manifest` into `dir` (replacing it), verifying each.
+///
+/// What the store says is untrusted: every name is checked to be one plain component before
+/// anything is written, `dir` is made afresh (mode 0700, never through a link), each object is
+/// read only up to the size its manifest gives, and each file is created new inside `dir`.
 pub fn download_files(store: &dyn Store, manifest: &Manifest, dir: &Path) -> Result<(), StoreError> {
     let io = |e: std::io::Error| StoreError::Unavailable {
         op: "write",
         key: dir.display().to_string(),
         reason: e.to_string(),
     };
-    if dir.exists() {
-        fs::remove_dir_all(dir).map_err(io)?;
+    let where_ = dir.display().to_string();
+    for f in &manifest.files {
+        check_name(&where_, &f.name)?;
     }
-    fs::create_dir_all(dir).map_err(io)?;
+    match fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(dir).map_err(io)?,
+        Ok(_) => fs::remove_file(dir).map_err(io)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    if let Some(parent) = dir.parent() {
+        crate::private_fs::private_dir_all(parent).map_err(io)?;
+    }
+    crate::private_fs::private_dir(dir).map_err(io)?;
     // Files come down at once, each verified before it is written.
     each_parallel(&manifest.files, "get", dir, |f| {
-        let bytes = with_retries(|| store.get(&f.key))?;
+        let bytes = with_retries(|| store.get_at_most(&f.key, f.size))?;
         if bytes.len() as u64 != f.size || crc32c::crc32c(&bytes) != f.crc {
             return Err(StoreError::Corrupt {
                 key: f.key.clone(),
                 reason: "size or checksum differs from the manifest".into(),
             });
         }
-        fs::write(dir.join(&f.name), &bytes).map_err(io)
+        crate::private_fs::write_new_private(&dir.join(&f.name), &bytes).map_err(io)
     })
 }
 

@@ -127,9 +127,11 @@ impl CheckpointError {
     pub fn store(op: &'static str, e: &crate::backup::StoreError) -> Self {
         use crate::backup::StoreError as S;
         let key = match e {
-            S::Unavailable { key, .. } | S::NotFound { key } | S::Corrupt { key, .. } | S::Denied { key, .. } => {
-                key.clone()
-            }
+            S::Unavailable { key, .. }
+            | S::NotFound { key }
+            | S::Corrupt { key, .. }
+            | S::TooLarge { key, .. }
+            | S::Denied { key, .. } => key.clone(),
             S::Config { store, .. } => store.clone(),
         };
         CheckpointError::Store { op, key, reason: e.to_string(), retryable: e.is_retryable() }

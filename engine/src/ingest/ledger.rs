@@ -6,9 +6,15 @@
 //!
 //! Invariants: a producer's record counts each of its batches once, in sequence order (a batch
 //! sent again is not counted again); records stay in the order their producers first appended.
-//! The `ledger` file holds the records as of its writing (a description is written and synced
-//! before the batch it came with is appended; retention writes it before deleting a segment), and
-//! a reopened log counts on from its entries, each of which names its producer and batch.
+//! The `ledger` file holds the records as of its writing (retention rewrites it before deleting a
+//! segment); the `ledger.journal` beside it holds what changed since, one record appended and
+//! synced per change (a description before the batch it came with is appended, an end-of-load),
+//! so a new producer costs one small append, never a rewrite. A reopened log reads the file, then
+//! the journal (a torn last record, from a crash mid-append, is cut off: its batch was never
+//! appended), then counts on from its entries, each of which names its producer and batch.
+//!
+//! Bounds: at most [`MAX_PRODUCERS`] producers and [`MAX_LEDGER_BYTES`] of descriptions per
+//! partition; a producer past either is refused, so a client cannot grow a ledger without end.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -26,6 +32,8 @@ pub const MAX_DESCRIPTION: usize = 64 << 10;
 /// Producers a partition's ledger records at most (each load is one; a client that invents
 /// producers without end is refused rather than growing the ledger without bound).
 pub const MAX_PRODUCERS: usize = 100_000;
+/// Bytes of descriptions a partition's ledger holds at most.
+pub const MAX_LEDGER_BYTES: usize = 16 << 20;
 
 /// What one producer appended to one partition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,16 +61,58 @@ pub struct Ledger(Arc<Mutex<Records>>);
 struct Records {
     list: Vec<ProducerRecord>,
     index: HashMap<u64, usize>,
+    /// Bytes of descriptions in `list`.
+    bytes: usize,
 }
 
 impl Records {
     fn record(&mut self, producer: u64, first: Version, description: Vec<u8>) -> &mut ProducerRecord {
         let i = *self.index.entry(producer).or_insert_with(|| {
+            self.bytes += description.len();
             self.list.push(ProducerRecord { producer, description, first, rows: 0, batches: 0, ended: None });
             self.list.len() - 1
         });
         &mut self.list[i]
     }
+}
+
+/// Appends `rec` as the ledger files store it: producer, first version, rows, batches (`u64`
+/// each), whether it ended (`u8`) and the end's watermark (`i64`), description length (`u32`)
+/// and bytes; little-endian.
+fn encode_record(out: &mut Vec<u8>, rec: &ProducerRecord) {
+    for w in [rec.producer, rec.first.0, rec.rows, rec.batches] {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    out.push(u8::from(rec.ended.is_some()));
+    out.extend_from_slice(&rec.ended.unwrap_or(0).to_le_bytes());
+    out.extend_from_slice(&(rec.description.len() as u32).to_le_bytes());
+    out.extend_from_slice(&rec.description);
+}
+
+/// The record at `body[at..]` and where the next one starts; `Err` says what is wrong.
+fn decode_record(body: &[u8], at: usize) -> Result<(ProducerRecord, usize), &'static str> {
+    const FIXED: usize = 32 + 1 + 8 + 4;
+    let fixed = body.get(at..at + FIXED).ok_or("ends inside a record")?;
+    let w = |i: usize| u64::from_le_bytes(fixed[i..i + 8].try_into().expect("8 bytes"));
+    let ended = match fixed[32] {
+        0 => None,
+        1 => Some(w(33) as i64),
+        _ => return Err("a record's end flag is neither 0 nor 1"),
+    };
+    let len = u32::from_le_bytes(fixed[41..45].try_into().expect("4 bytes")) as usize;
+    if len > MAX_DESCRIPTION {
+        return Err("a description longer than any producer may give");
+    }
+    let description = body.get(at + FIXED..at + FIXED + len).ok_or("ends inside a description")?;
+    let rec = ProducerRecord {
+        producer: w(0),
+        first: Version(w(8)),
+        rows: w(16),
+        batches: w(24),
+        ended,
+        description: description.to_vec(),
+    };
+    Ok((rec, at + FIXED + len))
 }
 
 impl Ledger {
@@ -75,11 +125,28 @@ impl Ledger {
         self.lock().list.clone()
     }
 
+    /// Records from the `from`-th on, until their descriptions pass `budget` bytes (at least
+    /// one), and the index of the first left out (`None`: none was).
+    pub fn page(&self, from: usize, budget: usize) -> (Vec<ProducerRecord>, Option<usize>) {
+        let r = self.lock();
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for (i, rec) in r.list.iter().enumerate().skip(from) {
+            if !out.is_empty() && bytes + rec.description.len() > budget {
+                return (out, Some(i));
+            }
+            bytes += rec.description.len() + 64;
+            out.push(rec.clone());
+        }
+        (out, None)
+    }
+
     /// Forgets every record (a follower's copy started afresh).
     pub(super) fn clear(&self) {
         let mut r = self.lock();
         r.list.clear();
         r.index.clear();
+        r.bytes = 0;
     }
 
     /// How many producers there are and how many of them ended (what a follower's copy of the
@@ -94,10 +161,11 @@ impl Ledger {
         self.lock().index.contains_key(&producer)
     }
 
-    /// Whether `producer` has a record or there is room for one.
-    pub(super) fn admits(&self, producer: u64) -> bool {
+    /// Whether `producer` has a record or there is room for one with a description of
+    /// `description` bytes.
+    pub(super) fn admits(&self, producer: u64, description: usize) -> bool {
         let r = self.lock();
-        r.index.contains_key(&producer) || r.list.len() < MAX_PRODUCERS
+        r.index.contains_key(&producer) || (r.list.len() < MAX_PRODUCERS && r.bytes + description <= MAX_LEDGER_BYTES)
     }
 
     /// Records `producer` with `description`, its rows to start at `first` (the caller checked
@@ -130,12 +198,37 @@ impl Ledger {
         true
     }
 
-    /// Writes the records to `dir`'s `ledger` file (a new file renamed over the old, synced).
+    /// Appends `producer`'s record (its description, first version and end) to `dir`'s journal
+    /// and syncs it: one small write, whatever the ledger holds.
     ///
-    /// Format: `WLG1`, `u32` count, then per record producer, first version, rows, batches
-    /// (`u64` each), whether it ended (`u8`) and the end's watermark (`i64`), description length
-    /// (`u32`) and bytes; then a CRC32C of all before it;
-    /// little-endian.
+    /// Journal format: per change, `u32` length, the record (as in the `ledger` file, its counts
+    /// zero: those come from the entries), and a CRC32C of the length and record; little-endian.
+    pub(super) fn journal(&self, dir: &Path, producer: u64) -> Result<(), LogError> {
+        let mut rec = Vec::new();
+        {
+            let r = self.lock();
+            let Some(&i) = r.index.get(&producer) else { return Ok(()) };
+            let at = &r.list[i];
+            let change = ProducerRecord { rows: 0, batches: 0, ..at.clone() };
+            encode_record(&mut rec, &change);
+        }
+        let mut out = Vec::with_capacity(rec.len() + 8);
+        out.extend_from_slice(&(rec.len() as u32).to_le_bytes());
+        out.extend_from_slice(&rec);
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        let path = dir.join(JOURNAL_FILE);
+        let new = !path.exists();
+        let mut f = fs::OpenOptions::new().create(true).append(true).open(&path).map_err(io_err(&path))?;
+        f.write_all(&out).and_then(|()| f.sync_data()).map_err(io_err(&path))?;
+        if new { sync_dir(dir) } else { Ok(()) }
+    }
+
+    /// Writes the records to `dir`'s `ledger` file (a new file renamed over the old, synced),
+    /// then empties the journal (what it held is in the file now).
+    ///
+    /// Format: `WLG1`, `u32` count, then the records (see `encode_record`), then a CRC32C of all
+    /// before it; little-endian.
     pub(super) fn write(&self, dir: &Path) -> Result<(), LogError> {
         let mut out = Vec::new();
         {
@@ -143,13 +236,7 @@ impl Ledger {
             out.extend_from_slice(MAGIC);
             out.extend_from_slice(&(r.list.len() as u32).to_le_bytes());
             for rec in &r.list {
-                for w in [rec.producer, rec.first.0, rec.rows, rec.batches] {
-                    out.extend_from_slice(&w.to_le_bytes());
-                }
-                out.push(u8::from(rec.ended.is_some()));
-                out.extend_from_slice(&rec.ended.unwrap_or(0).to_le_bytes());
-                out.extend_from_slice(&(rec.description.len() as u32).to_le_bytes());
-                out.extend_from_slice(&rec.description);
+                encode_record(&mut out, rec);
             }
         }
         let crc = crc32c::crc32c(&out);
@@ -159,7 +246,13 @@ impl Ledger {
         let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
         f.write_all(&out).and_then(|()| f.sync_all()).map_err(io_err(&tmp))?;
         fs::rename(&tmp, &path).map_err(io_err(&path))?;
-        sync_dir(dir)
+        sync_dir(dir)?;
+        let journal = dir.join(JOURNAL_FILE);
+        match fs::remove_file(&journal) {
+            Ok(()) => sync_dir(dir),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(&journal)(e)),
+        }
     }
 
     /// The `ledger` file's records, an empty ledger when there is none; a damaged file, or one
@@ -168,7 +261,11 @@ impl Ledger {
         let path = dir.join(LEDGER_FILE);
         let bytes = match fs::read(&path) {
             Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Ledger::default()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let mut records = Records::default();
+                Self::replay_journal(dir, &mut records)?;
+                return Ok(Ledger(Arc::new(Mutex::new(records))));
+            }
             Err(e) => return Err(io_err(&path)(e)),
         };
         let corrupt = |offset: usize, reason: &str| LogError::Corrupt {
@@ -187,34 +284,95 @@ impl Ledger {
             return Err(corrupt(0, "not a ledger of this format (WLG1): written by another version?"));
         }
         let n = u32::from_le_bytes(body[4..8].try_into().expect("4 bytes")) as usize;
+        if n > MAX_PRODUCERS {
+            return Err(corrupt(4, "more producers than a ledger holds"));
+        }
         let mut at = 8;
         let mut records = Records::default();
         for _ in 0..n {
-            const FIXED: usize = 32 + 1 + 8 + 4;
-            let Some(fixed) = body.get(at..at + FIXED) else { return Err(corrupt(at, "ends inside a record")) };
-            let w = |i: usize| u64::from_le_bytes(fixed[i..i + 8].try_into().expect("8 bytes"));
-            let ended = match fixed[32] {
-                0 => None,
-                1 => Some(w(33) as i64),
-                _ => return Err(corrupt(at, "a record's end flag is neither 0 nor 1")),
-            };
-            let len = u32::from_le_bytes(fixed[41..45].try_into().expect("4 bytes")) as usize;
-            let Some(description) = body.get(at + FIXED..at + FIXED + len) else {
-                return Err(corrupt(at, "ends inside a description"));
-            };
-            if records.index.contains_key(&w(0)) {
+            let (rec, next) = decode_record(body, at).map_err(|why| corrupt(at, why))?;
+            if records.index.contains_key(&rec.producer) {
                 return Err(corrupt(at, "a producer recorded twice"));
             }
-            let rec = records.record(w(0), Version(w(8)), description.to_vec());
-            (rec.rows, rec.batches, rec.ended) = (w(16), w(24), ended);
-            at += FIXED + len;
+            let (rows, batches, ended) = (rec.rows, rec.batches, rec.ended);
+            let r = records.record(rec.producer, rec.first, rec.description);
+            (r.rows, r.batches, r.ended) = (rows, batches, ended);
+            at = next;
         }
         if at != body.len() {
             return Err(corrupt(at, "bytes after the last record"));
         }
+        Self::replay_journal(dir, &mut records)?;
         Ok(Ledger(Arc::new(Mutex::new(records))))
+    }
+
+    /// Applies `dir`'s journal to `records`, and cuts a torn or damaged tail off the file (a crash
+    /// mid-append: the batch that change came before was never appended).
+    fn replay_journal(dir: &Path, records: &mut Records) -> Result<(), LogError> {
+        let path = dir.join(JOURNAL_FILE);
+        let meta = match fs::metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        // Each change is at most one record of the largest description; the journal is emptied
+        // at every rewrite, so a file past what its producers could have written is not ours.
+        let limit = (MAX_PRODUCERS as u64) * 64 + MAX_LEDGER_BYTES as u64 * 2;
+        if meta.len() > limit {
+            return Err(LogError::Corrupt { path, offset: 0, reason: "larger than any journal".into() });
+        }
+        let bytes = fs::read(&path).map_err(io_err(&path))?;
+        let mut at = 0;
+        // A record that does not check out is a torn append only at the end (nothing but zeros
+        // after it); anywhere else it is damage, refused rather than cut.
+        let bad = |at: usize, len: usize, why: &str| {
+            let end = at.saturating_add(8).saturating_add(len);
+            if end >= bytes.len() || bytes[at..].iter().all(|b| *b == 0) {
+                Ok(())
+            } else {
+                Err(LogError::Corrupt { path: path.clone(), offset: at as u64, reason: why.to_string() })
+            }
+        };
+        while let Some(len) = bytes.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+        {
+            let Some(framed) = bytes.get(at..at + 4 + len + 4) else { break };
+            let crc = u32::from_le_bytes(framed[4 + len..].try_into().expect("4 bytes"));
+            if crc32c::crc32c(&framed[..4 + len]) != crc {
+                bad(at, len, "a journal record's checksum does not match")?;
+                break;
+            }
+            match decode_record(&framed[4..4 + len], 0) {
+                Ok((_, end)) if end != len => {
+                    bad(at, len, "a journal record longer than its content")?;
+                    break;
+                }
+                Err(why) => {
+                    bad(at, len, why)?;
+                    break;
+                }
+                Ok(_) => {}
+            }
+            let (rec, _) = decode_record(&framed[4..4 + len], 0).expect("checked above");
+            if !records.index.contains_key(&rec.producer)
+                && (records.list.len() >= MAX_PRODUCERS || records.bytes + rec.description.len() > MAX_LEDGER_BYTES)
+            {
+                return Err(LogError::Corrupt { path, offset: at as u64, reason: "more than a ledger holds".into() });
+            }
+            let r = records.record(rec.producer, rec.first, rec.description);
+            if rec.ended.is_some() {
+                r.ended = rec.ended;
+            }
+            at += 4 + len + 4;
+        }
+        if at < bytes.len() {
+            tracing::warn!(path = %path.display(), kept = at, cut = bytes.len() - at, "ledger journal: torn tail cut off");
+            let f = fs::OpenOptions::new().write(true).open(&path).map_err(io_err(&path))?;
+            f.set_len(at as u64).and_then(|()| f.sync_all()).map_err(io_err(&path))?;
+        }
+        Ok(())
     }
 }
 
 const LEDGER_FILE: &str = "ledger";
+const JOURNAL_FILE: &str = "ledger.journal";
 const MAGIC: &[u8; 4] = b"WLG1";

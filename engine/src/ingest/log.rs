@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use weir_wire::{Batch, Version};
 
-use super::ledger::{Ledger, MAX_DESCRIPTION, MAX_PRODUCERS, ProducerRecord};
+use super::ledger::{Ledger, MAX_DESCRIPTION, MAX_LEDGER_BYTES, MAX_PRODUCERS, ProducerRecord};
 pub use super::producers::{AppendOutcome, DEDUP_WINDOW};
 use super::producers::{Producers, read_producers, remember, write_producers};
 use super::reader::LogReader;
@@ -259,7 +259,7 @@ impl IngestLog {
         if from.seq > expected {
             return Err(LogError::SequenceGap { producer: from.producer, expected, got: from.seq });
         }
-        if !self.ledger.admits(from.producer) {
+        if !self.ledger.admits(from.producer, 0) {
             return Err(full_ledger());
         }
         let v = self.write(batch, Some(from))?;
@@ -281,23 +281,28 @@ impl IngestLog {
             let reason = format!("a producer's description of {} bytes exceeds {MAX_DESCRIPTION}", description.len());
             return Err(LogError::Refused { reason });
         }
-        if !self.ledger.admits(producer) {
+        if !self.ledger.admits(producer, description.len()) {
             return Err(full_ledger());
         }
         self.ledger.describe(producer, self.next, description);
-        self.ledger.write(&self.dir)
+        self.ledger.journal(&self.dir, producer)
     }
 
     /// Notes that `producer`'s load ended with a marker of `watermark` (written and synced with
     /// the ledger: markers do not name their producer). A producer the log does not know is
     /// not recorded.
     pub fn end_load(&mut self, producer: u64, watermark: i64) -> Result<(), LogError> {
-        if self.ledger.end(producer, watermark) { self.ledger.write(&self.dir) } else { Ok(()) }
+        if self.ledger.end(producer, watermark) { self.ledger.journal(&self.dir, producer) } else { Ok(()) }
     }
 
     /// What each producer appended, in the order they first did.
     pub fn producers(&self) -> Vec<ProducerRecord> {
         self.ledger.records()
+    }
+
+    /// A page of [`Self::producers`] (see [`LogHandle::producers_page`]).
+    pub fn producers_page(&self, from: usize, budget: usize) -> (Vec<ProducerRecord>, Option<usize>) {
+        self.ledger.page(from, budget)
     }
 
     /// Appends a watermark marker (written to the OS, not yet synced): no row appended after it
@@ -455,7 +460,10 @@ impl IngestLog {
 
 fn full_ledger() -> LogError {
     LogError::Refused {
-        reason: format!("the partition records {MAX_PRODUCERS} producers already: no room for another"),
+        reason: format!(
+            "the partition's ledger is full ({MAX_PRODUCERS} producers or {} MiB of descriptions): no room for another",
+            MAX_LEDGER_BYTES >> 20
+        ),
     }
 }
 
@@ -473,6 +481,12 @@ impl LogHandle {
     /// What each producer appended, in the order they first did (rows not yet durable included).
     pub fn producers(&self) -> Vec<ProducerRecord> {
         self.ledger.records()
+    }
+
+    /// A page of [`Self::producers`]: from the `from`-th on, descriptions up to about `budget`
+    /// bytes (at least one record), and where the next page starts.
+    pub fn producers_page(&self, from: usize, budget: usize) -> (Vec<ProducerRecord>, Option<usize>) {
+        self.ledger.page(from, budget)
     }
 
     /// Every version below this is durable.

@@ -117,9 +117,13 @@ impl IngestLog {
     /// entries do not carry; before the entries that count their rows), writing the ledger when
     /// something changed.
     pub fn adopt_producers(&mut self, facts: &[ReplicaProducer]) -> Result<(), LogError> {
-        let mut changed = false;
         for f in facts {
+            let mut changed = false;
             if !self.ledger.knows(f.producer) {
+                if !self.ledger.admits(f.producer, f.description.len()) {
+                    let reason = "the primary's producers overflow this copy's ledger".to_string();
+                    return Err(LogError::Refused { reason });
+                }
                 self.ledger.describe(f.producer, f.first, &f.description);
                 changed = true;
             }
@@ -129,8 +133,11 @@ impl IngestLog {
                 self.ledger.end(f.producer, w);
                 changed = true;
             }
+            if changed {
+                self.ledger.journal(&self.dir, f.producer)?;
+            }
         }
-        if changed { self.ledger.write(&self.dir) } else { Ok(()) }
+        Ok(())
     }
 
     /// Empties the copy and starts it again at `at` (the primary's copy differs from this one,

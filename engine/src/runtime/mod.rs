@@ -99,6 +99,9 @@ impl Engine {
         if cfg.workers == 0 || cfg.queue_capacity < 2 || cfg.remote_credits < 2 {
             return Err(EngineError::Config("workers must be >= 1, queue_capacity and remote_credits >= 2".into()));
         }
+        // Private to this node's user, whatever the umask: everything below lives in it.
+        crate::private_fs::private_dir_all(&cfg.data_dir)
+            .map_err(|source| EngineError::DataDir { path: cfg.data_dir.clone(), source })?;
         let topo = spec.topology();
         let me = cfg.node;
         let local: Vec<_> = topo.tasks.iter().filter(|t| placement.node_of(t.id) == me).collect();

@@ -14,6 +14,10 @@ use weir_wire::msg::{Credit, Data, EndOfStream, Ingest, IngestAck, IngestOutcome
 use weir_wire::transport::{Event, Transport};
 use weir_wire::{Frame, FrameEncoder, Kind, NodeId, Seq, StreamId, TaskId};
 
+/// Bytes of producers' descriptions in one `ProducersRsp` page, about: a quarter of the frame
+/// limit, whatever the ledgers hold.
+const PRODUCERS_PAGE: usize = 4 << 20;
+
 use super::channel::{Msg, Rows};
 use super::shared::Shared;
 use crate::ingest::{AppendRequest, Appended, IngestService};
@@ -142,7 +146,8 @@ impl Run {
                     Ok(Event::Refused {
                         code: weir_wire::msg::CloseCode::Stale | weir_wire::msg::CloseCode::Restarting, ..
                     }) => {}
-                    Ok(Event::Refused { reason, .. }) => tracing::warn!(%reason, "connection refused"),
+                    // The transport logs refusals (strangers' summed up): not again here.
+                    Ok(Event::Refused { reason, .. }) => tracing::debug!(%reason, "connection refused"),
                     Ok(Event::Heartbeat { from, tasks }) => self.status.heard(from, tasks),
                     Err(_) => return,
                 },
@@ -314,17 +319,26 @@ impl Run {
         self.reply(from, &rsp, Duration::from_secs(1), "stop response");
     }
 
-    /// The ledgers of the node's ingest-log partitions that have producers.
+    /// A page of the ledgers of the node's ingest-log partitions that have producers, from
+    /// `req.from` on, its descriptions about [`PRODUCERS_PAGE`] bytes at most.
     fn producers(&self, req: weir_wire::msg::ProducersReq) -> weir_wire::msg::ProducersRsp {
-        use weir_wire::msg::{PartitionProducers, ProducerInfo, ProducersRsp};
-        let mut rsp =
-            ProducersRsp { request: req.request, node: self.status.node, partitions: Vec::new(), error: String::new() };
+        use weir_wire::msg::{PartitionProducers, ProducerInfo, ProducersCursor, ProducersRsp};
+        let mut rsp = ProducersRsp {
+            request: req.request,
+            node: self.status.node,
+            partitions: Vec::new(),
+            next: None,
+            error: String::new(),
+        };
         match &self.ingest {
             Some((svc, _, _)) if req.stream == self.status.stream => {
-                for p in 0..svc.partitions() {
+                let mut budget = PRODUCERS_PAGE;
+                for p in req.from.partition..svc.partitions() {
                     let log = svc.log(p).expect("partition of the service");
-                    let producers: Vec<ProducerInfo> = log
-                        .producers()
+                    let from = if p == req.from.partition { req.from.producer as usize } else { 0 };
+                    let (page, rest) = log.producers_page(from, budget);
+                    budget = budget.saturating_sub(page.iter().map(|r| r.description.len() + 64).sum());
+                    let producers: Vec<ProducerInfo> = page
                         .into_iter()
                         .map(|r| ProducerInfo {
                             producer: r.producer,
@@ -341,6 +355,14 @@ impl Run {
                             durable: log.durable_version(),
                             producers,
                         });
+                    }
+                    if let Some(i) = rest {
+                        rsp.next = Some(ProducersCursor { partition: p, producer: i as u32 });
+                        break;
+                    }
+                    if budget == 0 && p + 1 < svc.partitions() {
+                        rsp.next = Some(ProducersCursor { partition: p + 1, producer: 0 });
+                        break;
                     }
                 }
             }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use weir_engine::operator::generator::Generator;
 use weir_engine::wire::msg::{Ingest, IngestAck, IngestOutcome};
-use weir_engine::wire::transport::client::{BlockingClient, ClientError, ClientWriter};
+use weir_engine::wire::transport::client::{ClientError, ClientWriter};
 use weir_engine::wire::{Batch, Kind};
 
 use super::Plan;
@@ -357,8 +357,7 @@ impl Driver {
     #[allow(clippy::type_complexity)]
     fn connect(&self, node: SocketAddr) -> Result<(ClientWriter, Receiver<Result<IngestAck, String>>), (String, bool)> {
         let t = &self.target;
-        let c = BlockingClient::connect(node, &t.cluster, crate::client::client_id(), &t.secret, self.plan.ack_timeout)
-            .map_err(|e| refused(&e))?;
+        let c = crate::client::connect(t, node, self.plan.ack_timeout).map_err(|e| refused(&e))?;
         let (w, mut r) = c.split().map_err(|e| refused(&e))?;
         let (tx, rx) = crossbeam_channel::unbounded();
         std::thread::Builder::new()
@@ -380,12 +379,15 @@ impl Driver {
     }
 }
 
-/// A connection's failure, and whether trying again may succeed (a wrong secret never does).
+/// A connection's failure, and whether trying again may succeed (a wrong credential never does).
 fn refused(e: &ClientError) -> (String, bool) {
+    use weir_engine::wire::msg::CloseCode;
     match e {
-        ClientError::Handshake { .. }
-        | ClientError::Closed { code: weir_engine::wire::msg::CloseCode::AuthFailed, .. } => {
-            (format!("{e} (is the cluster secret or name wrong?)"), false)
+        ClientError::Handshake { .. } => {
+            (format!("{e} ({})", crate::client::refusal_hint(&CloseCode::AuthFailed)), false)
+        }
+        ClientError::Closed { code: code @ (CloseCode::AuthFailed | CloseCode::Forbidden), .. } => {
+            (format!("{e} ({})", crate::client::refusal_hint(code)), false)
         }
         _ => (e.to_string(), true),
     }

@@ -147,10 +147,9 @@ fn read_node(
 ) -> Result<(), String> {
     let c = match conns.entry(addr) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::hash_map::Entry::Vacant(v) => v.insert(
-            BlockingClient::connect(addr, &t.cluster, crate::client::client_id(), &t.secret, Duration::from_secs(5))
-                .map_err(|e| e.to_string())?,
-        ),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            v.insert(crate::client::connect(t, addr, Duration::from_secs(5)).map_err(|e| e.to_string())?)
+        }
     };
     let mut store = 0u32;
     let mut after = from.map(|f| weir_engine::state::page_from_window(stream, f)).unwrap_or_default();

@@ -16,14 +16,17 @@ archived! {
         pub incarnation: u64,
         /// Random challenge for the accepting side to prove the secret over.
         pub nonce: [u8; NONCE_LEN],
+        /// Empty for a member (it proves the cluster secret); otherwise the name of the client
+        /// credential it proves (see `role::client_key`).
+        pub client: String,
     }
 }
 
 archived! {
-    /// The accepting side's answer to [`Hello`]: its identity, its own challenge, and its proof.
+    /// The accepting side's answer to [`Hello`]: its identity, its own challenge, and its proof
+    /// (over both nonces, both identities and both incarnations, keyed as the dialer's `Hello`
+    /// asked: the cluster secret or the client's key).
     pub struct Challenge {
-        /// The acceptor's cluster.
-        pub cluster: String,
         /// The acceptor's node id.
         pub node: NodeId,
         /// The acceptor's protocol version.
@@ -38,10 +41,18 @@ archived! {
 }
 
 archived! {
-    /// The dialer's proof of the cluster secret; after it the connection carries traffic.
+    /// The dialer's proof of the cluster secret (or its client key).
     pub struct Auth {
         /// HMAC-SHA256 over both nonces and identities, keyed by the cluster secret.
         pub proof: [u8; NONCE_LEN],
+    }
+}
+
+archived! {
+    /// The acceptor checked the dialer's proof: the connection carries traffic from here on.
+    pub struct Welcome {
+        /// The role the dialer was granted (`member`, `read`, `ingest`, `admin`).
+        pub role: String,
     }
 }
 
@@ -100,6 +111,10 @@ archived! {
         Stale,
         /// The node is between two runs of its stream and serves clients only: a member retries.
         Restarting,
+        /// The connection's role may not send this message kind (fatal for the request).
+        Forbidden,
+        /// Too many connections are handshaking (from this address or in all): retry later.
+        Busy,
     }
 }
 

@@ -41,6 +41,19 @@ pub use data::*;
 pub use ops::*;
 pub use replication::*;
 
+/// Longest cluster name a `Hello` may carry (bytes).
+pub const MAX_CLUSTER_NAME: usize = 128;
+
+fn check_hello(m: &ArchivedHello) -> Result<(), String> {
+    if m.cluster.len() > MAX_CLUSTER_NAME {
+        return Err(format!("cluster name of {} bytes (at most {MAX_CLUSTER_NAME})", m.cluster.len()));
+    }
+    if !m.client.is_empty() && !crate::role::valid_client_name(&m.client) {
+        return Err("client name is not 1 to 64 letters, digits, '-', '_' or '.'".to_string());
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Kinds.
 
@@ -128,11 +141,12 @@ macro_rules! kinds {
 }
 
 kinds! {
-    1 => Hello,
+    1 => Hello { |m: &ArchivedHello| check_hello(m) },
     2 => Challenge,
     3 => Auth,
     4 => Heartbeat,
     5 => Close,
+    6 => Welcome,
     10 => Ingest { |m: &ArchivedIngest| m.batch.check() },
     11 => IngestAck,
     12 => Data { |m: &ArchivedData| m.batch.check() },

@@ -331,6 +331,19 @@ archived! {
         pub request: u64,
         /// Stream.
         pub stream: StreamId,
+        /// Where this page starts (the previous answer's `next`; zeros for the first page).
+        pub from: ProducersCursor,
+    }
+}
+
+archived! {
+    /// A place in a node's ledgers: partition, and a producer's index in it.
+    #[derive(Copy, Default, Eq, PartialOrd, Ord)]
+    pub struct ProducersCursor {
+        /// Partition.
+        pub partition: u32,
+        /// Index of the producer in the partition's ledger (the order producers first appended).
+        pub producer: u32,
     }
 }
 
@@ -371,8 +384,12 @@ archived! {
         pub request: u64,
         /// Answering node.
         pub node: NodeId,
-        /// Partitions with at least one producer, ascending.
+        /// Partitions with at least one producer, ascending (a partition may continue on the
+        /// next page).
         pub partitions: Vec<PartitionProducers>,
+        /// Where the next page starts; `None`: this was the last. Pages stay well under the frame
+        /// limit whatever the ledgers hold.
+        pub next: Option<ProducersCursor>,
         /// Why there is no answer (not an ingest-log stream of this node); empty when there is.
         pub error: String,
     }

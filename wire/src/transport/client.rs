@@ -7,9 +7,98 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use super::handshake::{self, Side, Transcript};
-use crate::frame::{EncodedFrame, Frame, FrameDecoder, FrameEncoder, FrameError, PROTOCOL_VERSION};
+use crate::frame::{
+    EncodedFrame, Frame, FrameDecoder, FrameEncoder, FrameError, HANDSHAKE_MAX_FRAME, PROTOCOL_VERSION,
+};
 use crate::ids::NodeId;
-use crate::msg::{Auth, Challenge, Close, CloseCode, Hello, Kind, Message};
+use crate::msg::{Auth, Challenge, Close, CloseCode, Hello, Kind, Message, Welcome};
+use crate::role::{Role, valid_client_name};
+
+/// What a client proves in its handshake.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// The cluster secret: a member's rights.
+    Secret(Vec<u8>),
+    /// A client credential: its name and key ([`client_key`](crate::role::client_key) of the name
+    /// and role, handed out by whoever holds the cluster secret).
+    Client {
+        /// The name the cluster's config lists with a role.
+        name: String,
+        /// The derived key.
+        key: [u8; 32],
+    },
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::Secret(_) => f.write_str("Credential::Secret(<redacted>)"),
+            Credential::Client { name, .. } => write!(f, "Credential::Client({name}, <redacted>)"),
+        }
+    }
+}
+
+/// Why a credential string was refused (fatal: fix the string).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialError {
+    /// Not `NAME:KEY`.
+    #[error("a credential is NAME:KEY (64 hex digits), as `weir credential` prints it")]
+    Shape,
+    /// The name is not a client name.
+    #[error("client name {name:?} is not 1 to 64 letters, digits, '-', '_' or '.'")]
+    Name {
+        /// The name given.
+        name: String,
+    },
+    /// The key is not 64 hex digits.
+    #[error("the key of client {name:?} is not 64 hex digits")]
+    Key {
+        /// The name given.
+        name: String,
+    },
+}
+
+impl Credential {
+    /// The credential of client `name` with `role`, derived from the cluster secret.
+    pub fn derive(cluster_secret: &[u8], name: &str, role: Role) -> Credential {
+        Credential::Client { name: name.to_string(), key: crate::role::client_key(cluster_secret, name, role) }
+    }
+
+    /// Parses `NAME:KEY` (the key in hex), as [`Credential::to_token`] writes it.
+    pub fn parse(s: &str) -> Result<Credential, CredentialError> {
+        let (name, hex) = s.trim().split_once(':').ok_or(CredentialError::Shape)?;
+        if !valid_client_name(name) {
+            return Err(CredentialError::Name { name: name.chars().take(64).collect() });
+        }
+        let bad = || CredentialError::Key { name: name.to_string() };
+        if hex.len() != 64 || !hex.is_ascii() {
+            return Err(bad());
+        }
+        let mut key = [0u8; 32];
+        for (i, k) in key.iter_mut().enumerate() {
+            *k = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(Credential::Client { name: name.to_string(), key })
+    }
+
+    /// `NAME:KEY` for a client credential (`None` for the cluster secret).
+    pub fn to_token(&self) -> Option<String> {
+        match self {
+            Credential::Secret(_) => None,
+            Credential::Client { name, key } => {
+                let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+                Some(format!("{name}:{hex}"))
+            }
+        }
+    }
+
+    fn parts(&self) -> (&str, &[u8]) {
+        match self {
+            Credential::Secret(s) => ("", s),
+            Credential::Client { name, key } => (name, key),
+        }
+    }
+}
 
 /// Errors of the blocking client.
 #[derive(Debug, thiserror::Error)]
@@ -71,11 +160,13 @@ pub struct BlockingClient {
     peer: NodeId,
     decoder: FrameDecoder,
     encoder: FrameEncoder,
+    /// The role the node granted (its `Welcome`).
+    role: String,
 }
 
 impl BlockingClient {
-    /// Dials `addr` and proves `secret` as node `me` of `cluster`. `timeout` bounds the connect and
-    /// every later read.
+    /// Dials `addr` and proves the cluster secret as node `me` of `cluster`. `timeout` bounds the
+    /// connect and every later read.
     pub fn connect(
         addr: SocketAddr,
         cluster: &str,
@@ -83,6 +174,20 @@ impl BlockingClient {
         secret: &[u8],
         timeout: Duration,
     ) -> Result<BlockingClient, ClientError> {
+        Self::connect_as(addr, cluster, me, &Credential::Secret(secret.to_vec()), timeout)
+    }
+
+    /// Dials `addr` and proves `cred` as node `me` of `cluster` (a client credential needs an id
+    /// above [`MAX_MEMBER_ID`](crate::role::MAX_MEMBER_ID)). `timeout` bounds the connect and
+    /// every later read.
+    pub fn connect_as(
+        addr: SocketAddr,
+        cluster: &str,
+        me: NodeId,
+        cred: &Credential,
+        timeout: Duration,
+    ) -> Result<BlockingClient, ClientError> {
+        let (client, key) = cred.parts();
         let io = |source| ClientError::Io { addr, source };
         let stream = TcpStream::connect_timeout(&addr, timeout).map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
@@ -91,8 +196,9 @@ impl BlockingClient {
             stream,
             addr,
             peer: NodeId(0),
-            decoder: FrameDecoder::new(crate::frame::DEFAULT_MAX_FRAME),
+            decoder: FrameDecoder::new(HANDSHAKE_MAX_FRAME),
             encoder: FrameEncoder::new(),
+            role: String::new(),
         };
         let dialer_nonce = handshake::nonce().map_err(io)?;
         c.send(&Hello {
@@ -101,6 +207,7 @@ impl BlockingClient {
             protocol_version: PROTOCOL_VERSION,
             incarnation: 0,
             nonce: dialer_nonce,
+            client: client.to_string(),
         })?;
         let frame = c.recv()?;
         let ch = frame
@@ -108,24 +215,41 @@ impl BlockingClient {
             .map_err(|e| ClientError::Handshake { addr, reason: format!("expected Challenge: {e}") })?;
         let t = Transcript {
             cluster,
+            client,
             dialer: me,
             acceptor: ch.node,
+            dialer_incarnation: 0,
+            acceptor_incarnation: ch.incarnation,
             dialer_nonce: &dialer_nonce,
             acceptor_nonce: &ch.nonce,
         };
-        if ch.cluster != cluster || !handshake::verify(secret, Side::Acceptor, &t, &ch.proof) {
-            let reason = format!("node {} could not prove the secret of cluster {cluster:?}", ch.node);
+        if !handshake::verify(key, Side::Acceptor, &t, &ch.proof) {
+            let what =
+                if client.is_empty() { "the cluster secret".to_string() } else { format!("client {client}'s key") };
+            let reason = format!("node {} could not prove {what} of cluster {cluster:?}", ch.node);
             let _ = c.send(&Close { code: CloseCode::AuthFailed, message: reason.clone() });
             return Err(ClientError::Handshake { addr, reason });
         }
-        c.send(&Auth { proof: handshake::prove(secret, Side::Dialer, &t) })?;
+        c.send(&Auth { proof: handshake::prove(key, Side::Dialer, &t) })?;
+        let welcome = c.recv()?;
+        let role = welcome
+            .to_owned::<Welcome>()
+            .map_err(|e| ClientError::Handshake { addr, reason: format!("expected Welcome: {e}") })?
+            .role;
+        c.role = role;
         c.peer = ch.node;
+        c.decoder.set_max_frame(crate::frame::DEFAULT_MAX_FRAME);
         Ok(c)
     }
 
     /// The node at the other end.
     pub fn peer(&self) -> NodeId {
         self.peer
+    }
+
+    /// The role the node granted this client (`member`, `read`, `ingest`, `admin`).
+    pub fn role(&self) -> &str {
+        &self.role
     }
 
     /// Encodes and sends one message.

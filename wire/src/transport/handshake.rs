@@ -1,10 +1,13 @@
-//! Proof of the cluster secret: HMAC-SHA256 challenge-response.
+//! Proof of a shared key: HMAC-SHA256 challenge-response.
 //!
-//! The dialer sends a nonce in `Hello`; the acceptor answers with its own nonce and a proof over
-//! both; the dialer checks it and answers with its proof in `Auth`. Each side proves knowledge of
-//! the secret over a fresh nonce chosen by the other, so a recorded handshake cannot be replayed,
-//! and the two proofs are domain-separated so one cannot stand in for the other. Proofs are
-//! compared in constant time (`Mac::verify_slice`).
+//! The key is the cluster secret for members, a client's derived key (`role::client_key`) for a
+//! client. The dialer sends a nonce in `Hello`; the acceptor answers with its own nonce and a proof
+//! over both; the dialer checks it and answers with its proof in `Auth`; the acceptor checks that
+//! and says `Welcome`. Each side proves the key over a fresh nonce chosen by the other, so a
+//! recorded handshake cannot be replayed, and the two proofs are domain-separated so one cannot
+//! stand in for the other. The proofs cover both identities, the client name and both
+//! incarnations, so what either side acts on (a newer incarnation restarts a stream) is exactly
+//! what the other proved. Proofs are compared in constant time (`Mac::verify_slice`).
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -25,8 +28,12 @@ pub(crate) enum Side {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Transcript<'a> {
     pub cluster: &'a str,
+    /// Empty for a member.
+    pub client: &'a str,
     pub dialer: NodeId,
     pub acceptor: NodeId,
+    pub dialer_incarnation: u64,
+    pub acceptor_incarnation: u64,
     pub dialer_nonce: &'a [u8; NONCE_LEN],
     pub acceptor_nonce: &'a [u8; NONCE_LEN],
 }
@@ -39,8 +46,12 @@ fn mac(secret: &[u8], side: Side, t: &Transcript<'_>) -> HmacSha256 {
     });
     m.update(&(t.cluster.len() as u32).to_le_bytes());
     m.update(t.cluster.as_bytes());
+    m.update(&(t.client.len() as u32).to_le_bytes());
+    m.update(t.client.as_bytes());
     m.update(&t.dialer.0.to_le_bytes());
     m.update(&t.acceptor.0.to_le_bytes());
+    m.update(&t.dialer_incarnation.to_le_bytes());
+    m.update(&t.acceptor_incarnation.to_le_bytes());
     m.update(t.dialer_nonce);
     m.update(t.acceptor_nonce);
     m
@@ -68,7 +79,16 @@ mod tests {
     use super::*;
 
     fn t<'a>(a: &'a [u8; 32], b: &'a [u8; 32]) -> Transcript<'a> {
-        Transcript { cluster: "c", dialer: NodeId(1), acceptor: NodeId(2), dialer_nonce: a, acceptor_nonce: b }
+        Transcript {
+            cluster: "c",
+            client: "",
+            dialer: NodeId(1),
+            acceptor: NodeId(2),
+            dialer_incarnation: 3,
+            acceptor_incarnation: 4,
+            dialer_nonce: a,
+            acceptor_nonce: b,
+        }
     }
 
     #[test]
@@ -80,5 +100,9 @@ mod tests {
         assert!(!verify(b"secret", Side::Acceptor, &t(&a, &b), &p), "proofs are side-separated");
         assert!(!verify(b"secret", Side::Dialer, &t(&b, &a), &p), "nonces are bound");
         assert!(!verify(b"secret", Side::Dialer, &t(&a, &b), &p[..31]));
+        let newer = Transcript { dialer_incarnation: 9, ..t(&a, &b) };
+        assert!(!verify(b"secret", Side::Dialer, &newer, &p), "incarnations are bound");
+        let client = Transcript { client: "ops", ..t(&a, &b) };
+        assert!(!verify(b"secret", Side::Dialer, &client, &p), "the client name is bound");
     }
 }

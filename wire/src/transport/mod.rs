@@ -10,9 +10,13 @@
 //! - Memory is bounded: a peer's send queue holds at most `send_queue` frames, and a full queue
 //!   hands the frame back (`SendError::Full`); when the application falls behind on events, the
 //!   loop stops reading (TCP flow control pushes back on the peer) instead of buffering.
-//! - No frame reaches the application before the handshake proved the cluster secret, and none
-//!   before its payload validated; a connection that sends a bad frame is closed with a reason,
+//! - No frame reaches the application before the handshake proved the cluster secret (or a
+//!   client's key), none before its payload validated, and none of a kind the sender's role may
+//!   not send ([`Role::allows`]); a connection that sends a bad frame is closed with a reason,
 //!   and only that connection.
+//! - Before its proof, a connection changes no state and holds little: frames are bounded to the
+//!   handshake's size, handshaking connections are capped in number (in all and per address) and
+//!   in time, and what the peer said is cut and escaped before it is logged.
 //! - Frames on one connection arrive in the order they were queued. Frames queued while a peer is
 //!   disconnected wait in its queue; frames lost with a broken connection are not resent here:
 //!   channels above detect the gap by sequence number.
@@ -36,6 +40,7 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::frame::{DEFAULT_MAX_FRAME, EncodedFrame, Frame};
 use crate::ids::NodeId;
 use crate::msg::CloseCode;
+use crate::role::Role;
 
 /// A peer this node knows of at start.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,6 +92,14 @@ pub struct TransportConfig {
     /// What every heartbeat says of this node's tasks (the seed's heartbeat content: latest,
     /// active and failed checkpoint per task); `None` sends plain heartbeats.
     pub heartbeat_tasks: Option<HeartbeatTasks>,
+    /// Client credentials this node accepts: name -> role (each proves
+    /// [`client_key`](crate::role::client_key) of its name and role).
+    pub clients: HashMap<String, Role>,
+    /// Accepted connections still in their handshake, at most (default 256); more are closed at
+    /// once.
+    pub max_handshaking: usize,
+    /// Of those, at most this many from one IP address (default 64).
+    pub max_handshaking_per_addr: usize,
 }
 
 /// Reads this node's task summaries when a heartbeat goes out (called on the transport's thread:
@@ -112,6 +125,9 @@ impl std::fmt::Debug for TransportConfig {
             .field("incarnation", &self.incarnation)
             .field("clients_only", &self.clients_only)
             .field("heartbeat_tasks", &self.heartbeat_tasks.is_some())
+            .field("clients", &self.clients)
+            .field("max_handshaking", &self.max_handshaking)
+            .field("max_handshaking_per_addr", &self.max_handshaking_per_addr)
             .finish()
     }
 }
@@ -136,6 +152,9 @@ impl TransportConfig {
             incarnation: 0,
             clients_only: false,
             heartbeat_tasks: None,
+            clients: HashMap::new(),
+            max_handshaking: 256,
+            max_handshaking_per_addr: 64,
         }
     }
 
@@ -150,6 +169,15 @@ impl TransportConfig {
         }
         if self.max_frame < 1024 || self.max_frame > u32::MAX as usize {
             return bad("max_frame", "must be between 1 KiB and 4 GiB");
+        }
+        if self.max_handshaking == 0 || self.max_handshaking_per_addr == 0 {
+            return bad("max_handshaking", "must allow at least one connection");
+        }
+        if self.clients.keys().any(|n| !crate::role::valid_client_name(n)) {
+            return bad("clients", "a client name is not 1 to 64 letters, digits, '-', '_' or '.'");
+        }
+        if self.clients.values().any(|r| *r == Role::Member) {
+            return bad("clients", "a client's role is read, ingest or admin");
         }
         if self.send_queue == 0 || self.event_queue == 0 {
             return bad("send_queue", "queues must hold at least one frame");
@@ -306,6 +334,10 @@ pub struct TransportStats {
     pub handshakes: AtomicU64,
     /// Connections refused in the handshake (either side).
     pub refused: AtomicU64,
+    /// Accepted connections closed at once: too many were handshaking.
+    pub over_cap: AtomicU64,
+    /// Frames refused because the sender's role may not send their kind.
+    pub forbidden: AtomicU64,
 }
 
 impl TransportStats {

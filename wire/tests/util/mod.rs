@@ -87,3 +87,18 @@ pub fn wait_for(t: &Transport, mut pred: impl FnMut(&Event) -> bool) -> Event {
         }
     }
 }
+
+/// A frame of `kind` with `payload` under a correct checksum, whatever the payload means.
+pub fn forge(kind: Kind, payload: &[u8]) -> Vec<u8> {
+    use weir_wire::frame::{HEADER_LEN, MAGIC};
+    let mut f = Vec::with_capacity(HEADER_LEN + payload.len());
+    f.extend_from_slice(&MAGIC);
+    f.push(weir_wire::PROTOCOL_VERSION);
+    f.push(kind as u8);
+    f.extend_from_slice(&0u16.to_le_bytes());
+    f.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&f[..12]), payload);
+    f.extend_from_slice(&crc.to_le_bytes());
+    f.extend_from_slice(payload);
+    f
+}

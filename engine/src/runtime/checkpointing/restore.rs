@@ -105,7 +105,7 @@ pub(crate) fn locate(
 ) -> Result<(Manifest, PathBuf), CheckpointError> {
     let id = point.id;
     let failed = |e: StoreError| match e {
-        StoreError::Corrupt { .. } | StoreError::NotFound { .. } => {
+        StoreError::Corrupt { .. } | StoreError::TooLarge { .. } | StoreError::NotFound { .. } => {
             CheckpointError::Damaged { task: t, id, reason: e.to_string(), restorable: Vec::new() }
         }
         e => CheckpointError::Restore { task: t, id: Some(id), reason: e.to_string() },

@@ -1,29 +1,37 @@
-//! The handshake on a connection: hello, challenge, proof, then established (the proofs are in
-//! `transport/handshake.rs`).
+//! The handshake on a connection: hello, challenge, auth, welcome, then established (the proofs
+//! are in `transport/handshake.rs`).
+//!
+//! Invariant: before the peer's proof is verified, a connection changes nothing beyond itself (no
+//! incarnation is taken, no event but a refusal is reported) and tells the peer nothing beyond what
+//! its next handshake step needs (not this node's cluster name when the peer named another one).
+//! The acceptor proves its key first, over the dialer's nonce; the dialer acts on the acceptor's
+//! incarnation only after checking that proof, and the acceptor on the dialer's only after `Auth`.
 
 use super::*;
+use crate::role::{Role, client_key};
 
 impl EventLoop {
+    /// The key a dialer naming `client` must prove, and the role it gets (`None`: no such client).
+    fn key_for(&self, client: &str) -> Option<(Role, Vec<u8>)> {
+        if client.is_empty() {
+            return Some((Role::Member, self.cfg.secret.clone()));
+        }
+        let role = *self.cfg.clients.get(client)?;
+        Some((role, client_key(&self.cfg.secret, client, role).to_vec()))
+    }
+
     pub(super) fn on_hello(&mut self, token: Token, frame: &Frame) -> bool {
         let hello = match frame.to_owned::<Hello>() {
             Ok(h) => h,
             Err(e) => return self.refuse(token, CloseCode::ProtocolViolation, format!("expected Hello: {e}")),
         };
-        if let Some(c) = self.conns.get_mut(&token) {
-            c.dialer = Some(hello.node);
-        }
         if hello.cluster != self.cfg.cluster {
-            let reason = format!(
-                "peer {} is in cluster {:?}, this node is in {:?}",
-                hello.node, hello.cluster, self.cfg.cluster
-            );
+            // Not this node's name: a caller without the secret learns nothing from the refusal.
+            let reason = format!("this node is not in cluster {}", untrusted(&hello.cluster));
             return self.refuse(token, CloseCode::ClusterMismatch, reason);
         }
         if hello.protocol_version != PROTOCOL_VERSION {
-            let reason = format!(
-                "peer {} speaks protocol {}, this node {}",
-                hello.node, hello.protocol_version, PROTOCOL_VERSION
-            );
+            let reason = format!("peer speaks protocol {}, this node {}", hello.protocol_version, PROTOCOL_VERSION);
             return self.refuse(token, CloseCode::VersionMismatch, reason);
         }
         if hello.node == self.cfg.node {
@@ -33,40 +41,54 @@ impl EventLoop {
                 format!("peer claims this node's id {}", hello.node),
             );
         }
-        if self.cfg.clients_only && hello.incarnation > 0 {
-            // The incarnation to restart at, if the peer's is newer.
-            if let Some(theirs) = self.newer(hello.incarnation) {
-                self.emit(Event::NewerIncarnation { node: hello.node, incarnation: theirs });
-            }
-            let reason = format!("node {} is restarting its stream and serves clients only", self.cfg.node);
-            return self.refuse(token, CloseCode::Restarting, reason);
-        }
-        // A newer dialer: this node is stale, hears so, and refuses until it has restarted. (An
-        // older dialer gets the challenge, sees this node's incarnation there and hangs up.)
-        if let Some(theirs) = self.newer(hello.incarnation) {
-            return self.stale(token, hello.node, theirs);
+        let keyed = self.key_for(&hello.client);
+        if let Some((role, _)) = &keyed
+            && !role.fits(hello.node)
+        {
+            let reason = format!("a {role} client presents a node id above {}", crate::role::MAX_MEMBER_ID);
+            return self.refuse(token, CloseCode::ProtocolViolation, reason);
         }
         let acceptor_nonce = match proof::nonce() {
             Ok(n) => n,
             Err(e) => return self.refuse(token, CloseCode::Shutdown, format!("no randomness: {e}")),
         };
+        // An unknown client gets a challenge under a key nobody holds: its failure then looks like
+        // a wrong key's, and the refusal does not say which names exist.
+        let key = match &keyed {
+            Some((_, k)) => k.clone(),
+            None => match proof::nonce() {
+                Ok(n) => n.to_vec(),
+                Err(e) => return self.refuse(token, CloseCode::Shutdown, format!("no randomness: {e}")),
+            },
+        };
+        let dialer_incarnation = if hello.client.is_empty() { hello.incarnation } else { 0 };
         let t = Transcript {
             cluster: &self.cfg.cluster,
+            client: &hello.client,
             dialer: hello.node,
             acceptor: self.cfg.node,
+            dialer_incarnation,
+            acceptor_incarnation: self.cfg.incarnation,
             dialer_nonce: &hello.nonce,
             acceptor_nonce: &acceptor_nonce,
         };
         let challenge = Challenge {
-            cluster: self.cfg.cluster.clone(),
             node: self.cfg.node,
             protocol_version: PROTOCOL_VERSION,
             incarnation: self.cfg.incarnation,
             nonce: acceptor_nonce,
-            proof: proof::prove(&self.cfg.secret, Side::Acceptor, &t),
+            proof: proof::prove(&key, Side::Acceptor, &t),
         };
         if let Some(c) = self.conns.get_mut(&token) {
-            c.phase = Phase::AwaitAuth { peer: hello.node, dialer_nonce: hello.nonce, acceptor_nonce };
+            c.dialer = Some(hello.node);
+            c.phase = Phase::AwaitAuth(Box::new(Awaiting {
+                peer: hello.node,
+                client: hello.client,
+                role: keyed.map(|(r, _)| r),
+                dialer_incarnation,
+                dialer_nonce: hello.nonce,
+                acceptor_nonce,
+            }));
         }
         self.queue_control(token, &challenge);
         self.flush(token);
@@ -79,11 +101,6 @@ impl EventLoop {
             Err(e) => return self.refuse(token, CloseCode::ProtocolViolation, format!("expected Challenge: {e}")),
         };
         let target = self.conns.get(&token).and_then(|c| c.target);
-        if ch.cluster != self.cfg.cluster {
-            let reason =
-                format!("peer {} is in cluster {:?}, this node is in {:?}", ch.node, ch.cluster, self.cfg.cluster);
-            return self.refuse(token, CloseCode::ClusterMismatch, reason);
-        }
         if ch.protocol_version != PROTOCOL_VERSION {
             let reason =
                 format!("peer {} speaks protocol {}, this node {}", ch.node, ch.protocol_version, PROTOCOL_VERSION);
@@ -93,20 +110,13 @@ impl EventLoop {
             let reason = format!("dialed {:?} but {} answered", target, ch.node);
             return self.refuse(token, CloseCode::ProtocolViolation, reason);
         }
-        if let Some(theirs) = self.newer(ch.incarnation) {
-            return self.stale(token, ch.node, theirs);
-        }
-        if self.cfg.incarnation > 0 && ch.incarnation > 0 && ch.incarnation < self.cfg.incarnation {
-            let reason = format!(
-                "peer {} runs at incarnation {}, this node at {}: the peer restarts",
-                ch.node, ch.incarnation, self.cfg.incarnation
-            );
-            return self.refuse(token, CloseCode::Stale, reason);
-        }
         let t = Transcript {
             cluster: &self.cfg.cluster,
+            client: "",
             dialer: self.cfg.node,
             acceptor: ch.node,
+            dialer_incarnation: self.cfg.incarnation,
+            acceptor_incarnation: ch.incarnation,
             dialer_nonce: &dialer_nonce,
             acceptor_nonce: &ch.nonce,
         };
@@ -114,39 +124,75 @@ impl EventLoop {
             let reason = format!("peer {} could not prove the cluster secret", ch.node);
             return self.refuse(token, CloseCode::AuthFailed, reason);
         }
+        // Proven: its incarnation is the peer's own.
+        if let Some(theirs) = self.newer(ch.incarnation) {
+            return self.stale(token, ch.node, theirs);
+        }
         let auth = Auth { proof: proof::prove(&self.cfg.secret, Side::Dialer, &t) };
+        if let Some(c) = self.conns.get_mut(&token) {
+            c.phase = Phase::AwaitWelcome { peer: ch.node };
+        }
         self.queue_control(token, &auth);
-        self.established(token, ch.node)
+        self.flush(token);
+        true
     }
 
-    pub(super) fn on_auth(
-        &mut self,
-        token: Token,
-        frame: &Frame,
-        peer: NodeId,
-        dialer_nonce: [u8; NONCE_LEN],
-        acceptor_nonce: [u8; NONCE_LEN],
-    ) -> bool {
+    pub(super) fn on_auth(&mut self, token: Token, frame: &Frame, a: Awaiting) -> bool {
         let auth = match frame.to_owned::<Auth>() {
             Ok(a) => a,
             Err(e) => return self.refuse(token, CloseCode::ProtocolViolation, format!("expected Auth: {e}")),
         };
+        let who = if a.client.is_empty() { "the cluster secret".to_string() } else { format!("client {}", a.client) };
+        let Some((role, key)) = a.role.and_then(|_| self.key_for(&a.client)) else {
+            return self.refuse(token, CloseCode::AuthFailed, format!("peer {} could not prove {who}", a.peer));
+        };
         let t = Transcript {
             cluster: &self.cfg.cluster,
-            dialer: peer,
+            client: &a.client,
+            dialer: a.peer,
             acceptor: self.cfg.node,
-            dialer_nonce: &dialer_nonce,
-            acceptor_nonce: &acceptor_nonce,
+            dialer_incarnation: a.dialer_incarnation,
+            acceptor_incarnation: self.cfg.incarnation,
+            dialer_nonce: &a.dialer_nonce,
+            acceptor_nonce: &a.acceptor_nonce,
         };
-        if !proof::verify(&self.cfg.secret, Side::Dialer, &t, &auth.proof) {
-            let reason = format!("peer {peer} could not prove the cluster secret");
-            return self.refuse(token, CloseCode::AuthFailed, reason);
+        if !proof::verify(&key, Side::Dialer, &t, &auth.proof) {
+            return self.refuse(token, CloseCode::AuthFailed, format!("peer {} could not prove {who}", a.peer));
         }
-        self.established(token, peer)
+        // Proven: only now may its incarnation restart this node's stream.
+        if role == Role::Member && a.dialer_incarnation > 0 {
+            if self.cfg.clients_only {
+                if let Some(theirs) = self.newer(a.dialer_incarnation) {
+                    self.emit(Event::NewerIncarnation { node: a.peer, incarnation: theirs });
+                }
+                let reason = format!("node {} is restarting its stream and serves clients only", self.cfg.node);
+                return self.refuse(token, CloseCode::Restarting, reason);
+            }
+            if let Some(theirs) = self.newer(a.dialer_incarnation) {
+                return self.stale(token, a.peer, theirs);
+            }
+            if self.cfg.incarnation > 0 && a.dialer_incarnation < self.cfg.incarnation {
+                let reason = format!(
+                    "peer {} runs at incarnation {}, this node at {}: the peer restarts",
+                    a.peer, a.dialer_incarnation, self.cfg.incarnation
+                );
+                return self.refuse(token, CloseCode::Stale, reason);
+            }
+        }
+        self.queue_control(token, &Welcome { role: role.name().to_string() });
+        self.established(token, a.peer, role)
+    }
+
+    pub(super) fn on_welcome(&mut self, token: Token, frame: &Frame, peer: NodeId) -> bool {
+        if let Err(e) = frame.access::<Welcome>() {
+            return self.refuse(token, CloseCode::ProtocolViolation, format!("expected Welcome: {e}"));
+        }
+        // The acceptor proved the cluster secret in its challenge: a member.
+        self.established(token, peer, Role::Member)
     }
 
     /// `peer` runs at `theirs`, above this node: it reports so (the engine restarts at it) and
-    /// refuses the connection.
+    /// refuses the connection. Only after the peer proved its key.
     fn stale(&mut self, token: Token, peer: NodeId, theirs: u64) -> bool {
         self.emit(Event::NewerIncarnation { node: peer, incarnation: theirs });
         let reason = format!(
@@ -161,12 +207,16 @@ impl EventLoop {
         (self.cfg.incarnation > 0 && theirs > self.cfg.incarnation).then_some(theirs)
     }
 
-    /// The handshake on `token` completed with `peer`. False if this connection lost to another.
-    pub(super) fn established(&mut self, token: Token, peer: NodeId) -> bool {
+    /// The handshake on `token` completed with `peer` in `role`. False if this connection lost
+    /// to another.
+    pub(super) fn established(&mut self, token: Token, peer: NodeId, role: Role) -> bool {
         self.shared.stats.handshakes.fetch_add(1, Ordering::Relaxed);
+        self.authenticated(token);
         let me = self.cfg.node;
+        let max_frame = self.cfg.max_frame;
         let Some(conn) = self.conns.get_mut(&token) else { return false };
-        conn.phase = Phase::Established { peer };
+        conn.phase = Phase::Established { peer, role };
+        conn.decoder.set_max_frame(max_frame);
         if conn.dialer.is_none() {
             conn.dialer = Some(me);
         }
@@ -215,7 +265,7 @@ impl EventLoop {
         if p.configured {
             tracing::info!(node = %me, %peer, %addr, "peer up");
         } else {
-            tracing::debug!(node = %me, client = %peer, %addr, "client connected");
+            tracing::debug!(node = %me, client = %peer, %role, %addr, "client connected");
         }
         self.emit(Event::PeerUp { node: peer, addr });
         self.flush(token);

@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, Write};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,9 +21,10 @@ mod write;
 
 use super::handshake::{self as proof, Side, Transcript};
 use super::{Event, Shared, TransportConfig};
-use crate::frame::{EncodedFrame, Frame, FrameDecoder, FrameEncoder, PROTOCOL_VERSION};
+use crate::frame::{EncodedFrame, Frame, FrameDecoder, FrameEncoder, HANDSHAKE_MAX_FRAME, PROTOCOL_VERSION};
 use crate::ids::NodeId;
-use crate::msg::{Auth, Challenge, Close, CloseCode, Heartbeat, Hello, Kind, Message, NONCE_LEN};
+use crate::msg::{Auth, Challenge, Close, CloseCode, Heartbeat, Hello, Kind, Message, NONCE_LEN, Welcome};
+use crate::role::Role;
 
 pub(super) const LISTENER: Token = Token(0);
 pub(super) const WAKER: Token = Token(1);
@@ -44,11 +45,38 @@ enum Phase {
     /// Acceptor: waiting for `Hello`.
     AwaitHello,
     /// Acceptor: sent `Challenge`, waiting for `Auth`.
-    AwaitAuth { peer: NodeId, dialer_nonce: [u8; NONCE_LEN], acceptor_nonce: [u8; NONCE_LEN] },
-    /// Authenticated; carries traffic.
-    Established { peer: NodeId },
+    AwaitAuth(Box<Awaiting>),
+    /// Dialer: sent `Auth`, waiting for `Welcome` (or a refusal).
+    AwaitWelcome { peer: NodeId },
+    /// Authenticated; carries what `role` may send.
+    Established { peer: NodeId, role: Role },
     /// Sent `Close`; delivering it, then dropping the socket.
     Closing { until: Instant },
+}
+
+/// What an acceptor remembers of a `Hello` until the dialer's `Auth` proves it.
+#[derive(Debug)]
+pub(super) struct Awaiting {
+    peer: NodeId,
+    client: String,
+    /// `None`: no such client (the handshake fails at `Auth`).
+    role: Option<Role>,
+    dialer_incarnation: u64,
+    dialer_nonce: [u8; NONCE_LEN],
+    acceptor_nonce: [u8; NONCE_LEN],
+}
+
+/// At most this many characters of a string a peer sent go into a log line or a reason.
+const UNTRUSTED_CHARS: usize = 96;
+
+/// `s` cut to a few dozen characters and escaped (no control characters, no newlines), for logs
+/// and reasons that quote what a peer said.
+pub(crate) fn untrusted(s: &str) -> String {
+    let mut out: String = s.chars().take(UNTRUSTED_CHARS).flat_map(char::escape_debug).collect();
+    if s.chars().nth(UNTRUSTED_CHARS).is_some() {
+        out.push_str("...");
+    }
+    format!("\"{out}\"")
 }
 
 #[derive(Debug)]
@@ -71,6 +99,8 @@ struct Conn {
     last_heartbeat: Instant,
     /// Reading stopped because the application is behind; resume when events drain.
     read_paused: bool,
+    /// Accepted and not yet authenticated: counted against the handshake caps.
+    counted: bool,
 }
 
 #[derive(Debug)]
@@ -100,6 +130,12 @@ pub(super) struct EventLoop {
     backlog: VecDeque<Event>,
     next_token: usize,
     encoder: FrameEncoder,
+    /// Accepted connections not yet authenticated, in all and per address.
+    handshaking: usize,
+    handshaking_by_ip: HashMap<IpAddr, usize>,
+    /// Refusals of unauthenticated connections not yet reported in a log line (one a few seconds).
+    quiet_refusals: u64,
+    last_refusal_log: Instant,
 }
 
 fn now_ms() -> u64 {
@@ -169,6 +205,10 @@ impl EventLoop {
             backlog: VecDeque::new(),
             next_token: FIRST_CONN,
             encoder,
+            handshaking: 0,
+            handshaking_by_ip: HashMap::new(),
+            quiet_refusals: 0,
+            last_refusal_log: now,
         })
     }
 
@@ -230,8 +270,23 @@ impl EventLoop {
             let Some(listener) = self.listener.as_ref() else { return };
             match listener.accept() {
                 Ok((stream, addr)) => {
+                    let ip = addr.ip();
+                    let from_ip = self.handshaking_by_ip.get(&ip).copied().unwrap_or(0);
+                    if self.handshaking >= self.cfg.max_handshaking || from_ip >= self.cfg.max_handshaking_per_addr {
+                        // Refused at once: dropping the socket costs nothing, a Close would.
+                        self.shared.stats.over_cap.fetch_add(1, Ordering::Relaxed);
+                        self.quiet_refusals += 1;
+                        drop(stream);
+                        continue;
+                    }
                     let _ = stream.set_nodelay(true);
-                    self.add_conn(stream, addr, Phase::AwaitHello, None);
+                    if let Some(token) = self.add_conn(stream, addr, Phase::AwaitHello, None) {
+                        self.handshaking += 1;
+                        *self.handshaking_by_ip.entry(ip).or_insert(0) += 1;
+                        if let Some(c) = self.conns.get_mut(&token) {
+                            c.counted = true;
+                        }
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -267,7 +322,8 @@ impl EventLoop {
                 phase,
                 dialer,
                 target,
-                decoder: FrameDecoder::new(self.cfg.max_frame),
+                // Handshake-sized until the peer is authenticated (`established` raises it).
+                decoder: FrameDecoder::new(HANDSHAKE_MAX_FRAME),
                 control: VecDeque::new(),
                 out: VecDeque::new(),
                 written: 0,
@@ -275,6 +331,7 @@ impl EventLoop {
                 last_recv: now,
                 last_heartbeat: now,
                 read_paused: false,
+                counted: false,
             },
         );
         Some(token)
@@ -334,6 +391,7 @@ impl EventLoop {
                 protocol_version: PROTOCOL_VERSION,
                 incarnation: self.cfg.incarnation,
                 nonce,
+                client: String::new(),
             };
             conn.phase = Phase::AwaitChallenge { nonce };
             self.queue_control(token, &hello);
@@ -353,20 +411,22 @@ impl EventLoop {
             if matches!(conn.phase, Phase::Connecting) {
                 return;
             }
-            match conn.decoder.read_from(&mut conn.stream) {
-                Ok(0) => {
-                    let closing = matches!(conn.phase, Phase::Closing { .. });
-                    let reason = if closing { "closed" } else { "peer closed the connection" };
-                    return self.end(token, Ending::quiet(reason));
+            if matches!(conn.phase, Phase::Closing { .. }) {
+                // Discard: we only wait for the peer to read our Close and hang up.
+                let mut sink = [0u8; 4096];
+                match io::Read::read(&mut conn.stream, &mut sink) {
+                    Ok(0) => return self.end(token, Ending::quiet("closed")),
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return self.end(token, Ending::quiet(format!("read failed: {e}"))),
                 }
+            }
+            match conn.decoder.read_from(&mut conn.stream) {
+                Ok(0) => return self.end(token, Ending::quiet("peer closed the connection")),
                 Ok(n) => {
                     conn.last_recv = Instant::now();
                     self.shared.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
-                    if matches!(conn.phase, Phase::Closing { .. }) {
-                        // Discard: we only wait for the peer to read our Close and hang up.
-                        conn.decoder = FrameDecoder::new(self.cfg.max_frame);
-                        continue;
-                    }
                     if !self.drain_frames(token) {
                         return;
                     }
@@ -419,7 +479,7 @@ impl EventLoop {
             let (code, message) = match frame.access::<Close>() {
                 Ok(c) => (
                     rkyv::deserialize::<CloseCode, rkyv::rancor::Error>(&c.code).unwrap_or(CloseCode::BadFrame),
-                    c.message.to_string(),
+                    untrusted(&c.message),
                 ),
                 Err(e) => (CloseCode::BadFrame, format!("unreadable close frame: {e}")),
             };
@@ -435,8 +495,8 @@ impl EventLoop {
             return false;
         }
         match std::mem::replace(&mut conn.phase, Phase::Connecting) {
-            Phase::Established { peer } => {
-                conn.phase = Phase::Established { peer };
+            Phase::Established { peer, role } => {
+                conn.phase = Phase::Established { peer, role };
                 if frame.kind() == Kind::Heartbeat {
                     return match frame.to_owned::<Heartbeat>() {
                         Ok(hb) => {
@@ -448,8 +508,14 @@ impl EventLoop {
                         Err(e) => self.bad(token, e.to_string()),
                     };
                 }
-                if matches!(frame.kind(), Kind::Hello | Kind::Challenge | Kind::Auth) {
+                if matches!(frame.kind(), Kind::Hello | Kind::Challenge | Kind::Auth | Kind::Welcome) {
                     self.end(token, Ending::tell(CloseCode::ProtocolViolation, "handshake frame after the handshake"));
+                    return false;
+                }
+                if !role.allows(frame.kind()) {
+                    self.shared.stats.forbidden.fetch_add(1, Ordering::Relaxed);
+                    let reason = format!("a {role} client may not send {}", frame.kind().name());
+                    self.end(token, Ending::tell(CloseCode::Forbidden, reason));
                     return false;
                 }
                 if let Err(e) = frame.message() {
@@ -461,9 +527,8 @@ impl EventLoop {
             }
             Phase::AwaitHello => self.on_hello(token, &frame),
             Phase::AwaitChallenge { nonce } => self.on_challenge(token, &frame, nonce),
-            Phase::AwaitAuth { peer, dialer_nonce, acceptor_nonce } => {
-                self.on_auth(token, &frame, peer, dialer_nonce, acceptor_nonce)
-            }
+            Phase::AwaitAuth(a) => self.on_auth(token, &frame, *a),
+            Phase::AwaitWelcome { peer } => self.on_welcome(token, &frame, peer),
             other => {
                 conn.phase = other;
                 true
@@ -476,6 +541,34 @@ impl EventLoop {
         let addr = self.conns.get(&token).map(|c| c.addr);
         self.end(token, Ending::tell(CloseCode::BadFrame, format!("bad frame from {addr:?}: {reason}")));
         false
+    }
+
+    /// `token` proved its key: it no longer counts against the handshake caps.
+    pub(super) fn authenticated(&mut self, token: Token) {
+        let ip = self.conns.get_mut(&token).and_then(|c| std::mem::take(&mut c.counted).then_some(c.addr.ip()));
+        if let Some(ip) = ip {
+            self.uncount(ip);
+        }
+    }
+
+    fn uncount(&mut self, ip: IpAddr) {
+        self.handshaking -= 1;
+        if let Some(n) = self.handshaking_by_ip.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.handshaking_by_ip.remove(&ip);
+            }
+        }
+    }
+
+    /// Removes `token`'s connection for good.
+    pub(super) fn drop_conn(&mut self, token: Token) {
+        if let Some(mut conn) = self.conns.remove(&token) {
+            let _ = self.poll.registry().deregister(&mut conn.stream);
+            if conn.counted {
+                self.uncount(conn.addr.ip());
+            }
+        }
     }
 
     fn refuse(&mut self, token: Token, code: CloseCode, reason: String) -> bool {

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Refusals of unauthenticated connections are summed into one log line this often.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
 impl EventLoop {
     // -----------------------------------------------------------------------------------------
     // Events to the application.
@@ -53,6 +56,16 @@ impl EventLoop {
     // Timers and endings.
 
     pub(super) fn timers(&mut self, now: Instant) {
+        if self.quiet_refusals > 0 && now.duration_since(self.last_refusal_log) >= REFUSAL_LOG_EVERY {
+            tracing::warn!(
+                node = %self.cfg.node,
+                refused = self.quiet_refusals,
+                handshaking = self.handshaking,
+                "refused connections that did not prove a key or came over the handshake caps"
+            );
+            self.quiet_refusals = 0;
+            self.last_refusal_log = now;
+        }
         let due: Vec<(NodeId, SocketAddr)> = self
             .peers
             .iter()
@@ -115,22 +128,27 @@ impl EventLoop {
         let Some(conn) = self.conns.get_mut(&token) else { return };
         if let Phase::Closing { .. } = conn.phase {
             // Already told the peer; now really drop it.
-            let mut conn = self.conns.remove(&token).expect("present");
-            let _ = self.poll.registry().deregister(&mut conn.stream);
+            self.drop_conn(token);
             return;
         }
         let addr = conn.addr;
-        let peer = match conn.phase {
-            Phase::Established { peer } => Some(peer),
-            Phase::AwaitAuth { peer, .. } => Some(peer),
+        let peer = match &conn.phase {
+            Phase::Established { peer, .. } | Phase::AwaitWelcome { peer } => Some(*peer),
+            Phase::AwaitAuth(a) => Some(a.peer),
             _ => conn.target.or(conn.dialer.filter(|d| *d != node)),
         };
+        // A connection that dialed us and never proved its key: nobody we know.
+        let stranger = conn.counted;
         let was_established = matches!(conn.phase, Phase::Established { .. });
         if let Some(by_peer) = ending.refused {
             if by_peer {
                 self.shared.stats.refused.fetch_add(1, Ordering::Relaxed);
             }
-            if matches!(ending.code, CloseCode::Stale | CloseCode::Restarting) {
+            if stranger {
+                // Anyone can cause these, as often as they like: one summary line now and then.
+                self.quiet_refusals += 1;
+                tracing::debug!(%node, %addr, code = ?ending.code, by_peer, reason = %ending.reason, "handshake refused");
+            } else if matches!(ending.code, CloseCode::Stale | CloseCode::Restarting) {
                 // Expected while a stream restarts: the older end restarts.
                 tracing::info!(%node, ?peer, %addr, by_peer, reason = %ending.reason, "handshake refused");
             } else {
@@ -161,15 +179,23 @@ impl EventLoop {
             }
             conn.control.clear();
             conn.phase = Phase::Closing { until: Instant::now() + LINGER };
-            let close = Close { code: ending.code.clone(), message: ending.reason.clone() };
+            // Bounded so a peer still in its handshake (frames of at most 2 KiB) can read it.
+            let mut message = ending.reason.clone();
+            if message.len() > 1024 {
+                let mut cut = 1024;
+                while !message.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                message.truncate(cut);
+            }
+            let close = Close { code: ending.code.clone(), message };
             self.queue_control(token, &close);
             self.flush(token);
             if let Some(c) = self.conns.get_mut(&token) {
                 let _ = c.stream.shutdown(std::net::Shutdown::Write);
             }
         } else {
-            let mut conn = self.conns.remove(&token).expect("present");
-            let _ = self.poll.registry().deregister(&mut conn.stream);
+            self.drop_conn(token);
         }
         // Peer bookkeeping.
         let Some(peer) = peer else { return };

@@ -31,7 +31,7 @@ impl EventLoop {
             return;
         }
         let rx = match conn.phase {
-            Phase::Established { peer } => self.peers.get(&peer).filter(|p| p.conn == Some(token)).map(|p| &p.rx),
+            Phase::Established { peer, .. } => self.peers.get(&peer).filter(|p| p.conn == Some(token)).map(|p| &p.rx),
             _ => None,
         };
         let stats = &self.shared.stats;

@@ -1,0 +1,101 @@
+//! The metrics endpoint: `GET /metrics` over HTTP/1.1, served by hyper on a small runtime of its
+//! own, so a slow or hostile client holds one connection and nothing else.
+//!
+//! Limits: at most [`MAX_CONNECTIONS`] connections at once (more wait in the listen queue), a
+//! request's head must arrive within [`HEAD_TIMEOUT`] and fit hyper's buffer ([`MAX_HEAD`]), and
+//! a connection lives at most [`CONN_TIMEOUT`]. Only the request line matters; bodies are not
+//! read.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+use crate::metrics::Board;
+
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Time for a request's line and headers to arrive.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest life of one connection (keep-alive included).
+pub const CONN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest request head (line and headers).
+pub const MAX_HEAD: usize = 16 << 10;
+
+/// Serves `board` at `addr` (`GET /metrics`) on a thread of its own, for the process's life.
+pub fn serve(addr: SocketAddr, board: Arc<Board>) -> anyhow::Result<()> {
+    let listener = std::net::TcpListener::bind(addr).with_context(|| format!("metrics: cannot listen on {addr}"))?;
+    listener.set_nonblocking(true).context("metrics: listener")?;
+    tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+    std::thread::Builder::new()
+        .name("weir-metrics".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("weir-metrics-io")
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return tracing::error!(error = %e, "metrics: no runtime; not serving"),
+            };
+            rt.block_on(accept_loop(listener, board));
+        })
+        .context("metrics thread")?;
+    Ok(())
+}
+
+async fn accept_loop(listener: std::net::TcpListener, board: Arc<Board>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => return tracing::error!(error = %e, "metrics: listener; not serving"),
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // E.g. out of file descriptors: wait a little rather than spin.
+                tracing::warn!(error = %e, "metrics: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let board = board.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| answer(req, board.clone()));
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .max_buf_size(MAX_HEAD)
+                .serve_connection(TokioIo::new(stream), service);
+            match tokio::time::timeout(CONN_TIMEOUT, conn).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "metrics connection"),
+                Err(_) => tracing::debug!(%peer, "metrics connection past its time limit"),
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn answer(req: Request<hyper::body::Incoming>, board: Arc<Board>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (status, kind, body) = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => {
+            (StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", board.render())
+        }
+        (&Method::GET, _) => (StatusCode::NOT_FOUND, "text/plain", "weir serves /metrics\n".to_string()),
+        _ => (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET /metrics\n".to_string()),
+    };
+    let mut rsp = Response::new(Full::new(Bytes::from(body)));
+    *rsp.status_mut() = status;
+    rsp.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(kind));
+    Ok(rsp)
+}
