@@ -408,6 +408,31 @@ proptest! {
     }
 
     #[test]
+    fn a_declared_length_costs_only_the_bytes_that_arrive(len in 0u32..(16 << 20), sent in 0usize..300_000, step in 1usize..70_000) {
+        let mut header = util::forge(Kind::Data, &[])[..HEADER_LEN].to_vec();
+        header[8..12].copy_from_slice(&len.to_le_bytes());
+        let mut d = FrameDecoder::new(16 << 20);
+        d.feed(&header);
+        prop_assert!(d.next_frame().unwrap().is_none() || len == 0);
+        let sent = sent.min(len as usize);
+        let chunk = vec![0u8; step];
+        let mut fed = 0;
+        // In pieces, through both ways in: `feed` and `read_from`.
+        while fed < sent {
+            let n = step.min(sent - fed);
+            if fed % 2 == 0 {
+                d.feed(&chunk[..n]);
+            } else {
+                let mut r: &[u8] = &chunk[..n];
+                while !r.is_empty() && d.read_from(&mut r).unwrap() > 0 {}
+            }
+            fed += n;
+            let _ = d.next_frame();
+            prop_assert!(d.pending_capacity() <= (4 * fed).max(64 << 10), "{} bytes held for {}", d.pending_capacity(), fed);
+        }
+    }
+
+    #[test]
     fn random_bytes_never_panic_the_decoder(bytes in prop::collection::vec(any::<u8>(), 0..4096)) {
         let mut d = FrameDecoder::new(1 << 16);
         d.feed(&bytes);

@@ -201,8 +201,9 @@ impl Ledger {
     /// Appends `producer`'s record (its description, first version and end) to `dir`'s journal
     /// and syncs it: one small write, whatever the ledger holds.
     ///
-    /// Journal format: per change, `u32` length, the record (as in the `ledger` file, its counts
-    /// zero: those come from the entries), and a CRC32C of the length and record; little-endian.
+    /// Journal format: per change, `u32` length and its complement (a damaged length is told
+    /// from a torn one), the record (as in the `ledger` file, its counts zero: those come from
+    /// the entries), and a CRC32C of all three; little-endian.
     pub(super) fn journal(&self, dir: &Path, producer: u64) -> Result<(), LogError> {
         let mut rec = Vec::new();
         {
@@ -212,8 +213,9 @@ impl Ledger {
             let change = ProducerRecord { rows: 0, batches: 0, ..at.clone() };
             encode_record(&mut rec, &change);
         }
-        let mut out = Vec::with_capacity(rec.len() + 8);
+        let mut out = Vec::with_capacity(rec.len() + JOURNAL_HEAD + 4);
         out.extend_from_slice(&(rec.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(!(rec.len() as u32)).to_le_bytes());
         out.extend_from_slice(&rec);
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
@@ -306,8 +308,8 @@ impl Ledger {
         Ok(Ledger(Arc::new(Mutex::new(records))))
     }
 
-    /// Applies `dir`'s journal to `records`, and cuts a torn or damaged tail off the file (a crash
-    /// mid-append: the batch that change came before was never appended).
+    /// Applies `dir`'s journal to `records`, and cuts a torn tail off the file (a crash
+    /// mid-append: the batch that change came before was never appended); damage is refused.
     fn replay_journal(dir: &Path, records: &mut Records) -> Result<(), LogError> {
         let path = dir.join(JOURNAL_FILE);
         let meta = match fs::metadata(&path) {
@@ -322,47 +324,50 @@ impl Ledger {
             return Err(LogError::Corrupt { path, offset: 0, reason: "larger than any journal".into() });
         }
         let bytes = fs::read(&path).map_err(io_err(&path))?;
-        let mut at = 0;
-        // A record that does not check out is a torn append only at the end (nothing but zeros
-        // after it); anywhere else it is damage, refused rather than cut.
-        let bad = |at: usize, len: usize, why: &str| {
-            let end = at.saturating_add(8).saturating_add(len);
-            if end >= bytes.len() || bytes[at..].iter().all(|b| *b == 0) {
-                Ok(())
-            } else {
-                Err(LogError::Corrupt { path: path.clone(), offset: at as u64, reason: why.to_string() })
-            }
+        let corrupt = |at: usize, reason: &str| LogError::Corrupt {
+            path: path.clone(),
+            offset: at as u64,
+            reason: format!("a journal record {reason}"),
         };
-        while let Some(len) = bytes.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
-        {
-            let Some(framed) = bytes.get(at..at + 4 + len + 4) else { break };
-            let crc = u32::from_le_bytes(framed[4 + len..].try_into().expect("4 bytes"));
-            if crc32c::crc32c(&framed[..4 + len]) != crc {
-                bad(at, len, "a journal record's checksum does not match")?;
+        let mut at = 0;
+        while at < bytes.len() {
+            let rest = &bytes[at..];
+            // A torn append (a crash mid-write) leaves a short last record, or zeros: cut it
+            // off. Anything else that does not check out is damage, refused rather than cut.
+            if rest.len() < JOURNAL_HEAD || rest.iter().all(|b| *b == 0) {
                 break;
             }
-            match decode_record(&framed[4..4 + len], 0) {
-                Ok((_, end)) if end != len => {
-                    bad(at, len, "a journal record longer than its content")?;
-                    break;
-                }
-                Err(why) => {
-                    bad(at, len, why)?;
-                    break;
-                }
-                Ok(_) => {}
+            let word = |i: usize| u32::from_le_bytes(rest[i..i + 4].try_into().expect("4 bytes"));
+            let (len, check) = (word(0), word(4));
+            if len ^ check != u32::MAX {
+                return Err(corrupt(at, "has a damaged length"));
             }
-            let (rec, _) = decode_record(&framed[4..4 + len], 0).expect("checked above");
+            let len = len as usize;
+            if len > MAX_DESCRIPTION + 64 {
+                return Err(corrupt(at, "is longer than any record"));
+            }
+            if rest.len() < JOURNAL_HEAD + len + 4 {
+                break;
+            }
+            let crc = u32::from_le_bytes(rest[JOURNAL_HEAD + len..JOURNAL_HEAD + len + 4].try_into().expect("4 bytes"));
+            if crc32c::crc32c(&rest[..JOURNAL_HEAD + len]) != crc {
+                return Err(corrupt(at, "does not match its checksum"));
+            }
+            let (rec, end) =
+                decode_record(&rest[JOURNAL_HEAD..JOURNAL_HEAD + len], 0).map_err(|why| corrupt(at, why))?;
+            if end != len {
+                return Err(corrupt(at, "is longer than its content"));
+            }
             if !records.index.contains_key(&rec.producer)
                 && (records.list.len() >= MAX_PRODUCERS || records.bytes + rec.description.len() > MAX_LEDGER_BYTES)
             {
-                return Err(LogError::Corrupt { path, offset: at as u64, reason: "more than a ledger holds".into() });
+                return Err(corrupt(at, "takes the ledger past its bounds"));
             }
             let r = records.record(rec.producer, rec.first, rec.description);
             if rec.ended.is_some() {
                 r.ended = rec.ended;
             }
-            at += 4 + len + 4;
+            at += JOURNAL_HEAD + len + 4;
         }
         if at < bytes.len() {
             tracing::warn!(path = %path.display(), kept = at, cut = bytes.len() - at, "ledger journal: torn tail cut off");
@@ -375,4 +380,6 @@ impl Ledger {
 
 const LEDGER_FILE: &str = "ledger";
 const JOURNAL_FILE: &str = "ledger.journal";
+/// A journal record's length and its complement.
+const JOURNAL_HEAD: usize = 8;
 const MAGIC: &[u8; 4] = b"WLG1";

@@ -1,0 +1,174 @@
+//! Every decoder of bytes from the store or the disk, fed random bytes and random damage to valid
+//! encodings: none panics, each answers a value or a clear error, and what a damaged record
+//! decodes to is never taken silently where its checksum says otherwise. (Frames from sockets
+//! have theirs in `wire/tests/frames.rs`.)
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use weir_engine::backup::ahead::{decode_record, encode_record};
+use weir_engine::backup::commit::{decode_commit, decode_ids, encode_commit, encode_ids};
+use weir_engine::backup::placement::{PlacementRecord, decode_placement, encode_placement, placement_key};
+use weir_engine::backup::*;
+use weir_engine::checkpoint::{CommitRecord, IdRecord};
+use weir_engine::ingest::segment::{Parsed, encode_entry, parse_entry};
+use weir_engine::ingest::{IngestLog, LogConfig};
+use weir_engine::wire::{Batch, CheckpointId, NodeId, StreamId, TaskId, TransId, Version};
+
+/// A valid encoding of each record kind.
+fn samples() -> Vec<(&'static str, Vec<u8>)> {
+    let manifest = Manifest {
+        format: MANIFEST_FORMAT,
+        id: CheckpointId(7),
+        version: Version(100),
+        files: vec![ManifestEntry {
+            name: "000012.sst".into(),
+            key: "1/tasks/2/sst/000012-ab.sst".into(),
+            size: 4096,
+            crc: 0xabcd,
+        }],
+        offsets: vec![(CheckpointId(6), Version(90))],
+        replay: Some(ReplayPoint { from: CheckpointId(5), taken: vec![(10, 20)] }),
+    };
+    let mut commit = CommitRecord::consensus(CheckpointId(9), 1234);
+    commit.manifests.insert(TaskId(1), 0xfeed);
+    let placement = PlacementRecord {
+        version: 2,
+        tasks: BTreeMap::from([(TaskId(0), NodeId(1)), (TaskId(1), NodeId(2))]),
+        moved: vec![NodeId(3)],
+        reason: "node 3 lost".into(),
+        ts: 99,
+    };
+    vec![
+        ("manifest", manifest.encode().into_bytes()),
+        ("commit", encode_commit(&commit).into_bytes()),
+        ("ids", encode_ids(&IdRecord { next_id: CheckpointId(10), next_trans: TransId(4) }).into_bytes()),
+        ("placement", encode_placement(&placement).into_bytes()),
+        ("ahead", encode_record(&["1/tasks/2/sst/a.sst".to_string()]).into_bytes()),
+    ]
+}
+
+/// Decodes `bytes` as the record `kind`: whether it decoded, and the error's text otherwise.
+fn decode(kind: &str, bytes: &[u8]) -> Result<(), String> {
+    let r = match kind {
+        "manifest" => Manifest::decode("k", bytes).map(drop),
+        "commit" => decode_commit("k", bytes).map(drop),
+        "ids" => decode_ids("k", bytes).map(drop),
+        "placement" => decode_placement(&placement_key(StreamId(1), 2), bytes).map(drop),
+        "ahead" => decode_record("k", bytes).map(drop),
+        _ => unreachable!(),
+    };
+    r.map_err(|e| e.to_string())
+}
+
+fn batch(n: usize) -> Batch {
+    let mut b = Batch::with_capacity(n);
+    for i in 0..n {
+        b.push(i as i64, i as u64 * 7, i as f64);
+    }
+    b
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_never_panic_a_record_decoder(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
+        for (kind, _) in samples() {
+            if let Err(e) = decode(kind, &bytes) {
+                prop_assert!(!e.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn damaged_records_are_refused_with_a_reason(pos in 0usize..4096, val in any::<u8>(), cut in 0usize..4096) {
+        for (kind, good) in samples() {
+            prop_assert!(decode(kind, &good).is_ok(), "{} sample does not decode", kind);
+            let mut b = good.clone();
+            let p = pos % b.len();
+            b[p] = val;
+            match decode(kind, &b) {
+                // Only the trailing newline, outside what the checksum covers, may change.
+                Ok(()) => prop_assert!(
+                    b == good || (p == good.len() - 1 && val.is_ascii_whitespace()),
+                    "{}: a damaged record decoded", kind
+                ),
+                Err(e) => prop_assert!(e.contains("corrupt"), "{}: {}", kind, e),
+            }
+            // Cut short: refused, unless only the final newline went.
+            let c = cut % good.len();
+            prop_assert!(
+                decode(kind, &good[..c]).is_err() || good[c..].iter().all(u8::is_ascii_whitespace),
+                "{}: a truncated record decoded", kind
+            );
+        }
+    }
+
+    #[test]
+    fn random_bytes_never_panic_the_entry_parser(bytes in prop::collection::vec(any::<u8>(), 0..512), max in 0usize..1024) {
+        match parse_entry(&bytes, max) {
+            Parsed::Corrupt(why) => prop_assert!(!why.is_empty()),
+            Parsed::Entry { len, .. } => prop_assert!(len <= bytes.len()),
+            Parsed::Incomplete => {}
+        }
+    }
+
+    #[test]
+    fn damaged_entries_are_refused(rows in 1usize..40, pos in 0usize..2048, val in any::<u8>()) {
+        let mut good = Vec::new();
+        encode_entry(Version(5), &batch(rows), None, &mut good);
+        let mut b = good.clone();
+        let p = pos % b.len();
+        b[p] = val;
+        match parse_entry(&b, 1 << 20) {
+            Parsed::Entry { .. } => prop_assert_eq!(b, good),
+            Parsed::Corrupt(_) | Parsed::Incomplete => prop_assert_ne!(b, good),
+        }
+    }
+}
+
+proptest! {
+    // Each case opens a log on the file system: fewer of them.
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    #[test]
+    fn random_ledger_and_journal_files_open_or_are_refused(
+        ledger in prop::option::of(prop::collection::vec(any::<u8>(), 0..256)),
+        journal in prop::collection::vec(any::<u8>(), 0..256),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        if let Some(l) = &ledger {
+            std::fs::write(dir.path().join("ledger"), l).unwrap();
+        }
+        std::fs::write(dir.path().join("ledger.journal"), &journal).unwrap();
+        match IngestLog::open(dir.path(), LogConfig::default()) {
+            Ok(log) => prop_assert!(log.producers().len() <= journal.len() / 8 + 1),
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
+    }
+
+    #[test]
+    fn a_damaged_journal_record_is_cut_at_the_tail_or_refused(pos in 0usize..400, val in any::<u8>()) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = IngestLog::open(dir.path(), LogConfig::default()).unwrap();
+        for p in 0..4u64 {
+            log.describe(p, format!("producer {p}").as_bytes()).unwrap();
+        }
+        drop(log);
+        let path = dir.path().join("ledger.journal");
+        let good = std::fs::read(&path).unwrap();
+        let mut b = good.clone();
+        let p = pos % b.len();
+        b[p] = val;
+        std::fs::write(&path, &b).unwrap();
+        // Damage is never taken for a torn tail: all four producers, or a refusal.
+        match IngestLog::open(dir.path(), LogConfig::default()) {
+            Ok(log) => {
+                prop_assert_eq!(&b, &good);
+                prop_assert_eq!(log.producers().len(), 4);
+            }
+            Err(e) => prop_assert!(e.to_string().contains("journal record"), "{}", e),
+        }
+    }
+}
