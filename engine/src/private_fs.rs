@@ -38,14 +38,19 @@ pub fn private_dir(dir: &Path) -> io::Result<()> {
     b.create(dir)
 }
 
-/// Writes `bytes` to a new file at `path`, mode 0600: an error if anything is there already (a
+/// A new file at `path`, mode 0600, open for writing: an error if anything is there already (a
 /// link included, which is not followed).
-pub fn write_new_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub fn create_new_private(path: &Path) -> io::Result<fs::File> {
     let mut o = fs::OpenOptions::new();
     o.write(true).create_new(true);
     #[cfg(unix)]
     o.mode(0o600).custom_flags(libc::O_NOFOLLOW);
-    let mut f = o.open(path)?;
+    o.open(path)
+}
+
+/// Writes `bytes` to a new file at `path` (see [`create_new_private`]) and syncs it.
+pub fn write_new_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut f = create_new_private(path)?;
     f.write_all(bytes)?;
     f.sync_all()
 }

@@ -439,7 +439,7 @@ pub fn load(path: &std::path::Path, env: impl IntoIterator<Item = (String, Strin
     let text = std::fs::read_to_string(path).with_context(|| format!("reading the config file {}", path.display()))?;
     // The file alone first: its errors name the key and the line.
     toml::from_str::<ClusterFile>(&text)
-        .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim()))?;
+        .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), redact_secrets(&text, e.to_string().trim())))?;
     let mut table: toml::Table = toml::from_str(&text).expect("parsed above");
     let mut applied = Vec::new();
     for (name, value) in env {
@@ -460,6 +460,22 @@ pub fn load(path: &std::path::Path, env: impl IntoIterator<Item = (String, Strin
     toml::Value::Table(table)
         .try_into::<ClusterFile>()
         .map_err(|e| anyhow::anyhow!("{} with {}: {}", path.display(), applied.join(", "), e.to_string().trim()))
+}
+
+/// `message` (a parse error, which quotes the line at fault) without the values of the file's
+/// `cluster_secret` and `credential` lines.
+fn redact_secrets(text: &str, message: &str) -> String {
+    let mut out = message.to_string();
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once('=') else { continue };
+        if matches!(key.trim(), "cluster_secret" | "credential") {
+            let value = value.trim();
+            if !value.is_empty() {
+                out = out.replace(value, "<redacted>");
+            }
+        }
+    }
+    out
 }
 
 /// An environment value as TOML (`5`, `true`, `[1, 2]`), else as a string (`2s`).
@@ -585,5 +601,29 @@ impl ClusterFile {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "[[nodes]]\nid = 1\naddr = \"127.0.0.1:7000\"\n[stream]\n";
+
+    #[test]
+    fn secrets_from_the_environment_are_taken_as_they_are_and_never_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, FILE).unwrap();
+        let env = [("WEIR_CLUSTER_SECRET", "0123456789012345"), ("WEIR_CREDENTIAL", "ops:00ff")];
+        let f = load(&path, env.map(|(k, v)| (k.to_string(), v.to_string()))).unwrap();
+        assert_eq!(f.secret().unwrap(), b"0123456789012345");
+        assert_eq!(f.credential, Some(Secret("ops:00ff".into())));
+        let shown = format!("{f:?}");
+        assert!(!shown.contains("0123456789012345") && !shown.contains("00ff"), "{shown}");
+        // A parse error quotes its line: not the secret on it.
+        std::fs::write(&path, format!("cluster_secret = \"hunter2-secret\" oops\n{FILE}")).unwrap();
+        let err = load(&path, []).unwrap_err().to_string();
+        assert!(!err.contains("hunter2-secret") && err.contains("<redacted>"), "{err}");
     }
 }

@@ -1,10 +1,11 @@
 //! The metrics endpoint: `GET /metrics` over HTTP/1.1, served by hyper on a small runtime of its
 //! own, so a slow or hostile client holds one connection and nothing else.
 //!
-//! Limits: at most [`MAX_CONNECTIONS`] connections at once (more wait in the listen queue), a
-//! request's head must arrive within [`HEAD_TIMEOUT`] and fit hyper's buffer ([`MAX_HEAD`]), and
-//! a connection lives at most [`CONN_TIMEOUT`]. Only the request line matters; bodies are not
-//! read.
+//! Limits: at most [`MAX_CONNECTIONS`] connections at once (more wait in the listen queue) and
+//! [`MAX_PER_ADDR`] from one address (more are closed at once), one request per connection, a
+//! request's head within [`HEAD_TIMEOUT`] and [`MAX_HEAD`] bytes, a connection for at most
+//! [`CONN_TIMEOUT`]. Only the request line matters; bodies are not read. A client that holds its
+//! connections holds at most its address's share: a scraper elsewhere is still served.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -21,10 +22,12 @@ use crate::metrics::Board;
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Connections served at once from one IP address.
+pub const MAX_PER_ADDR: usize = 8;
 /// Time for a request's line and headers to arrive.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest life of one connection (keep-alive included).
-pub const CONN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest life of one connection.
+pub const CONN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest request head (line and headers).
 pub const MAX_HEAD: usize = 16 << 10;
 
@@ -57,6 +60,7 @@ async fn accept_loop(listener: std::net::TcpListener, board: Arc<Board>) {
         Err(e) => return tracing::error!(error = %e, "metrics: listener; not serving"),
     };
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let per_addr: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>> = Arc::default();
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else { return };
         let (stream, peer) = match listener.accept().await {
@@ -68,18 +72,36 @@ async fn accept_loop(listener: std::net::TcpListener, board: Arc<Board>) {
                 continue;
             }
         };
-        let board = board.clone();
+        let ip = peer.ip();
+        {
+            let mut held = per_addr.lock().unwrap_or_else(|e| e.into_inner());
+            let n = held.entry(ip).or_insert(0);
+            if *n >= MAX_PER_ADDR {
+                drop(stream);
+                continue;
+            }
+            *n += 1;
+        }
+        let (board, per_addr) = (board.clone(), per_addr.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| answer(req, board.clone()));
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEAD_TIMEOUT)
                 .max_buf_size(MAX_HEAD)
+                .keep_alive(false)
                 .serve_connection(TokioIo::new(stream), service);
             match tokio::time::timeout(CONN_TIMEOUT, conn).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "metrics connection"),
                 Err(_) => tracing::debug!(%peer, "metrics connection past its time limit"),
+            }
+            let mut held = per_addr.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = held.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    held.remove(&ip);
+                }
             }
             drop(permit);
         });

@@ -429,7 +429,7 @@ impl Pending {
         if self.filled == self.payload.len() {
             let total = self.header.len as usize;
             let len = (self.filled * 2).max(FIRST_ROOM).min(total);
-            self.payload.reserve(len - self.payload.len());
+            self.payload.reserve_exact(len - self.payload.len());
             self.payload.resize(len, 0);
         }
         &mut self.payload[self.filled..]

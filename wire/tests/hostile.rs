@@ -194,3 +194,83 @@ fn every_message_kind_on_every_client_role_is_accepted_only_if_the_role_allows_i
     }
     assert!(a.events().try_iter().all(|e| !matches!(e, Event::Frame { .. })), "a refused frame was delivered");
 }
+
+#[test]
+fn when_the_handshake_slots_are_full_the_oldest_stranger_makes_room() {
+    let mut c = config(1);
+    c.max_handshaking = 4;
+    c.handshake_timeout = Duration::from_secs(5);
+    let a = Transport::start(c).unwrap();
+    let addr = a.local_addr().unwrap();
+    let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    // Strangers hold every slot; a client with the secret still gets in, and the first stranger
+    // is gone.
+    BlockingClient::connect(addr, CLUSTER, NodeId(70), SECRET, WAIT).unwrap();
+    let mut first = held.into_iter().next().unwrap();
+    first.set_read_timeout(Some(WAIT)).unwrap();
+    assert_eq!(first.read(&mut [0u8; 16]).unwrap_or(0), 0, "the oldest stranger was kept");
+    assert!(TransportStats::get(&a.stats().over_cap) >= 1);
+}
+
+#[test]
+fn a_client_credential_with_a_members_id_is_refused_alike_for_known_and_unknown_names() {
+    let a = member_at(1);
+    let addr = a.local_addr().unwrap();
+    let mut answers = Vec::new();
+    for name in ["reader", "nobody"] {
+        let cred = Credential::derive(SECRET, name, Role::Read);
+        match BlockingClient::connect_as(addr, CLUSTER, NodeId(2), &cred, WAIT) {
+            Err(ClientError::Closed { code, message, .. }) => answers.push((code, message)),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    assert_eq!(answers[0], answers[1], "the refusal tells which names exist");
+    assert_eq!(answers[0].0, CloseCode::ProtocolViolation);
+}
+
+#[test]
+fn clients_are_capped_and_a_read_client_sends_small_frames_and_no_task_summaries() {
+    let mut c = config(1);
+    c.clients.insert("reader".into(), Role::Read);
+    c.max_clients = 1;
+    let a = Transport::start(c).unwrap();
+    let addr = a.local_addr().unwrap();
+    let cred = Credential::derive(SECRET, "reader", Role::Read);
+    let mut first = BlockingClient::connect_as(addr, CLUSTER, client_id(11), &cred, WAIT).unwrap();
+    match BlockingClient::connect_as(addr, CLUSTER, client_id(12), &cred, WAIT) {
+        Err(ClientError::Closed { code: CloseCode::Busy, .. }) => {}
+        other => panic!("a second client past the cap: {other:?}"),
+    }
+    // Its heartbeat's task summaries are not taken as a member's.
+    let hb = Heartbeat {
+        node: client_id(11),
+        sent_at_ms: 1,
+        tasks: vec![TaskHeartbeat {
+            stream: StreamId(1),
+            task: TaskId(0),
+            latest: Some(CheckpointId(99)),
+            latest_version: Version(1),
+            latest_ts_ms: 1,
+            active: None,
+            failed: None,
+        }],
+    };
+    first.send(&hb).unwrap();
+    // A frame over a read client's limit (64 KiB) closes its connection.
+    first.send_raw(&util::forge(Kind::StatusReq, &vec![0u8; 100 << 10])).unwrap();
+    match first.recv() {
+        Err(ClientError::Closed { code: CloseCode::BadFrame, message, .. }) => {
+            assert!(message.contains("exceeds the maximum"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let deadline = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < deadline {
+        if let Ok(e) = a.events().recv_timeout(Duration::from_millis(50)) {
+            assert!(!matches!(e, Event::Heartbeat { .. } | Event::Frame { .. }), "{e:?}");
+        }
+    }
+    // Its slot is free again, at once.
+    BlockingClient::connect_as(addr, CLUSTER, client_id(13), &cred, WAIT).unwrap();
+}

@@ -91,7 +91,15 @@ pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError
 pub fn last_commit(store: &dyn Store, stream: StreamId) -> Result<Option<CommitRecord>, StoreError> {
     let keys = store.list(&format!("{}/checkpoints/", stream.0))?;
     for key in keys.iter().rev() {
-        match decode_commit(key, &store.get_at_most(key, super::MAX_RECORD)?) {
+        let bytes = match store.get_at_most(key, super::MAX_RECORD) {
+            Ok(b) => b,
+            Err(e @ StoreError::TooLarge { .. }) => {
+                tracing::error!(%key, error = %e, "skipping a commit record no Weir wrote");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        match decode_commit(key, &bytes) {
             Ok(r) => return Ok(Some(r)),
             // A damaged record is skipped, loudly: the previous one is still a valid restore point.
             Err(e) => tracing::error!(%key, error = %e, "skipping a damaged commit record"),

@@ -40,6 +40,30 @@ fn tmp_path(path: &Path) -> PathBuf {
     path.with_extension(format!("tmp-{}-{n}", std::process::id()))
 }
 
+/// A new temporary file at `tmp`: an error if anything is there (a link planted at the
+/// predictable name is not followed).
+fn create_tmp(tmp: &Path) -> std::io::Result<fs::File> {
+    let mut o = fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut o, libc::O_NOFOLLOW);
+    o.open(tmp)
+}
+
+/// Opens the object at `path` for reading: not through a link, not a FIFO or device (which could
+/// block a restore for ever), only a regular file.
+fn open_object(path: &Path) -> std::io::Result<fs::File> {
+    let mut o = fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut o, libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    let f = o.open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(f)
+}
+
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     fs::File::open(dir)?.sync_all()
 }
@@ -50,7 +74,7 @@ impl Store for LocalDirStore {
         let dir = path.parent().expect("keys have a parent");
         fs::create_dir_all(dir).map_err(unavailable("put", key))?;
         let tmp = tmp_path(&path);
-        let mut f = fs::File::create(&tmp).map_err(unavailable("put", key))?;
+        let mut f = create_tmp(&tmp).map_err(unavailable("put", key))?;
         f.write_all(bytes).map_err(unavailable("put", key))?;
         f.sync_all().map_err(unavailable("put", key))?;
         fs::rename(&tmp, &path).map_err(unavailable("put", key))?;
@@ -64,27 +88,23 @@ impl Store for LocalDirStore {
         let tmp = tmp_path(&path);
         // A copy, never a hard link: a backup that shares the node's bytes dies with them (one
         // damaged byte in a linked file damages the local snapshot and the backup at once).
-        // `fs::copy` uses `copy_file_range`, which file systems that can (btrfs, XFS) serve as a
-        // reflink: no bytes copied, none shared for writing.
-        fs::copy(src, &tmp).map_err(unavailable("put", key))?;
-        fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(unavailable("put", key))?;
+        // `io::copy` between files uses `copy_file_range`, which file systems that can (btrfs,
+        // XFS) serve as a reflink: no bytes copied, none shared for writing.
+        let mut to = create_tmp(&tmp).map_err(unavailable("put", key))?;
+        fs::File::open(src).and_then(|mut from| std::io::copy(&mut from, &mut to)).map_err(unavailable("put", key))?;
+        to.sync_all().map_err(unavailable("put", key))?;
         fs::rename(&tmp, &path).map_err(unavailable("put", key))?;
         sync_dir(dir).map_err(unavailable("put", key))
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        let path = self.path(key)?;
-        match fs::read(&path) {
-            Ok(b) => Ok(b),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(StoreError::NotFound { key: key.into() }),
-            Err(e) => Err(unavailable("get", key)(e)),
-        }
+        self.get_at_most(key, u64::MAX - 1)
     }
 
     fn get_at_most(&self, key: &str, max: u64) -> Result<Vec<u8>, StoreError> {
         use std::io::Read;
         let path = self.path(key)?;
-        let f = match fs::File::open(&path) {
+        let f = match open_object(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NotFound { key: key.into() }),
             Err(e) => return Err(unavailable("get", key)(e)),
@@ -100,6 +120,32 @@ impl Store for LocalDirStore {
             return Err(StoreError::TooLarge { key: key.into(), size: bytes.len() as u64, max });
         }
         Ok(bytes)
+    }
+
+    fn get_to_file(&self, key: &str, max: u64, dest: &Path) -> Result<u64, StoreError> {
+        use std::io::Read;
+        let path = self.path(key)?;
+        let f = match open_object(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NotFound { key: key.into() }),
+            Err(e) => return Err(unavailable("get", key)(e)),
+        };
+        let size = f.metadata().map_err(unavailable("get", key))?.len();
+        if size > max {
+            return Err(StoreError::TooLarge { key: key.into(), size, max });
+        }
+        let write = |e: std::io::Error| StoreError::Unavailable {
+            op: "write",
+            key: dest.display().to_string(),
+            reason: e.to_string(),
+        };
+        let mut to = crate::private_fs::create_new_private(dest).map_err(write)?;
+        let n = std::io::copy(&mut f.take(max + 1), &mut to).map_err(unavailable("get", key))?;
+        if n > max {
+            return Err(StoreError::TooLarge { key: key.into(), size: n, max });
+        }
+        to.sync_all().map_err(write)?;
+        Ok(n)
     }
 
     fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {

@@ -49,8 +49,6 @@ pub use snapshot::{
 pub use throttle::Throttled;
 pub use url::{StoreOptions, open_store};
 
-/// Appends a line `crc <CRC32C of everything before it>` to `text`: the stored text records
-/// (manifests, commit records) carry their own checksum.
 /// Largest record read whole from a store: manifests, commit, id, placement and upload-ahead
 /// records (a manifest of 100,000 files is about 10 MiB).
 pub const MAX_RECORD: u64 = 64 << 20;
@@ -88,6 +86,8 @@ pub fn check_key(key: &str, k: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Appends a line `crc <CRC32C of everything before it>` to `text`: the stored text records
+/// (manifests, commit records) carry their own checksum.
 pub(crate) fn seal(mut text: String) -> String {
     let crc = crc32c::crc32c(text.as_bytes());
     text.push_str(&format!("crc {crc:08x}\n"));
@@ -229,6 +229,19 @@ pub trait Store: Send + Sync + std::fmt::Debug {
             return Err(StoreError::TooLarge { key: key.into(), size: bytes.len() as u64, max });
         }
         Ok(bytes)
+    }
+    /// Writes the object under `key` to a new private file at `dest` (see
+    /// [`crate::private_fs::create_new_private`]) and returns its length, refused
+    /// ([`StoreError::TooLarge`]) past `max` bytes: a file is never held in memory whole. Stores
+    /// that can stream do; this default reads it with [`Store::get_at_most`].
+    fn get_to_file(&self, key: &str, max: u64, dest: &std::path::Path) -> Result<u64, StoreError> {
+        let bytes = self.get_at_most(key, max)?;
+        crate::private_fs::write_new_private(dest, &bytes).map_err(|e| StoreError::Unavailable {
+            op: "write",
+            key: dest.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(bytes.len() as u64)
     }
     /// Size of the object under `key`, if it exists.
     fn size(&self, key: &str) -> Result<Option<u64>, StoreError>;

@@ -113,7 +113,7 @@ impl Collector {
                     }
                     good.push((r.id, key.clone()))
                 }
-                Ok(Err(_)) => damaged.push(key.clone()),
+                Ok(Err(_)) | Err(StoreError::TooLarge { .. }) => damaged.push(key.clone()),
                 Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e),
             }
@@ -143,6 +143,7 @@ impl Collector {
                     // A damaged record names nothing we can read: keep every SST this pass.
                     Err(_) => return Ok(Collected { kept: kept.into_iter().collect(), ..out }),
                 },
+                Err(StoreError::TooLarge { .. }) => return Ok(Collected { kept: kept.into_iter().collect(), ..out }),
                 Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e),
             }
@@ -159,6 +160,7 @@ impl Collector {
                     // A damaged manifest names nothing we can read: keep every SST this pass.
                     Err(_) => return Ok(Collected { kept: kept.into_iter().collect(), ..out }),
                 },
+                Err(StoreError::TooLarge { .. }) => return Ok(Collected { kept: kept.into_iter().collect(), ..out }),
                 Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e),
             }

@@ -35,7 +35,6 @@ pub struct RsyncOptions {
     pub binary: Option<PathBuf>,
 }
 
-/// A store in an rsync daemon's module.
 impl std::fmt::Debug for RsyncOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RsyncOptions")
@@ -43,10 +42,12 @@ impl std::fmt::Debug for RsyncOptions {
             .field("password_file", &self.password_file)
             .field("timeout", &self.timeout)
             .field("scratch_dir", &self.scratch_dir)
-            .finish_non_exhaustive()
+            .field("binary", &self.binary)
+            .finish()
     }
 }
 
+/// A store in an rsync daemon's module.
 #[derive(Debug)]
 pub struct RsyncStore {
     /// `rsync://[user@]host[:port]/module/prefix`, without a trailing slash.
@@ -258,6 +259,50 @@ impl Store for RsyncStore {
                 return Err(StoreError::TooLarge { key: key.into(), size: bytes.len() as u64, max });
             }
             Ok(bytes)
+        });
+        let _ = std::fs::remove_file(&tmp);
+        r
+    }
+
+    fn get_to_file(&self, key: &str, max: u64, dest: &Path) -> Result<u64, StoreError> {
+        let src = self.remote(key)?;
+        let tmp = self.scratch_file("get");
+        let to = tmp.to_str().expect("scratch paths are UTF-8").to_string();
+        let max_size = format!("--max-size={}", max.saturating_add(1));
+        let r = self.run("get", key, &["-q", &max_size, "--", &src, &to]).and_then(|_| {
+            let len = match std::fs::symlink_metadata(&tmp) {
+                Ok(m) if m.is_file() => m.len(),
+                Ok(_) => return Err(StoreError::Corrupt { key: key.into(), reason: "not a regular file".into() }),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(match self.size(key)? {
+                        Some(size) => StoreError::TooLarge { key: key.into(), size, max },
+                        None => StoreError::NotFound { key: key.into() },
+                    });
+                }
+                Err(e) => {
+                    return Err(StoreError::Unavailable {
+                        op: "get",
+                        key: key.into(),
+                        reason: format!("scratch file: {e}"),
+                    });
+                }
+            };
+            if len > max {
+                return Err(StoreError::TooLarge { key: key.into(), size: len, max });
+            }
+            let write = |e: std::io::Error| StoreError::Unavailable {
+                op: "write",
+                key: dest.display().to_string(),
+                reason: e.to_string(),
+            };
+            // Moved into place when on the same file system (the scratch directory is under the
+            // node's data directory), copied into a new private file otherwise.
+            if std::fs::rename(&tmp, dest).is_err() {
+                let mut out = crate::private_fs::create_new_private(dest).map_err(write)?;
+                std::fs::File::open(&tmp).and_then(|mut f| std::io::copy(&mut f, &mut out)).map_err(write)?;
+                out.sync_all().map_err(write)?;
+            }
+            Ok(len)
         });
         let _ = std::fs::remove_file(&tmp);
         r

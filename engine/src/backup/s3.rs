@@ -208,15 +208,61 @@ impl Store for S3Store {
         let path = self.path(key)?;
         let got = self.rt.block_on(async {
             let r = self.s3.get(&path).await?;
-            // The size comes with the response's headers, before its body is read.
+            // The size comes with the response's headers, before its body is read; the body is
+            // then read piece by piece and dropped at the first byte past `max` (a server may
+            // send more than it said).
             if r.meta.size > max {
                 return Ok(Err(r.meta.size));
             }
-            r.bytes().await.map(Ok)
+            let mut out = Vec::with_capacity(r.meta.size as usize);
+            let mut body = r.into_stream();
+            while let Some(piece) = body.try_next().await? {
+                if (out.len() + piece.len()) as u64 > max {
+                    return Ok(Err((out.len() + piece.len()) as u64));
+                }
+                out.extend_from_slice(&piece);
+            }
+            Ok(Ok(out))
         });
         match got.map_err(|e| self.error("get", key, e))? {
-            Ok(bytes) if bytes.len() as u64 <= max => Ok(Vec::from(bytes)),
-            Ok(bytes) => Err(StoreError::TooLarge { key: key.into(), size: bytes.len() as u64, max }),
+            Ok(bytes) => Ok(bytes),
+            Err(size) => Err(StoreError::TooLarge { key: key.into(), size, max }),
+        }
+    }
+
+    fn get_to_file(&self, key: &str, max: u64, dest: &Path) -> Result<u64, StoreError> {
+        use std::io::Write;
+        let path = self.path(key)?;
+        let write = |e: std::io::Error| StoreError::Unavailable {
+            op: "write",
+            key: dest.display().to_string(),
+            reason: e.to_string(),
+        };
+        let mut to = crate::private_fs::create_new_private(dest).map_err(write)?;
+        let got = self.rt.block_on(async {
+            let r = self.s3.get(&path).await?;
+            if r.meta.size > max {
+                return Ok(Err(r.meta.size));
+            }
+            let mut n = 0u64;
+            let mut body = r.into_stream();
+            while let Some(piece) = body.try_next().await? {
+                n += piece.len() as u64;
+                if n > max {
+                    return Ok(Err(n));
+                }
+                if let Err(e) = to.write_all(&piece) {
+                    return Ok(Ok(Err(e)));
+                }
+            }
+            Ok(Ok(Ok(n)))
+        });
+        match got.map_err(|e| self.error("get", key, e))? {
+            Ok(Ok(n)) => {
+                to.sync_all().map_err(write)?;
+                Ok(n)
+            }
+            Ok(Err(e)) => Err(write(e)),
             Err(size) => Err(StoreError::TooLarge { key: key.into(), size, max }),
         }
     }

@@ -392,15 +392,22 @@ pub fn download_files(store: &dyn Store, manifest: &Manifest, dir: &Path) -> Res
     }
     crate::private_fs::private_dir(dir).map_err(io)?;
     // Files come down at once, each verified before it is written.
+    // Each goes straight to its file (never whole in memory), read up to the size its manifest
+    // gives, then checked.
     each_parallel(&manifest.files, "get", dir, |f| {
-        let bytes = with_retries(|| store.get_at_most(&f.key, f.size))?;
-        if bytes.len() as u64 != f.size || crc32c::crc32c(&bytes) != f.crc {
+        let path = dir.join(&f.name);
+        let len = with_retries(|| {
+            // A retry starts the file afresh.
+            let _ = fs::remove_file(&path);
+            store.get_to_file(&f.key, f.size, &path)
+        })?;
+        if len != f.size || file_crc(&path).map_err(io)? != f.crc {
             return Err(StoreError::Corrupt {
                 key: f.key.clone(),
                 reason: "size or checksum differs from the manifest".into(),
             });
         }
-        crate::private_fs::write_new_private(&dir.join(&f.name), &bytes).map_err(io)
+        Ok(())
     })
 }
 

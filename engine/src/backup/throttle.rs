@@ -60,6 +60,14 @@ impl Store for Throttled {
         self.inner.get(key)
     }
 
+    fn get_at_most(&self, key: &str, max: u64) -> Result<Vec<u8>, StoreError> {
+        self.inner.get_at_most(key, max)
+    }
+
+    fn get_to_file(&self, key: &str, max: u64, dest: &Path) -> Result<u64, StoreError> {
+        self.inner.get_to_file(key, max, dest)
+    }
+
     fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
         self.inner.size(key)
     }

@@ -168,9 +168,8 @@ impl Ledger {
         r.index.contains_key(&producer) || (r.list.len() < MAX_PRODUCERS && r.bytes + description <= MAX_LEDGER_BYTES)
     }
 
-    /// Records `producer` with `description`, its rows to start at `first` (the caller checked
-    /// [`Self::admits`]).
-    pub(super) fn describe(&self, producer: u64, first: Version, description: &[u8]) {
+    /// Records `producer` with `description`, its rows to start at `first`, in memory only.
+    fn describe(&self, producer: u64, first: Version, description: &[u8]) {
         self.lock().record(producer, first, description.to_vec());
     }
 
@@ -184,46 +183,93 @@ impl Ledger {
         }
     }
 
-    /// The end-of-load watermark `producer` noted last.
-    pub(super) fn ended(&self, producer: u64) -> Option<i64> {
-        let r = self.lock();
-        r.index.get(&producer).and_then(|&i| r.list[i].ended)
-    }
-
-    /// Notes that `producer` (known) ended with a marker of `watermark`; `false` if unknown.
-    pub(super) fn end(&self, producer: u64, watermark: i64) -> bool {
+    /// Notes that `producer` (known) ended with a marker of `watermark`, in memory only; `false`
+    /// if unknown.
+    fn end(&self, producer: u64, watermark: i64) -> bool {
         let mut r = self.lock();
         let Some(&i) = r.index.get(&producer) else { return false };
         r.list[i].ended = Some(watermark);
         true
     }
 
-    /// Appends `producer`'s record (its description, first version and end) to `dir`'s journal
-    /// and syncs it: one small write, whatever the ledger holds.
+    /// Records `producer` with `description`, its rows to start at `first`, durably: its journal
+    /// record is appended and synced first, and only then is it known (a failed write leaves it
+    /// unknown, so the batch it came with is refused, not acknowledged without it). The caller
+    /// checked [`Self::admits`]; a producer known already is left as it is.
+    pub(super) fn describe_durably(
+        &self,
+        dir: &Path,
+        producer: u64,
+        first: Version,
+        description: &[u8],
+    ) -> Result<(), LogError> {
+        if self.knows(producer) {
+            return Ok(());
+        }
+        let rec =
+            ProducerRecord { producer, description: description.to_vec(), first, rows: 0, batches: 0, ended: None };
+        self.append_journal(dir, &rec)?;
+        self.describe(producer, first, description);
+        self.compact_if_long(dir)
+    }
+
+    /// Notes, durably, that `producer` (known) ended with a marker of `watermark`: `false` when
+    /// it is unknown or had noted that already (nothing written).
+    pub(super) fn end_durably(&self, dir: &Path, producer: u64, watermark: i64) -> Result<bool, LogError> {
+        let first = {
+            let r = self.lock();
+            match r.index.get(&producer).map(|&i| &r.list[i]) {
+                Some(rec) if rec.ended != Some(watermark) => rec.first,
+                _ => return Ok(false),
+            }
+        };
+        // The end alone: no description again.
+        let rec =
+            ProducerRecord { producer, description: Vec::new(), first, rows: 0, batches: 0, ended: Some(watermark) };
+        self.append_journal(dir, &rec)?;
+        self.end(producer, watermark);
+        self.compact_if_long(dir)?;
+        Ok(true)
+    }
+
+    /// Appends `rec` to `dir`'s journal and syncs it: one small write, whatever the ledger holds.
+    /// A write that fails part way is cut back off, so the journal never holds half a record
+    /// before good ones.
     ///
     /// Journal format: per change, `u32` length and its complement (a damaged length is told
     /// from a torn one), the record (as in the `ledger` file, its counts zero: those come from
-    /// the entries), and a CRC32C of all three; little-endian.
-    pub(super) fn journal(&self, dir: &Path, producer: u64) -> Result<(), LogError> {
-        let mut rec = Vec::new();
-        {
-            let r = self.lock();
-            let Some(&i) = r.index.get(&producer) else { return Ok(()) };
-            let at = &r.list[i];
-            let change = ProducerRecord { rows: 0, batches: 0, ..at.clone() };
-            encode_record(&mut rec, &change);
-        }
-        let mut out = Vec::with_capacity(rec.len() + JOURNAL_HEAD + 4);
-        out.extend_from_slice(&(rec.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(!(rec.len() as u32)).to_le_bytes());
-        out.extend_from_slice(&rec);
+    /// the entries; an end's without its description), and a CRC32C of all three;
+    /// little-endian.
+    fn append_journal(&self, dir: &Path, rec: &ProducerRecord) -> Result<(), LogError> {
+        let mut body = Vec::new();
+        encode_record(&mut body, rec);
+        let mut out = Vec::with_capacity(body.len() + JOURNAL_HEAD + 4);
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(!(body.len() as u32)).to_le_bytes());
+        out.extend_from_slice(&body);
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         let path = dir.join(JOURNAL_FILE);
         let new = !path.exists();
         let mut f = fs::OpenOptions::new().create(true).append(true).open(&path).map_err(io_err(&path))?;
-        f.write_all(&out).and_then(|()| f.sync_data()).map_err(io_err(&path))?;
+        let before = f.metadata().map_err(io_err(&path))?.len();
+        if let Err(e) = f.write_all(&out).and_then(|()| f.sync_data()) {
+            let _ = f.set_len(before).and_then(|()| f.sync_data());
+            return Err(io_err(&path)(e));
+        }
         if new { sync_dir(dir) } else { Ok(()) }
+    }
+
+    /// Rewrites the ledger file (and empties the journal) once the journal passes
+    /// [`JOURNAL_COMPACT`] bytes: a journal stays short however many changes come.
+    fn compact_if_long(&self, dir: &Path) -> Result<(), LogError> {
+        let path = dir.join(JOURNAL_FILE);
+        match fs::metadata(&path) {
+            Ok(m) if m.len() > JOURNAL_COMPACT => self.write(dir),
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(&path)(e)),
+        }
     }
 
     /// Writes the records to `dir`'s `ledger` file (a new file renamed over the old, synced),
@@ -317,9 +363,8 @@ impl Ledger {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(io_err(&path)(e)),
         };
-        // Each change is at most one record of the largest description; the journal is emptied
-        // at every rewrite, so a file past what its producers could have written is not ours.
-        let limit = (MAX_PRODUCERS as u64) * 64 + MAX_LEDGER_BYTES as u64 * 2;
+        // A journal is compacted past JOURNAL_COMPACT: one much longer is not ours.
+        let limit = JOURNAL_COMPACT + (MAX_DESCRIPTION as u64 + 128) * 64;
         if meta.len() > limit {
             return Err(LogError::Corrupt { path, offset: 0, reason: "larger than any journal".into() });
         }
@@ -382,4 +427,6 @@ const LEDGER_FILE: &str = "ledger";
 const JOURNAL_FILE: &str = "ledger.journal";
 /// A journal record's length and its complement.
 const JOURNAL_HEAD: usize = 8;
+/// Past this many bytes the journal is folded into the ledger file.
+const JOURNAL_COMPACT: u64 = 4 << 20;
 const MAGIC: &[u8; 4] = b"WLG1";

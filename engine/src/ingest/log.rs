@@ -284,15 +284,14 @@ impl IngestLog {
         if !self.ledger.admits(producer, description.len()) {
             return Err(full_ledger());
         }
-        self.ledger.describe(producer, self.next, description);
-        self.ledger.journal(&self.dir, producer)
+        self.ledger.describe_durably(&self.dir, producer, self.next, description)
     }
 
     /// Notes that `producer`'s load ended with a marker of `watermark` (written and synced with
     /// the ledger: markers do not name their producer). A producer the log does not know is
     /// not recorded.
     pub fn end_load(&mut self, producer: u64, watermark: i64) -> Result<(), LogError> {
-        if self.ledger.end(producer, watermark) { self.ledger.journal(&self.dir, producer) } else { Ok(()) }
+        self.ledger.end_durably(&self.dir, producer, watermark).map(drop)
     }
 
     /// What each producer appended, in the order they first did.

@@ -118,23 +118,15 @@ impl IngestLog {
     /// something changed.
     pub fn adopt_producers(&mut self, facts: &[ReplicaProducer]) -> Result<(), LogError> {
         for f in facts {
-            let mut changed = false;
             if !self.ledger.knows(f.producer) {
                 if !self.ledger.admits(f.producer, f.description.len()) {
                     let reason = "the primary's producers overflow this copy's ledger".to_string();
                     return Err(LogError::Refused { reason });
                 }
-                self.ledger.describe(f.producer, f.first, &f.description);
-                changed = true;
+                self.ledger.describe_durably(&self.dir, f.producer, f.first, &f.description)?;
             }
-            if let Some(w) = f.ended
-                && self.ledger.ended(f.producer) != Some(w)
-            {
-                self.ledger.end(f.producer, w);
-                changed = true;
-            }
-            if changed {
-                self.ledger.journal(&self.dir, f.producer)?;
+            if let Some(w) = f.ended {
+                self.ledger.end_durably(&self.dir, f.producer, w)?;
             }
         }
         Ok(())

@@ -98,8 +98,11 @@ pub struct TransportConfig {
     /// Accepted connections still in their handshake, at most (default 256); more are closed at
     /// once.
     pub max_handshaking: usize,
-    /// Of those, at most this many from one IP address (default 64).
+    /// Of those, at most this many from one IP address (an IPv6 /64 counts as one; default 64).
     pub max_handshaking_per_addr: usize,
+    /// Established client connections (client credentials), at most (default 1024); more are
+    /// refused with [`CloseCode::Busy`].
+    pub max_clients: usize,
 }
 
 /// Reads this node's task summaries when a heartbeat goes out (called on the transport's thread:
@@ -128,6 +131,7 @@ impl std::fmt::Debug for TransportConfig {
             .field("clients", &self.clients)
             .field("max_handshaking", &self.max_handshaking)
             .field("max_handshaking_per_addr", &self.max_handshaking_per_addr)
+            .field("max_clients", &self.max_clients)
             .finish()
     }
 }
@@ -155,14 +159,18 @@ impl TransportConfig {
             clients: HashMap::new(),
             max_handshaking: 256,
             max_handshaking_per_addr: 64,
+            max_clients: 1024,
         }
     }
 
     /// Checks the settings; every error names the field.
     pub fn validate(&self) -> Result<(), TransportError> {
         let bad = |field: &'static str, reason: &str| Err(TransportError::Config { field, reason: reason.to_string() });
-        if self.cluster.is_empty() {
-            return bad("cluster", "must not be empty");
+        if self.cluster.is_empty() || self.cluster.len() > crate::msg::MAX_CLUSTER_NAME {
+            return bad("cluster", "must be 1 to 128 bytes");
+        }
+        if !Role::Member.fits(self.node) || self.node.0 > crate::role::MAX_MEMBER_ID {
+            return bad("node", "a member's id is 1 to 2^31 - 1");
         }
         if self.secret.len() < 16 {
             return bad("secret", "must be at least 16 bytes");

@@ -10,6 +10,9 @@
 use super::*;
 use crate::role::{Role, client_key};
 
+/// Largest frame a read or admin client may send (its requests are a few dozen bytes).
+const CLIENT_REQUEST_MAX: usize = 64 << 10;
+
 impl EventLoop {
     /// The key a dialer naming `client` must prove, and the role it gets (`None`: no such client).
     fn key_for(&self, client: &str) -> Option<(Role, Vec<u8>)> {
@@ -41,13 +44,15 @@ impl EventLoop {
                 format!("peer claims this node's id {}", hello.node),
             );
         }
-        let keyed = self.key_for(&hello.client);
-        if let Some((role, _)) = &keyed
-            && !role.fits(hello.node)
-        {
-            let reason = format!("a {role} client presents a node id above {}", crate::role::MAX_MEMBER_ID);
+        // Before the name is looked up: the answer must not tell which names exist.
+        if !hello.client.is_empty() && !Role::Read.fits(hello.node) {
+            let reason = format!("a client credential is proven with a node id above {}", crate::role::MAX_MEMBER_ID);
             return self.refuse(token, CloseCode::ProtocolViolation, reason);
         }
+        if hello.client.is_empty() && !Role::Member.fits(hello.node) {
+            return self.refuse(token, CloseCode::ProtocolViolation, "node id 0 is nobody's".to_string());
+        }
+        let keyed = self.key_for(&hello.client);
         let acceptor_nonce = match proof::nonce() {
             Ok(n) => n,
             Err(e) => return self.refuse(token, CloseCode::Shutdown, format!("no randomness: {e}")),
@@ -159,6 +164,8 @@ impl EventLoop {
         if !proof::verify(&key, Side::Dialer, &t, &auth.proof) {
             return self.refuse(token, CloseCode::AuthFailed, format!("peer {} could not prove {who}", a.peer));
         }
+        // Proven: no longer a stranger, whatever follows.
+        self.authenticated(token);
         // Proven: only now may its incarnation restart this node's stream.
         if role == Role::Member && a.dialer_incarnation > 0 {
             if self.cfg.clients_only {
@@ -212,11 +219,31 @@ impl EventLoop {
     pub(super) fn established(&mut self, token: Token, peer: NodeId, role: Role) -> bool {
         self.shared.stats.handshakes.fetch_add(1, Ordering::Relaxed);
         self.authenticated(token);
+        if role != Role::Member {
+            if self.clients >= self.cfg.max_clients {
+                let reason = format!("this node serves {} clients already: try again later", self.clients);
+                return self.refuse(token, CloseCode::Busy, reason);
+            }
+            // One id, one credential: a connection with another role may not take its place.
+            let old = self.peers.get(&peer).and_then(|p| p.conn).and_then(|t| self.conns.get(&t));
+            if old.is_some_and(|c| !matches!(c.phase, Phase::Established { role: r, .. } if r == role)) {
+                return self.refuse(token, CloseCode::ProtocolViolation, format!("node id {peer} is taken"));
+            }
+        }
         let me = self.cfg.node;
-        let max_frame = self.cfg.max_frame;
+        // Requests of read and admin clients are small: a large frame from one is refused.
+        let max_frame = match role {
+            Role::Read | Role::Admin => CLIENT_REQUEST_MAX.min(self.cfg.max_frame),
+            Role::Ingest | Role::Member => self.cfg.max_frame,
+        };
         let Some(conn) = self.conns.get_mut(&token) else { return false };
         conn.phase = Phase::Established { peer, role };
         conn.decoder.set_max_frame(max_frame);
+        if role != Role::Member {
+            conn.client_slot = true;
+            self.clients += 1;
+        }
+        let Some(conn) = self.conns.get_mut(&token) else { return false };
         if conn.dialer.is_none() {
             conn.dialer = Some(me);
         }

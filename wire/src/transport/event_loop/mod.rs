@@ -35,6 +35,11 @@ const WRITE_BATCH_FRAMES: usize = 64;
 const WRITE_BATCH_BYTES: usize = 1 << 20;
 /// How long a closing connection may take to deliver its `Close` frame.
 const LINGER: Duration = Duration::from_millis(500);
+/// Reads from one connection per readiness event before the others get their turn (the rest is
+/// read on the loop's next pass).
+const READS_PER_TURN: usize = 32;
+/// Bytes a closing connection may still send; past them it is dropped at once.
+const DISCARD_MAX: usize = 64 << 10;
 
 #[derive(Debug)]
 enum Phase {
@@ -64,6 +69,18 @@ pub(super) struct Awaiting {
     dialer_incarnation: u64,
     dialer_nonce: [u8; NONCE_LEN],
     acceptor_nonce: [u8; NONCE_LEN],
+}
+
+/// The address a handshake cap counts `ip` under: itself for IPv4, its /64 for IPv6 (one host
+/// has a whole /64 to dial from).
+fn addr_group(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+    }
 }
 
 /// At most this many characters of a string a peer sent go into a log line or a reason.
@@ -101,6 +118,10 @@ struct Conn {
     read_paused: bool,
     /// Accepted and not yet authenticated: counted against the handshake caps.
     counted: bool,
+    /// An established client: counted against `max_clients`.
+    client_slot: bool,
+    /// Bytes read and thrown away since it began closing.
+    discarded: usize,
 }
 
 #[derive(Debug)]
@@ -133,6 +154,10 @@ pub(super) struct EventLoop {
     /// Accepted connections not yet authenticated, in all and per address.
     handshaking: usize,
     handshaking_by_ip: HashMap<IpAddr, usize>,
+    /// Established client connections.
+    clients: usize,
+    /// Connections whose turn to read ended with bytes left: read again on the next pass.
+    again: Vec<Token>,
     /// Refusals of unauthenticated connections not yet reported in a log line (one a few seconds).
     quiet_refusals: u64,
     last_refusal_log: Instant,
@@ -207,6 +232,8 @@ impl EventLoop {
             encoder,
             handshaking: 0,
             handshaking_by_ip: HashMap::new(),
+            clients: 0,
+            again: Vec::new(),
             quiet_refusals: 0,
             last_refusal_log: now,
         })
@@ -219,7 +246,11 @@ impl EventLoop {
         let tick = (self.cfg.heartbeat_interval / 4).clamp(Duration::from_millis(1), Duration::from_millis(50));
         let mut next_timers = Instant::now();
         loop {
-            let timeout = if self.backlog.is_empty() { tick } else { Duration::from_millis(1) };
+            let timeout = match (self.backlog.is_empty(), self.again.is_empty()) {
+                (true, true) => tick,
+                (true, false) => Duration::ZERO,
+                (false, _) => Duration::from_millis(1),
+            };
             if let Err(e) = self.poll.poll(&mut events, Some(timeout))
                 && e.kind() != io::ErrorKind::Interrupted
             {
@@ -243,6 +274,9 @@ impl EventLoop {
                         }
                     }
                 }
+            }
+            for t in std::mem::take(&mut self.again) {
+                self.on_readable(t);
             }
             if woken {
                 // Clear first: a send after this point wakes us again.
@@ -270,14 +304,24 @@ impl EventLoop {
             let Some(listener) = self.listener.as_ref() else { return };
             match listener.accept() {
                 Ok((stream, addr)) => {
-                    let ip = addr.ip();
+                    let ip = addr_group(addr.ip());
                     let from_ip = self.handshaking_by_ip.get(&ip).copied().unwrap_or(0);
-                    if self.handshaking >= self.cfg.max_handshaking || from_ip >= self.cfg.max_handshaking_per_addr {
+                    if from_ip >= self.cfg.max_handshaking_per_addr {
                         // Refused at once: dropping the socket costs nothing, a Close would.
                         self.shared.stats.over_cap.fetch_add(1, Ordering::Relaxed);
                         self.quiet_refusals += 1;
                         drop(stream);
                         continue;
+                    }
+                    if self.handshaking >= self.cfg.max_handshaking {
+                        // Full: the oldest stranger makes room, so that strangers who hold their
+                        // slots cannot keep a member that redials out.
+                        self.shared.stats.over_cap.fetch_add(1, Ordering::Relaxed);
+                        self.quiet_refusals += 1;
+                        let oldest = self.conns.iter().filter(|(_, c)| c.counted).min_by_key(|(_, c)| c.started);
+                        if let Some(t) = oldest.map(|(t, _)| *t) {
+                            self.drop_conn(t);
+                        }
                     }
                     let _ = stream.set_nodelay(true);
                     if let Some(token) = self.add_conn(stream, addr, Phase::AwaitHello, None) {
@@ -332,6 +376,8 @@ impl EventLoop {
                 last_heartbeat: now,
                 read_paused: false,
                 counted: false,
+                client_slot: false,
+                discarded: 0,
             },
         );
         Some(token)
@@ -400,7 +446,7 @@ impl EventLoop {
     }
 
     fn on_readable(&mut self, token: Token) {
-        loop {
+        for _ in 0..READS_PER_TURN {
             if !self.backlog.is_empty() {
                 if let Some(c) = self.conns.get_mut(&token) {
                     c.read_paused = true;
@@ -416,7 +462,13 @@ impl EventLoop {
                 let mut sink = [0u8; 4096];
                 match io::Read::read(&mut conn.stream, &mut sink) {
                     Ok(0) => return self.end(token, Ending::quiet("closed")),
-                    Ok(_) => continue,
+                    Ok(n) => {
+                        conn.discarded += n;
+                        if conn.discarded > DISCARD_MAX {
+                            return self.drop_conn(token);
+                        }
+                        continue;
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => return self.end(token, Ending::quiet(format!("read failed: {e}"))),
@@ -435,6 +487,10 @@ impl EventLoop {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return self.end(token, Ending::quiet(format!("read failed: {e}"))),
             }
+        }
+        // Its turn is over with bytes maybe left (mio will not say so again): the next pass.
+        if !self.again.contains(&token) {
+            self.again.push(token);
         }
     }
 
@@ -500,7 +556,8 @@ impl EventLoop {
                 if frame.kind() == Kind::Heartbeat {
                     return match frame.to_owned::<Heartbeat>() {
                         Ok(hb) => {
-                            if !hb.tasks.is_empty() {
+                            // Only a member speaks for tasks: a client's summaries are ignored.
+                            if !hb.tasks.is_empty() && role == Role::Member {
                                 self.emit(Event::Heartbeat { from: peer, tasks: hb.tasks });
                             }
                             true
@@ -552,6 +609,7 @@ impl EventLoop {
     }
 
     fn uncount(&mut self, ip: IpAddr) {
+        let ip = addr_group(ip);
         self.handshaking -= 1;
         if let Some(n) = self.handshaking_by_ip.get_mut(&ip) {
             *n -= 1;
@@ -567,6 +625,9 @@ impl EventLoop {
             let _ = self.poll.registry().deregister(&mut conn.stream);
             if conn.counted {
                 self.uncount(conn.addr.ip());
+            }
+            if conn.client_slot {
+                self.clients -= 1;
             }
         }
     }

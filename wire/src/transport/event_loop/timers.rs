@@ -132,6 +132,7 @@ impl EventLoop {
             return;
         }
         let addr = conn.addr;
+        let was_client = std::mem::take(&mut conn.client_slot);
         let peer = match &conn.phase {
             Phase::Established { peer, .. } | Phase::AwaitWelcome { peer } => Some(*peer),
             Phase::AwaitAuth(a) => Some(a.peer),
@@ -139,16 +140,21 @@ impl EventLoop {
         };
         // A connection that dialed us and never proved its key: nobody we know.
         let stranger = conn.counted;
+        if was_client {
+            // No longer served: its slot is free while its Close goes out.
+            self.clients -= 1;
+        }
         let was_established = matches!(conn.phase, Phase::Established { .. });
-        if let Some(by_peer) = ending.refused {
+        if stranger {
+            // Anyone can cause these, as often as they like: counted, summed into one log line
+            // now and then, and nothing for the application.
+            self.quiet_refusals += 1;
+            tracing::debug!(%node, %addr, code = ?ending.code, reason = %ending.reason, "stranger's connection ended");
+        } else if let Some(by_peer) = ending.refused {
             if by_peer {
                 self.shared.stats.refused.fetch_add(1, Ordering::Relaxed);
             }
-            if stranger {
-                // Anyone can cause these, as often as they like: one summary line now and then.
-                self.quiet_refusals += 1;
-                tracing::debug!(%node, %addr, code = ?ending.code, by_peer, reason = %ending.reason, "handshake refused");
-            } else if matches!(ending.code, CloseCode::Stale | CloseCode::Restarting) {
+            if matches!(ending.code, CloseCode::Stale | CloseCode::Restarting) {
                 // Expected while a stream restarts: the older end restarts.
                 tracing::info!(%node, ?peer, %addr, by_peer, reason = %ending.reason, "handshake refused");
             } else {
