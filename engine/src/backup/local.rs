@@ -21,6 +21,20 @@ impl LocalDirStore {
         Self { root: root.into() }
     }
 
+    /// The object at `key`, opened (see `open_object`), and its size: refused past `max`.
+    fn open_at_most(&self, key: &str, max: u64) -> Result<(fs::File, u64), StoreError> {
+        let f = match open_object(&self.path(key)?) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NotFound { key: key.into() }),
+            Err(e) => return Err(unavailable("get", key)(e)),
+        };
+        let size = f.metadata().map_err(unavailable("get", key))?.len();
+        if size > max {
+            return Err(StoreError::TooLarge { key: key.into(), size, max });
+        }
+        Ok((f, size))
+    }
+
     fn path(&self, key: &str) -> Result<PathBuf, StoreError> {
         if key.split('/').any(|p| p.is_empty() || p == "." || p == "..") {
             return Err(StoreError::Unavailable { op: "resolve", key: key.into(), reason: "invalid key".into() });
@@ -103,16 +117,7 @@ impl Store for LocalDirStore {
 
     fn get_at_most(&self, key: &str, max: u64) -> Result<Vec<u8>, StoreError> {
         use std::io::Read;
-        let path = self.path(key)?;
-        let f = match open_object(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NotFound { key: key.into() }),
-            Err(e) => return Err(unavailable("get", key)(e)),
-        };
-        let size = f.metadata().map_err(unavailable("get", key))?.len();
-        if size > max {
-            return Err(StoreError::TooLarge { key: key.into(), size, max });
-        }
+        let (f, size) = self.open_at_most(key, max)?;
         // Read at most one byte past the limit: a file that grew since is refused, not read whole.
         let mut bytes = Vec::with_capacity(size as usize);
         f.take(max + 1).read_to_end(&mut bytes).map_err(unavailable("get", key))?;
@@ -124,16 +129,7 @@ impl Store for LocalDirStore {
 
     fn get_to_file(&self, key: &str, max: u64, dest: &Path) -> Result<u64, StoreError> {
         use std::io::Read;
-        let path = self.path(key)?;
-        let f = match open_object(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NotFound { key: key.into() }),
-            Err(e) => return Err(unavailable("get", key)(e)),
-        };
-        let size = f.metadata().map_err(unavailable("get", key))?.len();
-        if size > max {
-            return Err(StoreError::TooLarge { key: key.into(), size, max });
-        }
+        let (f, _) = self.open_at_most(key, max)?;
         let write = |e: std::io::Error| StoreError::Unavailable {
             op: "write",
             key: dest.display().to_string(),
