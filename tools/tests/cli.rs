@@ -379,3 +379,64 @@ fn weir_run_resume_goes_back_past_a_checkpoint_damaged_on_the_node_and_in_the_st
     );
     assert_eq!(results(dir.path()), want);
 }
+
+#[test]
+fn weir_run_resume_refuses_a_forged_manifest_and_writes_nothing_outside() {
+    use weir_engine::backup::commit::{commit_key, decode_commit, encode_commit};
+    use weir_engine::backup::{Manifest, manifest_key};
+    use weir_engine::wire::{CheckpointId, StreamId, TaskId};
+    let per_partition = 300_000;
+    let straight = tempfile::tempdir().unwrap();
+    let out = weir().args(bounded(per_partition)).arg("--data-dir").arg(straight.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = results(straight.path());
+
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let mut child = weir()
+        .args(bounded(per_partition))
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let remote = dir.path().join("remote");
+    let records = remote.join("1/checkpoints");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read_dir(&records).map_or(0, |d| d.count()) < 3 {
+        assert!(std::time::Instant::now() < deadline, "three commits in 20 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    // Whoever can write the store rewrites the sink's last manifest to name a file outside, and
+    // reseals it and the commit record (CRC32C is no MAC).
+    let last = std::fs::read_dir(&records)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_string_lossy().strip_suffix(".commit")?.parse::<u64>().ok())
+        .max()
+        .unwrap();
+    let (stream, sink, chk) = (StreamId(1), TaskId(4), CheckpointId(last));
+    let key = manifest_key(stream, sink, chk);
+    let mut m = Manifest::decode(&key, &std::fs::read(remote.join(&key)).unwrap()).unwrap();
+    let escape = outside.path().join("escaped");
+    m.files[0].name = escape.display().to_string();
+    let text = m.encode();
+    std::fs::write(remote.join(&key), &text).unwrap();
+    let ckey = commit_key(stream, chk);
+    let mut record = decode_commit(&ckey, &std::fs::read(remote.join(&ckey)).unwrap()).unwrap();
+    record.manifests.insert(sink, crc32c::crc32c(text.as_bytes()));
+    std::fs::write(remote.join(&ckey), encode_commit(&record)).unwrap();
+    // The node lost its copy: the restore must come from the store.
+    std::fs::remove_dir_all(dir.path().join("run/tasks/4/snapshots")).unwrap();
+
+    let out = weir().args(bounded(per_partition)).arg("--resume").arg("--data-dir").arg(dir.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!escape.exists(), "the restore wrote outside its directory");
+    assert!(stderr.contains("not a plain file name"), "{stderr}");
+    // The forged checkpoint cannot be restored; the one before it can, and the stream ends exact.
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("checkpoint chk-{last} cannot be restored")), "{stderr}");
+    assert_eq!(results(dir.path()), want);
+}

@@ -44,7 +44,8 @@ pub use rsync::{RsyncOptions, RsyncStore};
 pub use s3::{MULTIPART_THRESHOLD as S3_MULTIPART_THRESHOLD, S3Options, S3Store};
 pub use snapshot::{
     MANIFEST_FORMAT, Manifest, ManifestEntry, ManifestHead, ReplayPoint, UploadSummary, download_files,
-    download_snapshot, fetch_manifest, local_snapshot_matches, upload_snapshot, upload_snapshot_indexed,
+    download_snapshot, fetch_manifest, local_snapshot_matches, manifest_key, task_prefix, upload_snapshot,
+    upload_snapshot_indexed,
 };
 pub use throttle::Throttled;
 pub use url::{StoreOptions, open_store};
