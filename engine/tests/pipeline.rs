@@ -314,3 +314,76 @@ fn a_partition_without_rows_stops_holding_back_the_watermark_after_idle_after() 
     // Without idleness, partition 1 holds the watermark: nothing closes.
     assert!(run(None, Duration::from_secs(1)).is_empty());
 }
+
+#[test]
+fn ledgers_larger_than_a_frame_are_answered_in_pages_that_add_up_to_all_of_them() {
+    use weir_engine::wire::Batch;
+    use weir_engine::wire::msg::{Ingest, IngestAck, IngestOutcome, ProducersCursor, ProducersReq, ProducersRsp};
+    use weir_engine::wire::transport::client::BlockingClient;
+
+    let mut spec = util::bounded_spec(2, 1, 1, 0, WindowSpec::tumbling(10));
+    spec.source = SourceKind::IngestLog;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = EngineConfig::new(NodeId(1), dir.path());
+    cfg.pin_workers = false;
+    cfg.transport = Some(transport(1, vec![]));
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
+    let addr = engine.transport_addr().expect("listening");
+    let mut client =
+        BlockingClient::connect(addr, "engine-test", NodeId(900), b"engine-test-secret-0123", Duration::from_secs(10))
+            .unwrap();
+    // 160 producers with 60 KiB descriptions each, over both partitions: 9.4 MiB of ledgers,
+    // more than half a frame.
+    let producers = 160u64;
+    for p in 0..producers {
+        let mut b = Batch::default();
+        b.push(p as i64, p, 1.0);
+        let description = format!("{p:08}").repeat(60 << 7).into_bytes();
+        let req = Ingest {
+            stream: spec.id,
+            partition: (p % 2) as u32,
+            request: p,
+            producer: 0x1000 + p,
+            seq: 0,
+            batch: b,
+            idle_watermark_ms: None,
+            description: Some(description),
+        };
+        client.send(&req).unwrap();
+        let ack = client.recv().unwrap().to_owned::<IngestAck>().unwrap();
+        assert!(matches!(ack.outcome, IngestOutcome::Durable { .. }), "{:?}", ack.outcome);
+    }
+    let (mut seen, mut pages, mut from) = (Vec::new(), 0, ProducersCursor::default());
+    loop {
+        client.send(&ProducersReq { request: 1, stream: spec.id, from }).unwrap();
+        let frame = client.recv().unwrap();
+        assert!(frame.payload_len() < 6 << 20, "a page of {} bytes", frame.payload_len());
+        let rsp = frame.to_owned::<ProducersRsp>().unwrap();
+        assert!(rsp.error.is_empty(), "{}", rsp.error);
+        pages += 1;
+        for part in &rsp.partitions {
+            for r in &part.producers {
+                assert_eq!(r.description.len(), 60 << 10);
+                assert_eq!(r.description[..8], format!("{:08}", r.producer - 0x1000).into_bytes()[..]);
+                seen.push((part.partition, r.producer));
+            }
+        }
+        match rsp.next {
+            Some(n) => {
+                assert!(n > from);
+                from = n;
+            }
+            None => break,
+        }
+    }
+    assert!(pages >= 3, "{pages} pages");
+    seen.sort();
+    let want: Vec<(u32, u64)> = {
+        let mut w: Vec<_> = (0..producers).map(|p| ((p % 2) as u32, 0x1000 + p)).collect();
+        w.sort();
+        w
+    };
+    assert_eq!(seen, want, "pages skipped or repeated producers");
+    engine.stop();
+    engine.wait().unwrap();
+}
