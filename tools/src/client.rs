@@ -37,12 +37,24 @@ pub struct ClusterArgs {
     /// or `WEIR_CLUSTER_SECRET`).
     #[arg(long, default_value = "weir")]
     pub cluster: String,
+    /// Speak TLS, trusting this CA (PEM), without `--config` (with it: the file's `[tls]`).
+    #[arg(long, env = "WEIR_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// The name the nodes' certificates carry, with `--tls-ca`.
+    #[arg(long, env = "WEIR_TLS_SERVER_NAME", default_value = "weir")]
+    pub tls_server_name: String,
 }
 
 impl ClusterArgs {
     /// The cluster these name.
     pub fn target(&self) -> anyhow::Result<Target> {
-        target(self.config.as_deref(), &self.nodes, &self.cluster)
+        let mut t = target(self.config.as_deref(), &self.nodes, &self.cluster)?;
+        if t.tls.is_none()
+            && let Some(ca) = &self.tls_ca
+        {
+            t.tls = Some(weir_engine::wire::transport::tls::TlsConfig::client(ca, &self.tls_server_name)?);
+        }
+        Ok(t)
     }
 }
 
@@ -50,6 +62,8 @@ impl ClusterArgs {
 pub struct Target {
     pub cluster: String,
     pub cred: Credential,
+    /// TLS to the nodes, when the cluster speaks it.
+    pub tls: Option<weir_engine::wire::transport::tls::TlsConfig>,
     /// The nodes to ask (`--node`, else every node of the file).
     pub nodes: Vec<SocketAddr>,
     pub file: Option<ClusterFile>,
@@ -91,7 +105,13 @@ pub fn target(config: Option<&std::path::Path>, nodes: &[SocketAddr], cluster: &
         (Some(f), true) => f.nodes.iter().map(|n| n.addr).collect(),
         (None, true) => anyhow::bail!("which nodes? pass --node ADDR or --config FILE"),
     };
-    Ok(Target { cluster, cred, nodes, file })
+    // Holding the secret, a tool is a member: under TLS it presents the file's certificate too.
+    let tls = match (file.as_ref().and_then(|f| f.tls.as_ref()), &cred) {
+        (None, _) => None,
+        (Some(t), Credential::Secret(_)) if t.cert.is_some() => Some(t.member()?),
+        (Some(t), _) => Some(t.client()?),
+    };
+    Ok(Target { cluster, cred, tls, nodes, file })
 }
 
 fn parse_credential(s: &str) -> anyhow::Result<Credential> {
@@ -100,7 +120,7 @@ fn parse_credential(s: &str) -> anyhow::Result<Credential> {
 
 /// An authenticated connection to `addr` with the target's credential.
 pub fn connect(t: &Target, addr: SocketAddr, timeout: Duration) -> Result<BlockingClient, ClientError> {
-    BlockingClient::connect_as(addr, &t.cluster, client_id(), &t.cred, timeout)
+    BlockingClient::connect_with(addr, &t.cluster, client_id(), &t.cred, t.tls.as_ref(), timeout)
 }
 
 /// What a refusal means for the user.

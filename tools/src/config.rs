@@ -17,6 +17,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 use weir_engine::wire::role::{MAX_MEMBER_ID, Role};
+use weir_engine::wire::transport::tls::TlsConfig;
 
 /// The file, as written.
 #[derive(Deserialize, Debug, Clone)]
@@ -58,6 +59,43 @@ pub struct ClusterFile {
     /// What a node does when its stream fails.
     #[serde(default)]
     pub restart: RestartFile,
+    /// TLS 1.3 on every link (none: plain TCP).
+    pub tls: Option<TlsFile>,
+}
+
+/// TLS: the cluster's CA, and a node's certificate and key (PEM files; relative paths from the
+/// working directory). Nodes need all three; clients only `ca`.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFile {
+    /// The CA that signs every node's certificate.
+    pub ca: PathBuf,
+    /// This node's certificate (chain), signed by `ca`, naming `server_name`.
+    pub cert: Option<PathBuf>,
+    /// Its private key.
+    pub key: Option<PathBuf>,
+    /// The name every node's certificate carries (default `"weir"`).
+    #[serde(default = "default_server_name")]
+    pub server_name: String,
+}
+
+fn default_server_name() -> String {
+    "weir".into()
+}
+
+impl TlsFile {
+    /// A node's TLS: its certificate and key, trusting the CA.
+    pub fn member(&self) -> anyhow::Result<TlsConfig> {
+        let (Some(cert), Some(key)) = (&self.cert, &self.key) else {
+            bail!("[tls]: a node needs `cert` and `key` besides `ca`");
+        };
+        Ok(TlsConfig::member(&self.ca, cert, key, &self.server_name)?)
+    }
+
+    /// A client's TLS: trusting the CA, presenting no certificate.
+    pub fn client(&self) -> anyhow::Result<TlsConfig> {
+        Ok(TlsConfig::client(&self.ca, &self.server_name)?)
+    }
 }
 
 /// A string that is never printed: `Debug` says `<redacted>`.
@@ -432,6 +470,7 @@ const TOP_KEYS: &[&str] = &[
     "stream",
     "checkpoint",
     "restart",
+    "tls",
 ];
 
 /// Reads `path`, then applies the `WEIR_*` variables of `env`.

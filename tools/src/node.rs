@@ -123,6 +123,7 @@ pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<Engin
     let mut t = TransportConfig::new(&file.cluster, NodeId(me.id), file.secret()?);
     t.listen = Some(me.addr);
     t.clients = file.client_roles()?;
+    t.tls = file.tls.as_ref().map(crate::config::TlsFile::member).transpose()?;
     // Each pair connects once: the higher id dials the lower (reconnects retry with backoff, so
     // the start order does not matter).
     t.peers = file

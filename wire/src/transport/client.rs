@@ -6,7 +6,9 @@ use std::io::{self, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use super::client_io::{self, Io, PumpTx};
 use super::handshake::{self, Side, Transcript};
+use super::tls::TlsConfig;
 use crate::frame::{
     EncodedFrame, Frame, FrameDecoder, FrameEncoder, FrameError, HANDSHAKE_MAX_FRAME, PROTOCOL_VERSION,
 };
@@ -155,7 +157,7 @@ impl ClientError {
 /// An authenticated connection to one node.
 #[derive(Debug)]
 pub struct BlockingClient {
-    stream: TcpStream,
+    stream: Io,
     addr: SocketAddr,
     peer: NodeId,
     decoder: FrameDecoder,
@@ -187,13 +189,27 @@ impl BlockingClient {
         cred: &Credential,
         timeout: Duration,
     ) -> Result<BlockingClient, ClientError> {
+        Self::connect_with(addr, cluster, me, cred, None, timeout)
+    }
+
+    /// [`BlockingClient::connect_as`] over TLS when `tls` is given (a node of a cluster that
+    /// speaks it: [`TlsConfig::client`] with the cluster's CA).
+    pub fn connect_with(
+        addr: SocketAddr,
+        cluster: &str,
+        me: NodeId,
+        cred: &Credential,
+        tls: Option<&TlsConfig>,
+        timeout: Duration,
+    ) -> Result<BlockingClient, ClientError> {
         let (client, key) = cred.parts();
         let io = |source| ClientError::Io { addr, source };
         let stream = TcpStream::connect_timeout(&addr, timeout).map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        stream.set_write_timeout(Some(timeout)).map_err(io)?;
         let mut c = BlockingClient {
-            stream,
+            stream: Io::new(stream, tls).map_err(io)?,
             addr,
             peer: NodeId(0),
             decoder: FrameDecoder::new(HANDSHAKE_MAX_FRAME),
@@ -260,12 +276,15 @@ impl BlockingClient {
 
     /// Sends an encoded frame.
     pub fn send_frame(&mut self, frame: &EncodedFrame) -> Result<(), ClientError> {
-        self.stream.write_all(frame.as_bytes()).map_err(|source| ClientError::Io { addr: self.addr, source })
+        self.send_raw(frame.as_bytes())
     }
 
     /// Writes raw bytes (for tests that play a misbehaving peer).
     pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
-        self.stream.write_all(bytes).map_err(|source| ClientError::Io { addr: self.addr, source })
+        self.stream
+            .write_all(bytes)
+            .and_then(|()| self.stream.flush())
+            .map_err(|source| ClientError::Io { addr: self.addr, source })
     }
 
     /// The next frame other than a heartbeat. A `Close` from the node becomes `ClientError::Closed`.
@@ -293,43 +312,98 @@ impl BlockingClient {
 /// The sending half of a [`BlockingClient`] (see [`BlockingClient::split`]).
 #[derive(Debug)]
 pub struct ClientWriter {
-    stream: TcpStream,
+    out: Out,
     addr: SocketAddr,
     encoder: FrameEncoder,
+}
+
+enum Out {
+    Plain(TcpStream),
+    Tls(PumpTx, TcpStream),
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if matches!(self, Out::Plain(_)) { "Out::Plain" } else { "Out::Tls" })
+    }
 }
 
 /// The receiving half of a [`BlockingClient`].
 #[derive(Debug)]
 pub struct ClientReader {
-    inner: BlockingClient,
+    inner: In,
+}
+
+#[derive(Debug)]
+enum In {
+    Plain(BlockingClient),
+    Tls { frames: crossbeam_channel::Receiver<Result<Frame, ClientError>>, addr: SocketAddr },
 }
 
 impl BlockingClient {
     /// Two halves that send and receive on their own threads (a client with many requests in
-    /// flight, as `weir load`). Shutting the writer down ends the reader's `recv`.
+    /// flight, as `weir load`). Shutting the writer down ends the reader's `recv`. Under TLS a
+    /// thread of its own drives the connection between them (`client_io`).
     pub fn split(self) -> Result<(ClientWriter, ClientReader), ClientError> {
         let addr = self.addr;
-        let stream = self.stream.try_clone().map_err(|source| ClientError::Io { addr, source })?;
-        Ok((ClientWriter { stream, addr, encoder: FrameEncoder::new() }, ClientReader { inner: self }))
+        let io = |source| ClientError::Io { addr, source };
+        let encoder = FrameEncoder::new();
+        match self.stream {
+            Io::Plain(ref s) => {
+                let stream = s.try_clone().map_err(io)?;
+                Ok((ClientWriter { out: Out::Plain(stream), addr, encoder }, ClientReader { inner: In::Plain(self) }))
+            }
+            Io::Tls(tls) => {
+                let sock = tls.sock.try_clone().map_err(io)?;
+                let (tx, frames) = client_io::pump(*tls, self.decoder, addr)?;
+                Ok((
+                    ClientWriter { out: Out::Tls(tx, sock), addr, encoder },
+                    ClientReader { inner: In::Tls { frames, addr } },
+                ))
+            }
+        }
     }
 }
 
 impl ClientWriter {
     /// Encodes and sends one message.
     pub fn send<M: Message>(&mut self, msg: &M) -> Result<(), ClientError> {
-        let frame = self.encoder.encode(msg).map_err(|source| ClientError::Frame { addr: self.addr, source })?;
-        self.stream.write_all(frame.as_bytes()).map_err(|source| ClientError::Io { addr: self.addr, source })
+        let addr = self.addr;
+        let frame = self.encoder.encode(msg).map_err(|source| ClientError::Frame { addr, source })?;
+        let sent = match &mut self.out {
+            Out::Plain(s) => s.write_all(frame.as_bytes()),
+            Out::Tls(tx, _) => tx.send(frame),
+        };
+        sent.map_err(|source| ClientError::Io { addr, source })
     }
 
-    /// Closes the connection both ways (the reader's `recv` returns an error).
+    /// Closes the connection both ways (the reader's `recv` returns an error; under TLS the pump
+    /// sees the socket end and stops).
     pub fn shutdown(&self) {
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        let (Out::Plain(s) | Out::Tls(_, s)) = &self.out;
+        let _ = s.shutdown(std::net::Shutdown::Both);
     }
 }
 
 impl ClientReader {
     /// The next frame other than a heartbeat (as [`BlockingClient::recv`]).
     pub fn recv(&mut self) -> Result<Frame, ClientError> {
-        self.inner.recv()
+        match &mut self.inner {
+            In::Plain(c) => c.recv(),
+            In::Tls { frames, addr } => loop {
+                let addr = *addr;
+                let f = frames
+                    .recv()
+                    .unwrap_or_else(|_| Err(ClientError::Io { addr, source: io::ErrorKind::UnexpectedEof.into() }))?;
+                match f.kind() {
+                    Kind::Heartbeat => continue,
+                    Kind::Close => {
+                        let close = f.to_owned::<Close>().map_err(|source| ClientError::Frame { addr, source })?;
+                        return Err(ClientError::Closed { addr, code: close.code, message: close.message });
+                    }
+                    _ => return Ok(f),
+                }
+            },
+        }
     }
 }

@@ -24,8 +24,10 @@
 //!   node id wins, and between two from the same dialer the newer wins (the peer restarted).
 
 pub mod client;
+mod client_io;
 mod event_loop;
 mod handshake;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::io;
@@ -103,6 +105,8 @@ pub struct TransportConfig {
     /// Established client connections (client credentials), at most (default 1024); more are
     /// refused with [`CloseCode::Busy`].
     pub max_clients: usize,
+    /// TLS 1.3 on every link ([`tls::TlsConfig::member`]); `None` (the default): plain TCP.
+    pub tls: Option<tls::TlsConfig>,
 }
 
 /// Reads this node's task summaries when a heartbeat goes out (called on the transport's thread:
@@ -132,6 +136,7 @@ impl std::fmt::Debug for TransportConfig {
             .field("max_handshaking", &self.max_handshaking)
             .field("max_handshaking_per_addr", &self.max_handshaking_per_addr)
             .field("max_clients", &self.max_clients)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -160,6 +165,7 @@ impl TransportConfig {
             max_handshaking: 256,
             max_handshaking_per_addr: 64,
             max_clients: 1024,
+            tls: None,
         }
     }
 
@@ -177,6 +183,9 @@ impl TransportConfig {
         }
         if self.max_frame < 1024 || self.max_frame > u32::MAX as usize {
             return bad("max_frame", "must be between 1 KiB and 4 GiB");
+        }
+        if self.tls.as_ref().is_some_and(|t| t.server.is_none()) {
+            return bad("tls", "a node's TLS needs its certificate and key (TlsConfig::member)");
         }
         if self.max_handshaking == 0 || self.max_handshaking_per_addr == 0 {
             return bad("max_handshaking", "must allow at least one connection");

@@ -166,6 +166,13 @@ impl EventLoop {
         }
         // Proven: no longer a stranger, whatever follows.
         self.authenticated(token);
+        // Under TLS a member also presents a certificate of the cluster's CA (checked by rustls).
+        let certified =
+            self.conns.get(&token).and_then(|c| c.tls.as_ref()).is_none_or(|t| t.peer_certificates().is_some());
+        if role == Role::Member && !certified {
+            let reason = format!("peer {} proved the cluster secret but presented no certificate", a.peer);
+            return self.refuse(token, CloseCode::AuthFailed, reason);
+        }
         // Proven: only now may its incarnation restart this node's stream.
         if role == Role::Member && a.dialer_incarnation > 0 {
             if self.cfg.clients_only {

@@ -59,6 +59,28 @@ enum Phase {
     Closing { until: Instant },
 }
 
+/// Plaintext through a connection's TLS, for the decoder.
+struct TlsReader<'a> {
+    tls: &'a mut rustls::Connection,
+    sock: &'a mut TcpStream,
+}
+
+impl io::Read for TlsReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        super::tls::read(self.tls, self.sock, buf)
+    }
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("addr", &self.addr)
+            .field("phase", &self.phase)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
 /// What an acceptor remembers of a `Hello` until the dialer's `Auth` proves it.
 #[derive(Debug)]
 pub(super) struct Awaiting {
@@ -96,9 +118,10 @@ pub(crate) fn untrusted(s: &str) -> String {
     format!("\"{out}\"")
 }
 
-#[derive(Debug)]
 struct Conn {
     stream: TcpStream,
+    /// TLS over `stream`, when the transport speaks it.
+    tls: Option<Box<rustls::Connection>>,
     addr: SocketAddr,
     phase: Phase,
     /// The node that dialed this connection (known once the handshake says).
@@ -358,10 +381,26 @@ impl EventLoop {
         }
         let now = Instant::now();
         let dialer = if target.is_some() { Some(self.cfg.node) } else { None };
+        let tls = match &self.cfg.tls {
+            None => None,
+            Some(t) => {
+                let made = if target.is_some() { Some(t.dial()) } else { t.accept() };
+                match made {
+                    Some(Ok(c)) => Some(Box::new(c)),
+                    Some(Err(e)) => {
+                        tracing::warn!(node = %self.cfg.node, %addr, error = %e, "cannot start TLS");
+                        let _ = self.poll.registry().deregister(&mut stream);
+                        return None;
+                    }
+                    None => None,
+                }
+            }
+        };
         self.conns.insert(
             token,
             Conn {
                 stream,
+                tls,
                 addr,
                 phase,
                 dialer,
@@ -474,7 +513,11 @@ impl EventLoop {
                     Err(e) => return self.end(token, Ending::quiet(format!("read failed: {e}"))),
                 }
             }
-            match conn.decoder.read_from(&mut conn.stream) {
+            let got = match conn.tls.as_deref_mut() {
+                None => conn.decoder.read_from(&mut conn.stream),
+                Some(tls) => conn.decoder.read_from(&mut TlsReader { tls, sock: &mut conn.stream }),
+            };
+            match got {
                 Ok(0) => return self.end(token, Ending::quiet("peer closed the connection")),
                 Ok(n) => {
                     conn.last_recv = Instant::now();

@@ -195,6 +195,7 @@ impl EventLoop {
                 message.truncate(cut);
             }
             let close = Close { code: ending.code.clone(), message };
+            // (Under TLS the Close frame says goodbye; no close_notify follows it.)
             self.queue_control(token, &close);
             self.flush(token);
             if let Some(c) = self.conns.get_mut(&token) {

@@ -30,6 +30,14 @@ impl EventLoop {
         if matches!(conn.phase, Phase::Connecting) {
             return;
         }
+        // TLS records already made (handshake replies, a frame's tail) go first.
+        if let Some(tls) = conn.tls.as_deref_mut() {
+            match super::super::tls::flush(tls, &mut conn.stream) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => return self.end(token, Ending::quiet(format!("write failed: {e}"))),
+            }
+        }
         let rx = match conn.phase {
             Phase::Established { peer, .. } => self.peers.get(&peer).filter(|p| p.conn == Some(token)).map(|p| &p.rx),
             _ => None,
@@ -60,7 +68,11 @@ impl EventLoop {
                 slices[i] = IoSlice::new(if i == 0 { &f.as_bytes()[conn.written..] } else { f.as_bytes() });
                 n = i + 1;
             }
-            match conn.stream.write_vectored(&slices[..n]) {
+            let wrote = match conn.tls.as_deref_mut() {
+                None => conn.stream.write_vectored(&slices[..n]),
+                Some(tls) => super::super::tls::write(tls, &mut conn.stream, &slices[..n]),
+            };
+            match wrote {
                 Ok(0) => break Err(io::Error::new(io::ErrorKind::WriteZero, "socket accepted no bytes")),
                 Ok(mut w) => {
                     stats.bytes_out.fetch_add(w as u64, Ordering::Relaxed);
