@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p weir-bench --bin weir-e2e -- pipeline [seconds] [workers]
-//! cargo run --release -p weir-bench --bin weir-e2e -- two-nodes [seconds]
+//! cargo run --release -p weir-bench --bin weir-e2e -- two-nodes [seconds] [tls]
 //! cargo run --release -p weir-bench --bin weir-e2e -- ingest [seconds]
 //! cargo run --release -p weir-bench --bin weir-e2e -- checkpoints [seconds] [runs]
 //! cargo run --release -p weir-bench --bin weir-e2e -- jitter [seconds]
@@ -282,9 +282,29 @@ fn breakdown(stats: &[CheckpointStats]) {
     }
 }
 
-fn two_nodes(seconds: u64) {
+/// A CA and a node certificate naming `weir` in `dir`, as the member TLS of both nodes.
+fn bench_tls(dir: &std::path::Path) -> weir_engine::wire::transport::tls::TlsConfig {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("CA");
+    let key = KeyPair::generate().expect("key");
+    let cert = CertificateParams::new(vec!["weir".to_string()])
+        .expect("params")
+        .signed_by(&key, &ca_cert, &ca_key)
+        .expect("certificate");
+    let (ca_path, cert_path, key_path) = (dir.join("ca.pem"), dir.join("node.pem"), dir.join("key.pem"));
+    std::fs::write(&ca_path, ca_cert.pem()).expect("write");
+    std::fs::write(&cert_path, cert.pem()).expect("write");
+    std::fs::write(&key_path, key.serialize_pem()).expect("write");
+    weir_engine::wire::transport::tls::TlsConfig::member(&ca_path, &cert_path, &key_path, "weir").expect("TLS")
+}
+
+fn two_nodes(seconds: u64, tls: bool) {
     use weir_engine::wire::transport::{PeerConfig, TransportConfig};
     let (d1, d2) = (tempfile::tempdir().expect("temp dir"), tempfile::tempdir().expect("temp dir"));
+    let tls = tls.then(|| bench_tls(d1.path()));
     let mut spec = StreamSpec::generator(StreamId(1), 2, 2, 1);
     if let SourceKind::Generator { spec: g, .. } = &mut spec.source {
         g.rows_per_ms = 10_000;
@@ -294,6 +314,7 @@ fn two_nodes(seconds: u64) {
         let mut t = TransportConfig::new("bench", NodeId(node), b"weir-bench-two-nodes".to_vec());
         t.listen = Some("127.0.0.1:0".parse().expect("addr"));
         t.peers = vec![peer];
+        t.tls = tls.clone();
         let mut cfg = weir_bench::engine_config(NodeId(node), dir);
         cfg.workers = 1;
         cfg.pin_workers = false;
@@ -314,7 +335,8 @@ fn two_nodes(seconds: u64) {
     e2.stop();
     drop(e1.wait());
     drop(e2.wait());
-    println!("two nodes over 127.0.0.1, one worker each, {seconds} s: {:.2} M events/s", rate / 1e6);
+    let over = if tls.is_some() { "TLS 1.3 over 127.0.0.1" } else { "127.0.0.1" };
+    println!("two nodes over {over}, one worker each, {seconds} s: {:.2} M events/s", rate / 1e6);
 }
 
 fn ingest(seconds: u64) {
@@ -478,7 +500,7 @@ fn main() {
     match args.get(1).map(String::as_str) {
         Some("pipeline") => pipeline(num(2, 10), num(3, 2) as usize),
         Some("ingest") => ingest(num(2, 5)),
-        Some("two-nodes") => two_nodes(num(2, 5)),
+        Some("two-nodes") => two_nodes(num(2, 5), args.get(3).is_some_and(|a| a == "tls")),
         Some("checkpoints") => checkpoints(num(2, 5), num(3, 10) as usize),
         Some("jitter") => jitter(num(2, 20)),
         Some("backup") => weir_bench::backup::backup(num(2, 10), num(3, 3) as usize),
@@ -499,7 +521,7 @@ fn main() {
         Some("restore") => weir_bench::restore::restore(num(2, 4_000_000)),
         _ => {
             eprintln!(
-                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] [rounds] [full|replay] | agg [k1,k2,...] | restore [keys]   (WEIR_LOG=weir_engine=debug: the engine's log on stderr)"
+                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] [tls] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] [rounds] [full|replay] | agg [k1,k2,...] | restore [keys]   (WEIR_LOG=weir_engine=debug: the engine's log on stderr)"
             );
             std::process::exit(2);
         }
