@@ -218,7 +218,7 @@ impl Store for RsyncStore {
         let src = self.remote(key)?;
         let tmp = self.scratch_file("get");
         let dst = tmp.to_str().expect("scratch paths are UTF-8").to_string();
-        let r = self.run("get", key, &["-q", "--", &src, &dst]).and_then(|_| {
+        let r = self.run("get", key, &["-q", "--chmod=F600", "--", &src, &dst]).and_then(|_| {
             std::fs::read(&tmp).map_err(|e| StoreError::Unavailable {
                 op: "get",
                 key: key.into(),
@@ -236,7 +236,7 @@ impl Store for RsyncStore {
         let dst = tmp.to_str().expect("scratch paths are UTF-8").to_string();
         // rsync itself refuses a larger file (`--max-size`), so none reaches the disk either.
         let max_size = format!("--max-size={}", max.saturating_add(1));
-        let r = self.run("get", key, &["-q", &max_size, "--", &src, &dst]).and_then(|_| {
+        let r = self.run("get", key, &["-q", "--chmod=F600", &max_size, "--", &src, &dst]).and_then(|_| {
             let scratch = |e: std::io::Error| StoreError::Unavailable {
                 op: "get",
                 key: key.into(),
@@ -269,7 +269,7 @@ impl Store for RsyncStore {
         let tmp = self.scratch_file("get");
         let to = tmp.to_str().expect("scratch paths are UTF-8").to_string();
         let max_size = format!("--max-size={}", max.saturating_add(1));
-        let r = self.run("get", key, &["-q", &max_size, "--", &src, &to]).and_then(|_| {
+        let r = self.run("get", key, &["-q", "--chmod=F600", &max_size, "--", &src, &to]).and_then(|_| {
             let len = match std::fs::symlink_metadata(&tmp) {
                 Ok(m) if m.is_file() => m.len(),
                 Ok(_) => return Err(StoreError::Corrupt { key: key.into(), reason: "not a regular file".into() }),
