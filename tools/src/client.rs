@@ -49,9 +49,15 @@ impl ClusterArgs {
     /// The cluster these name.
     pub fn target(&self) -> anyhow::Result<Target> {
         let mut t = target(self.config.as_deref(), &self.nodes, &self.cluster)?;
-        if t.tls.is_none()
+        if self.config.is_none()
             && let Some(ca) = &self.tls_ca
         {
+            if matches!(t.cred, Credential::Secret(_)) {
+                anyhow::bail!(
+                    "--tls-ca with the cluster secret: a member presents a certificate under TLS; pass --config \
+                     with the cluster's [tls], or a client credential (WEIR_CREDENTIAL)"
+                );
+            }
             t.tls = Some(weir_engine::wire::transport::tls::TlsConfig::client(ca, &self.tls_server_name)?);
         }
         Ok(t)
@@ -109,6 +115,11 @@ pub fn target(config: Option<&std::path::Path>, nodes: &[SocketAddr], cluster: &
     let tls = match (file.as_ref().and_then(|f| f.tls.as_ref()), &cred) {
         (None, _) => None,
         (Some(t), Credential::Secret(_)) if t.cert.is_some() => Some(t.member()?),
+        (Some(_), Credential::Secret(_)) => {
+            anyhow::bail!(
+                "the cluster secret under [tls] needs the file's cert and key: a member presents a certificate"
+            )
+        }
         (Some(t), _) => Some(t.client()?),
     };
     Ok(Target { cluster, cred, tls, nodes, file })
@@ -127,6 +138,7 @@ pub fn connect(t: &Target, addr: SocketAddr, timeout: Duration) -> Result<Blocki
 pub fn refusal_hint(code: &CloseCode) -> &'static str {
     match code {
         CloseCode::Forbidden => "the credential's role may not do this",
+        CloseCode::Busy => "the node serves as many clients as it may: try again later",
         _ => "is the credential, the cluster secret or the cluster name wrong?",
     }
 }

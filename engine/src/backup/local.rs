@@ -120,7 +120,7 @@ impl Store for LocalDirStore {
         let (f, size) = self.open_at_most(key, max)?;
         // Read at most one byte past the limit: a file that grew since is refused, not read whole.
         let mut bytes = Vec::with_capacity(size as usize);
-        f.take(max + 1).read_to_end(&mut bytes).map_err(unavailable("get", key))?;
+        f.take(max.saturating_add(1)).read_to_end(&mut bytes).map_err(unavailable("get", key))?;
         if bytes.len() as u64 > max {
             return Err(StoreError::TooLarge { key: key.into(), size: bytes.len() as u64, max });
         }
@@ -136,7 +136,7 @@ impl Store for LocalDirStore {
             reason: e.to_string(),
         };
         let mut to = crate::private_fs::create_new_private(dest).map_err(write)?;
-        let n = std::io::copy(&mut f.take(max + 1), &mut to).map_err(unavailable("get", key))?;
+        let n = std::io::copy(&mut f.take(max.saturating_add(1)), &mut to).map_err(unavailable("get", key))?;
         if n > max {
             return Err(StoreError::TooLarge { key: key.into(), size: n, max });
         }

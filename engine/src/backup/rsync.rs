@@ -297,6 +297,11 @@ impl Store for RsyncStore {
             };
             // Moved into place when on the same file system (the scratch directory is under the
             // node's data directory), copied into a new private file otherwise.
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600));
+            }
             if std::fs::rename(&tmp, dest).is_err() {
                 let mut out = crate::private_fs::create_new_private(dest).map_err(write)?;
                 std::fs::File::open(&tmp).and_then(|mut f| std::io::copy(&mut f, &mut out)).map_err(write)?;

@@ -253,6 +253,12 @@ impl Ledger {
         let new = !path.exists();
         let mut f = fs::OpenOptions::new().create(true).append(true).open(&path).map_err(io_err(&path))?;
         let before = f.metadata().map_err(io_err(&path))?.len();
+        if before > JOURNAL_LIMIT {
+            // Compaction keeps failing (a full disk, say): refuse rather than grow a journal the
+            // next start would refuse to read.
+            let reason = "the ledger journal is full and cannot be compacted (is the disk full?)".to_string();
+            return Err(LogError::Refused { reason });
+        }
         if let Err(e) = f.write_all(&out).and_then(|()| f.sync_data()) {
             let _ = f.set_len(before).and_then(|()| f.sync_data());
             return Err(io_err(&path)(e));
@@ -363,9 +369,9 @@ impl Ledger {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(io_err(&path)(e)),
         };
-        // A journal is compacted past JOURNAL_COMPACT: one much longer is not ours.
-        let limit = JOURNAL_COMPACT + (MAX_DESCRIPTION as u64 + 128) * 64;
-        if meta.len() > limit {
+        // A journal is compacted past JOURNAL_COMPACT and refuses appends past JOURNAL_LIMIT: one
+        // longer is not ours.
+        if meta.len() > JOURNAL_LIMIT + MAX_DESCRIPTION as u64 + 128 {
             return Err(LogError::Corrupt { path, offset: 0, reason: "larger than any journal".into() });
         }
         let bytes = fs::read(&path).map_err(io_err(&path))?;
@@ -429,4 +435,6 @@ const JOURNAL_FILE: &str = "ledger.journal";
 const JOURNAL_HEAD: usize = 8;
 /// Past this many bytes the journal is folded into the ledger file.
 const JOURNAL_COMPACT: u64 = 4 << 20;
+/// Past this many (compaction failing) appends are refused.
+const JOURNAL_LIMIT: u64 = 8 << 20;
 const MAGIC: &[u8; 4] = b"WLG1";

@@ -164,11 +164,13 @@ pub struct BlockingClient {
     encoder: FrameEncoder,
     /// The role the node granted (its `Welcome`).
     role: String,
+    /// What bounds a read or a write.
+    timeout: Duration,
 }
 
 impl BlockingClient {
     /// Dials `addr` and proves the cluster secret as node `me` of `cluster`. `timeout` bounds the
-    /// connect and every later read.
+    /// connect and every later read and write (of the split halves too).
     pub fn connect(
         addr: SocketAddr,
         cluster: &str,
@@ -215,6 +217,7 @@ impl BlockingClient {
             decoder: FrameDecoder::new(HANDSHAKE_MAX_FRAME),
             encoder: FrameEncoder::new(),
             role: String::new(),
+            timeout,
         };
         let dialer_nonce = handshake::nonce().map_err(io)?;
         c.send(&Hello {
@@ -319,7 +322,7 @@ pub struct ClientWriter {
 
 enum Out {
     Plain(TcpStream),
-    Tls(PumpTx, TcpStream),
+    Tls(PumpTx, TcpStream, Duration),
 }
 
 impl std::fmt::Debug for Out {
@@ -355,9 +358,9 @@ impl BlockingClient {
             }
             Io::Tls(tls) => {
                 let sock = tls.sock.try_clone().map_err(io)?;
-                let (tx, frames) = client_io::pump(*tls, self.decoder, addr)?;
+                let (tx, frames) = client_io::pump(*tls, self.decoder, addr, self.timeout)?;
                 Ok((
-                    ClientWriter { out: Out::Tls(tx, sock), addr, encoder },
+                    ClientWriter { out: Out::Tls(tx, sock, self.timeout), addr, encoder },
                     ClientReader { inner: In::Tls { frames, addr } },
                 ))
             }
@@ -372,7 +375,7 @@ impl ClientWriter {
         let frame = self.encoder.encode(msg).map_err(|source| ClientError::Frame { addr, source })?;
         let sent = match &mut self.out {
             Out::Plain(s) => s.write_all(frame.as_bytes()),
-            Out::Tls(tx, _) => tx.send(frame),
+            Out::Tls(tx, _, timeout) => tx.send(frame, *timeout),
         };
         sent.map_err(|source| ClientError::Io { addr, source })
     }
@@ -380,7 +383,7 @@ impl ClientWriter {
     /// Closes the connection both ways (the reader's `recv` returns an error; under TLS the pump
     /// sees the socket end and stops).
     pub fn shutdown(&self) {
-        let (Out::Plain(s) | Out::Tls(_, s)) = &self.out;
+        let (Out::Plain(s) | Out::Tls(_, s, _)) = &self.out;
         let _ = s.shutdown(std::net::Shutdown::Both);
     }
 }

@@ -81,18 +81,35 @@ pub(crate) struct PumpTx {
 }
 
 impl PumpTx {
-    pub(crate) fn send(&self, frame: EncodedFrame) -> io::Result<()> {
-        self.frames.send(frame).map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "connection closed"))?;
+    /// Queues `frame` for the pump, waiting at most `timeout` for room (the node may have stopped
+    /// reading).
+    pub(crate) fn send(&self, frame: EncodedFrame, timeout: std::time::Duration) -> io::Result<()> {
+        self.frames.send_timeout(frame, timeout).map_err(|e| match e {
+            crossbeam_channel::SendTimeoutError::Timeout(_) => io::Error::from(io::ErrorKind::TimedOut),
+            crossbeam_channel::SendTimeoutError::Disconnected(_) => {
+                io::Error::new(io::ErrorKind::BrokenPipe, "connection closed")
+            }
+        })?;
         self.waker.wake()
+    }
+}
+
+impl Drop for PumpTx {
+    fn drop(&mut self) {
+        // The pump finds its channel closed at once, sends what it holds and ends.
+        let _ = self.waker.wake();
     }
 }
 
 /// Starts the thread that owns `tls` (with `decoder`'s buffered bytes): frames sent through the
 /// returned sender go out, frames that arrive come out of the receiver (an error ends it).
+/// Nothing heard for `timeout` (a node sends heartbeats every second) ends the connection with
+/// `TimedOut`, as a plain client's read timeout does.
 pub(crate) fn pump(
     tls: StreamOwned<ClientConnection, TcpStream>,
     mut decoder: FrameDecoder,
     addr: SocketAddr,
+    timeout: std::time::Duration,
 ) -> Result<(PumpTx, Receiver<Result<Frame, ClientError>>), ClientError> {
     let io = |source| ClientError::Io { addr, source };
     let StreamOwned { conn, sock } = tls;
@@ -114,6 +131,7 @@ pub(crate) fn pump(
             let end = |e: ClientError| {
                 let _ = in_tx.send(Err(e));
             };
+            let mut heard = std::time::Instant::now();
             loop {
                 // Frames to send, as far as rustls takes them; then the records to the socket.
                 loop {
@@ -122,8 +140,18 @@ pub(crate) fn pump(
                         None => match out_rx.try_recv() {
                             Ok(f) => (f, 0),
                             Err(crossbeam_channel::TryRecvError::Empty) => break,
-                            // The writer is gone: the connection ends with it.
+                            // The writer is gone: what it sent goes out (for a second at most),
+                            // then the connection ends.
                             Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                                let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+                                while conn.wants_write() && std::time::Instant::now() < until {
+                                    match tls::flush(&mut conn, &mut sock) {
+                                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                            let _ = poll.poll(&mut events, Some(std::time::Duration::from_millis(20)));
+                                        }
+                                        _ => break,
+                                    }
+                                }
                                 let _ = sock.shutdown(std::net::Shutdown::Both);
                                 return end(ClientError::Io { addr, source: io::ErrorKind::BrokenPipe.into() });
                             }
@@ -159,7 +187,10 @@ pub(crate) fn pump(
                         Ok(0) => {
                             return end(ClientError::Io { addr, source: io::ErrorKind::UnexpectedEof.into() });
                         }
-                        Ok(n) => decoder.feed(&buf[..n]),
+                        Ok(n) => {
+                            heard = std::time::Instant::now();
+                            decoder.feed(&buf[..n]);
+                        }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                         Err(e) => return end(ClientError::Io { addr, source: e }),
                     }
@@ -168,7 +199,12 @@ pub(crate) fn pump(
                 if pending.is_some() && !conn.wants_write() {
                     continue;
                 }
-                if let Err(e) = poll.poll(&mut events, None)
+                let left = timeout.saturating_sub(heard.elapsed());
+                if left.is_zero() {
+                    let _ = sock.shutdown(std::net::Shutdown::Both);
+                    return end(ClientError::Io { addr, source: io::ErrorKind::TimedOut.into() });
+                }
+                if let Err(e) = poll.poll(&mut events, Some(left))
                     && e.kind() != io::ErrorKind::Interrupted
                 {
                     return end(ClientError::Io { addr, source: e });

@@ -528,6 +528,12 @@ impl EventLoop {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::InvalidData && conn.tls.is_some() && conn.target.is_some() => {
+                    // A peer we dial that does not speak our TLS (plain, another CA): say so.
+                    let (node, addr) = (self.cfg.node, conn.addr);
+                    tracing::warn!(%node, %addr, error = %e, "TLS with the peer failed");
+                    return self.end(token, Ending::quiet(format!("TLS failed: {e}")));
+                }
                 Err(e) => return self.end(token, Ending::quiet(format!("read failed: {e}"))),
             }
         }

@@ -250,7 +250,10 @@ impl EventLoop {
         loop {
             self.flush_established();
             let queued = self.peers.values().filter(|p| p.conn.is_some()).any(|p| {
-                !p.rx.is_empty() || p.conn.and_then(|t| self.conns.get(&t)).is_some_and(|c| !c.out.is_empty())
+                !p.rx.is_empty()
+                    || p.conn.and_then(|t| self.conns.get(&t)).is_some_and(|c| {
+                        !c.out.is_empty() || !c.control.is_empty() || c.tls.as_ref().is_some_and(|t| t.wants_write())
+                    })
             });
             if !queued || Instant::now() >= deadline {
                 break;
