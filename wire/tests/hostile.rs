@@ -203,7 +203,8 @@ fn when_the_handshake_slots_are_full_the_oldest_stranger_makes_room() {
     let a = Transport::start(c).unwrap();
     let addr = a.local_addr().unwrap();
     let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(100));
+    // Time for the node to accept them all (its network thread accepts as they come).
+    std::thread::sleep(Duration::from_millis(500));
     // Strangers hold every slot; a client with the secret still gets in, and the first stranger
     // is gone.
     BlockingClient::connect(addr, CLUSTER, NodeId(70), SECRET, WAIT).unwrap();
