@@ -145,3 +145,11 @@ fn a_restore_directory_that_is_a_link_is_replaced_not_followed() {
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&restore).unwrap().permissions().mode() & 0o777, 0o700);
 }
+
+#[test]
+fn store_options_never_print_their_secrets() {
+    let s3 = S3Options { secret_key: Some("s3-secret-value".into()), ..S3Options::default() };
+    let rsync = RsyncOptions { password: Some("rsync-password-value".into()), ..RsyncOptions::default() };
+    let shown = format!("{s3:?} {rsync:?} {:?}", StoreOptions { s3: s3.clone(), rsync: rsync.clone() });
+    assert!(!shown.contains("s3-secret-value") && !shown.contains("rsync-password-value"), "{shown}");
+}

@@ -28,7 +28,7 @@ use super::{Store, StoreError};
 
 /// How to reach an S3-compatible server. Unset fields come from the usual `AWS_*` environment
 /// variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`, …).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct S3Options {
     /// Endpoint of a custom server (`http://127.0.0.1:9000`; default `AWS_ENDPOINT_URL`, else
     /// AWS); plain HTTP is allowed when the endpoint says `http://`, and requests are path-style.
@@ -43,6 +43,19 @@ pub struct S3Options {
     pub timeout: Option<Duration>,
     /// Retries of a failed request (default 3), with exponential backoff and jitter.
     pub retries: Option<usize>,
+}
+
+impl std::fmt::Debug for S3Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Options")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("access_key", &self.access_key)
+            .field("secret_key", &self.secret_key.as_ref().map(|_| "<redacted>"))
+            .field("timeout", &self.timeout)
+            .field("retries", &self.retries)
+            .finish()
+    }
 }
 
 /// Files at least this large go up as multipart uploads.
