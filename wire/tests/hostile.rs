@@ -275,3 +275,27 @@ fn clients_are_capped_and_a_read_client_sends_small_frames_and_no_task_summaries
     // Its slot is free again, at once.
     BlockingClient::connect_as(addr, CLUSTER, client_id(13), &cred, WAIT).unwrap();
 }
+
+#[test]
+fn new_connections_from_one_address_are_limited_per_second() {
+    let mut c = config(1);
+    c.max_handshaking = 2_000;
+    c.max_handshaking_per_addr = 2_000;
+    c.max_accepts_per_addr_per_sec = 10;
+    let a = Transport::start(c).unwrap();
+    let addr = a.local_addr().unwrap();
+    let t0 = Instant::now();
+    let held: Vec<TcpStream> = (0..60).filter_map(|_| TcpStream::connect(addr).ok()).collect();
+    // However long the connects took, at most 10 a started second got through.
+    let seconds = t0.elapsed().as_secs() + 2;
+    let least = (held.len() as u64).saturating_sub(10 * seconds);
+    let deadline = Instant::now() + WAIT;
+    while TransportStats::get(&a.stats().over_cap) < least.max(1) {
+        assert!(Instant::now() < deadline, "{} closed over the rate", TransportStats::get(&a.stats().over_cap));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(held);
+    // The next second, a client is served.
+    std::thread::sleep(Duration::from_millis(1100));
+    BlockingClient::connect(addr, CLUSTER, NodeId(71), SECRET, WAIT).unwrap();
+}

@@ -105,6 +105,10 @@ pub struct TransportConfig {
     /// Established client connections (client credentials), at most (default 1024); more are
     /// refused with [`CloseCode::Busy`].
     pub max_clients: usize,
+    /// New connections accepted from one address (or IPv6 /64) in a second, at most (default
+    /// 256): each may cost a TLS handshake before it proves anything; members redial far less
+    /// often. More are closed at once.
+    pub max_accepts_per_addr_per_sec: u32,
     /// TLS 1.3 on every link ([`tls::TlsConfig::member`]); `None` (the default): plain TCP.
     pub tls: Option<tls::TlsConfig>,
 }
@@ -136,6 +140,7 @@ impl std::fmt::Debug for TransportConfig {
             .field("max_handshaking", &self.max_handshaking)
             .field("max_handshaking_per_addr", &self.max_handshaking_per_addr)
             .field("max_clients", &self.max_clients)
+            .field("max_accepts_per_addr_per_sec", &self.max_accepts_per_addr_per_sec)
             .field("tls", &self.tls)
             .finish()
     }
@@ -165,6 +170,7 @@ impl TransportConfig {
             max_handshaking: 256,
             max_handshaking_per_addr: 64,
             max_clients: 1024,
+            max_accepts_per_addr_per_sec: 256,
             tls: None,
         }
     }
@@ -187,7 +193,7 @@ impl TransportConfig {
         if self.tls.as_ref().is_some_and(|t| t.server.is_none()) {
             return bad("tls", "a node's TLS needs its certificate and key (TlsConfig::member)");
         }
-        if self.max_handshaking == 0 || self.max_handshaking_per_addr == 0 {
+        if self.max_handshaking == 0 || self.max_handshaking_per_addr == 0 || self.max_accepts_per_addr_per_sec == 0 {
             return bad("max_handshaking", "must allow at least one connection");
         }
         if self.clients.keys().any(|n| !crate::role::valid_client_name(n)) {

@@ -179,6 +179,8 @@ pub(super) struct EventLoop {
     handshaking_by_ip: HashMap<IpAddr, usize>,
     /// Established client connections.
     clients: usize,
+    /// Per address group: when its current second of accepts began, and how many so far.
+    accepts: HashMap<IpAddr, (Instant, u32)>,
     /// Connections whose turn to read ended with bytes left: read again on the next pass.
     again: Vec<Token>,
     /// Refusals of unauthenticated connections not yet reported in a log line (one a few seconds).
@@ -256,6 +258,7 @@ impl EventLoop {
             handshaking: 0,
             handshaking_by_ip: HashMap::new(),
             clients: 0,
+            accepts: HashMap::new(),
             again: Vec::new(),
             quiet_refusals: 0,
             last_refusal_log: now,
@@ -329,7 +332,14 @@ impl EventLoop {
                 Ok((stream, addr)) => {
                     let ip = addr_group(addr.ip());
                     let from_ip = self.handshaking_by_ip.get(&ip).copied().unwrap_or(0);
-                    if from_ip >= self.cfg.max_handshaking_per_addr {
+                    let now = Instant::now();
+                    let second = self.accepts.entry(ip).or_insert((now, 0));
+                    if now.duration_since(second.0) >= Duration::from_secs(1) {
+                        *second = (now, 0);
+                    }
+                    second.1 += 1;
+                    if from_ip >= self.cfg.max_handshaking_per_addr || second.1 > self.cfg.max_accepts_per_addr_per_sec
+                    {
                         // Refused at once: dropping the socket costs nothing, a Close would.
                         self.shared.stats.over_cap.fetch_add(1, Ordering::Relaxed);
                         self.quiet_refusals += 1;

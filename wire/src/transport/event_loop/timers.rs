@@ -56,6 +56,8 @@ impl EventLoop {
     // Timers and endings.
 
     pub(super) fn timers(&mut self, now: Instant) {
+        // Accept counts of seconds gone by are forgotten (the map holds recent addresses only).
+        self.accepts.retain(|_, (since, _)| now.duration_since(*since) < Duration::from_secs(2));
         if self.quiet_refusals > 0 && now.duration_since(self.last_refusal_log) >= REFUSAL_LOG_EVERY {
             tracing::warn!(
                 node = %self.cfg.node,
