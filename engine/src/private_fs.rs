@@ -12,7 +12,7 @@ use std::path::Path;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 
 /// Creates `dir` and its missing parents; the ones created get mode 0700, and `dir` itself is
-/// set to 0700 if it existed (a data directory made by an earlier version or by hand).
+/// set to 0700 if it is looser (a directory made by hand, say).
 pub fn private_dir_all(dir: &Path) -> io::Result<()> {
     let mut b = fs::DirBuilder::new();
     b.recursive(true);

@@ -61,7 +61,7 @@ fn splitmix(mut z: u64) -> u64 {
 ///
 /// Why: a row took two hardware divisions (the key and the millisecond), and the generator is
 /// about a third of what a row costs a source and an agg together at 10,000 keys
-/// (docs/benchmarks.md, session 27).
+/// (docs/benchmarks.md).
 #[derive(Clone, Copy, Debug)]
 struct Divisor {
     d: u64,

@@ -30,7 +30,7 @@ const HUGE: usize = 2 << 20;
 /// 2,048 small pages, as many as the second-level TLB holds, so rows missed it too. `weir-e2e
 /// agg 100000`, three pairs: 19.7 / 20.0 / 20.1 ns per row against 21.7 / 21.6 / 21.4, or 1.09 /
 /// 1.12 / 1.14 times timely's table of the same run against 1.24 / 1.21 / 1.24
-/// (docs/benchmarks.md, session 25).
+/// (docs/benchmarks.md).
 const HUGE_FROM: usize = 4 << 10;
 
 /// Where a buffer's memory came from (and goes back to).

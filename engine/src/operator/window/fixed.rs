@@ -32,7 +32,7 @@ const BELOW_HALF: f64 = 0.499_999_999_999_999_94;
 /// What it replaced: `round` (a libm call) and the software f64 → i128 conversion, 14 % of the
 /// engine's CPU at 10,000 keys (`perf` in issue 11); then a range check, a truncation, the
 /// fraction and two comparisons, whose chain of dependent instructions the agg's row waited
-/// for (docs/benchmarks.md, session 25).
+/// for (docs/benchmarks.md).
 #[inline]
 pub fn to_fixed(v: f64) -> i128 {
     let x = v * FX_SCALE;

@@ -288,7 +288,7 @@ impl WindowTable {
                 // The rows that waited are applied to the entries as they come out, not to a
                 // copy of the table, and the table waits for the snapshot to let go of it: a
                 // copied and dropped table never reached the pool, so the next window faulted
-                // in a fresh one (docs/benchmarks.md, session 17).
+                // in a fresh one (docs/benchmarks.md).
                 scratch.extend(a.iter().map(|(k, a)| (order_of(k), k, *a)));
                 if !rows.is_empty() {
                     apply_sorted(scratch, &mut rows);

@@ -128,7 +128,7 @@ impl TaskPort for EnginePort<'_> {
             // The store's memtable is switched by the uploader as it takes the job
             // (`UploadJob::start`), not here: RocksDB's switch takes its mutex and wakes its
             // flush threads, and a worker that did it was now and then off its core for
-            // milliseconds inside the pause (docs/benchmarks.md, session 26).
+            // milliseconds inside the pause (docs/benchmarks.md).
             Task::Sink(s) => Captured::Sink(s.store.clone()),
         })
     }
