@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use weir_engine::operator::window::WindowSpec;
 use weir_engine::runtime::{Control, Engine, EngineConfig};
-use weir_engine::spec::{Placement, SourceKind};
+use weir_engine::spec::{Placement, SourceKind, StreamSpec};
 use weir_engine::wire::transport::{PeerConfig, TransportConfig};
 use weir_engine::wire::{NodeId, StreamId};
 
@@ -129,25 +129,39 @@ fn paused_source_stops_and_resumes() {
     engine.wait().unwrap();
 }
 
+/// One engine running `spec` in `dir` with a transport, and a client connected to it with the
+/// cluster secret (ingest-only engines have no remote channel; the transport still serves
+/// clients).
+fn ingest_engine(
+    spec: &StreamSpec,
+    dir: &std::path::Path,
+) -> (Engine, weir_engine::wire::transport::client::BlockingClient) {
+    let mut cfg = EngineConfig::new(NodeId(1), dir);
+    cfg.pin_workers = false;
+    cfg.transport = Some(transport(1, vec![]));
+    let engine = Engine::start(spec, &Placement::single(NodeId(1)), cfg).unwrap();
+    let addr = engine.transport_addr().expect("listening");
+    let client = weir_engine::wire::transport::client::BlockingClient::connect(
+        addr,
+        "engine-test",
+        NodeId(900),
+        b"engine-test-secret-0123",
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    (engine, client)
+}
+
 #[test]
 fn ingested_rows_are_acknowledged_over_the_network_and_aggregated() {
     use weir_engine::wire::msg::{Ingest, IngestAck, IngestOutcome};
-    use weir_engine::wire::transport::client::BlockingClient;
     use weir_engine::wire::{Batch, Version};
 
     let mut spec = util::bounded_spec(2, 1, 1, 0, WindowSpec::tumbling(10));
     spec.source = SourceKind::IngestLog;
     spec.watermark_delay_ms = 0;
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = EngineConfig::new(NodeId(1), dir.path());
-    cfg.pin_workers = false;
-    cfg.transport = Some(transport(1, vec![]));
-    // Ingest-only engines have no remote channel; the transport still serves clients.
-    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
-    let addr = engine.transport_addr().expect("listening");
-    let mut client =
-        BlockingClient::connect(addr, "engine-test", NodeId(900), b"engine-test-secret-0123", Duration::from_secs(10))
-            .unwrap();
+    let (engine, mut client) = ingest_engine(&spec, dir.path());
     // Partition p gets rows with ts 0..100 for key p, value 1..; then one row at ts 1000 moves the
     // watermark past every window of the first rows.
     let mut next = [0u64; 2];
@@ -319,19 +333,11 @@ fn a_partition_without_rows_stops_holding_back_the_watermark_after_idle_after() 
 fn ledgers_larger_than_a_frame_are_answered_in_pages_that_add_up_to_all_of_them() {
     use weir_engine::wire::Batch;
     use weir_engine::wire::msg::{Ingest, IngestAck, IngestOutcome, ProducersCursor, ProducersReq, ProducersRsp};
-    use weir_engine::wire::transport::client::BlockingClient;
 
     let mut spec = util::bounded_spec(2, 1, 1, 0, WindowSpec::tumbling(10));
     spec.source = SourceKind::IngestLog;
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = EngineConfig::new(NodeId(1), dir.path());
-    cfg.pin_workers = false;
-    cfg.transport = Some(transport(1, vec![]));
-    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
-    let addr = engine.transport_addr().expect("listening");
-    let mut client =
-        BlockingClient::connect(addr, "engine-test", NodeId(900), b"engine-test-secret-0123", Duration::from_secs(10))
-            .unwrap();
+    let (engine, mut client) = ingest_engine(&spec, dir.path());
     // 160 producers with 60 KiB descriptions each, over both partitions: 9.4 MiB of ledgers,
     // more than half a frame.
     let producers = 160u64;

@@ -315,6 +315,32 @@ fn weir_checkpoints_lists_shows_verifies_and_collects_what_a_store_holds() {
 }
 
 /// Flips one byte in the middle of the file at `p` (written anew: no hard link shares the damage).
+/// A bounded run into `dir` (store `dir/remote`), killed with SIGKILL once three checkpoints
+/// committed: the id of the last one.
+fn killed_after_three_commits(dir: &std::path::Path, per_partition: u64) -> u64 {
+    let mut child = weir()
+        .args(bounded(per_partition))
+        .arg("--data-dir")
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let records = dir.join("remote/1/checkpoints");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read_dir(&records).map_or(0, |d| d.count()) < 3 {
+        assert!(std::time::Instant::now() < deadline, "three commits in 20 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    std::fs::read_dir(&records)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_string_lossy().strip_suffix(".commit")?.parse::<u64>().ok())
+        .max()
+        .unwrap()
+}
+
 fn flip_a_byte(p: &std::path::Path) {
     let mut bytes = std::fs::read(p).unwrap();
     let mid = bytes.len() / 2;
@@ -332,28 +358,8 @@ fn weir_run_resume_goes_back_past_a_checkpoint_damaged_on_the_node_and_in_the_st
     let want = results(straight.path());
 
     let dir = tempfile::tempdir().unwrap();
-    let mut child = weir()
-        .args(bounded(per_partition))
-        .arg("--data-dir")
-        .arg(dir.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let records = dir.path().join("remote/1/checkpoints");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while std::fs::read_dir(&records).map_or(0, |d| d.count()) < 3 {
-        assert!(std::time::Instant::now() < deadline, "three commits in 20 s");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    child.kill().unwrap();
-    let _ = child.wait();
+    let last = killed_after_three_commits(dir.path(), per_partition);
     // The last commit's window state, damaged in the store and in the local snapshots (aggs t2, t3).
-    let last = std::fs::read_dir(&records)
-        .unwrap()
-        .filter_map(|e| e.unwrap().file_name().to_string_lossy().strip_suffix(".commit")?.parse::<u64>().ok())
-        .max()
-        .unwrap();
     let mut damaged = 0;
     for t in [2, 3] {
         let state = format!("state-{last:020}");
@@ -393,30 +399,10 @@ fn weir_run_resume_refuses_a_forged_manifest_and_writes_nothing_outside() {
 
     let dir = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
-    let mut child = weir()
-        .args(bounded(per_partition))
-        .arg("--data-dir")
-        .arg(dir.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let last = killed_after_three_commits(dir.path(), per_partition);
     let remote = dir.path().join("remote");
-    let records = remote.join("1/checkpoints");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while std::fs::read_dir(&records).map_or(0, |d| d.count()) < 3 {
-        assert!(std::time::Instant::now() < deadline, "three commits in 20 s");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    child.kill().unwrap();
-    let _ = child.wait();
     // Whoever can write the store rewrites the sink's last manifest to name a file outside, and
     // reseals it and the commit record (CRC32C is no MAC).
-    let last = std::fs::read_dir(&records)
-        .unwrap()
-        .filter_map(|e| e.unwrap().file_name().to_string_lossy().strip_suffix(".commit")?.parse::<u64>().ok())
-        .max()
-        .unwrap();
     let (stream, sink, chk) = (StreamId(1), TaskId(4), CheckpointId(last));
     let key = manifest_key(stream, sink, chk);
     let mut m = Manifest::decode(&key, &std::fs::read(remote.join(&key)).unwrap()).unwrap();

@@ -417,10 +417,13 @@ proptest! {
         let sent = sent.min(len as usize);
         let chunk = vec![0u8; step];
         let mut fed = 0;
-        // In pieces, through both ways in: `feed` and `read_from`.
-        while fed < sent {
+        // In pieces, through both ways in by turns: `feed` and `read_from`.
+        for turn in 0.. {
+            if fed >= sent {
+                break;
+            }
             let n = step.min(sent - fed);
-            if fed % 2 == 0 {
+            if turn % 2 == 0 {
                 d.feed(&chunk[..n]);
             } else {
                 let mut r: &[u8] = &chunk[..n];

@@ -130,11 +130,7 @@ impl Store for LocalDirStore {
     fn get_to_file(&self, key: &str, max: u64, dest: &Path) -> Result<u64, StoreError> {
         use std::io::Read;
         let (f, _) = self.open_at_most(key, max)?;
-        let write = |e: std::io::Error| StoreError::Unavailable {
-            op: "write",
-            key: dest.display().to_string(),
-            reason: e.to_string(),
-        };
+        let write = super::write_failed(dest);
         let mut to = crate::private_fs::create_new_private(dest).map_err(write)?;
         let n = std::io::copy(&mut f.take(max.saturating_add(1)), &mut to).map_err(unavailable("get", key))?;
         if n > max {

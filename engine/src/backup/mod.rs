@@ -50,6 +50,12 @@ pub use snapshot::{
 pub use throttle::Throttled;
 pub use url::{StoreOptions, open_store};
 
+/// The error of a failed local write at `path` (a download's file, a restore's directory):
+/// retryable, as the store's own unavailability is.
+pub(crate) fn write_failed(path: &std::path::Path) -> impl Fn(std::io::Error) -> StoreError + Copy + '_ {
+    move |e| StoreError::Unavailable { op: "write", key: path.display().to_string(), reason: e.to_string() }
+}
+
 /// Largest record read whole from a store: manifests, commit, id, placement and upload-ahead
 /// records (a manifest of 100,000 files is about 10 MiB).
 pub const MAX_RECORD: u64 = 64 << 20;
@@ -237,11 +243,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// that can stream do; this default reads it with [`Store::get_at_most`].
     fn get_to_file(&self, key: &str, max: u64, dest: &std::path::Path) -> Result<u64, StoreError> {
         let bytes = self.get_at_most(key, max)?;
-        crate::private_fs::write_new_private(dest, &bytes).map_err(|e| StoreError::Unavailable {
-            op: "write",
-            key: dest.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        crate::private_fs::write_new_private(dest, &bytes).map_err(write_failed(dest))?;
         Ok(bytes.len() as u64)
     }
     /// Size of the object under `key`, if it exists.

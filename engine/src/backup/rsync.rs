@@ -254,7 +254,7 @@ impl Store for RsyncStore {
                 Err(e) => return Err(scratch(e)),
             };
             let mut bytes = Vec::new();
-            f.take(max + 1).read_to_end(&mut bytes).map_err(scratch)?;
+            f.take(max.saturating_add(1)).read_to_end(&mut bytes).map_err(scratch)?;
             if bytes.len() as u64 > max {
                 return Err(StoreError::TooLarge { key: key.into(), size: bytes.len() as u64, max });
             }
@@ -290,18 +290,9 @@ impl Store for RsyncStore {
             if len > max {
                 return Err(StoreError::TooLarge { key: key.into(), size: len, max });
             }
-            let write = |e: std::io::Error| StoreError::Unavailable {
-                op: "write",
-                key: dest.display().to_string(),
-                reason: e.to_string(),
-            };
+            let write = super::write_failed(dest);
             // Moved into place when on the same file system (the scratch directory is under the
             // node's data directory), copied into a new private file otherwise.
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt;
-                let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600));
-            }
             if std::fs::rename(&tmp, dest).is_err() {
                 let mut out = crate::private_fs::create_new_private(dest).map_err(write)?;
                 std::fs::File::open(&tmp).and_then(|mut f| std::io::copy(&mut f, &mut out)).map_err(write)?;

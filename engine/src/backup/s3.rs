@@ -246,11 +246,7 @@ impl Store for S3Store {
     fn get_to_file(&self, key: &str, max: u64, dest: &Path) -> Result<u64, StoreError> {
         use std::io::Write;
         let path = self.path(key)?;
-        let write = |e: std::io::Error| StoreError::Unavailable {
-            op: "write",
-            key: dest.display().to_string(),
-            reason: e.to_string(),
-        };
+        let write = super::write_failed(dest);
         let mut to = crate::private_fs::create_new_private(dest).map_err(write)?;
         let got = self.rt.block_on(async {
             let r = self.s3.get(&path).await?;

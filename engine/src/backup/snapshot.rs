@@ -372,11 +372,7 @@ pub fn local_snapshot_matches(manifest: &Manifest, dir: &Path) -> bool {
 /// anything is written, `dir` is made afresh (mode 0700, never through a link), each object is
 /// read only up to the size its manifest gives, and each file is created new inside `dir`.
 pub fn download_files(store: &dyn Store, manifest: &Manifest, dir: &Path) -> Result<(), StoreError> {
-    let io = |e: std::io::Error| StoreError::Unavailable {
-        op: "write",
-        key: dir.display().to_string(),
-        reason: e.to_string(),
-    };
+    let io = super::write_failed(dir);
     let where_ = dir.display().to_string();
     for f in &manifest.files {
         check_name(&where_, &f.name)?;

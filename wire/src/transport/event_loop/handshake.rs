@@ -89,7 +89,7 @@ impl EventLoop {
             c.phase = Phase::AwaitAuth(Box::new(Awaiting {
                 peer: hello.node,
                 client: hello.client,
-                role: keyed.map(|(r, _)| r),
+                keyed,
                 dialer_incarnation,
                 dialer_nonce: hello.nonce,
                 acceptor_nonce,
@@ -148,7 +148,7 @@ impl EventLoop {
             Err(e) => return self.refuse(token, CloseCode::ProtocolViolation, format!("expected Auth: {e}")),
         };
         let who = if a.client.is_empty() { "the cluster secret".to_string() } else { format!("client {}", a.client) };
-        let Some((role, key)) = a.role.and_then(|_| self.key_for(&a.client)) else {
+        let Some((role, key)) = a.keyed else {
             return self.refuse(token, CloseCode::AuthFailed, format!("peer {} could not prove {who}", a.peer));
         };
         let t = Transcript {
@@ -225,8 +225,8 @@ impl EventLoop {
     /// to another.
     pub(super) fn established(&mut self, token: Token, peer: NodeId, role: Role) -> bool {
         self.shared.stats.handshakes.fetch_add(1, Ordering::Relaxed);
-        self.authenticated(token);
-        if role != Role::Member {
+        let client = role != Role::Member;
+        if client {
             if self.clients >= self.cfg.max_clients {
                 let reason = format!("this node serves {} clients already: try again later", self.clients);
                 return self.refuse(token, CloseCode::Busy, reason);
@@ -246,16 +246,15 @@ impl EventLoop {
         let Some(conn) = self.conns.get_mut(&token) else { return false };
         conn.phase = Phase::Established { peer, role };
         conn.decoder.set_max_frame(max_frame);
-        if role != Role::Member {
-            conn.client_slot = true;
-            self.clients += 1;
-        }
-        let Some(conn) = self.conns.get_mut(&token) else { return false };
+        conn.client_slot = client;
         if conn.dialer.is_none() {
             conn.dialer = Some(me);
         }
         let new_dialer = conn.dialer;
         let addr = conn.addr;
+        if client {
+            self.clients += 1;
+        }
         if !self.peers.contains_key(&peer) {
             // A node we were not told about (a client, or a peer that dials us): give it a queue.
             let (tx, rx) = crossbeam_channel::bounded(self.cfg.send_queue);

@@ -87,8 +87,9 @@ impl std::fmt::Debug for Conn {
 pub(super) struct Awaiting {
     peer: NodeId,
     client: String,
-    /// `None`: no such client (the handshake fails at `Auth`).
-    role: Option<Role>,
+    /// The role and key its `Hello` named; `None`: no such client (the handshake fails at
+    /// `Auth`).
+    keyed: Option<(Role, Vec<u8>)>,
     dialer_incarnation: u64,
     dialer_nonce: [u8; NONCE_LEN],
     acceptor_nonce: [u8; NONCE_LEN],
