@@ -117,6 +117,37 @@ fn an_unreachable_store_fails_within_its_timeout_and_says_retrying_may_help() {
     });
 }
 
+#[test]
+fn an_https_s3_endpoint_is_spoken_to_in_tls() {
+    // The S3 client is built without a TLS provider of its own and takes the process default:
+    // an `https://` endpoint must get a TLS ClientHello (record type 22, version 3.x), not a
+    // panic for want of a provider nor plain HTTP.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut head = [0u8; 3];
+        std::io::Read::read_exact(&mut conn, &mut head).unwrap();
+        head
+    });
+    let s3 = S3Store::open(
+        "b",
+        "p",
+        &S3Options {
+            endpoint: Some(format!("https://127.0.0.1:{port}")),
+            access_key: Some("k".into()),
+            secret_key: Some("s".into()),
+            timeout: Some(Duration::from_secs(2)),
+            retries: Some(0),
+            ..S3Options::default()
+        },
+    )
+    .unwrap();
+    let err = s3.put("k", b"v").unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert_eq!(server.join().unwrap(), [22, 3, 1], "a TLS handshake record");
+}
+
 fn unreachable_stores_fail_and_say_retrying_may_help(port: u16) {
     let s3 = S3Store::open(
         "b",

@@ -106,6 +106,9 @@ impl S3Store {
         if let Some(k) = &opts.secret_key {
             b = b.with_secret_access_key(k);
         }
+        // reqwest is built without a TLS provider of its own (see Cargo.toml): HTTPS endpoints
+        // use the process default, ring, installed here unless the process chose one already.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = ClientOptions::new()
             .with_timeout(timeout)
             .with_connect_timeout(Duration::from_secs(5))

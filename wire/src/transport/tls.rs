@@ -50,7 +50,7 @@ impl std::fmt::Debug for TlsConfig {
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    Arc::new(rustls::crypto::ring::default_provider())
 }
 
 fn roots(ca: &Path) -> Result<RootCertStore, TlsError> {
