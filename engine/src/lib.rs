@@ -25,3 +25,4 @@ pub mod runtime;
 pub mod spec;
 pub mod state;
 mod sys;
+pub use sys::lower_priority;

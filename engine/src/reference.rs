@@ -22,6 +22,25 @@ pub fn generator_results(spec: &StreamSpec, rows: &[u64]) -> Option<Vec<WindowRe
     Some(window_results(spec.window, all))
 }
 
+/// The results of the windows starting in `starts` over the rows of `segments` (a generator and
+/// the offsets it produced, each), ordered by (key, window start). Only the rows that can fall
+/// in those windows are computed ([`Generator::offsets_between`]): the cost follows the windows
+/// asked for, not the length of the stream.
+pub fn results_of_windows(
+    w: WindowSpec,
+    segments: &[(Generator, std::ops::Range<u64>)],
+    starts: std::ops::RangeInclusive<i64>,
+) -> Vec<WindowResult> {
+    let (lo, end) = (*starts.start(), starts.end().saturating_add(w.size_ms));
+    let rows = segments.iter().flat_map(|(g, have)| {
+        let want = g.offsets_between(lo, end);
+        (want.start.max(have.start)..want.end.min(have.end)).map(move |o| g.row(o))
+    });
+    let mut out = window_results(w, rows.filter(|r| (lo..end).contains(&r.0)));
+    out.retain(|r| starts.contains(&r.start));
+    out
+}
+
 /// The results of `rows` (ts, key, value; in any order) in `w`'s windows, ordered by (key,
 /// window start): every row counts (none is late).
 pub fn window_results(w: WindowSpec, rows: impl IntoIterator<Item = (i64, u64, f64)>) -> Vec<WindowResult> {
@@ -57,4 +76,35 @@ pub fn window_results(w: WindowSpec, rows: impl IntoIterator<Item = (i64, u64, f
 pub fn bounded_results(spec: &StreamSpec) -> Option<Vec<WindowResult>> {
     let SourceKind::Generator { limit: Some(limit), .. } = &spec.source else { return None };
     generator_results(spec, &vec![*limit; spec.partitions as usize])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::generator::GeneratorSpec;
+
+    #[test]
+    fn the_results_of_some_windows_are_those_of_every_window_restricted_to_them() {
+        for (w, disorder) in [(WindowSpec::tumbling(10), 0.0), (WindowSpec::hopping(20, 5), 0.2)] {
+            let g = GeneratorSpec {
+                keys: 7,
+                rows_per_ms: 3,
+                out_of_order: disorder,
+                max_disorder_ms: 4,
+                ..Default::default()
+            };
+            let rows = [900u64, 1_000];
+            let segments: Vec<_> = (0..2u32).map(|p| (Generator::new(g, p), 0..rows[p as usize])).collect();
+            let all = window_results(w, segments.iter().flat_map(|(g, r)| r.clone().map(|o| g.row(o))));
+            for starts in [
+                g.ts_start + 40..=g.ts_start + 40,
+                g.ts_start - 20..=g.ts_start + 100,
+                g.ts_start + 250..=g.ts_start + 400,
+            ] {
+                let want: Vec<_> = all.iter().filter(|r| starts.contains(&r.start)).cloned().collect();
+                assert!(!want.is_empty(), "{starts:?}");
+                assert_eq!(results_of_windows(w, &segments, starts.clone()), want, "{w:?} {starts:?}");
+            }
+        }
+    }
 }

@@ -1,6 +1,8 @@
-//! The one module with `unsafe` code: four things past what safe Rust offers, each measured to
+//! The one module with `unsafe` code: five things past what safe Rust offers, each measured to
 //! matter.
 //!
+//! - [`lower_priority`]: a client's heavy work (`weir verify` recomputing results) runs at a
+//!   lower priority than the nodes it checks, which may share its cores.
 //! - [`background_thread`]: uploader threads run as `SCHED_BATCH` (an FFI call). The same CPU
 //!   share as other threads, but a waking uploader does not preempt the running thread. On a
 //!   machine whose cores the pinned workers keep busy, every fsync an upload waits for used to
@@ -21,6 +23,25 @@
 
 mod table_buf;
 pub(crate) use table_buf::TableBuf;
+
+/// Lowers the calling thread's priority, and that of the threads it starts afterwards, to nice
+/// 10 in the batch class (Linux; elsewhere nothing): nodes on the same cores get about ten times
+/// its CPU share while both run, and it is not woken ahead of them. Failure is logged.
+pub fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: both calls act on the calling thread only (pid and who 0) and read no memory
+        // but `param`, a valid, initialised `sched_param` that outlives the call; raising one's
+        // own nice value and SCHED_BATCH with priority 0 are permitted to unprivileged threads.
+        let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+        // SAFETY: as above.
+        let n = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
+        if r != 0 || n != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "cannot lower this thread's priority");
+        }
+    }
+}
 
 /// Puts the calling thread in the batch scheduling class (Linux; elsewhere nothing). Failure only
 /// costs latency: it is logged, not returned.

@@ -41,7 +41,8 @@ pub struct ClusterFile {
     pub credential: Option<Secret>,
     /// The node that runs the checkpoint coordinator (default: the lowest node id).
     pub coordinator: Option<u32>,
-    /// Where nodes keep their data: `<data_dir>/node-<id>` unless a node names its own.
+    /// Where nodes keep their data: `<data_dir>/node-<id>` unless a node names its own (default
+    /// `weir-data` beside the file; relative paths are taken from the file's directory).
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
     /// Worker threads per node.

@@ -78,7 +78,7 @@ fn main() -> std::process::ExitCode {
         _ => logging::init(),
     }
     let result = match command {
-        Command::Run(args) => run::run(&args, run_log.as_deref()).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Run(args) => run::run(&args, run_log.as_deref()),
         Command::Node(args) => node::run(&args),
         Command::Load(args) => load::run(&args),
         Command::Query(args) => query::run(&args),

@@ -26,8 +26,24 @@ fn fail(f: Failure) -> anyhow::Error {
 /// Calls `page` with every page of `stream`'s results on `addr`, store by store, in each
 /// store's order (window start, then the series' order within the window).
 pub fn pages(t: &Target, addr: SocketAddr, stream: StreamId, mut page: impl FnMut(&[ResultRow])) -> anyhow::Result<()> {
+    pages_from(t, addr, stream, None, |rows| {
+        page(rows);
+        true
+    })
+}
+
+/// Like [`pages`], from the windows starting at `from` in each store (a node seeks there: it
+/// reads none before), going on to the next store when `page` returns false.
+pub fn pages_from(
+    t: &Target,
+    addr: SocketAddr,
+    stream: StreamId,
+    from: Option<i64>,
+    mut page: impl FnMut(&[ResultRow]) -> bool,
+) -> anyhow::Result<()> {
+    let first = || from.map_or_else(Vec::new, |s| weir_engine::state::page_from_window(stream, s));
     let mut store = 0u32;
-    let mut after = Vec::new();
+    let mut after = first();
     loop {
         let req = ResultsReq { request: 1, stream, store, after: std::mem::take(&mut after), max: PAGE };
         let f = crate::client::request(t, addr, &req, ASK).map_err(fail)?;
@@ -38,11 +54,11 @@ pub fn pages(t: &Target, addr: SocketAddr, stream: StreamId, mut page: impl FnMu
         if !rsp.error.is_empty() {
             bail!("{addr}: {}", rsp.error);
         }
-        page(&rsp.results);
+        let more = page(&rsp.results);
         match rsp.next {
-            Some(n) => after = n,
-            None if store + 1 < rsp.stores => store += 1,
-            None => return Ok(()),
+            Some(n) if more => after = n,
+            _ if store + 1 < rsp.stores => (store, after) = (store + 1, first()),
+            _ => return Ok(()),
         }
     }
 }

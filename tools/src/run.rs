@@ -6,6 +6,7 @@
 //! exactly the results an uninterrupted run would have had.
 
 use std::io::Write;
+use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -133,7 +134,10 @@ fn rss_mib() -> u64 {
 }
 
 /// Runs the embedded stream (`log`: the file the log goes to, if not the terminal).
-pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<()> {
+///
+/// Exit code 1 when checkpoints were on and the run ended without a commit after a failure, or
+/// with more failures in a row than tolerated: a run whose state never left the node says so.
+pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
     let mut spec = StreamSpec::generator(StreamId(1), args.partitions, args.aggs, 1);
     let window_ms = i64::try_from(args.window.as_millis()).unwrap_or(i64::MAX);
     spec.window = WindowSpec::tumbling(window_ms);
@@ -200,21 +204,23 @@ pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<()> 
         let rows = stats.rows_aggregated.load(Ordering::Relaxed);
         let rate = (rows - last_rows) as f64 / now.duration_since(last_t).as_secs_f64();
         peak_rate = peak_rate.max(rate);
-        let (committed, last_ms) = engine
-            .checkpoints()
-            .map_or((0, 0.0), |log| (log.totals().0, log.recent(1).last().map_or(0.0, |c| c.duration_us as f64 / 1e3)));
+        let (committed, last_ms, failing) = engine.checkpoints().map_or((0, 0.0, 0), |log| {
+            let last = log.recent(1).last().map_or(0.0, |c| c.duration_us as f64 / 1e3);
+            (log.totals().0, last, log.consecutive_failures())
+        });
         // On a terminal the status line is rewritten in place (the log is in a file then, see
         // `logging::init_run`); elsewhere one line a second, between the log's lines.
         write!(out, "{}", if live { "\r\x1b[2K" } else { "" })?;
         write!(
             out,
-            "  {:>5.1}s  {:>7.2} M events/s  {:>14} events  {:>9} window results  {:>4} checkpoints (last {:>5.1} ms)  rss {:>4} MiB",
+            "  {:>5.1}s  {:>7.2} M events/s  {:>14} events  {:>9} window results  {:>4} checkpoints (last {:>5.1} ms{})  rss {:>4} MiB",
             t0.elapsed().as_secs_f64(),
             rate / 1e6,
             rows,
             stats.results_written.load(Ordering::Relaxed),
             committed,
             last_ms,
+            if failing > 0 { format!(", {failing} FAILING") } else { String::new() },
             rss_mib()
         )?;
         if !live {
@@ -236,7 +242,8 @@ pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<()> 
             .collect();
         ms.sort_by(f64::total_cmp);
         let (ok, failed) = log.totals();
-        (ok, failed, ms.get(ms.len() / 2).copied().unwrap_or(0.0))
+        let failing = (ok == 0 && failed + log.not_started() > 0) || !log.healthy();
+        (ok, failed, log.not_started(), ms.get(ms.len() / 2).copied().unwrap_or(0.0), failing.then(|| log.cause()))
     });
     let engine = std::sync::Arc::into_inner(engine).context("engine still shared")?;
     if args.events.is_none() {
@@ -253,11 +260,19 @@ pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<()> 
         peak_rate / 1e6
     )?;
     writeln!(out, "         {written} window results in {}", run_dir.join("tasks/*/results").display())?;
-    match ck {
-        Some((ok, failed, median)) => writeln!(
-            out,
-            "         {ok} checkpoints committed ({failed} failed), trigger to commit median {median:.1} ms, in {remote_name}"
-        )?,
+    match &ck {
+        &Some((ok, failed, not_started, median, ref failing)) => {
+            let not_started = if not_started > 0 { format!(", {not_started} could not start") } else { String::new() };
+            writeln!(
+                out,
+                "         {ok} checkpoints committed ({failed} failed{not_started}), trigger to commit median {median:.1} ms, in {remote_name}"
+            )?;
+            if let Some(cause) = &failing {
+                let what = if ok == 0 { "no checkpoint committed" } else { "checkpoints were failing at the end" };
+                out.flush()?;
+                writeln!(std::io::stderr(), "error: {what}: the state is not in {remote_name}; first cause: {cause}")?;
+            }
+        }
         None => writeln!(out, "         checkpoints off")?,
     }
     for r in sample {
@@ -273,7 +288,8 @@ pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<()> 
             r.avg()
         )?;
     }
-    Ok(())
+    let failing = ck.as_ref().is_some_and(|c| c.4.is_some());
+    Ok(if failing { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 #[cfg(test)]

@@ -87,7 +87,8 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
                 })).collect::<Vec<_>>(),
                 "streams": r.streams.iter().map(|s| json!({
                     "stream": s.stream.0, "healthy": s.healthy, "consecutive_failures": s.consecutive_failures,
-                    "committed": s.committed, "failed": s.failed,
+                    "committed": s.committed, "failed": s.failed, "not_started": s.not_started,
+                    "cause": (!s.cause.is_empty()).then_some(&s.cause),
                 })).collect::<Vec<_>>(),
                 "checkpoints": r.checkpoints.iter().map(|c| json!({
                     "stream": c.stream.0, "checkpoint": c.checkpoint.0, "started_at_ms": c.started_at_ms,
@@ -221,14 +222,15 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
         for s in &r.streams {
             let _ = writeln!(
                 out,
-                "\nstream {} (coordinated by node {}): {}, {} checkpoints committed and {} failed since that node started{}",
+                "\nstream {} (coordinated by node {}): {}, {} checkpoints committed, {} failed{} since that node started{}",
                 s.stream.0,
                 r.node.0,
                 if s.healthy { "healthy" } else { "UNHEALTHY" },
                 s.committed,
                 s.failed,
+                if s.not_started > 0 { format!(" and {} could not start", s.not_started) } else { String::new() },
                 if s.consecutive_failures > 0 {
-                    format!(", {} failed in a row", s.consecutive_failures)
+                    format!(", {} in a row without a commit; first cause: {}", s.consecutive_failures, s.cause)
                 } else {
                     String::new()
                 }

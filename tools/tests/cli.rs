@@ -251,6 +251,26 @@ fn weir_run_checkpoints_into_rsync_and_resumes_from_it() {
 }
 
 #[test]
+fn weir_run_whose_checkpoints_never_start_exits_non_zero_with_the_first_cause() {
+    // A module that refuses writes: no checkpoint id can be reserved, so none starts.
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("{}/{}", service("WEIR_TEST_RSYNC_READONLY_URL"), unique("cli"));
+    let out = weir()
+        .args(["run", "--duration", "3s", "--checkpoint-interval", "300ms", "--remote", &url, "--data-dir"])
+        .arg(dir.path())
+        .env("RSYNC_PASSWORD", service("WEIR_TEST_RSYNC_PASSWORD"))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("0 checkpoints committed (0 failed, ") && stdout.contains("could not start"), "{stdout}");
+    assert!(stdout.contains("FAILING"), "the status line says so while it runs: {stdout}");
+    let error =
+        stderr.lines().find(|l| l.starts_with("error: no checkpoint committed")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(error.contains("first cause: no checkpoint could start") && error.contains("read only"), "{error}");
+}
+
+#[test]
 fn weir_run_with_a_bad_remote_says_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
     for (url, says) in [("ftp://host/x", "unknown scheme"), ("s3://", "no bucket"), ("rsync://host", "no module")] {

@@ -65,7 +65,7 @@ fn weir_load_into_one_node_acknowledges_every_event_once_and_every_window_closes
     // `weir verify` needs no more than the stream: the load's parameters are in the ledgers.
     let (code, text) = verify_ingest(&config);
     assert_eq!(code, Some(0), "{text}");
-    assert!(text.contains(&format!("all {} results match the 200000 rows of 1 load(s)", want.len())), "{text}");
+    assert!(text.contains(&format!("all {} window results match the 200000 rows of 1 load(s)", want.len())), "{text}");
     stop(&config, &mut node.0[0]);
     let data = dir.path().join("data/node-1");
     assert_logs_hold_each_row_once(&data, &s, 2, 100_000);

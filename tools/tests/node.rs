@@ -208,7 +208,12 @@ fn weir_verify_of_a_running_stream_compares_the_windows_its_last_commit_closed()
         assert!(t0.elapsed() < Duration::from_secs(30), "{out} {err}");
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert!(said.contains("(running)") && said.contains("closed match the generator's"), "{said}");
+    assert!(
+        said.contains("(running)")
+            && said.contains("window results match the generator's")
+            && said.contains("up to its last commit"),
+        "{said}"
+    );
     // It can fail: against another seed, what the commit closed differs.
     let (code, out, _) = verify(&config, &[("WEIR_STREAM__GENERATOR__SEED", "43")]);
     assert_eq!(code, Some(1), "{out}");
@@ -246,4 +251,42 @@ fn weir_status_watch_appends_a_json_line_per_refresh_to_its_status_log() {
     // Without --watch there is nothing to log: refused as a usage error.
     let out = weir().args(["status", "--status-log"]).arg(&log).arg("--config").arg(&config).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn weir_verify_checks_the_last_minute_and_a_seeded_sample_by_default_and_every_window_with_all() {
+    // 120 s of event time in 1 s windows (one row per millisecond), 100 keys: 120 windows.
+    let dir = tempfile::tempdir().unwrap();
+    let config = adjusted(example("one-node.toml"), dir.path(), |t| {
+        set(t, &["stream", "generator", "events"], 120_000);
+        set(t, &["stream", "generator", "rows_per_ms"], 1);
+        set(t, &["stream", "generator", "keys"], 100);
+        set(t, &["checkpoint", "interval"], "200ms");
+    });
+    let log = dir.path().join("node.log");
+    let _node = Nodes(vec![start(&config, 1, &log, &[])]);
+    let said = verify_until_ended(&config, Duration::from_secs(60));
+    let run = |args: &[&str]| {
+        let out = weir().args(["verify", "--config"]).arg(&config).args(args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    assert!(
+        said.contains("all 6300 window results match the generator's")
+            && said.contains("checked the 60 windows closed in the last 1m of event time up to the end of its rows and 3 of the 60 older ones, sampled with --seed")
+            && said.contains("(--all checks all 120)"),
+        "{said}"
+    );
+    let seeded = run(&["--seed", "7"]);
+    assert_eq!(run(&["--seed", "7"]), seeded, "a seed repeats its sample");
+    let few = run(&["--since", "10s", "--sample", "0"]);
+    assert!(few.contains("all 1000 window results") && few.contains("the 10 windows closed in the last 10s"), "{few}");
+    let all = run(&["--all"]);
+    assert!(
+        all.contains("all 12000 window results match")
+            && all.contains("every window closed up to the end of its rows (120)"),
+        "{all}"
+    );
+    assert!(all.contains("240000 rows recomputed"), "every row of both partitions, once: {all}");
 }

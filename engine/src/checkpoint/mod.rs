@@ -4,7 +4,7 @@
 //!   state machines. Each takes one input (a message, an I/O completion or a tick) and returns the
 //!   actions to carry out; neither has a clock, a lock or any I/O of its own.
 //! - [`driver`]: the one interpreter of those actions, written against small effect traits. The
-//!   engine (`runtime/checkpoint/`) implements the traits with its queues, transport, uploader
+//!   engine (`runtime/checkpointing/`) implements the traits with its queues, transport, uploader
 //!   pool and store; the deterministic simulator (`engine/tests/checkpoint_sim/`) with its
 //!   scheduler and a faulty in-memory store, so both run the same driver. Its module doc walks one
 //!   checkpoint hop by hop.

@@ -138,6 +138,25 @@ impl Generator {
         max_ts
     }
 
+    /// Offsets that hold every row with an event time in `from_ts..to_ts` (and maybe rows just
+    /// outside it): event time grows with the offset, and a row moved back out of order moves
+    /// back at most `max_disorder_ms`. A reader of a time range computes only these rows.
+    pub fn offsets_between(&self, from_ts: i64, to_ts: i64) -> std::ops::Range<u64> {
+        let at = |ts: i64| {
+            u64::try_from(ts.saturating_sub(self.spec.ts_start)).unwrap_or(0).saturating_mul(self.spec.rows_per_ms)
+        };
+        at(from_ts)..at(to_ts.saturating_add(self.spec.max_disorder_ms.max(0)))
+    }
+
+    /// Smallest event time any row can have.
+    pub fn min_ts(&self) -> i64 {
+        if self.ooo_threshold > 0 {
+            self.spec.ts_start.saturating_sub(self.spec.max_disorder_ms)
+        } else {
+            self.spec.ts_start
+        }
+    }
+
     /// Largest event time any row at or before `offset` can have (progress after `offset` rows).
     pub fn max_ts_before(&self, offset: u64) -> i64 {
         self.spec.ts_start + (offset.saturating_sub(1) / self.spec.rows_per_ms) as i64
@@ -147,6 +166,26 @@ impl Generator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_offsets_of_a_time_range_hold_every_row_in_it() {
+        for spec in [
+            GeneratorSpec { rows_per_ms: 7, ..GeneratorSpec::default() },
+            GeneratorSpec { rows_per_ms: 3, out_of_order: 0.3, max_disorder_ms: 20, ..GeneratorSpec::default() },
+        ] {
+            let g = Generator::new(spec, 1);
+            for (from, to) in [(spec.ts_start - 5, spec.ts_start + 3), (spec.ts_start + 40, spec.ts_start + 95)] {
+                let range = g.offsets_between(from, to);
+                for o in 0..2_000 {
+                    let ts = g.row(o).0;
+                    assert!(ts >= g.min_ts());
+                    if (from..to).contains(&ts) {
+                        assert!(range.contains(&o), "{spec:?}: row {o} at {ts} outside {range:?}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn replay_from_any_offset_gives_the_same_rows() {

@@ -104,6 +104,8 @@ impl StatusBoard {
                         consecutive_failures: l.consecutive_failures(),
                         committed,
                         failed,
+                        not_started: l.not_started(),
+                        cause: l.cause(),
                     }]
                 }
                 _ => Vec::new(),

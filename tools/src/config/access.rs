@@ -12,7 +12,7 @@ use weir_engine::wire::transport::tls::TlsConfig;
 use super::ClusterFile;
 
 /// TLS: the cluster's CA, and a node's certificate and key (PEM files; relative paths from the
-/// working directory). Nodes need all three; clients only `ca`.
+/// config file's directory). Nodes need all three; clients only `ca`.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct TlsFile {

@@ -1,5 +1,10 @@
 //! Reading the cluster file: the TOML file, then the `WEIR_*` variables over it, with errors that
 //! name the key and the line and never quote a secret.
+//!
+//! Relative paths in the file (`data_dir`, a node's `data_dir`, a `file://` remote, the rsync
+//! password file, the TLS files) are taken from the file's directory, so every command finds
+//! the same places whatever its working directory; paths from the environment are taken from
+//! the working directory, as a shell user expects.
 
 use anyhow::Context;
 
@@ -29,6 +34,9 @@ pub fn load(path: &std::path::Path, env: impl IntoIterator<Item = (String, Strin
     toml::from_str::<ClusterFile>(&text)
         .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), redact_secrets(&text, e.to_string().trim())))?;
     let mut table: toml::Table = toml::from_str(&text).expect("parsed above");
+    let base = std::path::absolute(path)
+        .with_context(|| format!("finding the directory of the config file {}", path.display()))?;
+    resolve_paths(&mut table, base.parent().unwrap_or(std::path::Path::new("/")));
     let mut applied = Vec::new();
     for (name, value) in env {
         let Some(rest) = name.strip_prefix("WEIR_") else { continue };
@@ -48,6 +56,62 @@ pub fn load(path: &std::path::Path, env: impl IntoIterator<Item = (String, Strin
     toml::Value::Table(table)
         .try_into::<ClusterFile>()
         .map_err(|e| anyhow::anyhow!("{} with {}: {}", path.display(), applied.join(", "), e.to_string().trim()))
+}
+
+/// Makes the file's relative paths absolute, from `base` (the file's directory).
+fn resolve_paths(table: &mut toml::Table, base: &std::path::Path) {
+    let at = |v: &mut toml::Value, file_url: bool| {
+        let toml::Value::String(s) = v else { return };
+        let (scheme, rest) = match s.strip_prefix("file://") {
+            Some(rest) => ("file://", rest),
+            None if file_url && s.contains("://") => return,
+            None => ("", s.as_str()),
+        };
+        if !rest.is_empty() && std::path::Path::new(rest).is_relative() {
+            *s = format!("{scheme}{}", lexical(&base.join(rest)).display());
+        }
+    };
+    // The default too: `weir-data` beside the file.
+    at(table.entry("data_dir").or_insert_with(|| "weir-data".into()), false);
+    if let Some(toml::Value::Array(nodes)) = table.get_mut("nodes") {
+        for n in nodes.iter_mut().filter_map(toml::Value::as_table_mut) {
+            if let Some(v) = n.get_mut("data_dir") {
+                at(v, false);
+            }
+        }
+    }
+    if let Some(ck) = table.get_mut("checkpoint").and_then(toml::Value::as_table_mut) {
+        if let Some(v) = ck.get_mut("remote") {
+            at(v, true);
+        }
+        if let Some(v) = ck.get_mut("rsync_password_file") {
+            at(v, false);
+        }
+    }
+    if let Some(tls) = table.get_mut("tls").and_then(toml::Value::as_table_mut) {
+        for key in ["ca", "cert", "key"] {
+            if let Some(v) = tls.get_mut(key) {
+                at(v, false);
+            }
+        }
+    }
+}
+
+/// `p` without `.` and with each `..` taking off the part before it (the file's directory is a
+/// real one, so this names the place the OS would find, in the words a user recognises).
+fn lexical(p: &std::path::Path) -> std::path::PathBuf {
+    use std::path::Component;
+    let mut out = std::path::PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir if matches!(out.components().next_back(), Some(Component::Normal(_))) => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `message` (a parse error, which quotes the line at fault) without the values of the file's
@@ -91,6 +155,39 @@ mod tests {
     use crate::config::Secret;
 
     const FILE: &str = "[[nodes]]\nid = 1\naddr = \"127.0.0.1:7000\"\n[stream]\n";
+
+    #[test]
+    fn relative_paths_in_the_file_are_taken_from_its_directory_and_the_environment_from_the_working_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub").join("c.toml");
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let file = "data_dir = \"data\"\n[[nodes]]\nid = 1\naddr = \"127.0.0.1:7000\"\n\
+                    [[nodes]]\nid = 2\naddr = \"127.0.0.1:7001\"\ndata_dir = \"/abs/two\"\n[stream]\n\
+                    [checkpoint]\nremote = \"file://shared/remote\"\nrsync_password_file = \"pw\"\n\
+                    [tls]\nca = \"certs/ca.pem\"\ncert = \"/etc/weir/node.pem\"\n";
+        std::fs::write(&path, file).unwrap();
+        let f = load(&path, []).unwrap();
+        let sub = std::path::absolute(dir.path().join("sub")).unwrap();
+        assert_eq!(f.data_dir, sub.join("data"));
+        std::fs::write(&path, file.replace("data_dir = \"data\"", "data_dir = \"../up/./data\"")).unwrap();
+        assert_eq!(load(&path, []).unwrap().data_dir, std::path::absolute(dir.path()).unwrap().join("up/data"));
+        std::fs::write(&path, file.replace("data_dir = \"data\"\n", "")).unwrap();
+        assert_eq!(load(&path, []).unwrap().data_dir, sub.join("weir-data"), "the default is beside the file");
+        std::fs::write(&path, file).unwrap();
+        assert_eq!(f.nodes[1].data_dir.as_deref(), Some(std::path::Path::new("/abs/two")), "absolute stays");
+        assert_eq!(f.checkpoint.remote, Some(format!("file://{}", sub.join("shared/remote").display())));
+        assert_eq!(f.checkpoint.rsync_password_file, Some(sub.join("pw")));
+        let tls = f.tls.unwrap();
+        assert_eq!((tls.ca, tls.cert), (sub.join("certs/ca.pem"), Some("/etc/weir/node.pem".into())));
+        // Other schemes are not paths; the environment's paths are the working directory's.
+        let env = [("WEIR_CHECKPOINT__REMOTE", "s3://b/p"), ("WEIR_DATA_DIR", "here")];
+        let f = load(&path, env.map(|(k, v)| (k.to_string(), v.to_string()))).unwrap();
+        assert_eq!((f.checkpoint.remote.as_deref(), f.data_dir), (Some("s3://b/p"), "here".into()));
+        let rsync =
+            "[[nodes]]\nid = 1\naddr = \"127.0.0.1:7000\"\n[stream]\n[checkpoint]\nremote = \"rsync://h/m/p\"\n";
+        std::fs::write(&path, rsync).unwrap();
+        assert_eq!(load(&path, []).unwrap().checkpoint.remote.as_deref(), Some("rsync://h/m/p"));
+    }
 
     #[test]
     fn secrets_from_the_environment_are_taken_as_they_are_and_never_printed() {

@@ -116,8 +116,17 @@ archived! {
         pub committed: u64,
         /// Checkpoints failed since the node started.
         pub failed: u64,
+        /// Checkpoints that could not start since the node started (their ids could not be
+        /// reserved in the store).
+        pub not_started: u64,
+        /// Why the first checkpoint failed or could not start since the last commit (empty
+        /// after a commit); at most [`MAX_CAUSE`] bytes.
+        pub cause: String,
     }
 }
+
+/// The longest [`StreamHealth::cause`] a node sends.
+pub const MAX_CAUSE: usize = 512;
 
 archived! {
     /// Node → client: status.

@@ -38,6 +38,8 @@ pub trait CoordEffects: Clock {
     fn write_commit(&mut self, record: CommitRecord);
     /// A checkpoint ended.
     fn finished(&mut self, stats: CheckpointStats);
+    /// No checkpoint could start: its ids could not be reserved (`reason`).
+    fn not_started(&mut self, _reason: &str) {}
     /// The stream's health changed.
     fn health(&mut self, _healthy: bool, _consecutive_failures: u32) {}
     /// The stream cannot go on (`CoordAction::Halt`): stop it with `reason`.
@@ -87,6 +89,7 @@ impl CoordDriver {
             CoordAction::IdsNotDurable { reason } => {
                 self.reserving_since = None;
                 tracing::warn!(stream = %stream, %reason, "checkpoint ids could not be reserved: no checkpoint started");
+                fx.not_started(&reason);
             }
             CoordAction::SendSourceReq { task, id, trans, kind, expire_at, .. } => {
                 let t0 = self.reserving_since.take().unwrap_or_else(|| fx.mono_us());

@@ -97,6 +97,10 @@ impl CoordEffects for EngineCoordFx {
         self.log.push_finished(stats);
     }
 
+    fn not_started(&mut self, reason: &str) {
+        self.log.push_not_started(reason);
+    }
+
     fn health(&mut self, healthy: bool, _consecutive_failures: u32) {
         self.log.unhealthy.store(!healthy, Ordering::Relaxed);
     }

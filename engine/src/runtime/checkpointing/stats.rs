@@ -18,8 +18,12 @@ pub struct CheckpointLog {
     totals: parking::Mutex<(u64, u64)>,
     /// Consecutive failures past the tolerable number: the stream is unhealthy.
     pub(crate) unhealthy: std::sync::atomic::AtomicBool,
-    /// Checkpoints failed since the last commit.
+    /// Checkpoints failed or not started since the last commit.
     consecutive_failures: std::sync::atomic::AtomicU32,
+    /// Checkpoints that could not start since the engine started.
+    not_started: std::sync::atomic::AtomicU64,
+    /// The first cause of failure since the last commit (empty after a commit).
+    cause: parking::Mutex<String>,
 }
 
 impl CheckpointLog {
@@ -39,7 +43,7 @@ impl CheckpointLog {
         !self.unhealthy.load(Ordering::Relaxed)
     }
 
-    /// Checkpoints failed since the last commit.
+    /// Checkpoints failed or not started since the last commit.
     pub fn consecutive_failures(&self) -> u32 {
         self.consecutive_failures.load(Ordering::Relaxed)
     }
@@ -47,6 +51,17 @@ impl CheckpointLog {
     /// Checkpoints committed and failed since the engine started.
     pub fn totals(&self) -> (u64, u64) {
         *self.totals.lock()
+    }
+
+    /// Checkpoints that could not start since the engine started (ids not reserved).
+    pub fn not_started(&self) -> u64 {
+        self.not_started.load(Ordering::Relaxed)
+    }
+
+    /// Why the first checkpoint since the last commit failed or could not start; empty when
+    /// none has since the last commit.
+    pub fn cause(&self) -> String {
+        self.cause.lock().clone()
     }
 
     /// Per task checkpoint: alignment plus synchronous snapshot (µs), the last 4,096.
@@ -61,11 +76,13 @@ impl CheckpointLog {
                 CheckpointOutcome::Committed => {
                     t.0 += 1;
                     self.consecutive_failures.store(0, Ordering::Relaxed);
+                    self.cause.lock().clear();
                 }
-                _ => {
+                CheckpointOutcome::Failed { ref reason } => {
                     t.1 += 1;
-                    self.consecutive_failures.fetch_add(1, Ordering::Relaxed);
+                    self.failed(&format!("checkpoint {} failed: {reason}", c.checkpoint.0));
                 }
+                CheckpointOutcome::InProgress => {}
             }
         }
         let mut f = self.finished.lock();
@@ -75,6 +92,20 @@ impl CheckpointLog {
         f.push_back(c);
     }
 
+    /// A checkpoint could not start (its ids were not reserved): `reason`.
+    pub(crate) fn push_not_started(&self, reason: &str) {
+        self.not_started.fetch_add(1, Ordering::Relaxed);
+        self.failed(&format!("no checkpoint could start: {reason}"));
+    }
+
+    fn failed(&self, cause: &str) {
+        self.consecutive_failures.fetch_add(1, Ordering::Relaxed);
+        let mut first = self.cause.lock();
+        if first.is_empty() {
+            *first = cut(cause, weir_wire::msg::MAX_CAUSE);
+        }
+    }
+
     pub(crate) fn push_pause(&self, us: u64) {
         let mut p = self.pauses_us.lock();
         if p.len() == HISTORY {
@@ -82,6 +113,15 @@ impl CheckpointLog {
         }
         p.push_back(us);
     }
+}
+
+/// `s` cut to at most `max` bytes, at a character boundary.
+fn cut(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
 }
 
 /// A tiny mutex wrapper for statistics (not on the data path).
