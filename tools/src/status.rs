@@ -87,7 +87,7 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
                 })).collect::<Vec<_>>(),
                 "streams": r.streams.iter().map(|s| json!({
                     "stream": s.stream.0, "healthy": s.healthy, "consecutive_failures": s.consecutive_failures,
-                    "committed": s.committed, "failed": s.failed, "not_started": s.not_started,
+                    "committed": s.committed, "failed": s.failed, "not_started": s.not_started, "interval_ms": s.interval_ms,
                     "cause": (!s.cause.is_empty()).then_some(&s.cause),
                 })).collect::<Vec<_>>(),
                 "checkpoints": r.checkpoints.iter().map(|c| json!({
@@ -222,13 +222,18 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
         for s in &r.streams {
             let _ = writeln!(
                 out,
-                "\nstream {} (coordinated by node {}): {}, {} checkpoints committed, {} failed{} since that node started{}",
+                "\nstream {} (coordinated by node {}, {}): {}, {} checkpoints committed, {} failed{} in the {} since that node started it{}",
                 s.stream.0,
                 r.node.0,
+                match s.interval_ms {
+                    0 => "checkpoints on request only".to_string(),
+                    ms => format!("a checkpoint every {}", humantime::format_duration(Duration::from_millis(ms))),
+                },
                 if s.healthy { "healthy" } else { "UNHEALTHY" },
                 s.committed,
                 s.failed,
                 if s.not_started > 0 { format!(" and {} could not start", s.not_started) } else { String::new() },
+                humantime::format_duration(Duration::from_secs(r.uptime_ms / 1000)),
                 if s.consecutive_failures > 0 {
                     format!(", {} in a row without a commit; first cause: {}", s.consecutive_failures, s.cause)
                 } else {

@@ -128,6 +128,16 @@ fn killed_and_restarted_node_rejoins_and_the_results_are_exact(victim: u32, wipe
     nodes.0[v] = start(&config, victim, &log("again"), &[]);
     let said = verify_until_ended(&config, Duration::from_secs(120));
     assert!(said.contains("all 10000 window results match"), "{said}");
+    // The restarted stream keeps its interval: no more commits than it allows since the
+    // coordinator's node started it again (plus the one in flight).
+    let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let coord = json["nodes"].as_array().unwrap().iter().find(|n| !n["streams"].as_array().unwrap().is_empty());
+    let coord = coord.unwrap_or_else(|| panic!("no coordinator answered: {json:#}"));
+    let (committed, interval) =
+        (coord["streams"][0]["committed"].as_u64().unwrap(), coord["streams"][0]["interval_ms"].as_u64().unwrap());
+    assert_eq!(interval, 200, "{json:#}");
+    assert!(committed <= coord["uptime_ms"].as_u64().unwrap() / interval + 2, "{json:#}");
     let again = std::fs::read_to_string(log("again")).unwrap();
     if wipe {
         assert!(again.contains("downloading the snapshot"), "restored from the remote store:\n{again}");

@@ -180,7 +180,7 @@ roundtrip! {
         }],
         streams: vec![StreamHealth {
             stream: StreamId(1), healthy: false, consecutive_failures: 4, committed: 10, failed: 6,
-            not_started: 2, cause: "no checkpoint could start: reserving ids in rsync://h/m: denied".into(),
+            not_started: 2, interval_ms: 1_000, cause: "no checkpoint could start: reserving ids in rsync://h/m: denied".into(),
         }],
         incarnation: 3,
         restarts: vec![RestartInfo { at_ms: 17, incarnation: 3, reason: "node 2 lost".into() }],

@@ -218,6 +218,7 @@ impl Engine {
             tasks: local.iter().map(|t| boards[&t.id].clone()).collect(),
             checkpoints: hub.as_ref().map(checkpointing::Hub::log),
             coordinates: coord_inbox.is_some(),
+            interval_ms: cfg.checkpoint.as_ref().map_or(0, |c| c.interval_ms),
             trigger,
             peer_tasks: Default::default(),
             peers: {

@@ -30,6 +30,8 @@ pub(crate) struct StatusBoard {
     pub(crate) checkpoints: Option<Arc<CheckpointLog>>,
     /// Whether this node coordinates the stream.
     pub(crate) coordinates: bool,
+    /// Time between periodic checkpoints (ms; 0: none).
+    pub(crate) interval_ms: u64,
     /// The coordinator's manual trigger (clients' `CheckpointNowReq`).
     pub(crate) trigger: ManualTrigger,
     /// What the other nodes' heartbeats last said of their tasks (written by the router).
@@ -105,6 +107,7 @@ impl StatusBoard {
                         committed,
                         failed,
                         not_started: l.not_started(),
+                        interval_ms: self.interval_ms,
                         cause: l.cause(),
                     }]
                 }

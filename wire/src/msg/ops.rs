@@ -119,6 +119,8 @@ archived! {
         /// Checkpoints that could not start since the node started (their ids could not be
         /// reserved in the store).
         pub not_started: u64,
+        /// Time between periodic checkpoints (ms; 0: only on request).
+        pub interval_ms: u64,
         /// Why the first checkpoint failed or could not start since the last commit (empty
         /// after a commit); at most [`MAX_CAUSE`] bytes.
         pub cause: String,
