@@ -1,6 +1,6 @@
 //! `weir-e2e keys`: the benchmark job at several key counts, on Weir with checkpoints every
 //! second and on timely-dataflow (`timely_job`, no durable state), one after the other in the same
-//! process: issue 11's table in one command.
+//! process: the key-count table of docs/benchmarks.md in one command.
 //!
 //! Weir: two generator partitions, two aggs, one sink, 1 s tumbling windows, 10,000 rows per
 //! millisecond of event time per partition, two pinned workers, checkpoints every second into a
@@ -104,7 +104,7 @@ pub fn weir(keys: u64, seconds: u64, checkpoint_ms: u64, replay: bool) -> WeirRu
 /// is of two runs back to back). `replay`: Weir's aggs take replay snapshots (else full ones).
 ///
 /// Why rounds: on a shared host both engines' rates move by half within minutes (timely ran the
-/// 1,000,000-key job at 14.6 and 29.6 M events/s ten minutes apart, docs/benchmarks.md); one
+/// 1,000,000-key job at 14.6 and 29.6 M events/s ten minutes apart); one
 /// ratio says little, the median of several adjacent pairs more.
 #[allow(clippy::print_stdout)]
 pub fn keys(keys: &[u64], seconds: u64, rounds: usize, replay: bool) {

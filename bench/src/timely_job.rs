@@ -1,4 +1,4 @@
-//! The benchmark job on timely-dataflow, the yardstick of issue 11: what the same job costs on an
+//! The benchmark job on timely-dataflow, the yardstick of the key-count benchmarks: what the same job costs on an
 //! engine that keeps no state durable at all.
 //!
 //! The job, as Weir runs it in `weir-e2e keys`: two workers (threads of one process), each a

@@ -5,15 +5,15 @@
 //!   lower priority than the nodes it checks, which may share its cores.
 //! - [`background_thread`]: uploader threads run as `SCHED_BATCH` (an FFI call). The same CPU
 //!   share as other threads, but a waking uploader does not preempt the running thread. On a
-//!   machine whose cores the pinned workers keep busy, every fsync an upload waits for used to
+//!   machine whose cores the pinned workers keep busy, every fsync an upload waits for would
 //!   end with the uploader preempting a worker — sometimes in the middle of an alignment or a
-//!   state copy. Measured with `weir-e2e checkpoints 10`, five runs with and five without this
-//!   call (docs/benchmarks.md): pause p99 2.6–5.9 ms (median 3.0) instead of 2.9–9.2 ms (median
-//!   4.7), for about 2.5 ms more trigger-to-commit time. The workers yield to waiting threads
-//!   between polls anyway (`runtime/mod.rs`), so uploads still run promptly.
+//!   state copy. Measured with `weir-e2e checkpoints`, runs with and without this call: pause
+//!   p99 2.6–5.9 ms (median 3.0) with it, 2.9–9.2 ms (median 4.7) without, for about 2.5 ms more
+//!   trigger-to-commit time. The workers yield to waiting threads between polls anyway
+//!   (`runtime/worker.rs`), so uploads still run promptly.
 //! - [`prefetch`]: a prefetch hint, which the agg issues for the rows it aggregates next (their
 //!   hash-table lines arrive while it works on the rows before them; `weir-e2e agg`: 132 against
-//!   107–110 ns per row at 1,000,000 keys, docs/benchmarks.md).
+//!   107–110 ns per row at 1,000,000 keys without and with it).
 //! - [`truncate`]: the fixed-point conversion of every value the agg sums, without the
 //!   saturating checks of `as` (see `operator/window/fixed.rs` for what it measured).
 //! - [`TableBuf`]: the window tables' arrays, large ones on transparent huge pages (raw memory

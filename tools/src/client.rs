@@ -1,4 +1,4 @@
-//! What the client commands (`weir status`, `weir stop`) share: which cluster and nodes they
+//! What the client commands (`weir status`, `stop`, `load`, `query`, `verify`) share: which cluster and nodes they
 //! talk to, with which credential, and an authenticated request to one node.
 //!
 //! The credential is, first found: `WEIR_CREDENTIAL` or the file's `credential` (a client's own,

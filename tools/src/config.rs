@@ -377,6 +377,12 @@ fn default_uploaders() -> usize {
     4
 }
 
+/// A path from the command line, made absolute from the working directory: what a command
+/// prints and its errors name the place it used, wherever it is run from.
+pub fn parse_path(s: &str) -> Result<std::path::PathBuf, String> {
+    std::path::absolute(s).map_err(|e| format!("{s:?}: {e}"))
+}
+
 /// `"1s"`, `"250ms"`, `"1m 30s"`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?} is not a duration like 30s, 250ms or 2m: {e}"))

@@ -1,8 +1,7 @@
 //! `weir demo`: the transport on its own, end to end in one process. Two nodes on 127.0.0.1 run
 //! the authenticated handshake, node 2 streams batch frames to node 1 (which validates and reads
-//! every batch in place), then the two play ping-pong with checkpoint triggers. `weir run` (the
-//! whole engine) supersedes it once the engine lands; it stays as a quick check of a machine's
-//! network path.
+//! every batch in place), then the two play ping-pong with checkpoint triggers. `weir run` runs the
+//! whole engine; this stays as a quick check of a machine's network path.
 
 use std::io::Write;
 use std::time::{Duration, Instant};

@@ -27,7 +27,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
     duration: Duration,
     /// Where results and state go.
-    #[arg(long, default_value = "weir-data")]
+    #[arg(long, default_value = "weir-data", value_parser = crate::config::parse_path)]
     data_dir: std::path::PathBuf,
     /// Worker threads.
     #[arg(long, default_value_t = 2)]

@@ -1,6 +1,6 @@
 //! `weir status`: what every node of a cluster reports: whether it is up, its tasks with their
 //! state and counters, and, from the coordinator, the stream's health and its recent checkpoints
-//! with their per-phase durations. Clients authenticate like peers (the cluster's secret).
+//! with their per-phase durations. Clients authenticate with a client credential (the `read` role suffices) or the cluster secret.
 
 use std::io::Write;
 use std::net::SocketAddr;

@@ -290,3 +290,37 @@ fn weir_verify_checks_the_last_minute_and_a_seeded_sample_by_default_and_every_w
     );
     assert!(all.contains("240000 rows recomputed"), "every row of both partitions, once: {all}");
 }
+
+#[test]
+fn weir_status_shows_why_no_checkpoint_could_start() {
+    // A store that refuses writes (an rsync module that is read only): no id can be reserved.
+    let service = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run scripts/test"));
+    let dir = tempfile::tempdir().unwrap();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let url = format!("{}/status-{nanos}", service("WEIR_TEST_RSYNC_READONLY_URL"));
+    let config = adjusted(example("one-node.toml"), dir.path(), |t| {
+        set(t, &["checkpoint", "interval"], "200ms");
+        set(t, &["checkpoint", "remote"], url.as_str());
+    });
+    let log = dir.path().join("node.log");
+    let mut cmd = weir();
+    cmd.args(["node", "--config"]).arg(&config).env("RSYNC_PASSWORD", service("WEIR_TEST_RSYNC_PASSWORD"));
+    let _node = Nodes(vec![cmd.stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap()]);
+    let t0 = Instant::now();
+    let said = loop {
+        let out = weir().args(["status", "--config"]).arg(&config).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("could not start") {
+            break text;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{text}\n{}", std::fs::read_to_string(&log).unwrap());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let line = said.lines().find(|l| l.contains("coordinated by node 1")).unwrap_or_else(|| panic!("{said}"));
+    assert!(line.contains("0 checkpoints committed") && line.contains("a checkpoint every 200ms"), "{line}");
+    assert!(line.contains("first cause: no checkpoint could start") && line.contains("read only"), "{line}");
+    let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &json["nodes"][0]["streams"][0];
+    assert!(s["not_started"].as_u64().unwrap() > 0 && s["cause"].as_str().unwrap().contains("read only"), "{json:#}");
+}

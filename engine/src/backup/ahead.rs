@@ -3,9 +3,8 @@
 //! what was flushed since.
 //!
 //! A window over millions of keys reaches its sink as one burst of results: at 4,000,000 keys,
-//! about 160 MB that RocksDB flushes into SST files. A checkpoint used to copy all of them after
-//! its barrier, so its commit waited for the burst's bytes twice (flush, then upload). Here the
-//! files go up as soon as RocksDB has flushed them (it never changes an SST file afterwards), and
+//! about 160 MB that RocksDB flushes into SST files. Copied after the barrier, they would make its
+//! commit wait for the burst's bytes twice (flush, then upload). Here the files go up as soon as RocksDB has flushed them (it never changes an SST file afterwards), and
 //! the checkpoint after the burst uploads its last memtable's file and little else.
 //!
 //! Invariants:

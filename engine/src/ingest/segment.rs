@@ -22,8 +22,8 @@
 //! marker takes one version and holds no row. The producer of
 //! an entry is what makes appends idempotent: a reopened log knows the last sequence numbers
 //! from its entries alone, so a batch resent after a crash is never stored twice. Flags other
-//! than 0 and 1 are refused as corruption (a newer format is never misread); entries without a
-//! producer (flag 0, the only kind before) read as they always did. A marker is in the log, not
+//! than 0, 1 and 2 are refused as corruption (a newer format is never misread); entries without
+//! a producer (flag 0) read as plain entries. A marker is in the log, not
 //! in a source's memory, so a replay from any version meets it between the same rows.
 
 use std::path::{Path, PathBuf};

@@ -60,8 +60,7 @@ fn splitmix(mut z: u64) -> u64 {
 /// remainder by direct computation", 2019).
 ///
 /// Why: a row took two hardware divisions (the key and the millisecond), and the generator is
-/// about a third of what a row costs a source and an agg together at 10,000 keys
-/// (docs/benchmarks.md).
+/// about a third of what a row costs a source and an agg together at 10,000 keys (`weir-e2e agg`).
 #[derive(Clone, Copy, Debug)]
 struct Divisor {
     d: u64,

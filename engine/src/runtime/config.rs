@@ -22,7 +22,7 @@ pub struct EngineConfig {
     pub data_dir: PathBuf,
     /// Messages per input queue between tasks of this node. Small on purpose: a checkpoint's
     /// barrier waits behind what is queued, so this bounds alignment (16 messages of about 2,000
-    /// rows are about 1.2 ms of an agg's work; docs/benchmarks.md).
+    /// rows are about 1.2 ms of an agg's work).
     pub queue_capacity: usize,
     /// Credits per remote channel into this node (frames in flight, and the receiving queue's
     /// size), granted to the sender when the receiving task starts. Deeper than local queues, to

@@ -1,12 +1,12 @@
-//! State on disk: one RocksDB instance per task ([`TaskStore`]), its snapshots, and the node's
-//! result store ([`ResultStore`]) that sinks upsert into.
+//! State on disk: one RocksDB instance per task ([`TaskStore`]), its snapshots, and each sink's
+//! result store ([`ResultStore`]) that the sink upserts into.
 //!
 //! A snapshot directory holds either a RocksDB checkpoint (`TaskStore::snapshot`: hard links,
 //! for a store whose live state is in RocksDB) or SST files written with RocksDB's `SstFileWriter`
 //! ([`write_sst`]: sorted, block-checksummed, synced), which is how the operators here snapshot
 //! the state they keep in memory: one sequential file and one fsync, instead of an ingest, a
 //! MANIFEST update and a checkpoint (measured 10–20 ms per checkpoint under load, almost all
-//! fsyncs; docs/benchmarks.md). Both kinds open with [`TaskStore::open_from_snapshot`].
+//! fsyncs). Both kinds open with [`TaskStore::open_from_snapshot`].
 //!
 //! Invariants:
 //! - Between checkpoints, operator state lives in memory; a task's store is written when it is

@@ -3,10 +3,9 @@
 //! Each upstream's blocks go to a column family of their own (`u<task id>`). An agg emits its
 //! windows oldest first and each window in key order, so its blocks' keys only grow: the files
 //! its column family flushes do not overlap, and RocksDB moves them down the levels instead of
-//! rewriting them. In one column family the two aggs' blocks of a window interleaved, every
-//! flushed file overlapped the next, and compaction rewrote every result once: at 4,000,000
-//! keys as many bytes as the results themselves, written, and uploaded again at the next
-//! checkpoint (docs/benchmarks.md).
+//! rewriting them. In one column family the aggs' blocks of a window would interleave, every
+//! flushed file overlap the next, and compaction rewrite every result once: at 4,000,000 keys
+//! as many bytes as the results themselves, written, and uploaded again at the next checkpoint.
 //!
 //! Readers see one ordered set of blocks: [`Merged`] walks the column families side by side.
 //! The default column family holds what older Weirs wrote (one column family for all); a block

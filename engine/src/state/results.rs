@@ -45,7 +45,7 @@ fn options() -> rocksdb::Options {
     // Small memtables: a window's burst of results (160 MB at 4,000,000 keys) is flushed while it
     // arrives, and each file stored ahead of the checkpoint (`backup::ahead`); a checkpoint then
     // waits for the last memtables' flush and upload only. Commit p50 at 4,000,000 keys
-    // (docs/benchmarks.md): 64 MiB 0.3-0.8 s, 16 MiB 170-210 ms, 8 MiB 105-160 ms (with two
+    // (`weir-e2e keys`): 64 MiB 0.3-0.8 s, 16 MiB 170-210 ms, 8 MiB 105-160 ms (with two
     // memtables per column family).
     o.set_write_buffer_size(8 << 20);
     // Room for a burst while the flushes catch up: with two memtables per column family RocksDB

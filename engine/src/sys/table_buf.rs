@@ -26,11 +26,10 @@ const HUGE: usize = 2 << 20;
 
 /// Buffers from this many bytes (a 4 KiB page) on come from huge-page chunks.
 ///
-/// Was 256 KiB. At 100,000 keys a shard's table is 32 KiB and a window's 256 of them 8 MiB:
-/// 2,048 small pages, as many as the second-level TLB holds, so rows missed it too. `weir-e2e
-/// agg 100000`, three pairs: 19.7 / 20.0 / 20.1 ns per row against 21.7 / 21.6 / 21.4, or 1.09 /
-/// 1.12 / 1.14 times timely's table of the same run against 1.24 / 1.21 / 1.24
-/// (docs/benchmarks.md).
+/// Not larger: at 100,000 keys a shard's table is 32 KiB and a window's 256 of them 8 MiB; on
+/// small pages that is 2,048 of them, as many as the second-level TLB holds, so rows would miss it
+/// too. `weir-e2e agg 100000`, three pairs: 19.7 / 20.0 / 20.1 ns per row from 4 KiB against
+/// 21.7 / 21.6 / 21.4 from 256 KiB.
 const HUGE_FROM: usize = 4 << 10;
 
 /// Where a buffer's memory came from (and goes back to).

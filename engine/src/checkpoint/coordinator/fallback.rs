@@ -13,7 +13,7 @@
 //!   coordinator makes it again.
 //! - Never a start from nothing while commits exist: with no older commit every task can
 //!   restore, the stream halts with what was found.
-//! - So when some tasks did not say so (other nodes), they cannot go back with the others (the stream restart comes with the cluster): the fallback is
+//! - So when some tasks did not say so (other nodes), they cannot go back with the others: the fallback is
 //!   recorded, so restarting every node takes the stream back together, and the stream halts
 //!   saying so.
 

@@ -49,7 +49,7 @@ impl TaskMachine {
     /// A newer checkpoint proves the active one is over: the coordinator runs one at a time and
     /// allocates a new id only after the old one committed or failed. (The seed discards every
     /// other id; but a reset overtaken by the next checkpoint's request or trigger then makes that
-    /// checkpoint fail as well, and the next, found by the simulator.) The old id counts as failed
+    /// checkpoint fail as well, and the next: a livelock.) The old id counts as failed
     /// here; its snapshot stays, since it may have committed (a late update then records that).
     pub(super) fn abandon(&mut self) -> Vec<TaskAction> {
         let Some(a) = self.active.take() else { return Vec::new() };

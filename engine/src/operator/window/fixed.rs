@@ -29,10 +29,9 @@ const BELOW_HALF: f64 = 0.499_999_999_999_999_94;
 /// `the_fast_fixed_point_conversion_rounds_exactly_as_round_does` checks it against `round` on
 /// these edges and on a million random bit patterns.
 ///
-/// What it replaced: `round` (a libm call) and the software f64 → i128 conversion, 14 % of the
-/// engine's CPU at 10,000 keys (`perf` in issue 11); then a range check, a truncation, the
-/// fraction and two comparisons, whose chain of dependent instructions the agg's row waited
-/// for (docs/benchmarks.md).
+/// Why not the obvious ways: `round` (a libm call) and the software f64 → i128 conversion cost 14 %
+/// of the engine's CPU at 10,000 keys (`perf`); a range check, a truncation, the fraction and two
+/// comparisons form a chain of dependent instructions the agg's row waits for.
 #[inline]
 pub fn to_fixed(v: f64) -> i128 {
     let x = v * FX_SCALE;

@@ -20,7 +20,7 @@
 //! - fired windows wait until every upstream's replay is over ([`WindowAgg::hold`]), so none
 //!   is emitted without the rows it is owed.
 //!
-//! The cost of a checkpoint no longer grows with the state: a snapshot is a few hundred bytes,
+//! The cost of a checkpoint does not grow with the state: a snapshot is a few hundred bytes,
 //! and a restore replays at most the rows of the windows held. Windows restored from a full
 //! snapshot's entries are born at [`NEEDS_FULL`]: their earlier rows are in no replay, so the
 //! agg takes full snapshots until they have fired.

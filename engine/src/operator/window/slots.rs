@@ -10,7 +10,7 @@
 //! key its probe does not find in its first slot costs a mispredicted branch and another line,
 //! about as much as the rest of its row, and at half load a fifth to a third of the rows are
 //! such. At a quarter that is half as many: `weir-e2e keys 6 100000`, three pairs, 93 / 93 / 95
-//! against 82 / 81 / 85 M events/s (docs/benchmarks.md), for twice the memory (an
+//! against 82 / 81 / 85 M events/s at half load, for twice the memory (an
 //! entry takes 256 to 512 bytes instead of 128 to 256), which small tables can spend and large
 //! ones, whose state is what the memory budget is for, cannot. At three quarters the agg loop was
 //! 20 % slower at 10,000 to 4,000,000 keys (`weir-e2e agg`: 42.8 / 98.3 / 141.8 against 35.3 /

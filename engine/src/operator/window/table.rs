@@ -94,7 +94,7 @@ impl Shard {
 }
 
 /// Rows between asking for a row's table line and aggregating the row ([`WindowTable::add_run`],
-/// and the ring of the row-by-row `RowAdder`): 16 or 32 were slower (docs/benchmarks.md).
+/// and the ring of the row-by-row `RowAdder`): 16 or 32 were slower (`weir-e2e agg`).
 pub(super) const AHEAD: usize = 8;
 
 /// Rows a shared shard defers at least, before it is copied.
@@ -287,8 +287,8 @@ impl WindowTable {
             Shard::Shared(a, mut rows) => {
                 // The rows that waited are applied to the entries as they come out, not to a
                 // copy of the table, and the table waits for the snapshot to let go of it: a
-                // copied and dropped table never reached the pool, so the next window faulted
-                // in a fresh one (docs/benchmarks.md).
+                // copied and dropped table would never reach the pool, and the next window would
+                // fault in a fresh one.
                 scratch.extend(a.iter().map(|(k, a)| (order_of(k), k, *a)));
                 if !rows.is_empty() {
                     apply_sorted(scratch, &mut rows);

@@ -127,8 +127,8 @@ impl TaskPort for EnginePort<'_> {
             }
             // The store's memtable is switched by the uploader as it takes the job
             // (`UploadJob::start`), not here: RocksDB's switch takes its mutex and wakes its
-            // flush threads, and a worker that did it was now and then off its core for
-            // milliseconds inside the pause (docs/benchmarks.md).
+            // flush threads, and a worker that did it would now and then be off its core for
+            // milliseconds inside the pause.
             Task::Sink(s) => Captured::Sink(s.store.clone()),
         })
     }

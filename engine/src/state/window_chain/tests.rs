@@ -130,8 +130,8 @@ fn a_chain_file_gone_from_the_node_makes_the_snapshot_whole() {
     assert_eq!(sorted(&load(&snap(root.path(), 2), WindowSpec::tumbling(HOUR), 0)), sorted(&agg));
 }
 
-/// The soak of issue 12 found it: after a restore, a snapshot written whole (its chain's files
-/// gone from the node) lost every restored entry no row had touched since.
+/// After a restore, a snapshot written whole (its chain's files gone from the node) keeps every
+/// restored entry, those no row has touched since included.
 #[test]
 fn a_whole_snapshot_after_a_restore_keeps_the_restored_entries_no_row_touched_since() {
     let (root, _, _) = started(1000);
