@@ -242,8 +242,13 @@ pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<Exit
             .collect();
         ms.sort_by(f64::total_cmp);
         let (ok, failed) = log.totals();
-        let failing = (ok == 0 && failed + log.not_started() > 0) || !log.healthy();
-        (ok, failed, log.not_started(), ms.get(ms.len() / 2).copied().unwrap_or(0.0), failing.then(|| log.cause()))
+        let failing =
+            failed_checkpoints(ok, failed + log.not_started(), log.healthy(), t0.elapsed(), args.checkpoint_interval);
+        let cause = match log.cause() {
+            c if !c.is_empty() => c,
+            _ => "none has finished yet: the store may not be answering (see the log)".to_string(),
+        };
+        (ok, failed, log.not_started(), ms.get(ms.len() / 2).copied().unwrap_or(0.0), failing.then_some(cause))
     });
     let engine = std::sync::Arc::into_inner(engine).context("engine still shared")?;
     if args.events.is_none() {
@@ -268,9 +273,15 @@ pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<Exit
                 "         {ok} checkpoints committed ({failed} failed{not_started}), trigger to commit median {median:.1} ms, in {remote_name}"
             )?;
             if let Some(cause) = &failing {
-                let what = if ok == 0 { "no checkpoint committed" } else { "checkpoints were failing at the end" };
+                let what = if ok == 0 {
+                    format!("no checkpoint committed: the state is not in {remote_name}")
+                } else {
+                    format!(
+                        "checkpoints were failing at the end: what came after the last commit is not in {remote_name}"
+                    )
+                };
                 out.flush()?;
-                writeln!(std::io::stderr(), "error: {what}: the state is not in {remote_name}; first cause: {cause}")?;
+                writeln!(std::io::stderr(), "error: {what}; first cause: {cause}")?;
             }
         }
         None => writeln!(out, "         checkpoints off")?,
@@ -292,8 +303,28 @@ pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<Exit
     Ok(if failing { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
+/// Whether a run's checkpoints failed: none committed after a failure, or after three
+/// intervals (time for a commit: a store that does not answer ends no checkpoint), or more
+/// failures in a row than tolerated at the end.
+fn failed_checkpoints(committed: u64, failed: u64, healthy: bool, ran: Duration, interval: Duration) -> bool {
+    (committed == 0 && (failed > 0 || ran >= interval * 3)) || !healthy
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn a_run_fails_its_checkpoints_without_a_commit_after_a_failure_or_three_intervals() {
+        let s = Duration::from_secs;
+        let failed = |c, f, h, ran| super::failed_checkpoints(c, f, h, s(ran), s(1));
+        assert!(!failed(0, 0, true, 2), "too short for a commit");
+        assert!(failed(0, 1, true, 2), "a failure and no commit");
+        assert!(failed(0, 0, true, 3), "three intervals and nothing ended: the store does not answer");
+        assert!(!failed(5, 2, true, 10), "commits, failures within the tolerated");
+        assert!(failed(5, 9, false, 10), "failing at the end");
+    }
+
     #[test]
     fn sizes_read_as_people_write_them() {
         for (s, n) in [("512", 512), ("64K", 65_536), ("50M", 50 << 20), ("50MiB/s", 50 << 20), ("1.5G", 3 << 29)] {

@@ -201,7 +201,7 @@ fn weir_verify_of_a_running_stream_compares_the_windows_its_last_commit_closed()
     let t0 = Instant::now();
     let said = loop {
         let (code, out, err) = verify(&config, &[]);
-        if code == Some(0) && !out.contains("all 0 results") {
+        if code == Some(0) && !out.contains("all 0 window results") {
             break out;
         }
         assert!(code == Some(0) || err.contains("no commit"), "{code:?} {out} {err}");

@@ -14,7 +14,7 @@ use weir_engine::operator::window::{WindowResult, WindowSpec};
 use weir_engine::reference::results_of_windows;
 use weir_engine::wire::StreamId;
 
-use super::select::{Plan, chunks};
+use super::select::Plan;
 use crate::client::Target;
 
 /// Rows recomputed at most per chunk (about 100 bytes of expected results each at worst).
@@ -44,7 +44,8 @@ pub struct Outcome {
     pub want: u64,
     /// Results found in them.
     pub found: u64,
-    /// Results that differ, are missing or are not expected.
+    /// Results that differ, are missing or are not expected (those outside the windows checked
+    /// included).
     pub bad: u64,
     /// Generator rows recomputed.
     pub rows: u64,
@@ -52,12 +53,12 @@ pub struct Outcome {
 
 impl Check<'_> {
     /// Compares the windows of `plan`, with a progress bar (on a terminal) over the rows to
-    /// recompute.
-    pub fn run(&self, plan: &Plan) -> anyhow::Result<Outcome> {
+    /// recompute; then checks that the nodes hold no result before `first`, the first window
+    /// any row can fall in, nor, when `ended`, after `last`.
+    pub fn run(&self, plan: &Plan, first: i64, last: i64, ended: bool) -> anyhow::Result<Outcome> {
         let mut ranges = Vec::new();
         if let Some(recent) = &plan.recent {
-            let per_window = self.rows(*recent.end()..=*recent.end()).max(1);
-            ranges.extend(chunks(self.w, recent.clone(), (CHUNK_ROWS / per_window).max(1)));
+            ranges.extend(self.chunks(recent.clone()));
         }
         ranges.extend(plan.sampled.iter().map(|s| *s..=*s));
         let total: u64 = ranges.iter().map(|r| self.rows(r.clone())).sum();
@@ -89,7 +90,52 @@ impl Check<'_> {
             bar.inc(rows);
         }
         bar.finish_and_clear();
+        out.bad += self.outside(first, last, ended)?;
         Ok(out)
+    }
+
+    /// `range` cut into chunks of at most [`CHUNK_ROWS`] rows (at least a window each), in
+    /// order: the rows of a window differ along the stream (loads of different rates).
+    fn chunks(&self, range: RangeInclusive<i64>) -> Vec<RangeInclusive<i64>> {
+        let (mut out, slide) = (Vec::new(), self.w.slide_ms);
+        let (mut lo, mut rows) = (*range.start(), 0u64);
+        let mut at = lo;
+        while at <= *range.end() {
+            let more = self.rows(at..=at);
+            if rows > 0 && rows + more > CHUNK_ROWS {
+                out.push(lo..=at - slide);
+                (lo, rows) = (at, 0);
+            }
+            rows += more;
+            let Some(next) = at.checked_add(slide) else { break };
+            at = next;
+        }
+        out.push(lo..=*range.end());
+        out
+    }
+
+    /// Results the nodes hold in windows no row can be in: before `first`, and when the stream
+    /// has `ended`, after `last` (each printed, up to `show`).
+    #[allow(clippy::print_stdout)]
+    fn outside(&self, first: i64, last: i64, ended: bool) -> anyhow::Result<u64> {
+        let mut stray = Vec::new();
+        for addr in self.serving {
+            crate::results::pages_from(self.t, *addr, self.stream, None, |page| {
+                stray.extend(page.iter().filter(|x| x.start < first).map(WindowResult::from));
+                page.last().is_some_and(|x| x.start < first)
+            })?;
+            let after = last.checked_add(self.w.slide_ms).filter(|_| ended);
+            if let Some(after) = after {
+                crate::results::pages_from(self.t, *addr, self.stream, Some(after), |page| {
+                    stray.extend(page.iter().filter(|x| x.start > last).map(WindowResult::from));
+                    stray.len() < 1_000
+                })?;
+            }
+        }
+        for r in stray.iter().take(self.show) {
+            println!("key {} window {}: expected nothing, found {}", r.key, r.start, row(r));
+        }
+        Ok(stray.len() as u64)
     }
 
     /// Rows that can fall in the windows starting in `r`.

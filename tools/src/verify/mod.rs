@@ -181,9 +181,25 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     let segments: Vec<_> = (0..spec.partitions).map(|p| (Generator::new(*g, p), 0..*limit)).collect();
     // Ended: every window is closed, the last one holding the latest row.
     let latest = segments.iter().map(|(g, r)| g.max_ts_before(r.end)).max().unwrap_or(i64::MIN);
-    let last = spec.window.last_start(latest);
+    let last = last_closed_start(spec.window, latest.saturating_add(spec.window.size_ms));
     let what = format!("stream {} (ended)", stream.0);
-    report(args, &t, &serving, &spec, segments, last, 0, &what, "the generator's", "the end of its rows")
+    let Some((first, last, _)) = closed_bounds(&spec, &segments, last) else {
+        bail!("stream {} ended without a row", stream.0)
+    };
+    let bounds = (first, last, true);
+    report(args, &t, &serving, &spec, segments, bounds, 0, &what, "the generator's", "the end of its rows")
+}
+
+/// The first window any row of `segments` can fall in and `last`, the last closed one, when
+/// some window has closed.
+fn closed_bounds(
+    spec: &StreamSpec,
+    segments: &[(Generator, std::ops::Range<u64>)],
+    last: Option<i64>,
+) -> Option<(i64, i64, bool)> {
+    let last = last?;
+    let first = first_start(spec.window, segments.iter().map(|(g, _)| g.min_ts()).min()?)?;
+    (first <= last).then_some((first, last, false))
 }
 
 /// Checks the windows of `spec` that `args` chose among those closed up to `last` (a window
@@ -195,18 +211,17 @@ fn report(
     serving: &[SocketAddr],
     spec: &StreamSpec,
     segments: Vec<(Generator, std::ops::Range<u64>)>,
-    last: i64,
+    (first, last, ended): (i64, i64, bool),
     tries: u32,
     what: &str,
     source: &str,
     up_to: &str,
 ) -> anyhow::Result<ExitCode> {
     let w = spec.window;
-    let first = first_start(w, segments.iter().map(|(g, _)| g.min_ts()).min().unwrap_or(last));
     let scope = args.scope()?;
     let plan = select::plan(w, first, last, scope);
     let check = Check { t, serving, stream: spec.id, w, segments, tries, show: args.show };
-    let Outcome { windows, want, found, bad, rows } = check.run(&plan)?;
+    let Outcome { windows, want, found, bad, rows } = check.run(&plan, first, last, ended)?;
     let which = match scope {
         Scope::All => format!("every window closed up to {up_to} ({windows})"),
         Scope::Recent { seed, .. } => {
@@ -312,18 +327,16 @@ fn ingested(
         .enumerate()
         .flat_map(|(p, l)| l.iter().map(move |x| (Generator::new(x.generator, p as u32), 0..x.rows)))
         .collect();
-    let last = last_closed_start(w, closed);
-    let first = first_start(w, segments.iter().map(|(g, _)| g.min_ts()).min().unwrap_or(last));
-    if closed == i64::MIN || last < first {
+    let Some(bounds) = closed_bounds(spec, &segments, last_closed_start(w, closed)) else {
         bail!(
             "stream {}: no window of its {rows} rows has closed yet (a partition without rows, or loads still running)",
             spec.id.0
         );
-    }
+    };
     let per_partition: Vec<String> = loads.iter().map(|l| l.iter().map(|x| x.rows).sum::<u64>().to_string()).collect();
     let what = format!("stream {} (ingest)", spec.id.0);
     let source = format!("the {rows} rows of {count} load(s) (per partition: {})", per_partition.join(", "));
-    report(args, t, serving, spec, segments, last, 10, &what, &source, "the partitions' watermarks")
+    report(args, t, serving, spec, segments, bounds, 10, &what, &source, "the partitions' watermarks")
 }
 
 /// A running generator stream: the windows its last commit closed.
@@ -355,7 +368,14 @@ fn committed(
     // Every partition has passed `closed`: the windows ending there hold rows before the offsets only.
     let progress = segments.iter().map(|(g, r)| g.max_ts_before(r.end)).min().unwrap_or(i64::MIN);
     let last = last_closed_start(spec.window, progress.saturating_sub(spec.watermark_delay_ms));
+    let Some(bounds) = closed_bounds(spec, &segments, last) else {
+        bail!(
+            "stream {} has no commit that closed a window yet (its last, {}, closed none): try again later",
+            spec.id.0,
+            record.id
+        )
+    };
     let what = format!("stream {} (running)", spec.id.0);
     let up_to = format!("its last commit ({})", record.id);
-    report(args, t, serving, spec, segments, last, 3, &what, "the generator's", &up_to)
+    report(args, t, serving, spec, segments, bounds, 3, &what, "the generator's", &up_to)
 }

@@ -20,7 +20,8 @@ pub enum Scope {
 /// The windows chosen: ranges of window starts, each a grid of `slide_ms`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
-    /// The latest closed windows (every one of them with [`Scope::All`]).
+    /// The latest closed windows (every one of them with [`Scope::All`]; none with a `since` of
+    /// 0).
     pub recent: Option<RangeInclusive<i64>>,
     /// Older windows sampled, by start.
     pub sampled: Vec<i64>,
@@ -28,14 +29,20 @@ pub struct Plan {
     pub closed: u64,
 }
 
-/// The first window start whose window holds event time `ts`.
-pub fn first_start(w: WindowSpec, ts: i64) -> i64 {
-    w.last_start(ts) - (w.windows_per_row() - 1) * w.slide_ms
+/// The latest window start at or before `ts` (`None` past the range of i64).
+fn start_at(w: WindowSpec, ts: i64) -> Option<i64> {
+    ts.checked_sub(ts.rem_euclid(w.slide_ms))
 }
 
-/// The start of the last window that ends at or before `closed` (it holds only rows before it).
-pub fn last_closed_start(w: WindowSpec, closed: i64) -> i64 {
-    w.last_start(closed.saturating_sub(w.size_ms))
+/// The first window start whose window holds event time `ts` (`None` past the range of i64).
+pub fn first_start(w: WindowSpec, ts: i64) -> Option<i64> {
+    start_at(w, ts)?.checked_sub((w.windows_per_row() - 1).checked_mul(w.slide_ms)?)
+}
+
+/// The start of the last window that ends at or before `closed` (it holds only rows before
+/// it); `None` when no window can have (`closed` near the start of time).
+pub fn last_closed_start(w: WindowSpec, closed: i64) -> Option<i64> {
+    start_at(w, closed.checked_sub(w.size_ms)?)
 }
 
 /// The windows to check among those starting in `first..=last` (both on the grid).
@@ -43,38 +50,24 @@ pub fn plan(w: WindowSpec, first: i64, last: i64, scope: Scope) -> Plan {
     if last < first {
         return Plan { recent: None, sampled: Vec::new(), closed: 0 };
     }
-    let closed = ((last - first) / w.slide_ms + 1) as u64;
+    let windows = |from: i64, to: i64| ((i128::from(to) - i128::from(from)) / i128::from(w.slide_ms)) as u64;
+    let closed = windows(first, last) + 1;
     let Scope::Recent { since_ms, sample, seed } = scope else {
         return Plan { recent: Some(first..=last), sampled: Vec::new(), closed };
     };
-    // The windows whose end is within `since_ms` of the last one's end.
-    let lo = (w.last_start(last.saturating_sub(since_ms.max(0))) + w.slide_ms).clamp(first, last);
-    let older = ((lo - first) / w.slide_ms) as u64;
+    // The windows whose end is within `since_ms` of the last one's end: starts after
+    // `last - since_ms` (none for 0).
+    let after = start_at(w, last.saturating_sub(since_ms.max(0))).unwrap_or(i64::MIN);
+    let lo = after.saturating_add(w.slide_ms).max(first);
+    let recent = (lo <= last).then_some(lo..=last);
+    let older = windows(first, lo.min(last.saturating_add(w.slide_ms)));
     let mut picked = std::collections::BTreeSet::new();
     let mut state = seed;
     while (picked.len() as u64) < older.min(sample as u64) {
         picked.insert(splitmix(&mut state) % older);
     }
-    let sampled = picked.into_iter().map(|i| first + i as i64 * w.slide_ms).collect();
-    Plan { recent: Some(lo..=last), sampled, closed }
-}
-
-/// `range` cut into ranges of at most `windows` windows each, in order.
-pub fn chunks(w: WindowSpec, range: RangeInclusive<i64>, windows: u64) -> impl Iterator<Item = RangeInclusive<i64>> {
-    let step = w.slide_ms.saturating_mul(windows.max(1).min(i64::MAX as u64) as i64);
-    let (mut at, end) = (*range.start(), *range.end());
-    std::iter::from_fn(move || {
-        if at > end {
-            return None;
-        }
-        let hi = at.saturating_add(step - w.slide_ms).min(end);
-        let out = at..=hi;
-        at = hi.saturating_add(w.slide_ms);
-        if hi == i64::MAX {
-            at = i64::MAX;
-        }
-        Some(out)
-    })
+    let sampled = picked.into_iter().map(|i| first.saturating_add((i as i64).saturating_mul(w.slide_ms))).collect();
+    Plan { recent, sampled, closed }
 }
 
 fn splitmix(state: &mut u64) -> u64 {
@@ -114,20 +107,20 @@ mod tests {
         assert_eq!((young.recent, young.sampled.len()), (Some(0..=20_000), 0));
         // Fewer older windows than the sample: all of them.
         assert_eq!(plan(W, 0, 61_000, scope).sampled, vec![0, 1_000]);
+        // A `since` of 0: no recent window, only the sample, taken from every closed window.
+        let none = plan(W, 0, 9_000, Scope::Recent { since_ms: 0, sample: 20, seed: 1 });
+        assert_eq!((none.recent, none.sampled.len()), (None, 10));
+        // Extremes do not overflow.
+        let wide = plan(W, i64::MIN + 808, i64::MAX - 807, scope);
+        assert!(wide.closed > 0 && wide.sampled.len() == 3, "{wide:?}");
     }
 
     #[test]
     fn hopping_windows_start_where_their_first_row_falls() {
         let w = WindowSpec { size_ms: 3_000, slide_ms: 1_000 };
-        assert_eq!(first_start(w, 10_500), 8_000, "windows 8..11, 9..12 and 10..13 hold 10.5");
-        assert_eq!(last_closed_start(w, 20_000), 17_000, "17..20 is the last closed by 20");
-        assert_eq!(last_closed_start(W, 20_999), 19_000);
-    }
-
-    #[test]
-    fn chunks_cover_a_range_in_order_without_overlap() {
-        let c: Vec<_> = chunks(W, 0..=9_000, 4).collect();
-        assert_eq!(c, vec![0..=3_000, 4_000..=7_000, 8_000..=9_000]);
-        assert_eq!(chunks(W, 5_000..=5_000, 4).collect::<Vec<_>>(), vec![5_000..=5_000]);
+        assert_eq!(first_start(w, 10_500), Some(8_000), "windows 8..11, 9..12 and 10..13 hold 10.5");
+        assert_eq!(last_closed_start(w, 20_000), Some(17_000), "17..20 is the last closed by 20");
+        assert_eq!(last_closed_start(W, 20_999), Some(19_000));
+        assert_eq!((first_start(w, i64::MIN), last_closed_start(w, i64::MIN + 5)), (None, None), "no overflow");
     }
 }
