@@ -225,8 +225,13 @@ impl Board {
         r.register("task_state", "A task's state (1 for the state it is in)", state);
         let watermark = Family::<Labels, Gauge>::default();
         let queued = Family::<Labels, Gauge>::default();
+        let (replay_rows, replayed) = (Family::<Labels, Gauge>::default(), Family::<Labels, Gauge>::default());
         if let Some(st) = &s.status {
             for t in &st.tasks {
+                if t.replay_rows > 0 {
+                    replay_rows.get_or_create(&task_labels(t.stream.0, t.task.0)).set(t.replay_rows as i64);
+                    replayed.get_or_create(&task_labels(t.stream.0, t.task.0)).set(t.replayed as i64);
+                }
                 if let Some(w) = t.watermark_ms {
                     watermark.get_or_create(&task_labels(t.stream.0, t.task.0)).set(w);
                 }
@@ -239,6 +244,12 @@ impl Board {
             watermark,
         );
         r.register("task_input_queue", "Messages waiting in a task's input queues", queued);
+        r.register(
+            "task_replay_rows",
+            "Rows an agg's restore has the sources send again (its last restore's replay)",
+            replay_rows,
+        );
+        r.register("task_replayed_rows", "Of those, rows the agg has taken (not in task_rows_in)", replayed);
         let names = [
             ("source_rows", "Rows the node's sources read"),
             ("agg_rows", "Rows the node's aggs processed"),

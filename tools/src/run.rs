@@ -208,12 +208,21 @@ pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<Exit
             let last = log.recent(1).last().map_or(0.0, |c| c.duration_us as f64 / 1e3);
             (log.totals().0, last, log.consecutive_failures())
         });
+        // A restore's replay: the rows the aggs take again are not events of this run.
+        let tasks = engine.status().tasks;
+        let replaying: Vec<_> = tasks.iter().filter(|t| t.replay_rows > t.replayed).collect();
+        let replay = match replaying.iter().max_by_key(|t| t.replay_rows - t.replayed) {
+            Some(t) => {
+                format!("  replaying {} (the slowest of {} aggs)", crate::status::replay_progress(t), replaying.len())
+            }
+            None => String::new(),
+        };
         // On a terminal the status line is rewritten in place (the log is in a file then, see
         // `logging::init_run`); elsewhere one line a second, between the log's lines.
         write!(out, "{}", if live { "\r\x1b[2K" } else { "" })?;
         write!(
             out,
-            "  {:>5.1}s  {:>7.2} M events/s  {:>14} events  {:>9} window results  {:>4} checkpoints (last {:>5.1} ms{})  rss {:>4} MiB",
+            "  {:>5.1}s  {:>7.2} M events/s  {:>14} events  {:>9} window results  {:>4} checkpoints (last {:>5.1} ms{})  rss {:>4} MiB{replay}",
             t0.elapsed().as_secs_f64(),
             rate / 1e6,
             rows,

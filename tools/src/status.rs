@@ -51,6 +51,24 @@ fn state(s: &TaskState) -> &'static str {
     }
 }
 
+/// An agg's replay under way: how far, and the time left at its pace so far.
+pub fn replay_progress(t: &weir_engine::wire::msg::TaskStatus) -> String {
+    let rate = t.replayed as f64 / (t.replay_ms.max(1) as f64 / 1e3);
+    let left = if t.replayed == 0 {
+        "time left unknown yet".to_string()
+    } else {
+        let secs = (t.replay_rows - t.replayed) as f64 / rate;
+        format!("about {} left", humantime::format_duration(Duration::from_secs(secs.ceil() as u64)))
+    };
+    format!(
+        "{} of {} rows ({:.0} %) in {}, {left}",
+        t.replayed,
+        t.replay_rows,
+        t.replayed as f64 * 100.0 / t.replay_rows as f64,
+        humantime::format_duration(Duration::from_millis(t.replay_ms / 100 * 100)),
+    )
+}
+
 fn outcome(o: &CheckpointOutcome) -> String {
     match o {
         CheckpointOutcome::InProgress => "in progress".into(),
@@ -84,6 +102,9 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
                     "watermark_ms": t.watermark_ms, "queued": t.queued,
                     "latest_committed": t.latest.map(|c| c.0), "active": t.active.map(|c| c.0),
                     "last_failed": t.failed.map(|c| c.0),
+                    "replay": (t.replay_rows > 0).then(|| json!({
+                        "rows": t.replay_rows, "replayed": t.replayed, "ms": t.replay_ms,
+                    })),
                 })).collect::<Vec<_>>(),
                 "streams": r.streams.iter().map(|s| json!({
                     "stream": s.stream.0, "healthy": s.healthy, "consecutive_failures": s.consecutive_failures,
@@ -210,6 +231,18 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
             }
         }
     }
+    for (_, a) in answers {
+        let Answer::Up(r) = a else { continue };
+        for t in r.tasks.iter().filter(|t| t.replay_rows > t.replayed) {
+            let _ = writeln!(
+                out,
+                "task {} on node {}: replaying its open windows' rows, {}",
+                t.task.0,
+                r.node.0,
+                replay_progress(t)
+            );
+        }
+    }
     if !answers.iter().any(|(_, a)| matches!(a, Answer::Up(r) if !r.streams.is_empty())) {
         let _ = writeln!(
             out,
@@ -303,5 +336,38 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
         }
         println!("{text}");
         return Ok(if all_up { ExitCode::SUCCESS } else { ExitCode::from(1) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use weir_engine::wire::msg::{TaskState, TaskStatus};
+    use weir_engine::wire::{StreamId, TaskId};
+
+    fn replaying(rows: u64, replayed: u64, ms: u64) -> TaskStatus {
+        TaskStatus {
+            stream: StreamId(1),
+            task: TaskId(2),
+            state: TaskState::Ready,
+            latest: None,
+            active: None,
+            failed: None,
+            rows_in: 0,
+            rows_out: 0,
+            watermark_ms: None,
+            queued: 0,
+            replay_rows: rows,
+            replayed,
+            replay_ms: ms,
+        }
+    }
+
+    #[test]
+    fn a_replay_says_how_far_it_is_and_the_time_left_at_its_pace() {
+        assert_eq!(
+            super::replay_progress(&replaying(4_000_000, 1_000_000, 2_000)),
+            "1000000 of 4000000 rows (25 %) in 2s, about 6s left"
+        );
+        assert_eq!(super::replay_progress(&replaying(10, 0, 0)), "0 of 10 rows (0 %) in 0s, time left unknown yet");
     }
 }

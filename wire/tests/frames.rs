@@ -172,6 +172,7 @@ roundtrip! {
         tasks: vec![TaskStatus {
             stream: StreamId(1), task: TaskId(1), state: TaskState::Checkpointing, latest: Some(CheckpointId(3)),
             active: Some(CheckpointId(4)), failed: Some(CheckpointId(2)), rows_in: 10, rows_out: 9, watermark_ms: Some(-7), queued: 3,
+            replay_rows: 40, replayed: 12, replay_ms: 900,
         }],
         checkpoints: vec![CheckpointStats {
             stream: StreamId(1), checkpoint: CheckpointId(3), started_at_ms: 1, duration_us: 12_000,

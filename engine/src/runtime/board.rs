@@ -32,6 +32,12 @@ pub(crate) struct TaskBoard {
     pub(crate) watermark_ms: AtomicI64,
     /// Messages in its input queues, as of its last poll.
     pub(crate) queued: AtomicU64,
+    /// An agg's replay since its restore: rows to take again in all, of which taken.
+    replay_rows: AtomicU64,
+    replayed: AtomicU64,
+    /// When it began and when it ended (ms since the board was made; the end 0 while it runs).
+    replay_span: AtomicCell<(u64, u64)>,
+    made: std::time::Instant,
     /// Its input has ended and it has emitted everything (a bounded stream): reported stopped.
     finished: std::sync::atomic::AtomicBool,
 }
@@ -53,8 +59,29 @@ impl TaskBoard {
             rows_out: AtomicU64::new(0),
             watermark_ms: AtomicI64::new(i64::MIN),
             queued: AtomicU64::new(0),
+            replay_rows: AtomicU64::new(0),
+            replayed: AtomicU64::new(0),
+            replay_span: AtomicCell::new((0, 0)),
+            made: std::time::Instant::now(),
             finished: Default::default(),
         })
+    }
+
+    /// A restore sends `rows` again (an agg's replay): progress counts from here.
+    pub(crate) fn replay_begins(&self, rows: u64) {
+        self.replay_rows.store(rows, Ordering::Relaxed);
+        self.replayed.store(0, Ordering::Relaxed);
+        let now = self.made.elapsed().as_millis() as u64;
+        self.replay_span.store((now, if rows == 0 { now } else { 0 }));
+    }
+
+    /// The agg took `n` replayed rows; `over`: its replay is over.
+    pub(crate) fn replayed(&self, n: u64, over: bool) {
+        self.replayed.fetch_add(n, Ordering::Relaxed);
+        if over {
+            let (from, _) = self.replay_span.load();
+            self.replay_span.store((from, self.made.elapsed().as_millis().max(1) as u64));
+        }
     }
 
     /// Publishes the checkpoint machine's view.
@@ -119,6 +146,13 @@ impl TaskBoard {
             rows_out: self.rows_out.load(Ordering::Relaxed),
             watermark_ms: Some(self.watermark_ms.load(Ordering::Relaxed)).filter(|w| *w != i64::MIN),
             queued: self.queued.load(Ordering::Relaxed),
+            replay_rows: self.replay_rows.load(Ordering::Relaxed),
+            replayed: self.replayed.load(Ordering::Relaxed),
+            replay_ms: match self.replay_span.load() {
+                (_, _) if self.replay_rows.load(Ordering::Relaxed) == 0 => 0,
+                (from, 0) => (self.made.elapsed().as_millis() as u64).saturating_sub(from),
+                (from, to) => to.saturating_sub(from),
+            },
         }
     }
 }

@@ -71,6 +71,11 @@ impl AggReplay {
         again
     }
 
+    /// Rows still to be sent again, over every upstream.
+    pub(crate) fn left(&self) -> u64 {
+        self.left.iter().sum()
+    }
+
     /// Whether a replay is under way.
     pub(crate) fn replaying(&self) -> bool {
         self.replaying > 0

@@ -308,9 +308,13 @@ impl AggTask {
                         self.cuts.counted(i, self.agg.rows() - before.0, self.agg.late_rows() - before.1);
                         self.stats.rows_past_cuts.fetch_add(rows.len() as u64, Ordering::Relaxed);
                     }
-                    if again > 0 && !self.replay.replaying() {
-                        tracing::info!(task = %self.inp.task(), "the replay is over: fired windows go out");
-                        self.agg.hold(false);
+                    if again > 0 {
+                        let over = !self.replay.replaying();
+                        self.board.replayed(again, over);
+                        if over {
+                            tracing::info!(task = %self.inp.task(), "the replay is over: fired windows go out");
+                            self.agg.hold(false);
+                        }
                     }
                     // State past the budget goes to the spill store after each message (tables
                     // grow a shard at a time: the budget is overshot by one shard's growth at

@@ -51,6 +51,13 @@ archived! {
         pub watermark_ms: Option<i64>,
         /// Messages waiting in the task's input queues (aggs and sinks).
         pub queued: u64,
+        /// An agg's replay since its restore: rows the sources send again, in all.
+        pub replay_rows: u64,
+        /// Of which it has taken so far (equal when the replay is over; replayed rows are not
+        /// in `rows_in`).
+        pub replayed: u64,
+        /// How long it has replayed (ms; 0 without a replay).
+        pub replay_ms: u64,
     }
 }
 

@@ -207,6 +207,7 @@ impl TaskPort for EnginePort<'_> {
                     // The windows come back empty, and the sources send their rows again.
                     a.agg.set_born(point.from.0);
                     a.replay.restore_replay(p.id.0, point)?;
+                    a.board.replay_begins(a.replay.left());
                     a.agg.hold(a.replay.replaying());
                     tracing::info!(task = %c.task, checkpoint = %p.id, from = %point.from, windows = a.agg.open_windows(), "replaying the windows' rows");
                     if a.spill_budget.is_some() {
