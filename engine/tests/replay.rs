@@ -113,6 +113,20 @@ fn switching_between_full_and_replay_snapshots_across_restarts_stays_exact() {
     restart_ends_exact(&spec, with_snapshots(dir.path(), false, None), dir.path());
 }
 
+/// One window longer than the stream, paced sources, run 1.5 s and stopped: the window is born
+/// at the start, so a restore of the last commit (returned) replays every row the sources had
+/// sent, at their paced rate, for about as long as they took to send it.
+fn a_paced_run_with_one_long_window(dir: &std::path::Path) -> (StreamSpec, CheckpointId) {
+    let mut spec = spec_at(60_000, 15_000);
+    spec.window = WindowSpec::tumbling(1_000_000);
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), with_snapshots(dir, true, None)).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    engine.stop();
+    engine.wait().unwrap();
+    let first = last_commit(&spec, dir);
+    (spec, first)
+}
+
 #[test]
 fn a_checkpoint_committed_mid_replay_records_the_restored_offsets_and_restores_exact() {
     // One window longer than the stream: it is born at the start, so a restore replays every
@@ -120,20 +134,13 @@ fn a_checkpoint_committed_mid_replay_records_the_restored_offsets_and_restores_e
     // however fast the machine is (a slower one only makes it longer), and the restarted engine
     // is stopped at its first commit, inside it.
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = spec_at(60_000, 15_000);
-    spec.window = WindowSpec::tumbling(1_000_000);
+    let (mut spec, first) = a_paced_run_with_one_long_window(dir.path());
     let cfg = || with_snapshots(dir.path(), true, None);
     let sources = tasks(&spec, |k| matches!(k, TaskKind::Source { .. }));
     let store = LocalDirStore::new(dir.path().join("remote"));
     let offsets = |id| -> Vec<u64> {
         sources.iter().map(|s| fetch_manifest(&store, spec.id, *s, id, None).unwrap().version.0).collect()
     };
-
-    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg()).unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    engine.stop();
-    engine.wait().unwrap();
-    let first = last_commit(&spec, dir.path());
     let at_first = offsets(first);
     assert!(at_first.iter().all(|o| *o >= 5_000), "the sources had sent rows to replay: {at_first:?}");
 
@@ -192,17 +199,9 @@ fn aggs_that_take_inputs_on_past_their_barriers_restore_exact() {
 
 #[test]
 fn a_restore_reports_its_replay_as_it_goes_and_counts_replayed_rows_apart() {
-    // One window longer than the stream, paced sources: the restore replays every row sent
-    // before the commit, for about as long as they took to send (see the test above).
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = spec_at(60_000, 15_000);
-    spec.window = WindowSpec::tumbling(1_000_000);
+    let (spec, first) = a_paced_run_with_one_long_window(dir.path());
     let cfg = || with_snapshots(dir.path(), true, None);
-    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg()).unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    engine.stop();
-    engine.wait().unwrap();
-    let first = last_commit(&spec, dir.path());
     let store = LocalDirStore::new(dir.path().join("remote"));
     let sources = tasks(&spec, |k| matches!(k, TaskKind::Source { .. }));
     let sent: u64 = sources.iter().map(|s| fetch_manifest(&store, spec.id, *s, first, None).unwrap().version.0).sum();
