@@ -227,6 +227,10 @@ impl TaskPort for EnginePort<'_> {
             }),
             Task::Sink(s) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, m| {
                 restore::sink_format_readable(m.format)?;
+                // Known before the store opens: its files are the manifest's, in the store
+                // already, and the upload-ahead thread must not send them all again (checked
+                // against the store below).
+                *c.index.lock().unwrap_or_else(|e| e.into_inner()) = UploadIndex::from_manifest(m);
                 s.store.restore_from(src).map_err(|e| e.to_string())
             }),
         };
