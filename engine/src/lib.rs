@@ -23,6 +23,7 @@ pub mod private_fs;
 pub mod reference;
 pub mod runtime;
 pub mod spec;
+mod spec_error;
 pub mod state;
 mod sys;
 pub use sys::lower_priority;

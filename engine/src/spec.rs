@@ -11,6 +11,7 @@ use weir_wire::{NodeId, StreamId, TaskId};
 
 use crate::operator::generator::GeneratorSpec;
 use crate::operator::window::WindowSpec;
+pub use crate::spec_error::SpecError;
 
 /// Where a stream's rows come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -101,21 +102,22 @@ impl StreamSpec {
     }
 
     /// Checks the spec; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.partitions == 0 || self.agg_parallelism == 0 || self.sink_parallelism == 0 {
-            return Err("partitions, agg_parallelism and sink_parallelism must be at least 1".into());
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let (partitions, aggs, sinks) = (self.partitions, self.agg_parallelism, self.sink_parallelism);
+        if partitions == 0 || aggs == 0 || sinks == 0 {
+            return Err(SpecError::Parallelism { partitions, aggs, sinks });
         }
         if self.batch_rows == 0 || self.batch_rows > 1 << 20 {
-            return Err("batch_rows must be between 1 and 1048576".into());
+            return Err(SpecError::BatchRows(self.batch_rows));
         }
         if self.watermark_delay_ms < 0 {
-            return Err("watermark_delay_ms must not be negative".into());
+            return Err(SpecError::WatermarkDelay(self.watermark_delay_ms));
         }
-        self.window.validate().map_err(|e| format!("window: {e}"))?;
+        self.window.validate()?;
         if let SourceKind::Generator { spec, rate, .. } = &self.source {
-            spec.validate().map_err(|e| format!("generator: {e}"))?;
+            spec.validate()?;
             if *rate == Some(0) {
-                return Err("generator rate must be positive (omit it for full speed)".into());
+                return Err(SpecError::ZeroRate);
             }
         }
         Ok(())
@@ -424,6 +426,6 @@ mod tests {
         assert!(s.validate().is_err());
         let mut s = StreamSpec::generator(StreamId(1), 1, 1, 1);
         s.window = WindowSpec::hopping(1000, 300);
-        assert!(s.validate().unwrap_err().contains("window"));
+        assert!(s.validate().unwrap_err().to_string().contains("window"));
     }
 }

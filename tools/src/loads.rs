@@ -65,7 +65,7 @@ impl Description {
             out_of_order: d.out_of_order,
             max_disorder_ms: d.max_disorder_ms,
         };
-        g.validate()?;
+        g.validate().map_err(|e| e.to_string())?;
         Ok(g)
     }
 }

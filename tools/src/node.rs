@@ -73,7 +73,7 @@ pub fn stream_spec(file: &ClusterFile) -> anyhow::Result<StreamSpec> {
     let g = &s.generator;
     if s.is_ingest() {
         spec.source = SourceKind::IngestLog;
-        spec.validate().map_err(|e| anyhow::anyhow!("stream: {e}"))?;
+        spec.validate().context("stream")?;
         return Ok(spec);
     }
     spec.source = SourceKind::Generator {
@@ -88,7 +88,7 @@ pub fn stream_spec(file: &ClusterFile) -> anyhow::Result<StreamSpec> {
         limit: g.events,
         rate: g.rate,
     };
-    spec.validate().map_err(|e| anyhow::anyhow!("stream: {e}"))?;
+    spec.validate().context("stream")?;
     Ok(spec)
 }
 

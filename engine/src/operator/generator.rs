@@ -35,12 +35,14 @@ impl Default for GeneratorSpec {
 
 impl GeneratorSpec {
     /// Checks the settings.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.keys == 0 || self.rows_per_ms == 0 {
-            return Err("generator keys and rows_per_ms must be positive".into());
+    pub fn validate(&self) -> Result<(), crate::spec::SpecError> {
+        let (keys, rows_per_ms) = (self.keys, self.rows_per_ms);
+        if keys == 0 || rows_per_ms == 0 {
+            return Err(crate::spec::SpecError::GeneratorEmpty { keys, rows_per_ms });
         }
-        if !(0.0..=1.0).contains(&self.out_of_order) || self.max_disorder_ms < 0 {
-            return Err("out_of_order must be in 0..=1 and max_disorder_ms >= 0".into());
+        let (out_of_order, max_disorder_ms) = (self.out_of_order, self.max_disorder_ms);
+        if !(0.0..=1.0).contains(&out_of_order) || max_disorder_ms < 0 {
+            return Err(crate::spec::SpecError::GeneratorDisorder { out_of_order, max_disorder_ms });
         }
         Ok(())
     }

@@ -8,6 +8,9 @@ pub enum EngineError {
     /// The spec or config is wrong (fatal).
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The stream's spec is wrong (fatal).
+    #[error("invalid stream spec: {0}")]
+    Spec(#[from] crate::spec::SpecError),
     /// A store could not be opened (retryable once the cause is fixed).
     #[error(transparent)]
     State(#[from] crate::state::StateError),
@@ -53,7 +56,7 @@ impl EngineError {
     /// Whether restarting may help (it does for I/O; not for configuration or a panic).
     pub fn is_retryable(&self) -> bool {
         match self {
-            EngineError::Config(_) | EngineError::WorkerPanicked { .. } => false,
+            EngineError::Config(_) | EngineError::Spec(_) | EngineError::WorkerPanicked { .. } => false,
             EngineError::Checkpoint(e) => e.is_retryable(),
             EngineError::Task(TaskError::Checkpoint(e)) => e.is_retryable(),
             _ => true,

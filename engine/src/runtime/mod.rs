@@ -95,7 +95,7 @@ impl std::fmt::Debug for Engine {
 impl Engine {
     /// Starts this node's share of `spec`.
     pub fn start(spec: &StreamSpec, placement: &Placement, cfg: EngineConfig) -> Result<Engine, EngineError> {
-        spec.validate().map_err(EngineError::Config)?;
+        spec.validate()?;
         if cfg.workers == 0 || cfg.queue_capacity < 2 || cfg.remote_credits < 2 {
             return Err(EngineError::Config("workers must be >= 1, queue_capacity and remote_credits >= 2".into()));
         }

@@ -27,6 +27,24 @@ pub(crate) const OFFSET_HISTORY: usize = 1024;
 /// snapshot full).
 const TAKEN_HISTORY: usize = OFFSET_HISTORY;
 
+/// A replay a restore cannot make. Fatal for that restore point: the same point fails the
+/// same way (a stream then goes back to an older commit or takes full snapshots).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ReplayError {
+    /// The point counts rows of another number of upstreams than the agg has.
+    #[error("the replay point counts rows of {point} upstreams, the agg has {agg}")]
+    Upstreams { point: usize, agg: usize },
+    /// The point counts more rows at its start than at its end.
+    #[error("the replay point counts {start} rows at its start and {end} at its end")]
+    Backwards { start: u64, end: u64 },
+    /// The source no longer remembers its offset at the checkpoint the replay starts from.
+    #[error(
+        "a replay from {from} needs this source's offset there, and it remembers its last {remembered} checkpoints \
+         ({oldest} to {newest}): the windows are too long for replay checkpoints (use full ones)"
+    )]
+    Forgotten { from: CheckpointId, remembered: usize, oldest: String, newest: String },
+}
+
 /// An agg's count of its upstreams' rows, and the replay a restore is going through.
 #[derive(Debug)]
 pub(crate) struct AggReplay {
@@ -139,16 +157,12 @@ impl AggReplay {
 
     /// A restore of checkpoint `id` from a replay snapshot: the upstreams send again what the
     /// agg took between `point.from` and `id`.
-    pub(crate) fn restore_replay(&mut self, id: u64, point: &ReplayPoint) -> Result<(), String> {
+    pub(crate) fn restore_replay(&mut self, id: u64, point: &ReplayPoint) -> Result<(), ReplayError> {
         if point.taken.len() != self.taken.len() {
-            return Err(format!(
-                "the replay point counts rows of {} upstreams, the agg has {}",
-                point.taken.len(),
-                self.taken.len()
-            ));
+            return Err(ReplayError::Upstreams { point: point.taken.len(), agg: self.taken.len() });
         }
         if let Some((a, b)) = point.taken.iter().find(|(a, b)| a > b) {
-            return Err(format!("the replay point counts {a} rows at its start and {b} at its end"));
+            return Err(ReplayError::Backwards { start: *a, end: *b });
         }
         self.restart(point.from.0, point.taken.iter().map(|(a, _)| *a).collect());
         self.taken = point.taken.iter().map(|(_, b)| *b).collect();
@@ -194,19 +208,18 @@ impl SourceReplay {
     }
 
     /// The offset at checkpoint `id` (0: the start), or an error saying it is forgotten.
-    pub(crate) fn offset_at(&self, id: CheckpointId) -> Result<u64, String> {
+    pub(crate) fn offset_at(&self, id: CheckpointId) -> Result<u64, ReplayError> {
         if id.0 == 0 {
             return Ok(0);
         }
         match self.history.iter().find(|(c, _)| *c == id) {
             Some((_, v)) => Ok(v.0),
-            None => Err(format!(
-                "a replay from {id} needs this source's offset there, and it remembers its last {} checkpoints \
-                 ({} to {}): the windows are too long for replay checkpoints (use full ones)",
-                self.history.len(),
-                self.history.front().map_or("none".into(), |c| c.0.to_string()),
-                self.history.back().map_or("none".into(), |c| c.0.to_string()),
-            )),
+            None => Err(ReplayError::Forgotten {
+                from: id,
+                remembered: self.history.len(),
+                oldest: self.history.front().map_or("none".into(), |c| c.0.to_string()),
+                newest: self.history.back().map_or("none".into(), |c| c.0.to_string()),
+            }),
         }
     }
 
@@ -264,7 +277,7 @@ mod tests {
     fn a_replay_point_of_the_wrong_shape_is_refused() {
         let mut r = AggReplay::new(true, 2);
         let p = ReplayPoint { from: CheckpointId(1), taken: vec![(1, 2)] };
-        assert!(r.restore_replay(2, &p).unwrap_err().contains("1 upstreams, the agg has 2"));
+        assert!(r.restore_replay(2, &p).unwrap_err().to_string().contains("1 upstreams, the agg has 2"));
         let p = ReplayPoint { from: CheckpointId(1), taken: vec![(1, 2), (3, 2)] };
         assert!(r.restore_replay(2, &p).is_err());
     }
@@ -278,7 +291,10 @@ mod tests {
         assert_eq!(s.offset_at(CheckpointId(0)).unwrap(), 0);
         assert_eq!(s.offset_at(CheckpointId(2)).unwrap(), 250);
         assert!(
-            s.offset_at(CheckpointId(9)).unwrap_err().contains("remembers its last 3 checkpoints (chk-1 to chk-3)")
+            s.offset_at(CheckpointId(9))
+                .unwrap_err()
+                .to_string()
+                .contains("remembers its last 3 checkpoints (chk-1 to chk-3)")
         );
         assert_eq!(s.start(vec![250, 100], 400), 100);
         assert_eq!((s.skip_below.clone(), s.skip_until), (vec![250, 100], 250));

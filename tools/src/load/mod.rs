@@ -237,7 +237,7 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
         // Event time starts at the wall clock (and with the rate's rows per ms moves with it).
         ts_start: wall_ms,
     };
-    generator.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    generator.validate()?;
     let mut producer = [0u8; 8];
     getrandom::fill(&mut producer).map_err(|e| anyhow::anyhow!("no randomness for the producer id: {e}"))?;
     let started = SystemTime::now();

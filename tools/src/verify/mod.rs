@@ -183,23 +183,23 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     let latest = segments.iter().map(|(g, r)| g.max_ts_before(r.end)).max().unwrap_or(i64::MIN);
     let last = last_closed_start(spec.window, latest.saturating_add(spec.window.size_ms));
     let what = format!("stream {} (ended)", stream.0);
-    let Some((first, last, _)) = closed_bounds(&spec, &segments, last) else {
+    let Some(bounds) = closed_bounds(&spec, &segments, last, true) else {
         bail!("stream {} ended without a row", stream.0)
     };
-    let bounds = (first, last, true);
     report(args, &t, &serving, &spec, segments, bounds, 0, &what, "the generator's", "the end of its rows")
 }
 
-/// The first window any row of `segments` can fall in and `last`, the last closed one, when
-/// some window has closed.
+/// The first window any row of `segments` can fall in, `last`, the last closed one, and whether
+/// the stream has `ended`, when some window has closed.
 fn closed_bounds(
     spec: &StreamSpec,
     segments: &[(Generator, std::ops::Range<u64>)],
     last: Option<i64>,
+    ended: bool,
 ) -> Option<(i64, i64, bool)> {
     let last = last?;
     let first = first_start(spec.window, segments.iter().map(|(g, _)| g.min_ts()).min()?)?;
-    (first <= last).then_some((first, last, false))
+    (first <= last).then_some((first, last, ended))
 }
 
 /// Checks the windows of `spec` that `args` chose among those closed up to `last` (a window
@@ -327,7 +327,7 @@ fn ingested(
         .enumerate()
         .flat_map(|(p, l)| l.iter().map(move |x| (Generator::new(x.generator, p as u32), 0..x.rows)))
         .collect();
-    let Some(bounds) = closed_bounds(spec, &segments, last_closed_start(w, closed)) else {
+    let Some(bounds) = closed_bounds(spec, &segments, last_closed_start(w, closed), false) else {
         bail!(
             "stream {}: no window of its {rows} rows has closed yet (a partition without rows, or loads still running)",
             spec.id.0
@@ -368,7 +368,7 @@ fn committed(
     // Every partition has passed `closed`: the windows ending there hold rows before the offsets only.
     let progress = segments.iter().map(|(g, r)| g.max_ts_before(r.end)).min().unwrap_or(i64::MIN);
     let last = last_closed_start(spec.window, progress.saturating_sub(spec.watermark_delay_ms));
-    let Some(bounds) = closed_bounds(spec, &segments, last) else {
+    let Some(bounds) = closed_bounds(spec, &segments, last, false) else {
         bail!(
             "stream {} has no commit that closed a window yet (its last, {}, closed none): try again later",
             spec.id.0,

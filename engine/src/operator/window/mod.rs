@@ -60,12 +60,13 @@ impl WindowSpec {
     }
 
     /// Checks the shape: positive, and the size a multiple of the slide.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.size_ms <= 0 || self.slide_ms <= 0 {
-            return Err(format!("window size and slide must be positive, got {self:?}"));
+    pub fn validate(&self) -> Result<(), crate::spec::SpecError> {
+        let (size_ms, slide_ms) = (self.size_ms, self.slide_ms);
+        if size_ms <= 0 || slide_ms <= 0 {
+            return Err(crate::spec::SpecError::WindowNotPositive { size_ms, slide_ms });
         }
-        if self.size_ms % self.slide_ms != 0 {
-            return Err(format!("window size {} must be a multiple of the slide {}", self.size_ms, self.slide_ms));
+        if size_ms % slide_ms != 0 {
+            return Err(crate::spec::SpecError::WindowNotMultiple { size_ms, slide_ms });
         }
         Ok(())
     }

@@ -206,7 +206,7 @@ impl TaskPort for EnginePort<'_> {
                 if let Some(point) = &m.replay {
                     // The windows come back empty, and the sources send their rows again.
                     a.agg.set_born(point.from.0);
-                    a.replay.restore_replay(p.id.0, point)?;
+                    a.replay.restore_replay(p.id.0, point).map_err(|e| e.to_string())?;
                     a.board.replay_begins(a.replay.left());
                     a.agg.hold(a.replay.replaying());
                     tracing::info!(task = %c.task, checkpoint = %p.id, from = %point.from, windows = a.agg.open_windows(), "replaying the windows' rows");
@@ -261,7 +261,7 @@ impl TaskPort for EnginePort<'_> {
                 let m = crate::backup::fetch_manifest(c.store.as_ref(), c.stream, agg, p.id, None)
                     .map_err(|e| failed(format!("the manifest of downstream task {agg}: {e}")))?;
                 from.push(match &m.replay {
-                    Some(r) => s.replay.offset_at(r.from).map_err(failed)?,
+                    Some(r) => s.replay.offset_at(r.from).map_err(|e| failed(e.to_string()))?,
                     None => version.0,
                 });
             }
