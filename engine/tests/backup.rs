@@ -84,6 +84,7 @@ fn manifest_checksum_detects_edits() {
         version: Version(99),
         files: vec![ManifestEntry { name: "CURRENT".into(), key: "1/tasks/0/chk-4/CURRENT".into(), size: 16, crc: 7 }],
         offsets: Vec::new(),
+        outputs: Vec::new(),
         replay: None,
     };
     let text = m.encode();
@@ -101,15 +102,27 @@ fn a_manifests_offsets_and_replay_point_roundtrip() {
         version: Version(900),
         files: Vec::new(),
         offsets: vec![(CheckpointId(7), Version(700)), (CheckpointId(9), Version(900))],
+        outputs: vec![(CheckpointId(9), vec![750, 900, 0])],
         replay: None,
     };
     let agg = Manifest {
         version: Version(0),
         offsets: Vec::new(),
-        replay: Some(ReplayPoint { from: CheckpointId(7), taken: vec![(10, 20), (0, 5)] }),
+        outputs: Vec::new(),
+        replay: Some(ReplayPoint {
+            from: CheckpointId(7),
+            taken: vec![(10, 20), (0, 5)],
+            written: vec![-60_000, 0],
+            partial: vec![60_000],
+            resume: false,
+        }),
         ..source.clone()
     };
-    for m in [source, agg] {
+    let resumed = Manifest {
+        replay: Some(ReplayPoint { from: CheckpointId(9), taken: vec![(12, 20)], resume: true, ..Default::default() }),
+        ..agg.clone()
+    };
+    for m in [source, agg, resumed] {
         assert_eq!(Manifest::decode("k", m.encode().as_bytes()).unwrap(), m);
     }
 }
@@ -123,6 +136,7 @@ fn a_manifest_of_format_5_reads_without_offsets_or_replay_point() {
         version: Version(30),
         files: Vec::new(),
         offsets: Vec::new(),
+        outputs: Vec::new(),
         replay: None,
     };
     let read = Manifest::decode("k", m.encode().as_bytes()).unwrap();

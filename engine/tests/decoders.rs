@@ -28,7 +28,13 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
             crc: 0xabcd,
         }],
         offsets: vec![(CheckpointId(6), Version(90))],
-        replay: Some(ReplayPoint { from: CheckpointId(5), taken: vec![(10, 20)] }),
+        outputs: Vec::new(),
+        replay: Some(ReplayPoint {
+            from: CheckpointId(5),
+            taken: vec![(10, 20)],
+            written: vec![0],
+            ..Default::default()
+        }),
     };
     let mut commit = CommitRecord::consensus(CheckpointId(9), 1234);
     commit.manifests.insert(TaskId(1), 0xfeed);

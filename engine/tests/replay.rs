@@ -127,42 +127,75 @@ fn a_paced_run_with_one_long_window(dir: &std::path::Path) -> (StreamSpec, Check
     (spec, first)
 }
 
+/// Rows the replay point of each of `aggs` at `id` has an agg sent again.
+fn owed(store: &LocalDirStore, spec: &StreamSpec, aggs: &[weir_engine::wire::TaskId], id: CheckpointId) -> u64 {
+    let point = |a| fetch_manifest(store, spec.id, a, id, None).unwrap().replay.expect("a replay point");
+    aggs.iter().map(|a| point(*a).taken.iter().map(|(x, y)| y - x).sum::<u64>()).sum()
+}
+
 #[test]
-fn a_checkpoint_committed_mid_replay_records_the_restored_offsets_and_restores_exact() {
+fn a_checkpoint_committed_mid_replay_resumes_the_replay_where_it_stood_and_restores_exact() {
     // One window longer than the stream: it is born at the start, so a restore replays every
     // row the sources had sent, at their paced rate. The replay lasts about 1.5 s of wall time
     // however fast the machine is (a slower one only makes it longer), and the restarted engine
-    // is stopped at its first commit, inside it.
+    // is stopped at a commit inside it that found the replay under way.
     let dir = tempfile::tempdir().unwrap();
     let (mut spec, first) = a_paced_run_with_one_long_window(dir.path());
     let cfg = || with_snapshots(dir.path(), true, None);
     let sources = tasks(&spec, |k| matches!(k, TaskKind::Source { .. }));
+    let aggs = aggs(&spec);
     let store = LocalDirStore::new(dir.path().join("remote"));
     let offsets = |id| -> Vec<u64> {
         sources.iter().map(|s| fetch_manifest(&store, spec.id, *s, id, None).unwrap().version.0).collect()
     };
     let at_first = offsets(first);
     assert!(at_first.iter().all(|o| *o >= 5_000), "the sources had sent rows to replay: {at_first:?}");
+    let owed_first = owed(&store, &spec, &aggs, first);
 
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg()).unwrap();
     assert_eq!(wait_restored(&engine), (RestoreBasis::Committed, Some(first)));
-    wait_for_commits(&engine, 1);
+    let resumed =
+        |id| aggs.iter().all(|a| fetch_manifest(&store, spec.id, *a, id, None).unwrap().replay.unwrap().resume);
+    let mut n = 1;
+    let mid = loop {
+        wait_for_commits(&engine, n);
+        let id = last_commit(&spec, dir.path());
+        if id > first && resumed(id) && owed(&store, &spec, &aggs, id) < owed_first {
+            break id;
+        }
+        n += 1;
+        assert!(n < 100, "no commit found the replay under way and advanced");
+    };
     engine.stop();
     engine.wait().unwrap();
-    let mid = last_commit(&spec, dir.path());
-    assert!(mid > first, "a commit during the replay");
-    // Mid-replay, a source records the offset it was restored at: every row below it had
-    // reached the aggs before the restore, whatever it has sent again since.
-    assert_eq!(offsets(mid), at_first, "at {mid}, the sources recorded other offsets than those they were restored at");
-    // And an agg's window keeps its birth, one of the first run's checkpoints: a restore of
-    // `mid` replays from there again.
-    for a in aggs(&spec) {
-        let from = |id| fetch_manifest(&store, spec.id, a, id, None).unwrap().replay.map(|r| r.from);
-        assert_eq!(from(mid), from(first), "{a}");
-        assert!(from(mid).is_some_and(|f| f < first), "{a}: {:?}", from(mid));
+    // Mid-replay, a source's position is the offset it was restored at (every row below it
+    // had reached the aggs before the restore), and it records where each output's replay
+    // had come.
+    assert_eq!(
+        offsets(mid),
+        at_first,
+        "at {mid}, the sources recorded other positions than those they were restored at"
+    );
+    for s in &sources {
+        let m = fetch_manifest(&store, spec.id, *s, mid, None).unwrap();
+        assert!(m.outputs.iter().any(|(id, _)| *id == mid), "{s}: no per-output offsets at {mid}: {:?}", m.outputs);
     }
+    // An agg's point resumes there: its windows' entries are written, and a restore replays
+    // only the rest.
+    let owed_mid = owed(&store, &spec, &aggs, mid);
+    for a in &aggs {
+        let p = fetch_manifest(&store, spec.id, *a, mid, None).unwrap().replay.unwrap();
+        assert_eq!((p.from, p.resume), (mid, true), "{a}");
+        assert!(!p.partial.is_empty(), "{a}: the window being rebuilt is written as it stood: {p:?}");
+    }
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg()).unwrap();
+    assert_eq!(wait_restored(&engine), (RestoreBasis::Committed, Some(mid)));
+    let replay_rows: u64 = engine.status().tasks.iter().filter(|t| aggs.contains(&t.task)).map(|t| t.replay_rows).sum();
+    engine.stop();
+    engine.wait().unwrap();
+    assert_eq!(replay_rows, owed_mid, "the restore of {mid} replays what was still owed ({owed_first} at {first})");
 
-    // Restored from the mid-replay commit, the stream (now unpaced) ends with the reference.
+    // Restored again, the stream (now unpaced) ends with the reference.
     if let SourceKind::Generator { rate, .. } = &mut spec.source {
         *rate = None;
     }

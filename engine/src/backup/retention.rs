@@ -249,6 +249,7 @@ mod tests {
             version: Version(id),
             files,
             offsets: Vec::new(),
+            outputs: Vec::new(),
             replay: None,
         };
         store.put(&format!("1/tasks/0/chk-{id}/MANIFEST.weir"), m.encode().as_bytes()).unwrap();

@@ -31,19 +31,32 @@ pub struct ManifestEntry {
 /// both). 6: a source's manifest lists its offsets at its recent checkpoints, and an agg's may
 /// hold a [`ReplayPoint`] instead of its windows' entries (replay checkpoints, see
 /// `operator::window::replay`); an older Weir refuses it rather than restore empty windows.
-/// Formats 1 to 6 are read; a sink refuses to restore a result store older than 3.
-pub const MANIFEST_FORMAT: u32 = 6;
+/// 7: a replay point may name windows whose entries are in the files (written, or partly
+/// rebuilt by a replay it resumes), and a source's manifest where each output's replay stood
+/// at checkpoints taken during one. Formats 1 to 7 are read; a sink refuses to restore a result
+/// store older than 3.
+pub const MANIFEST_FORMAT: u32 = 7;
 
-/// What an agg's replay snapshot asks of its upstreams at a restore: the rows its windows hold
-/// came after the sources' offsets at checkpoint `from`, and `taken` says, per upstream (in the
-/// agg's upstream order), how many rows the agg had taken from it by `from` and by this
-/// checkpoint: the difference is what a restore sends it again.
+/// What an agg's replay snapshot asks of its upstreams at a restore: the rows of its named
+/// windows came after the sources' offsets at checkpoint `from`, and `taken` says, per upstream
+/// (in the agg's upstream order), how many rows the agg had taken from it by `from` and by this
+/// checkpoint: the difference is what a restore sends it again. Windows in `written` and
+/// `partial` have their entries in the snapshot's files; the others are named (rebuilt by the
+/// replay). A `resume` point (taken during a replay, `from` being this checkpoint) counts the
+/// rows had again and owed instead, and the sources restart each output where its replay
+/// stood then.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReplayPoint {
     /// The checkpoint the replay starts at (0: the sources' start).
     pub from: CheckpointId,
     /// Per upstream: rows taken by `from`, and by this checkpoint.
     pub taken: Vec<(u64, u64)>,
+    /// Starts of the windows whose entries are in the files and take no replayed row.
+    pub written: Vec<i64>,
+    /// Starts of the windows whose entries are in the files and take the replayed rows.
+    pub partial: Vec<i64>,
+    /// The point resumes a replay.
+    pub resume: bool,
 }
 
 /// What a manifest says besides its files.
@@ -53,7 +66,9 @@ pub struct ManifestHead {
     pub version: Version,
     /// A source's offsets at its recent checkpoints, oldest first.
     pub offsets: Vec<(CheckpointId, Version)>,
-    /// An agg's replay point, when its snapshot holds no entries.
+    /// A source's offset per output at its recent checkpoints taken during a replay.
+    pub outputs: Vec<(CheckpointId, Vec<u64>)>,
+    /// An agg's replay point, when its snapshot names windows.
     pub replay: Option<ReplayPoint>,
 }
 
@@ -76,7 +91,9 @@ pub struct Manifest {
     pub files: Vec<ManifestEntry>,
     /// A source's offsets at its recent checkpoints, oldest first (format 6).
     pub offsets: Vec<(CheckpointId, Version)>,
-    /// An agg's replay point (format 6).
+    /// A source's offset per output at its recent checkpoints taken during a replay (format 7).
+    pub outputs: Vec<(CheckpointId, Vec<u64>)>,
+    /// An agg's replay point (format 6; its windows and `resume`, format 7).
     pub replay: Option<ReplayPoint>,
 }
 
@@ -87,10 +104,24 @@ impl Manifest {
         for (id, v) in &self.offsets {
             s.push_str(&format!("offset {} {}\n", id.0, v.0));
         }
+        for (id, at) in &self.outputs {
+            s.push_str(&format!("outputs {}", id.0));
+            at.iter().for_each(|o| s.push_str(&format!(" {o}")));
+            s.push('\n');
+        }
         if let Some(r) = &self.replay {
             s.push_str(&format!("replay {}\n", r.from.0));
+            if r.resume {
+                s.push_str("resume\n");
+            }
             for (at_from, now) in &r.taken {
                 s.push_str(&format!("taken {at_from} {now}\n"));
+            }
+            for w in &r.written {
+                s.push_str(&format!("written {w}\n"));
+            }
+            for w in &r.partial {
+                s.push_str(&format!("partial {w}\n"));
             }
         }
         for f in &self.files {
@@ -126,7 +157,7 @@ impl Manifest {
         let id = CheckpointId(num(lines.next(), "id ")?);
         let version = Version(num(lines.next(), "version ")?);
         let mut files = Vec::new();
-        let (mut offsets, mut replay) = (Vec::new(), None::<ReplayPoint>);
+        let (mut offsets, mut outputs, mut replay) = (Vec::new(), Vec::new(), None::<ReplayPoint>);
         for l in lines {
             let two = |l: &str, p: &str| {
                 let mut n = l.strip_prefix(p)?.split(' ').map(|v| v.parse::<u64>().ok());
@@ -142,12 +173,34 @@ impl Manifest {
             }
             if format >= 6 && l.starts_with("replay ") {
                 let from = l["replay ".len()..].parse::<u64>().map_err(|_| bad("bad replay line"))?;
-                replay = Some(ReplayPoint { from: CheckpointId(from), taken: Vec::new() });
+                replay = Some(ReplayPoint { from: CheckpointId(from), ..Default::default() });
                 continue;
             }
             if format >= 6 && l.starts_with("taken ") {
                 let t = two(l, "taken ").ok_or_else(|| bad("bad taken line"))?;
                 replay.as_mut().ok_or_else(|| bad("taken line before the replay line"))?.taken.push(t);
+                continue;
+            }
+            if format >= 7 && l.starts_with("outputs ") {
+                let mut n = l["outputs ".len()..].split(' ').map(str::parse::<u64>);
+                let id = n.next().and_then(Result::ok).ok_or_else(|| bad("bad outputs line"))?;
+                let at = n.collect::<Result<Vec<u64>, _>>().map_err(|_| bad("bad outputs line"))?;
+                outputs.push((CheckpointId(id), at));
+                continue;
+            }
+            if format >= 7 && l == "resume" {
+                replay.as_mut().ok_or_else(|| bad("resume line before the replay line"))?.resume = true;
+                continue;
+            }
+            if format >= 7 && (l.starts_with("written ") || l.starts_with("partial ")) {
+                let (kind, start) = l.split_once(' ').expect("checked");
+                let start = start.parse::<i64>().map_err(|_| bad("bad window line"))?;
+                let r = replay.as_mut().ok_or_else(|| bad("window line before the replay line"))?;
+                if kind == "written" {
+                    r.written.push(start)
+                } else {
+                    r.partial.push(start)
+                }
                 continue;
             }
             let mut parts = l.splitn(5, ' ');
@@ -166,7 +219,7 @@ impl Manifest {
                 crc: u32::from_str_radix(crc, 16).map_err(|_| bad("bad crc"))?,
             });
         }
-        Ok(Manifest { format, id, version, files, offsets, replay })
+        Ok(Manifest { format, id, version, files, offsets, outputs, replay })
     }
 }
 
@@ -316,8 +369,8 @@ fn upload(
         }
     }
     let count = files.len() as u32;
-    let ManifestHead { version, offsets, replay } = head;
-    let manifest = Manifest { format: MANIFEST_FORMAT, id, version, files, offsets, replay };
+    let ManifestHead { version, offsets, outputs, replay } = head;
+    let manifest = Manifest { format: MANIFEST_FORMAT, id, version, files, offsets, outputs, replay };
     let text = manifest.encode();
     // The files go up at once (each put waits for the store's durability, and none depends on
     // another), then the manifest that names them: a manifest in the store always names files

@@ -28,17 +28,16 @@ use crate::state::{ResultStore, SpillSnapshot, StateError, WindowChain};
 /// State copied at a barrier.
 #[derive(Debug)]
 pub enum Captured {
-    /// An agg's open windows (shared with the operator until it writes to them: dropping this
-    /// once written lets the operator take them back without a copy), written on the task's
-    /// chain of files (the chain is held for the job: one snapshot of a task at a time), and
-    /// its spill store, held since the barrier, when it spills.
-    Window(FrozenState, Arc<Mutex<WindowChain>>, Option<SpillSnapshot>),
-    /// An agg's replay snapshot (see `operator::window::replay`): its windows without entries,
-    /// written on its chain as a file of its own, and the replay point its manifest carries.
-    Replay(FrozenState, Arc<Mutex<WindowChain>>, ReplayPoint),
+    /// An agg's open windows (the written ones' entries shared with the operator until it
+    /// writes to them: dropping this once written lets the operator take them back without a
+    /// copy), written on the task's chain of files (the chain is held for the job: one snapshot
+    /// of a task at a time), its spill store, held since the barrier, when it spills, and the
+    /// replay point its manifest carries when it names windows (`operator::window::replay`).
+    Window(FrozenState, Arc<Mutex<WindowChain>>, Option<SpillSnapshot>, Option<ReplayPoint>),
     /// A source's state is its offset, which the manifest (and the commit record) carry, with
-    /// its offsets at its recent checkpoints (where a replay of an agg's windows starts).
-    Offset(Vec<(CheckpointId, Version)>),
+    /// its offsets at its recent checkpoints (where a replay of an agg's windows starts), and
+    /// per output at those taken during a replay (where a resumed one starts).
+    Offset(Vec<(CheckpointId, Version)>, Vec<(CheckpointId, Vec<u64>)>),
     /// A sink's result store, checkpointed by the uploader: it holds every result written before
     /// the barrier (and perhaps some after, which a replay from this checkpoint rewrites with the
     /// same values: results are upserts of deterministic values).
@@ -93,13 +92,13 @@ impl UploadJob {
         let _ = std::fs::remove_dir_all(&self.dir);
         let mut chain_write = None;
         let chain = match &self.captured {
-            Captured::Window(_, chain, _) | Captured::Replay(_, chain, _) => Some(chain.clone()),
+            Captured::Window(_, chain, ..) => Some(chain.clone()),
             _ => None,
         };
         let mut chain = chain.as_ref().map(|c| c.lock().unwrap_or_else(|e| e.into_inner()));
         let mut head = crate::backup::ManifestHead::from(self.version);
         match &mut self.captured {
-            Captured::Window(copy, _, spill) => {
+            Captured::Window(copy, _, spill, point) => {
                 if let Some(spill) = spill.take() {
                     // First: the agg spills again once this is taken.
                     let info = spill.write_into(&self.dir).map_err(state)?;
@@ -114,15 +113,12 @@ impl UploadJob {
                 tracing::debug!(task = %task, entries, bytes = w.bytes, full = w.full, files = w.files.len(), write_us = t0.elapsed().as_micros() as u64, "state snapshot written");
                 *copy = FrozenState::default();
                 chain_write = Some(w);
+                head.replay = point.take();
             }
-            Captured::Replay(copy, _, point) => {
-                let held = chain.as_ref().expect("locked above");
-                chain_write = Some(held.write(copy, id, &self.dir).map_err(state)?);
-                head.replay = Some(std::mem::take(point));
-            }
-            Captured::Offset(offsets) => {
+            Captured::Offset(offsets, outputs) => {
                 std::fs::create_dir_all(&self.dir).map_err(io)?;
                 head.offsets = std::mem::take(offsets);
+                head.outputs = std::mem::take(outputs);
             }
             Captured::Sink(results) => {
                 let info = results.checkpoint(&self.dir).map_err(state)?;
@@ -259,7 +255,7 @@ mod tests {
             id: CheckpointId(1),
             version: Version(0),
             dir: dir.path().join("chk-1"),
-            captured: Captured::Window(frozen, Default::default(), None),
+            captured: Captured::Window(frozen, Default::default(), None, None),
             index: Arc::new(Mutex::new(UploadIndex::new())),
             done: Box::new(move |r, _| {
                 let _ = done_tx.send(r.is_ok());
@@ -297,9 +293,9 @@ mod tests {
             pool.jobs().send(job).unwrap();
             rx.recv_timeout(Duration::from_secs(30)).unwrap().unwrap()
         };
-        let first = upload(1, Captured::Window(agg.freeze(), chain.clone(), None));
+        let first = upload(1, Captured::Window(agg.freeze(), chain.clone(), None, None));
         (0..2_000u64).for_each(|k| agg.add(2, k * 100, 1.0));
-        let second = upload(2, Captured::Window(agg.freeze(), chain.clone(), None));
+        let second = upload(2, Captured::Window(agg.freeze(), chain.clone(), None, None));
         assert!(second.bytes * 20 < first.bytes, "second upload {} bytes, first {}", second.bytes, first.bytes);
         assert_eq!(second.files, 2, "the first file and a delta");
         // The second checkpoint restores the whole state from the store alone.

@@ -12,6 +12,7 @@
 
 mod batch_pool;
 mod board;
+mod budget;
 mod channel;
 mod checkpointing;
 mod config;
@@ -365,6 +366,7 @@ impl Engine {
                     replay: replay::AggReplay::new(
                         cfg.checkpoint.as_ref().is_some_and(|c| c.replay),
                         t.upstreams.len(),
+                        cfg.checkpoint.as_ref().and_then(|c| c.recovery_budget),
                     ),
                     cuts: unaligned::Cuts::new(t.upstreams.len()),
                 })),

@@ -12,11 +12,17 @@
 //!   0, included): it is pruned only below the oldest birth.
 //! - A source's history holds its offset at each of its last [`OFFSET_HISTORY`] checkpoints; a
 //!   restore whose replay starts before them is refused with an error that says so.
+//! - A checkpoint taken while a replay is under way resumes it: the agg's snapshot writes every
+//!   window (those being rebuilt as they stand) and names, per upstream, the rows it has had
+//!   again and the rows it is owed; each source records, per output, the offset its replay to
+//!   that output had reached. A restore of it replays only the rest.
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use weir_wire::{CheckpointId, Version};
 
+use super::budget::Budget;
 use crate::backup::ReplayPoint;
 
 /// Checkpoints a source remembers its offset at: a replay can start at most this many
@@ -37,6 +43,9 @@ pub(crate) enum ReplayError {
     /// The point counts more rows at its start than at its end.
     #[error("the replay point counts {start} rows at its start and {end} at its end")]
     Backwards { start: u64, end: u64 },
+    /// A resumed replay names an output the source has not.
+    #[error("the resumed replay is for output {output}, the source has {outputs}")]
+    Output { output: usize, outputs: usize },
     /// The source no longer remembers its offset at the checkpoint the replay starts from.
     #[error(
         "a replay from {from} needs this source's offset there, and it remembers its last {remembered} checkpoints \
@@ -57,11 +66,21 @@ pub(crate) struct AggReplay {
     left: Vec<u64>,
     /// Upstreams whose `left` is not 0.
     replaying: usize,
+    /// How much a restore may replay.
+    pub(crate) budget: Budget,
 }
 
 impl AggReplay {
-    pub(crate) fn new(enabled: bool, upstreams: usize) -> Self {
-        let mut r = AggReplay { enabled, taken: Vec::new(), history: VecDeque::new(), left: Vec::new(), replaying: 0 };
+    /// `budget`: the longest a restore's replay may take (`None`: no bound).
+    pub(crate) fn new(enabled: bool, upstreams: usize, budget: Option<Duration>) -> Self {
+        let mut r = AggReplay {
+            enabled,
+            taken: Vec::new(),
+            history: VecDeque::new(),
+            left: Vec::new(),
+            replaying: 0,
+            budget: Budget::new(budget),
+        };
         r.restart(0, vec![0; upstreams]);
         r
     }
@@ -70,6 +89,7 @@ impl AggReplay {
         self.left = vec![0; taken.len()];
         self.replaying = 0;
         self.history = VecDeque::from([(id, taken.clone())]);
+        self.budget.restart(Instant::now(), taken.iter().sum());
         self.taken = taken;
     }
 
@@ -84,6 +104,9 @@ impl AggReplay {
         self.left[i] -= again;
         if again > 0 && self.left[i] == 0 {
             self.replaying -= 1;
+            if self.replaying == 0 {
+                self.budget.replay_ended(Instant::now());
+            }
         }
         self.taken[i] += n - again;
         again
@@ -99,29 +122,69 @@ impl AggReplay {
         self.replaying > 0
     }
 
-    /// The agg took checkpoint `id`, whose windows were born at `from` at the oldest (`None`:
-    /// some came from a full snapshot): records `taken` at `id`, forgets what no window needs,
-    /// and returns the replay point of a replay snapshot, when one can be taken.
-    pub(crate) fn checkpoint(&mut self, id: u64, from: Option<u64>) -> Option<ReplayPoint> {
-        self.checkpoint_at(id, from, self.taken.clone())
+    /// The agg took checkpoint `id`, whose named windows were born at `from` at the oldest
+    /// (`None`: none is named), with `written` windows and, during a replay, `partial` ones
+    /// (being rebuilt, every one written): records `taken` at `id`, forgets what no window
+    /// needs, and returns the snapshot's replay point. The named windows must be born at or
+    /// after [`Self::cutoff`] (the sources remember their offsets there; `None` otherwise).
+    pub(crate) fn checkpoint(
+        &mut self,
+        id: u64,
+        from: Option<u64>,
+        written: Vec<i64>,
+        partial: Vec<i64>,
+    ) -> Option<ReplayPoint> {
+        self.checkpoint_at(id, from, self.taken.clone(), written, partial)
     }
 
     /// [`Self::checkpoint`] with `taken` as it stood at each input's barrier (inputs taken on
     /// past their barrier: `runtime/unaligned.rs`).
-    pub(crate) fn checkpoint_at(&mut self, id: u64, from: Option<u64>, taken: Vec<u64>) -> Option<ReplayPoint> {
+    pub(crate) fn checkpoint_at(
+        &mut self,
+        id: u64,
+        from: Option<u64>,
+        taken: Vec<u64>,
+        written: Vec<i64>,
+        partial: Vec<i64>,
+    ) -> Option<ReplayPoint> {
+        let resume = self.replaying();
         let at_id = taken.clone();
         self.history.push_back((id, taken));
-        if let Some(from) = from {
-            while self.history.len() > 1 && self.history[1].0 <= from {
-                self.history.pop_front();
-            }
+        let from = if resume { id } else { from.unwrap_or(id) };
+        while self.history.len() > 1 && self.history[1].0 <= from {
+            self.history.pop_front();
         }
         while self.history.len() > TAKEN_HISTORY {
             self.history.pop_front();
         }
-        let from = from.filter(|f| self.point_at(id, *f))?;
-        let (_, at) = self.history.iter().find(|(c, _)| *c == from)?;
-        Some(ReplayPoint { from: CheckpointId(from), taken: at.iter().zip(&at_id).map(|(a, b)| (*a, *b)).collect() })
+        let taken = if resume {
+            // Per upstream: the rows had again so far, and those owed after them.
+            at_id.iter().zip(&self.left).map(|(t, l)| (t - l, *t)).collect()
+        } else {
+            if id.saturating_sub(from) >= OFFSET_HISTORY as u64 {
+                return None; // the sources no longer remember their offsets there
+            }
+            let (_, at) = self.history.iter().find(|(c, _)| *c == from)?;
+            at.iter().zip(&at_id).map(|(a, b)| (*a, *b)).collect()
+        };
+        Some(ReplayPoint { from: CheckpointId(from), taken, written, partial, resume })
+    }
+
+    /// The agg reached a checkpoint at `now`: the budget measures the interval since the last.
+    pub(crate) fn observe(&mut self, now: Instant) {
+        self.budget.observe(now, self.taken.iter().sum(), self.replaying());
+    }
+
+    /// The checkpoint below which windows must be written at checkpoint `id`: the oldest one
+    /// a replay can start at (the sources remember their offsets there) whose rows since are
+    /// within the budget (`id` itself when none is: every window held is written).
+    pub(crate) fn cutoff(&self, id: u64) -> u64 {
+        let limit = self.budget.rows();
+        let now: u64 = self.taken.iter().sum();
+        self.history
+            .iter()
+            .find(|(c, t)| id.saturating_sub(*c) < OFFSET_HISTORY as u64 && now - t.iter().sum::<u64>() <= limit)
+            .map_or(id, |(c, _)| *c)
     }
 
     /// Rows taken from each upstream so far.
@@ -129,20 +192,12 @@ impl AggReplay {
         &self.taken
     }
 
-    /// Whether checkpoint `id` of an agg whose windows were born at `from` at the oldest will
-    /// be a replay snapshot that may take inputs on past their barriers: replay snapshots on,
-    /// no replay under way (its counts and the sources' restored offsets are aligned ones), and
-    /// [`Self::checkpoint`] would give a replay point.
-    pub(crate) fn cuts_allowed(&self, id: u64, from: Option<u64>) -> bool {
-        self.enabled && !self.replaying() && from.is_some_and(|f| self.point_at(id, f))
-    }
-
-    /// Whether checkpoint `id` can replay from `from`: `taken` at `from` is known, and the
-    /// sources still remember their offsets there (they remember their last OFFSET_HISTORY
-    /// checkpoints, which reach back at least this far in ids: they reached every checkpoint
-    /// an agg took). Otherwise the snapshot is full.
-    fn point_at(&self, id: u64, from: u64) -> bool {
-        id.saturating_sub(from) < OFFSET_HISTORY as u64 && self.history.iter().any(|(c, _)| *c == from)
+    /// Whether checkpoint `id` of an agg whose windows are all named, the oldest born at
+    /// `from`, may take inputs on past their barriers (a snapshot that names every window):
+    /// replay snapshots on, no replay under way (its counts and the sources' restored offsets
+    /// are aligned ones), and no window to write (its entries would hold rows past the cuts).
+    pub(crate) fn cuts_allowed(&self, id: u64, from: u64) -> bool {
+        self.enabled && !self.replaying() && from >= self.cutoff(id)
     }
 
     /// A start from nothing.
@@ -156,7 +211,7 @@ impl AggReplay {
     }
 
     /// A restore of checkpoint `id` from a replay snapshot: the upstreams send again what the
-    /// agg took between `point.from` and `id`.
+    /// agg took between `point.from` and `id` (a resumed replay: what it was still owed).
     pub(crate) fn restore_replay(&mut self, id: u64, point: &ReplayPoint) -> Result<(), ReplayError> {
         if point.taken.len() != self.taken.len() {
             return Err(ReplayError::Upstreams { point: point.taken.len(), agg: self.taken.len() });
@@ -164,13 +219,21 @@ impl AggReplay {
         if let Some((a, b)) = point.taken.iter().find(|(a, b)| a > b) {
             return Err(ReplayError::Backwards { start: *a, end: *b });
         }
-        self.restart(point.from.0, point.taken.iter().map(|(a, _)| *a).collect());
-        self.taken = point.taken.iter().map(|(_, b)| *b).collect();
-        if id != point.from.0 {
-            self.history.push_back((id, self.taken.clone()));
+        let at_id: Vec<u64> = point.taken.iter().map(|(_, b)| *b).collect();
+        if point.resume {
+            // Windows born at `id` came after the rows owed: their replay counts from there.
+            self.restart(id, at_id);
+        } else {
+            self.restart(point.from.0, point.taken.iter().map(|(a, _)| *a).collect());
+            self.taken = at_id;
+            if id != point.from.0 {
+                self.history.push_back((id, self.taken.clone()));
+            }
         }
         self.left = point.taken.iter().map(|(a, b)| b - a).collect();
         self.replaying = self.left.iter().filter(|l| **l > 0).count();
+        self.budget.restart(Instant::now(), self.taken.iter().sum());
+        self.budget.replay_began(Instant::now(), self.left());
         Ok(())
     }
 }
@@ -187,6 +250,9 @@ pub(crate) struct SourceReplay {
     pub(crate) skip_until: u64,
     /// The restored offset: rows below it were counted before.
     pub(crate) counted_from: u64,
+    /// Per output, the offset its replay had reached, at the checkpoints taken during a replay
+    /// (a restore of one resumes each output's replay there), oldest first.
+    pub(crate) outputs: VecDeque<(CheckpointId, Vec<u64>)>,
 }
 
 impl SourceReplay {
@@ -199,11 +265,30 @@ impl SourceReplay {
         Version(offset.max(self.counted_from))
     }
 
-    /// The source reached checkpoint `id` at `offset`.
-    pub(crate) fn checkpoint(&mut self, id: CheckpointId, offset: Version) {
-        self.history.push_back((id, offset));
+    /// The source reached checkpoint `id` having read up to `offset`, with `outputs` outputs:
+    /// records its [`Self::position`] and, during a replay, where each output's stands.
+    pub(crate) fn checkpoint(&mut self, id: CheckpointId, offset: u64, outputs: usize) {
+        self.history.push_back((id, self.position(offset)));
         while self.history.len() > OFFSET_HISTORY {
             self.history.pop_front();
+        }
+        if offset < self.counted_from {
+            let at = |j: usize| self.skip_below.get(j).map_or(offset, |s| offset.max(*s));
+            self.outputs.push_back((id, (0..outputs).map(at).collect()));
+        }
+        let oldest = self.history.front().map_or(id, |(c, _)| *c);
+        while self.outputs.front().is_some_and(|(c, _)| *c < oldest) {
+            self.outputs.pop_front();
+        }
+    }
+
+    /// Where output `j` of `outputs` resumes a replay at checkpoint `id`: the offset its replay
+    /// had reached then, or the source's position when no replay was under way.
+    pub(crate) fn output_offset_at(&self, id: CheckpointId, j: usize, outputs: usize) -> Result<u64, ReplayError> {
+        match self.outputs.iter().find(|(c, _)| *c == id) {
+            Some((_, at)) if at.len() == outputs => Ok(at[j]),
+            Some((_, at)) => Err(ReplayError::Output { output: j, outputs: at.len() }),
+            None => self.offset_at(id),
         }
     }
 
@@ -235,73 +320,6 @@ impl SourceReplay {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_aggs_replay_point_counts_the_rows_since_its_oldest_window_was_born() {
-        let mut r = AggReplay::new(true, 2);
-        r.take(0, 10);
-        r.take(1, 5);
-        assert_eq!(
-            r.checkpoint(1, Some(0)).unwrap(),
-            ReplayPoint { from: CheckpointId(0), taken: vec![(0, 10), (0, 5)] }
-        );
-        r.take(0, 7);
-        let p = r.checkpoint(2, Some(1)).unwrap();
-        assert_eq!(p, ReplayPoint { from: CheckpointId(1), taken: vec![(10, 17), (5, 5)] });
-        assert_eq!(r.checkpoint(3, None), None, "a window from a full snapshot: no replay point");
-        // The restore: upstream 0 sends 7 rows again, upstream 1 none.
-        let mut back = AggReplay::new(true, 2);
-        back.restore_replay(2, &p).unwrap();
-        assert!(back.replaying());
-        assert_eq!(back.take(0, 4), 4);
-        assert_eq!(back.take(1, 3), 0, "upstream 1 owes nothing: its rows are new");
-        assert_eq!(back.take(0, 5), 3, "the last 2 of this message are new");
-        assert!(!back.replaying());
-        assert_eq!(back.checkpoint(3, Some(2)).unwrap().taken, vec![(17, 19), (5, 8)]);
-    }
-
-    #[test]
-    fn a_window_older_than_the_sources_remember_makes_the_snapshot_full() {
-        let mut r = AggReplay::new(true, 1);
-        let last = OFFSET_HISTORY as u64 - 1;
-        for id in 1..last {
-            assert!(r.checkpoint(id, Some(0)).is_some(), "checkpoint {id}");
-        }
-        assert_eq!(r.checkpoint(last + 1, Some(0)), None, "the sources no longer know where chk-0's rows began");
-        assert!(r.checkpoint(last + 2, Some(last + 1)).is_some(), "that window fired: replay again");
-    }
-
-    #[test]
-    fn a_replay_point_of_the_wrong_shape_is_refused() {
-        let mut r = AggReplay::new(true, 2);
-        let p = ReplayPoint { from: CheckpointId(1), taken: vec![(1, 2)] };
-        assert!(r.restore_replay(2, &p).unwrap_err().to_string().contains("1 upstreams, the agg has 2"));
-        let p = ReplayPoint { from: CheckpointId(1), taken: vec![(1, 2), (3, 2)] };
-        assert!(r.restore_replay(2, &p).is_err());
-    }
-
-    #[test]
-    fn a_source_replays_each_output_from_its_own_offset() {
-        let mut s = SourceReplay::default();
-        for (id, o) in [(1, 100), (2, 250), (3, 400)] {
-            s.checkpoint(CheckpointId(id), Version(o));
-        }
-        assert_eq!(s.offset_at(CheckpointId(0)).unwrap(), 0);
-        assert_eq!(s.offset_at(CheckpointId(2)).unwrap(), 250);
-        assert!(
-            s.offset_at(CheckpointId(9))
-                .unwrap_err()
-                .to_string()
-                .contains("remembers its last 3 checkpoints (chk-1 to chk-3)")
-        );
-        assert_eq!(s.start(vec![250, 100], 400), 100);
-        assert_eq!((s.skip_below.clone(), s.skip_until), (vec![250, 100], 250));
-        assert_eq!(s.start(vec![400, 400], 400), 400, "nothing to replay");
-        assert!(s.skip_below.is_empty());
-        s.start(vec![250, 400], 400);
-        assert_eq!(s.position(250), Version(400), "mid-replay: the restored offset");
-        assert_eq!(s.position(420), Version(420));
-    }
-}
+mod prop;
+#[cfg(test)]
+mod tests;

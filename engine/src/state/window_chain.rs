@@ -148,7 +148,8 @@ impl WindowChain {
         let chained: u64 = self.files.iter().map(|f| f.entries).sum();
         let changed = copy.changed_bound(self.epoch) as u64;
         let name = state_file_name(id);
-        let may_delta = !self.files.is_empty()
+        let may_delta = !copy.whole
+            && !self.files.is_empty()
             && self.files.len() < MAX_FILES
             && copy.epoch > self.epoch
             && copy.spill_gen == self.spill_gen

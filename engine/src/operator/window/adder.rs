@@ -124,8 +124,12 @@ impl<'a> RowAdder<'a> {
         self.lo = agg.spec.last_start(ts);
         self.hi = self.lo.saturating_add(agg.spec.size_ms);
         self.window = match self.replay {
-            true => agg.windows.binary_search_by_key(&self.lo, |w| w.0).ok(),
-            false => (self.hi > agg.watermark).then(|| agg.window_index(self.lo)),
+            true => agg.windows.binary_search_by_key(&self.lo, |w| w.0).ok().filter(|i| agg.windows[*i].1.replays),
+            false if self.hi > agg.watermark => Some(agg.window_index(self.lo)),
+            false => {
+                agg.late_for(self.lo);
+                None
+            }
         };
     }
 

@@ -25,6 +25,9 @@ pub struct FrozenState {
     /// Spills the agg made before this snapshot, since its start or restore: a snapshot is a
     /// delta only of one with the same count.
     pub spill_gen: u32,
+    /// The file must hold every entry, not a delta: a window joined those the snapshots write
+    /// (its earlier entries are in no file).
+    pub whole: bool,
 }
 
 impl FrozenState {

@@ -281,6 +281,7 @@ impl WindowAgg {
         while start > ts - size {
             if start.saturating_add(size) <= self.watermark {
                 late = true;
+                self.late_for(start);
             } else {
                 let h = order_of(key);
                 self.window_mut(start).add(h, key, value);
@@ -385,6 +386,7 @@ impl WindowAgg {
             epoch,
             cursor: self.cursor,
             spill_gen: self.spill_gen,
+            whole: false,
         }
     }
 

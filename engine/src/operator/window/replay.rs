@@ -1,18 +1,23 @@
-//! Replay checkpoints of a window agg: a snapshot that names the windows it holds instead of
-//! writing their entries, and the restore that rebuilds those entries from the sources' rows.
+//! Replay checkpoints of a window agg: a snapshot that names some of the windows it holds
+//! instead of writing their entries, and the restore that rebuilds those from the sources' rows.
 //!
 //! Every window remembers the checkpoint it was *born* at: the last one this agg took before
 //! the window's first row. That row, and every later row of the window, reached the agg after
 //! the barrier of that checkpoint, so each was sent by its source after the source's offset
-//! at that checkpoint. A replay snapshot of checkpoint `N` therefore holds the windows' starts
-//! (and how far the oldest one's emission had come), the watermark and the counters, and the
-//! oldest birth among the windows: `from`. A restore of `N` rewinds each source to its offset at
-//! `from` and sends the rows taken before `N` again; the agg knows how many come from each
-//! upstream (the rows it had taken from it between the two barriers, routing being a function
-//! of the key) and adds them with [`WindowAgg::replay_add`]:
+//! at that checkpoint. A snapshot of checkpoint `N` holds the windows' starts (and how far the
+//! oldest one's emission had come), the watermark and the counters; each window is either
+//! *named* (no entries: a replay rebuilds it) or *written* (its entries in the snapshot's files,
+//! incrementally: [`crate::state::WindowChain`]). The oldest birth among the named windows is
+//! the replay's `from`. A restore of `N` rewinds each source to its offset at `from` and sends
+//! the rows taken before `N` again; the agg knows how many come from each upstream (the rows it
+//! had taken from it between the two barriers, routing being a function of the key) and adds
+//! them with [`WindowAgg::replay_add`]:
 //!
-//! - a replayed row's windows that the snapshot holds get it, whatever the watermark (none had
-//!   fired when the row first came, or the window would not be held);
+//! - a replayed row goes into each of its windows that takes replayed rows (the named ones,
+//!   and a resumed replay's partly rebuilt ones), whatever the watermark: no row taken before
+//!   `N` was late for a named window (a window a row came late for while it was still held,
+//!   fired and being emitted, is written: [`WindowAgg::write_born_before`]);
+//! - a written window takes none: its entries hold every row taken before `N`;
 //! - a replayed row of any other window is skipped and not counted: its window fired before `N`
 //!   (emitted then), or the row was late then (counted then). Such a window cannot be one
 //!   created after the restore: that one's end is past the restored watermark, so a row of it
@@ -20,15 +25,16 @@
 //! - fired windows wait until every upstream's replay is over ([`WindowAgg::hold`]), so none
 //!   is emitted without the rows it is owed.
 //!
-//! The cost of a checkpoint does not grow with the state: a snapshot is a few hundred bytes,
-//! and a restore replays at most the rows of the windows held. Windows restored from a full
-//! snapshot's entries are born at [`NEEDS_FULL`]: their earlier rows are in no replay, so the
-//! agg takes full snapshots until they have fired.
+//! Which windows are written is the recovery budget's choice (`runtime/replay.rs`): a window
+//! whose rows would take longer to replay than the budget is written from then on, until it
+//! fires. A window is never named again once written (its earlier entries are in the files,
+//! and its rows before `from` in no replay), so [`WRITTEN`] is a birth no replay starts at.
 
-use super::{FrozenState, WindowAgg};
+use super::{FrozenState, WindowAgg, WindowTable};
 
-/// The birth of windows whose entries came from a full snapshot (no replay rebuilds them).
-pub const NEEDS_FULL: u64 = u64::MAX;
+/// The birth of windows whose entries the snapshots write (restored from entries, or chosen by
+/// the recovery budget): no replay rebuilds them.
+pub const WRITTEN: u64 = u64::MAX;
 
 impl WindowAgg {
     /// Records that this agg took checkpoint `id` (0: a start from nothing): windows created
@@ -42,24 +48,102 @@ impl WindowAgg {
         self.checkpoint
     }
 
-    /// Marks every window held as born at `born` (a restore: the replay's `from`, or
-    /// [`NEEDS_FULL`] for entries restored from a full snapshot).
-    pub fn set_born(&mut self, born: u64) {
-        self.windows.iter_mut().for_each(|(_, t)| t.born = born);
+    /// After a restore of a snapshot whose entries were loaded: the windows in `written` take
+    /// no replayed row, those in `partial` (a resumed replay) keep their entries and take the
+    /// replayed rows, and every other one is rebuilt by the replay from its start, born at
+    /// `from` (it holds nothing until then).
+    pub fn set_restored(&mut self, from: u64, written: &[i64], partial: &[i64]) {
+        let epoch = self.epoch;
+        for (s, t) in &mut self.windows {
+            (t.born, t.replays) = if written.contains(s) {
+                (WRITTEN, false)
+            } else if partial.contains(s) {
+                (WRITTEN, true)
+            } else {
+                if !t.is_empty() {
+                    *t = WindowTable::empty(epoch);
+                }
+                (from, true)
+            };
+        }
     }
 
-    /// The checkpoint a replay snapshot taken now would replay from: the oldest birth among the
-    /// windows held (none held: the last checkpoint). `None` while a window restored from a full
-    /// snapshot is held: the snapshot must be full.
+    /// Every window held is written from now on (a restore of entries, a full snapshot, a
+    /// checkpoint during a replay); returns how many were not (the next snapshot must hold all
+    /// their entries). Whether a window takes replayed rows does not change.
+    pub fn write_all(&mut self) -> usize {
+        self.write_born_before(WRITTEN)
+    }
+
+    /// The named windows born before checkpoint `cutoff`, and those a row came late for, are
+    /// written from now on; returns how many there were (the next snapshot must hold all
+    /// their entries).
+    pub fn write_born_before(&mut self, cutoff: u64) -> usize {
+        let mut n = 0;
+        for (_, t) in &mut self.windows {
+            if t.born != WRITTEN && (t.born < cutoff || t.late) {
+                t.born = WRITTEN;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// The checkpoint a snapshot taken now would replay from: the oldest birth among the named
+    /// windows (`None`: every window held is written, or none is held).
     pub fn replay_from(&self) -> Option<u64> {
-        let oldest = self.windows.iter().map(|(_, t)| t.born).min().unwrap_or(self.checkpoint);
-        (oldest != NEEDS_FULL).then_some(oldest)
+        self.windows.iter().map(|(_, t)| t.born).filter(|b| *b != WRITTEN).min()
     }
 
-    /// The state a replay snapshot writes: the windows held, without their entries, with the
-    /// progress and counters. Nothing is frozen (the tables stay the operator's alone), and
-    /// its spill count is one no snapshot of [`Self::freeze`] has, so a full snapshot after it
-    /// is never written as a delta of it.
+    /// Whether some window held is written.
+    pub fn any_written(&self) -> bool {
+        self.windows.iter().any(|(_, t)| t.born == WRITTEN)
+    }
+
+    /// Whether a row came late for a named window held.
+    pub fn any_late(&self) -> bool {
+        self.windows.iter().any(|(_, t)| t.late && t.born != WRITTEN)
+    }
+
+    /// The starts of the written windows held.
+    pub fn written_windows(&self) -> Vec<i64> {
+        self.windows.iter().filter(|(_, t)| t.born == WRITTEN).map(|(s, _)| *s).collect()
+    }
+
+    /// The starts of the windows that take replayed rows.
+    pub fn replaying_windows(&self) -> Vec<i64> {
+        self.windows.iter().filter(|(_, t)| t.replays).map(|(s, _)| *s).collect()
+    }
+
+    /// The state a snapshot writes: every window held, the written ones with their entries
+    /// (shared, not copied: [`Self::freeze`]) and the named ones without, with the progress and
+    /// counters. `whole`: the file holds every entry (a window was written for the first time).
+    /// With nothing written, nothing is frozen (the tables stay the operator's alone), and its
+    /// spill count is one no frozen snapshot has, so the next written one is whole.
+    pub fn snapshot_state(&mut self, whole: bool) -> FrozenState {
+        if !self.any_written() {
+            return self.replay_state();
+        }
+        let epoch = self.epoch;
+        self.epoch = epoch.checked_add(1).expect("fewer than 2^32 snapshots between two restores");
+        let next = self.epoch;
+        FrozenState {
+            windows: self
+                .windows
+                .iter_mut()
+                .map(|(s, t)| (*s, if t.born == WRITTEN { t.freeze(next) } else { Vec::new() }))
+                .collect(),
+            progress: self.upstream.clone(),
+            late_rows: self.late_rows,
+            rows: self.rows,
+            epoch,
+            cursor: self.cursor,
+            spill_gen: self.spill_gen,
+            whole,
+        }
+    }
+
+    /// The state of a snapshot that names every window: no entries.
     pub fn replay_state(&self) -> FrozenState {
         FrozenState {
             windows: self.windows.iter().map(|(s, _)| (*s, Vec::new())).collect(),
@@ -69,6 +153,16 @@ impl WindowAgg {
             epoch: self.epoch,
             cursor: self.cursor,
             spill_gen: u32::MAX,
+            whole: false,
+        }
+    }
+
+    /// A row came late for the window starting at `start`: if it is still held (fired, its
+    /// emission not over), a replay could not tell its rows from the late ones.
+    #[cold]
+    pub(super) fn late_for(&mut self, start: i64) {
+        if let Ok(i) = self.windows.binary_search_by_key(&start, |w| w.0) {
+            self.windows[i].1.late = true;
         }
     }
 
@@ -78,13 +172,15 @@ impl WindowAgg {
     }
 
     /// Adds a row taken before the restored checkpoint, sent again: to each of its windows that
-    /// is held, whatever the watermark; skipped for the others. The counters are not touched
-    /// (the checkpoint's counted it).
+    /// takes replayed rows, whatever the watermark; skipped for the others. The counters are
+    /// not touched (the checkpoint's counted it).
     pub fn replay_add(&mut self, ts: i64, key: u64, value: f64) {
         let size = self.spec.size_ms;
         let mut start = self.spec.last_start(ts);
         while start > ts - size {
-            if let Ok(i) = self.windows.binary_search_by_key(&start, |w| w.0) {
+            if let Ok(i) = self.windows.binary_search_by_key(&start, |w| w.0)
+                && self.windows[i].1.replays
+            {
                 self.windows[i].1.add(super::order_of(key), key, value);
             }
             start -= self.spec.slide_ms;
@@ -95,7 +191,6 @@ impl WindowAgg {
 #[cfg(test)]
 mod tests {
     use super::super::{WindowAgg, WindowResult, WindowSpec};
-    use super::NEEDS_FULL;
 
     fn drain(agg: &mut WindowAgg) -> Vec<WindowResult> {
         let mut out = Vec::new();
@@ -114,16 +209,20 @@ mod tests {
     #[test]
     fn a_window_is_born_at_the_checkpoint_before_its_first_row() {
         let mut agg = WindowAgg::new(WindowSpec::tumbling(10), 0, 1);
-        assert_eq!(agg.replay_from(), Some(0), "nothing held: the last checkpoint (none)");
+        assert_eq!(agg.replay_from(), None, "nothing held");
         feed(&mut agg, &[(1, 1, 1.0)]);
         agg.set_checkpoint(4);
         feed(&mut agg, &[(12, 1, 1.0), (5, 2, 1.0)]);
         assert_eq!(agg.replay_from(), Some(0), "window 0 was born before checkpoint 4");
+        assert_eq!(agg.write_born_before(4), 1, "window 0 is written from now on");
+        assert_eq!(agg.replay_from(), Some(4), "the oldest named window: 10, born at 4");
         feed(&mut agg, &[(21, 1, 1.0)]);
         drain(&mut agg);
-        assert_eq!(agg.replay_from(), Some(4), "window 0 fired; windows 10 and 20 were born at 4");
-        agg.set_born(NEEDS_FULL);
-        assert_eq!(agg.replay_from(), None, "entries from a full snapshot: no replay rebuilds them");
+        assert_eq!(agg.written_windows(), Vec::<i64>::new(), "windows 0 and 10 fired");
+        assert_eq!(agg.replay_from(), Some(4), "window 20 was born at 4");
+        assert_eq!(agg.write_all(), 1);
+        assert_eq!(agg.replay_from(), None, "every window written: no replay rebuilds one");
+        assert_eq!(agg.written_windows(), vec![20]);
     }
 
     #[test]
@@ -165,7 +264,7 @@ mod tests {
         let mut agg = WindowAgg::new(WindowSpec::tumbling(10), 0, 1);
         agg.restore(std::iter::empty(), &snap.progress, snap.late_rows, snap.rows).unwrap();
         agg.reopen(&snap.windows.iter().map(|w| w.0).collect::<Vec<_>>(), snap.cursor);
-        agg.set_born(from);
+        agg.set_restored(from, &[], &[]);
         agg.hold(true);
         match way {
             Way::RowByRow => before.iter().for_each(|&(t, k, v)| agg.replay_add(t, k, v)),

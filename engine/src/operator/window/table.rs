@@ -107,8 +107,13 @@ pub struct WindowTable {
     shards: Box<[Shard; SHARDS]>,
     /// What writes stamp (see [`SlotMap::set_epoch`]).
     epoch: u32,
-    /// The checkpoint the window was born at (see `replay.rs`).
+    /// The checkpoint the window was born at, or [`super::replay::WRITTEN`] (see `replay.rs`).
     pub(super) born: u64,
+    /// Whether rows a restore sends again go into it (see `replay.rs`).
+    pub(super) replays: bool,
+    /// A row came late for it while it was held (fired, its emission not over): a replay
+    /// could not tell its rows from the late ones, so it is written (see `replay.rs`).
+    pub(super) late: bool,
 }
 
 impl Default for WindowTable {
@@ -130,7 +135,13 @@ fn owned(mut m: ShardMap, epoch: u32) -> Shard {
 impl WindowTable {
     /// An empty window whose writes stamp `epoch`.
     pub fn empty(epoch: u32) -> Self {
-        Self { shards: shard_array((0..SHARDS).map(|_| owned(ShardMap::default(), epoch))), epoch, born: 0 }
+        Self {
+            shards: shard_array((0..SHARDS).map(|_| owned(ShardMap::default(), epoch))),
+            epoch,
+            born: 0,
+            replays: false,
+            late: false,
+        }
     }
 
     /// An empty window sized like `other` shard by shard (the next window over the same keys):
@@ -138,13 +149,19 @@ impl WindowTable {
     /// where it has them.
     pub fn sized_like(other: &WindowTable, epoch: u32, pool: &mut SlotPool) -> Self {
         let shards = shard_array(other.shards.iter().map(|s| owned(ShardMap::from_pool(s.map().len(), pool), epoch)));
-        Self { shards, epoch, born: 0 }
+        Self { shards, epoch, born: 0, replays: false, late: false }
     }
 
     /// An empty window whose shards have room for `sizes[i]` entries each (a restore: epoch 0).
     pub fn with_shard_sizes(sizes: &[usize]) -> Self {
         debug_assert_eq!(sizes.len(), SHARDS);
-        Self { shards: shard_array(sizes.iter().map(|n| Shard::Owned(ShardMap::with_capacity(*n)))), epoch: 0, born: 0 }
+        Self {
+            shards: shard_array(sizes.iter().map(|n| Shard::Owned(ShardMap::with_capacity(*n)))),
+            epoch: 0,
+            born: 0,
+            replays: false,
+            late: false,
+        }
     }
 
     /// Writes from now on stamp `epoch` (not below the current one).

@@ -5,6 +5,7 @@
 //!   ([`TaskCheckpointing`]): the task as the port, the queues, transport, uploader pool and meta
 //!   record as its effects.
 //! - [`coordinator`]: the coordinator thread with its store thread, and the manual trigger.
+//! - [`agg_snapshot`]: what an agg's snapshot writes and names, and its restore.
 //! - [`restore`]: a task's files on its node (state, local snapshots, meta record) and restoring.
 //! - [`net`]: protocol messages to other nodes.
 //! - [`stats`]: [`CheckpointLog`], the statistics of finished checkpoints.
@@ -15,6 +16,7 @@
 //! lowest node of the stream; every engine restores its own tasks from the shared store. This
 //! module only sets them up ([`Setup`]) and stops them ([`Running`]).
 
+pub(crate) mod agg_snapshot;
 pub(crate) mod coordinator;
 mod net;
 pub(crate) mod port;

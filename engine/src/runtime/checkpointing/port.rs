@@ -13,6 +13,7 @@ use crossbeam_channel::Sender;
 use weir_wire::msg::RestoreBasis;
 use weir_wire::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
 
+use super::agg_snapshot;
 use super::net::ProtoNet;
 use super::restore::{self, snapshot_dir};
 use super::stats::CheckpointLog;
@@ -54,7 +55,7 @@ impl TaskPort for EnginePort<'_> {
             // A replay snapshot at the cuts needs no alignment (`runtime/unaligned.rs`); the
             // choice holds for the whole checkpoint: every input cut, or every input held.
             let held = (0..a.inp.len()).any(|j| a.inp.is_closed(j));
-            if a.cuts.any() || (!held && a.replay.cuts_allowed(id.0, a.agg.replay_from())) {
+            if a.cuts.any() || (!held && agg_snapshot::cuts_allowed(a, id)) {
                 a.cuts.cut(i, a.replay.taken()[i]);
                 return Hold::Cut;
             }
@@ -90,40 +91,15 @@ impl TaskPort for EnginePort<'_> {
     }
 
     fn capture(&mut self, id: CheckpointId) -> Result<Captured, CheckpointError> {
+        let task = self.ctx.task;
+        let snap = |e: agg_snapshot::AggSnapshotError| CheckpointError::Snapshot { task, id, reason: e.to_string() };
         Ok(match self.task {
-            Task::Agg(a) if a.cuts.any() => {
-                // Inputs taken on past their barriers: the replay snapshot at the cuts.
-                let taken = a.cuts.taken_at_cuts(a.replay.taken());
-                let point = a.replay.checkpoint_at(id.0, a.agg.replay_from(), taken);
-                a.agg.set_checkpoint(id.0);
-                let mut state = a.agg.replay_state();
-                (state.rows, state.late_rows) = a.cuts.counters_at_cuts(state.rows, state.late_rows);
-                a.cuts.release(&mut a.agg, None);
-                let Some(p) = point else {
-                    let reason = "inputs were cut for a replay snapshot that cannot be taken".to_string();
-                    return Err(CheckpointError::Snapshot { task: self.ctx.task, id, reason });
-                };
-                Captured::Replay(state, self.ctx.chain.clone(), p)
-            }
-            Task::Agg(a) => {
-                let point = a.replay.checkpoint(id.0, a.agg.replay_from());
-                a.agg.set_checkpoint(id.0);
-                match point {
-                    // A replay under way is always snapshot as one: the windows are not whole.
-                    Some(p) if a.replay.enabled || a.replay.replaying() => {
-                        Captured::Replay(a.agg.replay_state(), self.ctx.chain.clone(), p)
-                    }
-                    _ => {
-                        // The spill store is held until the uploader has its checkpoint: what
-                        // it holds then is what was spilled before this barrier.
-                        let spill = a.spill.as_ref().map(|db| db.hold());
-                        Captured::Window(a.agg.freeze(), self.ctx.chain.clone(), spill)
-                    }
-                }
-            }
+            // Inputs taken on past their barriers: the snapshot at the cuts.
+            Task::Agg(a) if a.cuts.any() => agg_snapshot::capture_at_cuts(a, id, &self.ctx.chain).map_err(snap)?,
+            Task::Agg(a) => agg_snapshot::capture(a, id, &self.ctx.chain).map_err(snap)?,
             Task::Source(s) => {
-                s.replay.checkpoint(id, s.replay.position(s.offset));
-                Captured::Offset(s.replay.history.iter().copied().collect())
+                s.replay.checkpoint(id, s.offset, s.out.len());
+                Captured::Offset(s.replay.history.iter().copied().collect(), s.replay.outputs.iter().cloned().collect())
             }
             // The store's memtable is switched by the uploader as it takes the job
             // (`UploadJob::start`), not here: RocksDB's switch takes its mutex and wakes its
@@ -184,7 +160,7 @@ impl TaskPort for EnginePort<'_> {
                     a.spill = None;
                     if a.spill_budget.is_some() {
                         let db = crate::state::SpillDb::fresh(&a.spill_root).map_err(|e| failed(e.to_string()))?;
-                        open_spill(a, db).map_err(failed)?;
+                        agg_snapshot::open_spill(a, db).map_err(|e| failed(e.to_string()))?;
                     }
                 }
                 Task::Sink(s) => s.store.clear().map_err(|e| failed(e.to_string()))?,
@@ -197,31 +173,7 @@ impl TaskPort for EnginePort<'_> {
                 restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |_, _| Ok(()))
             }
             Task::Agg(a) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, m| {
-                let db = restore::db_dir(&c.data, c.task);
-                let state = crate::state::TaskStore::open_from_state_files(src, &db).map_err(|e| e.to_string())?;
-                a.agg.set_checkpoint(p.id.0);
-                crate::state::load_window_state(&state, &mut a.agg).map_err(|e| e.to_string())?;
-                a.agg.clear_spill();
-                a.spill = None;
-                if let Some(point) = &m.replay {
-                    // The windows come back empty, and the sources send their rows again.
-                    a.agg.set_born(point.from.0);
-                    a.replay.restore_replay(p.id.0, point).map_err(|e| e.to_string())?;
-                    a.board.replay_begins(a.replay.left());
-                    a.agg.hold(a.replay.replaying());
-                    tracing::info!(task = %c.task, checkpoint = %p.id, from = %point.from, windows = a.agg.open_windows(), "replaying the windows' rows");
-                    if a.spill_budget.is_some() {
-                        open_spill(a, crate::state::SpillDb::fresh(&a.spill_root).map_err(|e| e.to_string())?)?;
-                    }
-                } else {
-                    a.agg.set_born(crate::operator::window::replay::NEEDS_FULL);
-                    a.replay.restore_full(p.id.0);
-                    a.agg.hold(false);
-                    // Spilled partials restore whether or not this run spills: they are state.
-                    if a.spill_budget.is_some() || src.join("CURRENT").is_file() {
-                        open_spill(a, crate::state::SpillDb::restore(src, &a.spill_root).map_err(|e| e.to_string())?)?;
-                    }
-                }
+                agg_snapshot::restore(a, p.id, src, m, &restore::db_dir(&c.data, c.task)).map_err(|e| e.to_string())?;
                 // The next snapshot adds to the restored files.
                 c.chain.lock().unwrap_or_else(|e| e.into_inner()).restored(src, m.format).map_err(|e| e.to_string())
             }),
@@ -254,16 +206,24 @@ impl TaskPort for EnginePort<'_> {
         let version = p.version.unwrap_or(manifest.version);
         if let Task::Source(s) = self.task {
             // Each downstream agg that took a replay snapshot gets its windows' rows again.
-            s.replay = SourceReplay { history: manifest.offsets.iter().copied().collect(), ..Default::default() };
+            s.replay = SourceReplay {
+                history: manifest.offsets.iter().copied().collect(),
+                outputs: manifest.outputs.iter().cloned().collect(),
+                ..Default::default()
+            };
             let mut from = Vec::with_capacity(s.out.len());
             for j in 0..s.out.len() {
                 let agg = s.out.target(j);
                 let m = crate::backup::fetch_manifest(c.store.as_ref(), c.stream, agg, p.id, None)
                     .map_err(|e| failed(format!("the manifest of downstream task {agg}: {e}")))?;
-                from.push(match &m.replay {
-                    Some(r) => s.replay.offset_at(r.from).map_err(|e| failed(e.to_string()))?,
-                    None => version.0,
-                });
+                from.push(
+                    match &m.replay {
+                        Some(r) if r.resume => s.replay.output_offset_at(r.from, j, s.out.len()),
+                        Some(r) => s.replay.offset_at(r.from),
+                        None => Ok(version.0),
+                    }
+                    .map_err(|e| failed(e.to_string()))?,
+                );
             }
             let start = s.replay.start(from, version.0);
             if start < version.0 {
@@ -289,14 +249,6 @@ impl TaskPort for EnginePort<'_> {
         *c.index.lock().unwrap_or_else(|e| e.into_inner()) = index;
         Ok(version)
     }
-}
-
-/// Makes `db` the agg's spill store (with its budget; none: it only merges what is there).
-fn open_spill(a: &mut crate::runtime::task::AggTask, db: Arc<crate::state::SpillDb>) -> Result<(), String> {
-    let budget = a.spill_budget.unwrap_or(usize::MAX);
-    a.agg.set_spill(Box::new(crate::state::RocksSpill(db.clone())), budget).map_err(|e| e.to_string())?;
-    a.spill = Some(db);
-    Ok(())
 }
 
 /// Milliseconds and microseconds of the engine's clocks.

@@ -52,6 +52,11 @@ pub struct CheckpointSettings {
     /// restore replays up to the windows' rows, and needs sources that can (the generator and
     /// the ingest logs can). `false`: full snapshots (the entries, incrementally).
     pub replay: bool,
+    /// With replay snapshots: the longest a restore's replay may take. A window whose rows
+    /// would take longer to replay is written instead (its entries, incrementally) from then
+    /// on, until it fires (`runtime/budget.rs`). `None`: no bound (every window is named while
+    /// the sources remember where its rows begin).
+    pub recovery_budget: Option<std::time::Duration>,
 }
 
 impl CheckpointSettings {
@@ -71,6 +76,7 @@ impl CheckpointSettings {
             retain: 3,
             upload_limit: None,
             replay: false,
+            recovery_budget: Some(std::time::Duration::from_secs(5)),
         }
     }
 
