@@ -240,10 +240,33 @@ pub struct CheckpointFile {
     /// begin; a restore sends them again) or `"full"` (its windows' entries).
     #[serde(default = "default_snapshots", deserialize_with = "de_snapshots")]
     pub snapshots: bool,
+    /// With replay snapshots, the longest a restore's replay may take, e.g. `"5s"`, or `"off"`
+    /// (no bound): a window whose rows would take longer to replay is written instead.
+    #[serde(default = "default_recovery_budget", deserialize_with = "de_recovery_budget")]
+    pub recovery_budget: Option<Duration>,
 }
 
 fn default_snapshots() -> bool {
     true
+}
+
+fn default_recovery_budget() -> Option<Duration> {
+    Some(Duration::from_secs(5))
+}
+
+/// A duration such as `5s`, or `off` (no bound): the recovery budget.
+pub(crate) fn parse_recovery_budget(s: &str) -> Result<Option<Duration>, String> {
+    match s.trim() {
+        "off" => Ok(None),
+        d => match parse_duration(d)? {
+            Duration::ZERO => Err("the recovery budget must be above 0 (or `off`)".to_string()),
+            d => Ok(Some(d)),
+        },
+    }
+}
+
+fn de_recovery_budget<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    parse_recovery_budget(&String::deserialize(d)?).map_err(serde::de::Error::custom)
 }
 
 /// `full` or `replay` (true): what an agg's checkpoint holds.

@@ -144,6 +144,7 @@ pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<Engin
         s.upload_limit = ck.upload_limit;
         s.uploaders = ck.uploaders.max(1);
         s.replay = ck.snapshots;
+        s.recovery_budget = ck.recovery_budget;
         cfg.checkpoint = Some(s);
     }
     Ok(cfg)

@@ -79,6 +79,11 @@ pub struct RunArgs {
     /// reads them, whatever the window's length).
     #[arg(long, env = "WEIR_SNAPSHOTS", default_value = "replay", action = clap::ArgAction::Set, value_name = "full|replay", value_parser = crate::config::parse_snapshots)]
     snapshots: bool,
+    /// With replay snapshots, the longest a restore's replay may take at the rate replays run
+    /// at (measured): a window whose rows would take longer is written (its entries,
+    /// incrementally) instead, until it fires. `off`: no bound.
+    #[arg(long, env = "WEIR_RECOVERY_BUDGET", default_value = "5s", value_name = "DURATION|off", value_parser = crate::config::parse_recovery_budget)]
+    recovery_budget: Option<Duration>,
 }
 
 /// `512`, `64K`, `50M`, `1G` (binary multiples; an optional `B`, `iB`, `/s`).
@@ -171,6 +176,7 @@ pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<Exit
         ck.upload_limit = args.upload_limit;
         ck.uploaders = args.uploaders as usize;
         ck.replay = args.snapshots;
+        ck.recovery_budget = args.recovery_budget;
         cfg.checkpoint = Some(ck);
     }
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).context("starting the engine")?;

@@ -190,6 +190,22 @@ mod tests {
     }
 
     #[test]
+    fn the_recovery_budget_is_a_duration_or_off_and_five_seconds_by_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        let with = |line: &str| {
+            std::fs::write(&path, format!("{FILE}[checkpoint]\n{line}\n")).unwrap();
+            load(&path, []).map(|f| f.checkpoint.recovery_budget)
+        };
+        assert_eq!(with("").unwrap(), Some(std::time::Duration::from_secs(5)));
+        assert_eq!(with("recovery_budget = \"750ms\"").unwrap(), Some(std::time::Duration::from_millis(750)));
+        assert_eq!(with("recovery_budget = \"off\"").unwrap(), None);
+        for bad in ["\"0s\"", "\"soon\"", "5"] {
+            assert!(with(&format!("recovery_budget = {bad}")).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn secrets_from_the_environment_are_taken_as_they_are_and_never_printed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
