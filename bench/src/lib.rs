@@ -5,6 +5,7 @@
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 pub mod backup;
 pub mod keys;
+pub mod recovery;
 pub mod restore;
 pub mod timely_job;
 

@@ -254,19 +254,23 @@ fn default_recovery_budget() -> Option<Duration> {
     Some(Duration::from_secs(5))
 }
 
+/// A recovery budget: the longest a restore's replay may take, or no bound (`None`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RecoveryBudget(pub(crate) Option<Duration>);
+
 /// A duration such as `5s`, or `off` (no bound): the recovery budget.
-pub(crate) fn parse_recovery_budget(s: &str) -> Result<Option<Duration>, String> {
+pub(crate) fn parse_recovery_budget(s: &str) -> Result<RecoveryBudget, String> {
     match s.trim() {
-        "off" => Ok(None),
+        "off" => Ok(RecoveryBudget(None)),
         d => match parse_duration(d)? {
             Duration::ZERO => Err("the recovery budget must be above 0 (or `off`)".to_string()),
-            d => Ok(Some(d)),
+            d => Ok(RecoveryBudget(Some(d))),
         },
     }
 }
 
 fn de_recovery_budget<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    parse_recovery_budget(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    parse_recovery_budget(&String::deserialize(d)?).map(|b| b.0).map_err(serde::de::Error::custom)
 }
 
 /// `full` or `replay` (true): what an agg's checkpoint holds.

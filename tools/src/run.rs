@@ -83,7 +83,7 @@ pub struct RunArgs {
     /// at (measured): a window whose rows would take longer is written (its entries,
     /// incrementally) instead, until it fires. `off`: no bound.
     #[arg(long, env = "WEIR_RECOVERY_BUDGET", default_value = "5s", value_name = "DURATION|off", value_parser = crate::config::parse_recovery_budget)]
-    recovery_budget: Option<Duration>,
+    recovery_budget: crate::config::RecoveryBudget,
 }
 
 /// `512`, `64K`, `50M`, `1G` (binary multiples; an optional `B`, `iB`, `/s`).
@@ -176,7 +176,7 @@ pub fn run(args: &RunArgs, log: Option<&std::path::Path>) -> anyhow::Result<Exit
         ck.upload_limit = args.upload_limit;
         ck.uploaders = args.uploaders as usize;
         ck.replay = args.snapshots;
-        ck.recovery_budget = args.recovery_budget;
+        ck.recovery_budget = args.recovery_budget.0;
         cfg.checkpoint = Some(ck);
     }
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).context("starting the engine")?;

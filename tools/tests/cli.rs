@@ -70,6 +70,13 @@ fn killed_with_sigkill_and_resumed_from_replay_snapshots_it_ends_with_the_same_r
     killed_and_resumed(&["--snapshots", "replay"], "replaying the windows' rows");
 }
 
+#[test]
+fn killed_with_sigkill_and_resumed_with_windows_past_a_small_recovery_budget_it_ends_with_the_same_results() {
+    // Windows of 0.1 s of rows and a budget of half that: each window is written once its rows
+    // would take longer to replay, beside the younger named ones.
+    killed_and_resumed(&["--snapshots", "replay", "--recovery-budget", "50ms"], "replaying the windows' rows");
+}
+
 /// The SIGKILL test, with `extra` arguments for every run of the stream; the last run's log
 /// says `restored`.
 fn killed_and_resumed(extra: &[&str], restored: &str) {

@@ -519,9 +519,20 @@ fn main() {
         ),
         Some("agg") => agg(&key_counts(args.get(2))),
         Some("restore") => weir_bench::restore::restore(num(2, 4_000_000)),
+        Some("recovery") => {
+            let list = |i: usize, d: &str| -> Vec<String> {
+                args.get(i).map_or(d, String::as_str).split(',').map(|s| s.trim().to_string()).collect()
+            };
+            weir_bench::recovery::recovery(
+                num(2, 30),
+                &args.get(3).map_or_else(|| vec![10_000, 1_000_000], |_| key_counts(args.get(3))),
+                &list(4, "1s,60s,1h"),
+                &list(5, "5s,off"),
+            )
+        }
         _ => {
             eprintln!(
-                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] [tls] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] [rounds] [full|replay] | agg [k1,k2,...] | restore [keys]   (WEIR_LOG=weir_engine=debug: the engine's log on stderr)"
+                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] [tls] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] [rounds] [full|replay] | agg [k1,k2,...] | restore [keys] | recovery [seconds] [k1,k2,...] [w1,w2,...] [b1,b2,...]   (WEIR_LOG=weir_engine=debug: the engine's log on stderr)"
             );
             std::process::exit(2);
         }
