@@ -172,7 +172,12 @@ impl AggReplay {
 
     /// The agg reached a checkpoint at `now`: the budget measures the interval since the last.
     pub(crate) fn observe(&mut self, now: Instant) {
-        self.budget.observe(now, self.taken.iter().sum(), self.replaying());
+        self.observe_at(now, self.taken.iter().sum());
+    }
+
+    /// [`Self::observe`] with the rows taken by the checkpoint (at its cuts).
+    pub(crate) fn observe_at(&mut self, now: Instant, taken: u64) {
+        self.budget.observe(now, taken, self.replaying());
     }
 
     /// The checkpoint below which windows must be written at checkpoint `id`: the oldest one

@@ -17,6 +17,11 @@
 //! - A restore replaces the chain with the restored checkpoint's files (its entries are stamped
 //!   epoch 0, so the next delta holds what changed after the restore); an upload begun before
 //!   the restore is not accepted into the new chain (the generation differs).
+//! - The chain knows which windows its files hold whole (`covers`): the written windows of its
+//!   last stored snapshot. A snapshot whose written windows include one it does not cover, with
+//!   entries that may be stamped at or below the chain's epoch (a window a snapshot named until
+//!   now), is written whole: a delta would leave those entries out. Until such a snapshot is
+//!   stored, the next one is whole again.
 //! - Files go LZ4-compressed while that shrinks them: deltas follow what the last file found,
 //!   and so do full files, except that after [`PROBE_EVERY`] full files in a row written raw
 //!   the next one tries LZ4 again (the data may have changed). Random `f64` aggregates do not
@@ -70,6 +75,8 @@ pub struct WindowChain {
     plain: bool,
     /// Full files written raw since the last full file that tried LZ4.
     raw_fulls: u32,
+    /// The windows the files hold whole (sorted).
+    covers: Vec<i64>,
 }
 
 /// A snapshot written on a chain, to [`WindowChain::accept`] once it is stored.
@@ -88,6 +95,7 @@ pub struct ChainWrite {
     spill_gen: u32,
     generation: u64,
     shrank: bool,
+    covers: Vec<i64>,
 }
 
 /// The name of the state file written for checkpoint `id`.
@@ -101,10 +109,11 @@ impl WindowChain {
         Self::default()
     }
 
-    /// The chain of a restored snapshot in `dir`, written in manifest `format`: its state files,
-    /// in chain order. A snapshot of format 3 or older (one file in the older layout, whose keys
-    /// would not sort before a delta's) starts no chain: the next snapshot is written whole.
-    pub fn restored(&mut self, dir: &Path, format: u32) -> Result<(), StateError> {
+    /// The chain of a restored snapshot in `dir`, written in manifest `format`, whose files hold
+    /// the windows `written` whole: its state files, in chain order. A snapshot of format 3 or
+    /// older (one file in the older layout, whose keys would not sort before a delta's) starts
+    /// no chain: the next snapshot is written whole.
+    pub fn restored(&mut self, dir: &Path, format: u32, written: &[i64]) -> Result<(), StateError> {
         if format < CHAIN_FORMAT {
             self.clear();
             return Ok(());
@@ -123,7 +132,9 @@ impl WindowChain {
             }
         }
         files.sort_by(|a, b| a.name.cmp(&b.name));
-        *self = Self { epoch: 0, files, spill_gen: 0, generation: self.generation + 1, ..Self::default() };
+        let mut covers = written.to_vec();
+        covers.sort_unstable();
+        *self = Self { epoch: 0, files, spill_gen: 0, generation: self.generation + 1, covers, ..Self::default() };
         Ok(())
     }
 
@@ -148,7 +159,10 @@ impl WindowChain {
         let chained: u64 = self.files.iter().map(|f| f.entries).sum();
         let changed = copy.changed_bound(self.epoch) as u64;
         let name = state_file_name(id);
-        let may_delta = !copy.whole
+        // A window written now whose entries the files lack, some perhaps stamped at or below
+        // the chain's epoch: only a whole file holds them.
+        let uncovered = copy.floors.iter().any(|(s, f)| *f <= self.epoch && self.covers.binary_search(s).is_err());
+        let may_delta = !uncovered
             && !self.files.is_empty()
             && self.files.len() < MAX_FILES
             && copy.epoch > self.epoch
@@ -168,6 +182,8 @@ impl WindowChain {
         let since = delta.then_some(self.epoch);
         let lz4 = !self.plain || (!delta && self.raw_fulls >= PROBE_EVERY);
         let encoded = encode_state(copy, since, id.0);
+        let mut copy_covers: Vec<i64> = copy.floors.iter().map(|(s, _)| *s).collect();
+        copy_covers.sort_unstable();
         copy.windows = Vec::new();
         let w = write_encoded(&encoded, &path, lz4)?;
         files.push(ChainFile { name, path, entries: w.entries });
@@ -180,6 +196,7 @@ impl WindowChain {
             spill_gen: copy.spill_gen,
             generation: self.generation,
             shrank: w.shrank,
+            covers: copy_covers,
         })
     }
 
@@ -205,6 +222,7 @@ impl WindowChain {
             self.files = w.files;
             self.spill_gen = w.spill_gen;
             self.plain = !w.shrank;
+            self.covers = w.covers;
             if w.full {
                 self.raw_fulls = if w.lz4 { 0 } else { self.raw_fulls + 1 };
             }

@@ -25,9 +25,10 @@ pub struct FrozenState {
     /// Spills the agg made before this snapshot, since its start or restore: a snapshot is a
     /// delta only of one with the same count.
     pub spill_gen: u32,
-    /// The file must hold every entry, not a delta: a window joined those the snapshots write
-    /// (its earlier entries are in no file).
-    pub whole: bool,
+    /// The written windows (those with entries here), each with the lowest epoch its entries
+    /// may be stamped at: one the chain's files do not hold needs a full file if that is at or
+    /// below the chain's epoch (a delta would leave its older entries out).
+    pub floors: Vec<(i64, u32)>,
 }
 
 impl FrozenState {

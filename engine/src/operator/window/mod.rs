@@ -386,7 +386,7 @@ impl WindowAgg {
             epoch,
             cursor: self.cursor,
             spill_gen: self.spill_gen,
-            whole: false,
+            floors: self.windows.iter().map(|(s, t)| (*s, t.floor)).collect(),
         }
     }
 

@@ -63,21 +63,21 @@ impl WindowAgg {
                 if !t.is_empty() {
                     *t = WindowTable::empty(epoch);
                 }
+                t.floor = epoch; // it holds nothing yet
                 (from, true)
             };
         }
     }
 
     /// Every window held is written from now on (a restore of entries, a full snapshot, a
-    /// checkpoint during a replay); returns how many were not (the next snapshot must hold all
-    /// their entries). Whether a window takes replayed rows does not change.
+    /// checkpoint during a replay); returns how many were not. Whether a window takes replayed
+    /// rows does not change.
     pub fn write_all(&mut self) -> usize {
         self.write_born_before(WRITTEN)
     }
 
     /// The named windows born before checkpoint `cutoff`, and those a row came late for, are
-    /// written from now on; returns how many there were (the next snapshot must hold all
-    /// their entries).
+    /// written from now on; returns how many there were.
     pub fn write_born_before(&mut self, cutoff: u64) -> usize {
         let mut n = 0;
         for (_, t) in &mut self.windows {
@@ -117,10 +117,9 @@ impl WindowAgg {
 
     /// The state a snapshot writes: every window held, the written ones with their entries
     /// (shared, not copied: [`Self::freeze`]) and the named ones without, with the progress and
-    /// counters. `whole`: the file holds every entry (a window was written for the first time).
-    /// With nothing written, nothing is frozen (the tables stay the operator's alone), and its
-    /// spill count is one no frozen snapshot has, so the next written one is whole.
-    pub fn snapshot_state(&mut self, whole: bool) -> FrozenState {
+    /// counters. With nothing written, nothing is frozen (the tables stay the operator's alone),
+    /// and its spill count is one no frozen snapshot has, so the next written one is whole.
+    pub fn snapshot_state(&mut self) -> FrozenState {
         if !self.any_written() {
             return self.replay_state();
         }
@@ -139,7 +138,7 @@ impl WindowAgg {
             epoch,
             cursor: self.cursor,
             spill_gen: self.spill_gen,
-            whole,
+            floors: self.windows.iter().filter(|(_, t)| t.born == WRITTEN).map(|(s, t)| (*s, t.floor)).collect(),
         }
     }
 
@@ -153,7 +152,7 @@ impl WindowAgg {
             epoch: self.epoch,
             cursor: self.cursor,
             spill_gen: u32::MAX,
-            whole: false,
+            floors: Vec::new(),
         }
     }
 

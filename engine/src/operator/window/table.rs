@@ -114,6 +114,10 @@ pub struct WindowTable {
     /// A row came late for it while it was held (fired, its emission not over): a replay
     /// could not tell its rows from the late ones, so it is written (see `replay.rs`).
     pub(super) late: bool,
+    /// No entry of it is stamped below this epoch (the one it was created at; 0 for a restored
+    /// window): a chain whose files do not hold it needs a full file once it is written if
+    /// some of its entries may be stamped at or below the chain's epoch.
+    pub(super) floor: u32,
 }
 
 impl Default for WindowTable {
@@ -141,6 +145,7 @@ impl WindowTable {
             born: 0,
             replays: false,
             late: false,
+            floor: epoch,
         }
     }
 
@@ -149,7 +154,7 @@ impl WindowTable {
     /// where it has them.
     pub fn sized_like(other: &WindowTable, epoch: u32, pool: &mut SlotPool) -> Self {
         let shards = shard_array(other.shards.iter().map(|s| owned(ShardMap::from_pool(s.map().len(), pool), epoch)));
-        Self { shards, epoch, born: 0, replays: false, late: false }
+        Self { shards, epoch, born: 0, replays: false, late: false, floor: epoch }
     }
 
     /// An empty window whose shards have room for `sizes[i]` entries each (a restore: epoch 0).
@@ -161,6 +166,7 @@ impl WindowTable {
             born: 0,
             replays: false,
             late: false,
+            floor: 0,
         }
     }
 

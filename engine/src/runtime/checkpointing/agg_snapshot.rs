@@ -51,12 +51,10 @@ pub(crate) fn cuts_allowed(a: &AggTask, id: CheckpointId) -> bool {
     !a.agg.any_written() && !a.agg.any_late() && a.replay.cuts_allowed(id.0, a.agg.replay_from().unwrap_or(id.0))
 }
 
-/// What a snapshot writes: the replay point its manifest carries (`None`: a full snapshot),
-/// and whether its file must hold every written window's entries.
+/// What a snapshot writes: the replay point its manifest carries (`None`: a full snapshot).
 #[derive(Debug)]
 pub(crate) struct Choice {
     pub(crate) point: Option<ReplayPoint>,
-    pub(crate) whole: bool,
 }
 
 /// Chooses which windows checkpoint `id` writes and records its replay point in `replay`:
@@ -73,9 +71,13 @@ pub(crate) fn choose(
     let replaying = replay.replaying();
     let full = !replay.enabled && !replaying;
     let least = replay.cutoff(id);
-    let mut newly = if full || replaying { agg.write_all() } else { agg.write_born_before(cutoff(least).max(least)) };
+    if full || replaying {
+        agg.write_all();
+    } else {
+        agg.write_born_before(cutoff(least).max(least));
+    }
     if spill && agg.any_written() {
-        newly += agg.write_all();
+        agg.write_all();
     }
     let partial = if replaying { agg.replaying_windows() } else { Vec::new() };
     let written = agg.written_windows().into_iter().filter(|w| !partial.contains(w)).collect();
@@ -83,7 +85,7 @@ pub(crate) fn choose(
     let point = replay.checkpoint(id, from, written, partial);
     agg.set_checkpoint(id);
     match point {
-        Some(p) => Ok(Choice { point: (!full).then_some(p), whole: newly > 0 }),
+        Some(p) => Ok(Choice { point: (!full).then_some(p) }),
         None => Err(AggSnapshotError::NoPoint { from, cutoff: least }),
     }
 }
@@ -99,7 +101,7 @@ pub(crate) fn capture(
     // The spill store is held until the uploader has its checkpoint: what it holds then is
     // what was spilled before this barrier (none goes with a snapshot that names windows).
     let spill = if a.agg.any_written() { a.spill.as_ref().map(|db| db.hold()) } else { None };
-    Ok(Captured::Window(a.agg.snapshot_state(choice.whole), chain.clone(), spill, choice.point))
+    Ok(Captured::Window(a.agg.snapshot_state(), chain.clone(), spill, choice.point))
 }
 
 /// The snapshot of checkpoint `id` at the cuts (inputs taken on past their barriers): every
@@ -114,6 +116,7 @@ pub(crate) fn capture_at_cuts(
         return Err(AggSnapshotError::LateAtCuts);
     }
     let taken = a.cuts.taken_at_cuts(a.replay.taken());
+    a.replay.observe_at(Instant::now(), taken.iter().sum());
     let from = a.agg.replay_from();
     let point = a.replay.checkpoint_at(id.0, from, taken, Vec::new(), Vec::new());
     a.agg.set_checkpoint(id.0);

@@ -175,7 +175,12 @@ impl TaskPort for EnginePort<'_> {
             Task::Agg(a) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, m| {
                 agg_snapshot::restore(a, p.id, src, m, &restore::db_dir(&c.data, c.task)).map_err(|e| e.to_string())?;
                 // The next snapshot adds to the restored files.
-                c.chain.lock().unwrap_or_else(|e| e.into_inner()).restored(src, m.format).map_err(|e| e.to_string())
+                let written = a.agg.written_windows();
+                c.chain
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .restored(src, m.format, &written)
+                    .map_err(|e| e.to_string())
             }),
             Task::Sink(s) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, m| {
                 restore::sink_format_readable(m.format)?;

@@ -2,9 +2,13 @@
 //! random rows from several upstreams, random checkpoints, a random choice at each of which
 //! windows are written and which named, crashes restored from random checkpoints (some taken
 //! during a replay, which resume it), rows sent in another order after each restore: every
-//! result emitted is the uninterrupted run's, and together they are all of them.
+//! result emitted is the uninterrupted run's, and together they are all of them. Snapshots are
+//! kept in memory, or written through the task's chain of state files ([`WindowChain`]: a full
+//! file or a delta, RocksDB SST files read back by the loader) with some uploads failing (their
+//! snapshot not accepted into the chain, and not restorable).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use proptest::prelude::*;
 
@@ -12,6 +16,18 @@ use super::AggReplay;
 use crate::backup::ReplayPoint;
 use crate::operator::window::{Acc, WindowAgg, WindowResult, WindowSpec};
 use crate::runtime::checkpointing::agg_snapshot::choose;
+use crate::state::{TaskStore, WindowChain, load_window_state};
+use weir_wire::CheckpointId;
+
+/// Where snapshots go.
+enum Storage {
+    Memory,
+    /// A chain of state files under a directory, one snapshot directory per checkpoint.
+    Files {
+        root: tempfile::TempDir,
+        chain: WindowChain,
+    },
+}
 
 /// splitmix64: the test's choices, from its seed.
 struct Rng(u64);
@@ -35,6 +51,8 @@ type Row = (i64, u64, f64);
 /// A checkpoint as the store would hold it.
 struct Snapshot {
     id: u64,
+    /// Its directory of state files (else its entries and windows, below).
+    dir: Option<PathBuf>,
     entries: Vec<(i64, u64, Acc)>,
     windows: Vec<i64>,
     progress: Vec<Option<i64>>,
@@ -88,32 +106,65 @@ impl Run<'_> {
     }
 
     /// Checkpoint `id`, with windows born before a random cutoff written (the engine's
-    /// choice, with the budget's cutoff replaced by a random one at or after it).
-    fn checkpoint(&mut self, id: u64, rng: &mut Rng) -> Snapshot {
+    /// choice, with the budget's cutoff replaced by a random one at or after it); `None` when
+    /// its upload failed.
+    fn checkpoint(&mut self, id: u64, rng: &mut Rng, storage: &mut Storage) -> Option<Snapshot> {
         let pick = |least: u64| least + rng.below(id + 1 - least);
         let choice = choose(&mut self.agg, &mut self.replay, id, false, pick).expect("a choice");
         let point = choice.point.expect("replay snapshots");
-        let frozen = self.agg.snapshot_state(choice.whole);
-        Snapshot {
+        let mut frozen = self.agg.snapshot_state();
+        let windows = frozen.windows.iter().map(|w| w.0).collect();
+        let (mut dir, mut entries) = (None, Vec::new());
+        match storage {
+            Storage::Memory => entries = frozen.entries().collect(),
+            Storage::Files { root, chain } => {
+                let d = root.path().join(format!("chk-{id}"));
+                let w = chain.write(&mut frozen, CheckpointId(id), &d).expect("written");
+                if rng.below(4) == 0 {
+                    return None; // the upload failed: the chain stays as it was
+                }
+                chain.accept(w);
+                dir = Some(d);
+            }
+        }
+        Some(Snapshot {
             id,
-            entries: frozen.entries().collect(),
-            windows: frozen.windows.iter().map(|w| w.0).collect(),
+            dir,
+            entries,
+            windows,
             progress: frozen.progress.clone(),
             counters: (frozen.rows, frozen.late_rows),
             cursor: frozen.cursor,
             point,
             results: BTreeMap::new(),
-        }
+        })
     }
 }
 
-fn restore<'a>(s: &Snapshot, spec: WindowSpec, delay: i64, rows: &'a [Vec<Row>], ends: Option<&'a [usize]>) -> Run<'a> {
+fn restore<'a>(
+    s: &Snapshot,
+    spec: WindowSpec,
+    delay: i64,
+    rows: &'a [Vec<Row>],
+    ends: Option<&'a [usize]>,
+    storage: &mut Storage,
+) -> Run<'a> {
     let ups = rows.len();
     let mut agg = WindowAgg::new(spec, delay, ups);
-    agg.restore(s.entries.iter().copied(), &s.progress, s.counters.1, s.counters.0).unwrap();
-    agg.reopen(&s.windows, s.cursor);
+    match (&s.dir, storage) {
+        (Some(dir), Storage::Files { root, chain }) => {
+            let store = TaskStore::open_from_state_files(dir, &root.path().join("db")).unwrap();
+            assert!(load_window_state(&store, &mut agg).unwrap());
+            agg.set_restored(s.point.from.0, &s.point.written, &s.point.partial);
+            chain.restored(dir, crate::backup::MANIFEST_FORMAT, &agg.written_windows()).unwrap();
+        }
+        _ => {
+            agg.restore(s.entries.iter().copied(), &s.progress, s.counters.1, s.counters.0).unwrap();
+            agg.reopen(&s.windows, s.cursor);
+            agg.set_restored(s.point.from.0, &s.point.written, &s.point.partial);
+        }
+    }
     agg.set_checkpoint(s.id);
-    agg.set_restored(s.point.from.0, &s.point.written, &s.point.partial);
     let mut replay = AggReplay::new(true, ups, None);
     replay.restore_replay(s.id, &s.point).unwrap();
     agg.hold(replay.replaying());
@@ -142,8 +193,12 @@ fn rows_of(rng: &mut Rng, ups: usize, delay: i64) -> Vec<Vec<Row>> {
         .collect()
 }
 
-fn check(seed: u64) -> Result<(), TestCaseError> {
+fn check(seed: u64, files: bool) -> Result<(), TestCaseError> {
     let mut rng = Rng(seed);
+    let mut storage = match files {
+        true => Storage::Files { root: tempfile::tempdir().unwrap(), chain: WindowChain::new() },
+        false => Storage::Memory,
+    };
     let ups = 1 + rng.below(3) as usize;
     let slide = 1 + rng.below(12) as i64;
     let spec = WindowSpec::hopping(slide * (1 + rng.below(4) as i64), slide);
@@ -200,16 +255,17 @@ fn check(seed: u64) -> Result<(), TestCaseError> {
             }
             if rng.below(5) == 0 {
                 id += 1;
-                let mut snap = run.checkpoint(id, &mut rng);
-                snap.results = got.clone();
-                snaps.push(snap);
+                if let Some(mut snap) = run.checkpoint(id, &mut rng, &mut storage) {
+                    snap.results = got.clone();
+                    snaps.push(snap);
+                }
             }
             step += 1;
         }
         if crash < crashes && !snaps.is_empty() {
             // The sink goes back to the checkpoint's results too.
             let s = &snaps[rng.below(snaps.len() as u64) as usize];
-            run = restore(s, spec, delay, &rows, ends.as_deref());
+            run = restore(s, spec, delay, &rows, ends.as_deref(), &mut storage);
             got = s.results.clone();
         }
     }
@@ -230,6 +286,15 @@ proptest! {
 
     #[test]
     fn restores_of_random_checkpoints_with_random_windows_written_end_with_the_same_results(seed in any::<u64>()) {
-        check(seed)?;
+        check(seed, false)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_same_through_chains_of_state_files_with_failed_uploads(seed in any::<u64>()) {
+        check(seed, true)?;
     }
 }

@@ -136,8 +136,9 @@ fn a_chain_file_gone_from_the_node_makes_the_snapshot_whole() {
 fn a_whole_snapshot_after_a_restore_keeps_the_restored_entries_no_row_touched_since() {
     let (root, _, _) = started(1000);
     let mut agg = load(&snap(root.path(), 1), WindowSpec::tumbling(HOUR), 0);
+    agg.write_all();
     let mut chain = WindowChain::new();
-    chain.restored(&snap(root.path(), 1), CHAIN_FORMAT).unwrap();
+    chain.restored(&snap(root.path(), 1), CHAIN_FORMAT, &agg.written_windows()).unwrap();
     (0..10u64).for_each(|k| agg.add(1, k, 1.0));
     std::fs::remove_dir_all(snap(root.path(), 1)).unwrap(); // the restored snapshot dropped
     let w = chain.write(&mut agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
@@ -150,13 +151,13 @@ fn a_write_begun_before_a_restore_is_not_accepted_after_it() {
     let (root, mut agg, mut chain) = started(1000);
     agg.add(1, 1, 1.0);
     let stale = chain.write(&mut agg.freeze(), CheckpointId(2), &snap(root.path(), 2)).unwrap();
-    chain.restored(&snap(root.path(), 1), CHAIN_FORMAT).unwrap();
+    chain.restored(&snap(root.path(), 1), CHAIN_FORMAT, &[0]).unwrap();
     let restored_files = chain.files().to_vec();
     assert_eq!(restored_files.len(), 1);
     chain.accept(stale);
     assert_eq!(chain.files(), &restored_files[..], "the stale write changed nothing");
     // An older format's file starts no chain.
-    chain.restored(&snap(root.path(), 1), 3).unwrap();
+    chain.restored(&snap(root.path(), 1), 3, &[0]).unwrap();
     assert!(chain.files().is_empty());
 }
 
