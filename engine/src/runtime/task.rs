@@ -277,6 +277,7 @@ impl AggTask {
             match m {
                 Msg::Rows(rows) => {
                     let cut = self.cuts.is_cut(i);
+                    self.agg.past_cut(cut);
                     let before = if cut { (self.agg.rows(), self.agg.late_rows()) } else { (0, 0) };
                     let again = self.replay.take(i, rows.len() as u64);
                     if again == 0 || again == rows.len() as u64 {

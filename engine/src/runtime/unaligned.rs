@@ -111,6 +111,9 @@ impl Cuts {
                 }
             }
         }
+        if self.active == 0 {
+            agg.end_cuts();
+        }
     }
 
     /// Forgets every cut (a restore: the agg's state is replaced).

@@ -199,6 +199,10 @@ pub struct WindowAgg {
     checkpoint: u64,
     /// Fired windows wait: a restore's replay is not over (see [`replay`]).
     held: bool,
+    /// Rows go in past their input's barrier (the agg cut it): windows they come late for are
+    /// noted in `late_deferred`, not flagged, until the cuts end (see [`replay`]).
+    defer_late: bool,
+    late_deferred: Vec<i64>,
 }
 
 impl WindowAgg {
@@ -220,6 +224,8 @@ impl WindowAgg {
             pool: SlotPool::default(),
             checkpoint: 0,
             held: false,
+            defer_late: false,
+            late_deferred: Vec::new(),
         }
     }
 
@@ -437,6 +443,7 @@ impl WindowAgg {
             ));
         }
         self.cursor = 0;
+        (self.defer_late, self.late_deferred) = (false, Vec::new());
         self.windows = sizes.into_iter().map(|(start, n)| (start, WindowTable::with_shard_sizes(&n))).collect();
         self.windows.sort_by_key(|w| w.0);
         self.upstream.copy_from_slice(progress);

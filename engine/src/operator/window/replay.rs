@@ -158,10 +158,27 @@ impl WindowAgg {
 
     /// A row came late for the window starting at `start`: if it is still held (fired, its
     /// emission not over), a replay could not tell its rows from the late ones.
+    /// Past a cut the row belongs to the next checkpoint: noted until [`Self::end_cuts`].
     #[cold]
     pub(super) fn late_for(&mut self, start: i64) {
-        if let Ok(i) = self.windows.binary_search_by_key(&start, |w| w.0) {
+        if self.defer_late {
+            self.late_deferred.push(start);
+        } else if let Ok(i) = self.windows.binary_search_by_key(&start, |w| w.0) {
             self.windows[i].1.late = true;
+        }
+    }
+
+    /// Rows from now on come past their input's barrier (`true`: the agg cut it) or not.
+    pub fn past_cut(&mut self, on: bool) {
+        self.defer_late = on;
+    }
+
+    /// The cuts ended (the snapshot at them is taken, or the checkpoint given up): windows
+    /// rows past them came late for are flagged now.
+    pub fn end_cuts(&mut self) {
+        self.defer_late = false;
+        for start in std::mem::take(&mut self.late_deferred) {
+            self.late_for(start);
         }
     }
 
@@ -282,6 +299,24 @@ mod tests {
         feed(&mut agg, &after);
         assert_eq!(drain(&mut agg), want);
         assert_eq!((agg.late_rows(), agg.rows()), (whole.late_rows(), whole.rows()), "the replay counted nothing");
+    }
+
+    #[test]
+    fn a_row_late_for_a_window_being_emitted_makes_it_written_past_a_cut_only_once_the_cuts_end() {
+        let mut agg = WindowAgg::new(WindowSpec::tumbling(10), 0, 1);
+        feed(&mut agg, &[(1, 1, 1.0), (15, 1, 1.0)]);
+        assert!(agg.has_fired(), "window 0 fired and is not emitted yet");
+        agg.past_cut(true);
+        agg.add(2, 2, 1.0); // late, past a cut: the next checkpoint's
+        assert!(!agg.any_late(), "the snapshot at the cuts may still name window 0");
+        agg.end_cuts();
+        assert!(agg.any_late());
+        assert_eq!(agg.write_born_before(0), 1, "written whatever its birth");
+        assert_eq!(agg.written_windows(), vec![0]);
+        let mut aligned = WindowAgg::new(WindowSpec::tumbling(10), 0, 1);
+        feed(&mut aligned, &[(1, 1, 1.0), (15, 1, 1.0)]);
+        aligned.batch().add(2, 2, 1.0);
+        assert!(aligned.any_late(), "a late row before any cut flags at once, through a batch too");
     }
 
     #[test]
