@@ -97,6 +97,35 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
 }
 
+/// What an agg's replay point asks of a restore, for people: where its replay starts, how many
+/// rows it sends again, and which windows the snapshot writes instead.
+fn replay_line(r: &weir_engine::backup::ReplayPoint) -> String {
+    let rows: u64 = r.taken.iter().map(|(a, b)| b.saturating_sub(*a)).sum();
+    let from =
+        if r.resume { format!("resuming a replay at chk-{}", r.from.0) } else { format!("from chk-{}", r.from.0) };
+    let mut line = match rows {
+        0 => "nothing to replay".to_string(),
+        _ => format!("replay {from}: {rows} rows again"),
+    };
+    if !r.written.is_empty() || !r.partial.is_empty() {
+        line.push_str(&format!("; windows written: {}", r.written.len() + r.partial.len()));
+        if !r.partial.is_empty() {
+            line.push_str(&format!(" ({} partly rebuilt)", r.partial.len()));
+        }
+    }
+    line
+}
+
+fn replay_json(r: &weir_engine::backup::ReplayPoint) -> serde_json::Value {
+    json!({
+        "from": r.from.0,
+        "resume": r.resume,
+        "rows": r.taken.iter().map(|(a, b)| b.saturating_sub(*a)).sum::<u64>(),
+        "written": r.written,
+        "partial": r.partial,
+    })
+}
+
 fn info_json(i: &CheckpointInfo) -> serde_json::Value {
     let r = &i.record;
     json!({
@@ -109,7 +138,7 @@ fn info_json(i: &CheckpointInfo) -> serde_json::Value {
         "tasks": i.tasks.iter().map(|(t, m)| match m {
             Ok(m) => json!({"task": t.0, "version": m.version.0, "files": m.files.iter().map(|f| json!({
                 "name": f.name, "key": f.key, "size": f.size, "crc32c": format!("{:08x}", f.crc)
-            })).collect::<Vec<_>>()}),
+            })).collect::<Vec<_>>(), "replay": m.replay.as_ref().map(replay_json)}),
             Err(e) => json!({"task": t.0, "error": e.to_string()}),
         }).collect::<Vec<_>>(),
     })
@@ -165,6 +194,9 @@ pub fn run(args: &CheckpointsArgs) -> anyhow::Result<ExitCode> {
                 match m {
                     Ok(m) => {
                         writeln!(out, "  task {t}: version {}, {} files", m.version.0, m.files.len())?;
+                        if let Some(r) = &m.replay {
+                            writeln!(out, "    {}", replay_line(r))?;
+                        }
                         for f in &m.files {
                             writeln!(out, "    {:>12}  {:08x}  {}", f.size, f.crc, f.key)?;
                         }

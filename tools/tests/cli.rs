@@ -307,10 +307,14 @@ fn weir_checkpoints_lists_shows_verifies_and_collects_what_a_store_holds() {
     assert!(table.contains("committed") && table.contains(&format!(" {last} ")), "{table}");
     let show = String::from_utf8(ck(&["show", &last.to_string()]).stdout).unwrap();
     assert!(show.contains(&format!("checkpoint {last} of stream")) && show.contains("/sst/"), "{show}");
+    assert!(show.contains("rows again") || show.contains("nothing to replay"), "an agg's replay point: {show}");
     let ok = ck(&["verify", &last.to_string()]);
     assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stdout));
     // One damaged byte: verify names the file and exits 1; a checkpoint that is not there exits 2.
     let shown: serde_json::Value = serde_json::from_slice(&ck(&["show", &last.to_string(), "--json"]).stdout).unwrap();
+    let points: Vec<_> = shown["tasks"].as_array().unwrap().iter().filter(|t| t["replay"].is_object()).collect();
+    assert_eq!(points.len(), 2, "the two aggs' replay points: {shown}");
+    assert!(points.iter().all(|t| t["replay"]["rows"].is_u64() && t["replay"]["written"].is_array()), "{shown}");
     let key = shown["tasks"]
         .as_array()
         .unwrap()
