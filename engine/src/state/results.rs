@@ -73,7 +73,11 @@ fn open_db(path: &Path) -> Result<(rocksdb::DB, Vec<String>), StateError> {
     if !names.iter().any(|n| n == rocksdb::DEFAULT_COLUMN_FAMILY_NAME) {
         names.push(rocksdb::DEFAULT_COLUMN_FAMILY_NAME.into());
     }
-    let db = rocksdb::DB::open_cf(&options(), path, &names).map_err(db_err(path))?;
+    // Each column family with the store's options: `open_cf` would give them RocksDB's defaults
+    // (64 MiB memtables, two of them, Snappy), and a restored sink stalled on its writes,
+    // compressed every result and uploaded 40 MB files at each commit.
+    let cfs = names.iter().map(|n| rocksdb::ColumnFamilyDescriptor::new(n, options()));
+    let db = rocksdb::DB::open_cf_descriptors(&options(), path, cfs).map_err(db_err(path))?;
     names.retain(|n| n != rocksdb::DEFAULT_COLUMN_FAMILY_NAME);
     names.sort();
     Ok((db, names))

@@ -100,3 +100,40 @@ fn pages_of_a_stream_read_back_every_result_once_and_stop_at_the_stream() {
     assert_eq!(got, store.scan(StreamId(1)).unwrap(), "the pages are the scan, in its order");
     assert_eq!(got.len(), 4500);
 }
+
+/// The options RocksDB wrote for column family `cf` at the last open of the store at `dir`.
+fn cf_options(dir: &std::path::Path, cf: &str) -> String {
+    let newest = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("OPTIONS-"))
+        .max()
+        .expect("an options file");
+    let text = std::fs::read_to_string(dir.join(newest)).unwrap();
+    let section = format!("[CFOptions \"{cf}\"]");
+    let at = text.find(&section).unwrap_or_else(|| panic!("no {section}"));
+    let rest = &text[at + section.len()..];
+    rest[..rest.find("\n[").unwrap_or(rest.len())].to_string()
+}
+
+#[test]
+fn a_restored_or_reopened_store_keeps_its_options_in_every_column_family() {
+    let dir = tempfile::tempdir().unwrap();
+    let (live, snap, back) = (dir.path().join("live"), dir.path().join("snap"), dir.path().join("back"));
+    let store = ResultStore::open(&live).unwrap();
+    store.upsert(StreamId(1), TaskId(2), &[r(1, 0)]).unwrap();
+    store.checkpoint(&snap).unwrap();
+    drop(store);
+    let reopened = ResultStore::open(&live).unwrap();
+    let restored = ResultStore::open(&back).unwrap();
+    restored.restore_from(&snap).unwrap();
+    assert_eq!(restored.get(StreamId(1), 1, 0).unwrap(), Some(r(1, 0)));
+    for path in [&live, &back] {
+        let o = cf_options(path, "u2");
+        for want in ["write_buffer_size=8388608", "max_write_buffer_number=6", "compression=kNoCompression"] {
+            assert!(o.contains(want), "{}: {want} not in {o}", path.display());
+        }
+    }
+    drop(reopened);
+}
