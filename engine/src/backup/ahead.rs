@@ -51,7 +51,7 @@ pub struct LiveSst {
 /// What files a task has to store ahead (a sink's result store).
 pub trait LiveSsts: Send + Sync {
     /// Calls `f` with the finished SST files; they stay in place until `f` returns.
-    fn with_live_ssts(&self, f: &mut dyn FnMut(&[LiveSst])) -> Result<(), String>;
+    fn with_live_ssts(&self, f: &mut dyn FnMut(&[LiveSst])) -> Result<(), crate::state::StateError>;
 
     /// A number that changes whenever the set of files may have (none: unknown). A pass is
     /// skipped while it stays what the last complete pass saw: listing is linear in the files.
@@ -61,7 +61,7 @@ pub trait LiveSsts: Send + Sync {
 }
 
 impl LiveSsts for crate::state::ResultStore {
-    fn with_live_ssts(&self, f: &mut dyn FnMut(&[LiveSst])) -> Result<(), String> {
+    fn with_live_ssts(&self, f: &mut dyn FnMut(&[LiveSst])) -> Result<(), crate::state::StateError> {
         crate::state::ResultStore::with_live_ssts(self, |dir, files| {
             let files: Vec<LiveSst> = files
                 .iter()
@@ -69,7 +69,6 @@ impl LiveSsts for crate::state::ResultStore {
                 .collect();
             f(&files)
         })
-        .map_err(|e| e.to_string())
     }
 
     fn version(&self) -> Option<u64> {
@@ -198,7 +197,11 @@ impl Watched {
                 Ok(true)
             })();
         });
-        listed.map_err(|reason| StoreError::Unavailable { op: "list", key: format!("task {task}"), reason })?;
+        listed.map_err(|e| StoreError::Unavailable {
+            op: "list",
+            key: format!("task {task}"),
+            reason: e.to_string(),
+        })?;
         if result? {
             self.seen = version;
         }
@@ -304,9 +307,9 @@ mod tests {
     struct Dir(PathBuf);
 
     impl LiveSsts for Dir {
-        fn with_live_ssts(&self, f: &mut dyn FnMut(&[LiveSst])) -> Result<(), String> {
+        fn with_live_ssts(&self, f: &mut dyn FnMut(&[LiveSst])) -> Result<(), crate::state::StateError> {
             let mut files: Vec<LiveSst> = std::fs::read_dir(&self.0)
-                .map_err(|e| e.to_string())?
+                .map_err(crate::state::io_err(&self.0))?
                 .flatten()
                 .map(|e| e.path())
                 .filter(|p| p.extension().is_some_and(|x| x == "sst"))
@@ -424,7 +427,7 @@ mod tests {
     struct Versioned(Dir, AtomicU64, AtomicUsize);
 
     impl LiveSsts for Versioned {
-        fn with_live_ssts(&self, f: &mut dyn FnMut(&[LiveSst])) -> Result<(), String> {
+        fn with_live_ssts(&self, f: &mut dyn FnMut(&[LiveSst])) -> Result<(), crate::state::StateError> {
             self.2.fetch_add(1, Ordering::Relaxed);
             self.0.with_live_ssts(f)
         }

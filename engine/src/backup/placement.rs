@@ -34,6 +34,19 @@ pub struct PlacementRecord {
     pub ts: u64,
 }
 
+/// A placement record written for another topology than the stream's. Fatal: the record or
+/// the configuration is another stream's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("placement version {version} names {named} tasks, the stream has {tasks}: it was written for another topology")]
+pub struct PlacementMismatch {
+    /// The record's version.
+    pub version: u32,
+    /// Tasks it names.
+    pub named: usize,
+    /// Tasks the stream has.
+    pub tasks: usize,
+}
+
 impl PlacementRecord {
     /// The record of `placement` as version `version`.
     pub fn new(version: u32, topology: &Topology, placement: &Placement, moved: Vec<NodeId>, reason: &str) -> Self {
@@ -44,16 +57,11 @@ impl PlacementRecord {
 
     /// The placement it records, checked against `topology`: every task of it, and no other,
     /// has a node.
-    pub fn placement(&self, topology: &Topology) -> Result<Placement, String> {
+    pub fn placement(&self, topology: &Topology) -> Result<Placement, PlacementMismatch> {
         let want: Vec<TaskId> = topology.tasks.iter().map(|t| t.id).collect();
         let have: Vec<TaskId> = self.tasks.keys().copied().collect();
         if want != have {
-            return Err(format!(
-                "placement version {} names {} tasks, the stream has {}: it was written for another topology",
-                self.version,
-                have.len(),
-                want.len()
-            ));
+            return Err(PlacementMismatch { version: self.version, named: have.len(), tasks: want.len() });
         }
         let first = self.tasks.values().min().copied().unwrap_or(NodeId(0));
         let mut p = Placement::single(first);
@@ -184,7 +192,7 @@ mod tests {
         assert!(e.contains("not the one of its key"), "{e}");
         // For another topology.
         let bigger = StreamSpec::generator(StreamId(1), 4, 3, 3).topology();
-        let e = r.placement(&bigger).unwrap_err();
+        let e = r.placement(&bigger).unwrap_err().to_string();
         assert!(e.contains("names 9 tasks, the stream has 10"), "{e}");
         // From a newer Weir.
         let newer = seal("weir-placement 2\nversion 1\nts 0\n".into());

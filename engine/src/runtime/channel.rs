@@ -150,15 +150,28 @@ pub enum ChannelError {
         to: TaskId,
     },
     /// A message could not be encoded for the network.
-    #[error("channel {from} -> {to}: {reason}")]
+    #[error("channel {from} -> {to}: {cause}")]
     Encode {
         /// Sender.
         from: TaskId,
         /// Receiver.
         to: TaskId,
         /// Why.
-        reason: String,
+        #[source]
+        cause: EncodeError,
     },
+}
+
+/// Why a message could not be encoded for the network. Fatal for the channel: the same message
+/// fails the same way.
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    /// The frame encoder refused it (too large for a frame).
+    #[error(transparent)]
+    Frame(#[from] weir_wire::FrameError),
+    /// Rows received from another node, sent on as they are.
+    #[error("a received frame cannot be forwarded as is")]
+    Received,
 }
 
 impl Outputs {
@@ -225,7 +238,7 @@ impl Outputs {
                         if encoded.is_none() {
                             let Some(m) = o.pending.pop_front() else { break };
                             let frame = encode(&mut net.encoder, stream, from, o.to, *seq, m)
-                                .map_err(|reason| ChannelError::Encode { from, to: o.to, reason })?;
+                                .map_err(|cause| ChannelError::Encode { from, to: o.to, cause })?;
                             *encoded = Some(frame);
                         }
                         if credits.load(Ordering::Acquire) == 0 {
@@ -258,7 +271,7 @@ fn encode(
     to: TaskId,
     seq: Seq,
     m: Msg,
-) -> Result<EncodedFrame, String> {
+) -> Result<EncodedFrame, EncodeError> {
     let r = match m {
         Msg::Rows(Rows::Local(batch)) => {
             let data = Data { stream, from, to, seq, batch };
@@ -266,7 +279,7 @@ fn encode(
             super::batch_pool::give(data.batch);
             r
         }
-        Msg::Rows(Rows::Remote(_)) => return Err("a received frame cannot be forwarded as is".into()),
+        Msg::Rows(Rows::Remote(_)) => return Err(EncodeError::Received),
         Msg::Progress(watermark_ms) => enc.encode(&Watermark { stream, from, to, seq, watermark_ms }),
         Msg::Results(rs) => {
             let mut w = WindowResults {
@@ -296,7 +309,7 @@ fn encode(
             enc.encode(&weir_wire::msg::CheckpointTrigger { stream, checkpoint: id, trans, from, to, seq })
         }
     };
-    r.map_err(|e| e.to_string())
+    Ok(r?)
 }
 
 /// The receiving end of one channel.

@@ -87,10 +87,28 @@ fn entry(v: &[u8], i: usize, start: i64) -> WindowResult {
     }
 }
 
-/// Checks a block's length; `Err` says what is wrong.
-pub fn check(k: &[u8], v: &[u8]) -> Result<(), String> {
+/// What is wrong with a stored block (of results, or of an agg's window entries). Fatal: the
+/// bytes are damaged or not a block (a store reports it as corrupt, naming its path).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BlockError {
+    /// A key or value of a length no block has.
+    #[error("{what} block of {key}+{value} bytes")]
+    Length { what: &'static str, key: usize, value: usize },
+    /// The block promises more entries than it holds.
+    #[error("entry {entry} of a window block is cut short")]
+    CutShort { entry: u32 },
+    /// Bytes after the entries the block promises.
+    #[error("{bytes} bytes after a window block's entries")]
+    Trailing { bytes: usize },
+    /// An entry that counts no row (none is ever written).
+    #[error("an entry of key {key} counts no row")]
+    NoRow { key: u64 },
+}
+
+/// Checks a block's length.
+pub fn check(k: &[u8], v: &[u8]) -> Result<(), BlockError> {
     if k.len() != KEY_LEN || v.is_empty() || v.len() % ENTRY_LEN != 0 {
-        return Err(format!("result block of {}+{} bytes", k.len(), v.len()));
+        return Err(BlockError::Length { what: "result", key: k.len(), value: v.len() });
     }
     Ok(())
 }

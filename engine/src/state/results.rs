@@ -222,7 +222,7 @@ impl ResultStore {
             if let (Some(k), Some(v)) = (it.key(), it.value())
                 && k.starts_with(&at[..20])
             {
-                blocks::check(k, v).map_err(|r| corrupt(&self.path, r))?;
+                blocks::check(k, v).map_err(|e| corrupt(&self.path, e.to_string()))?;
                 if let Some(r) = blocks::find(v, start, key) {
                     return Ok(Some(r));
                 }
@@ -257,7 +257,7 @@ impl ResultStore {
         let db = g.as_ref().expect("open");
         let mut it = cfs::Merged::new(db, &cfs::handles(db, &self.cf_names()), &prefix, upper);
         while let Some((k, v)) = it.next_block().map_err(db_err(&self.path))? {
-            blocks::check(&k, &v).map_err(|r| corrupt(&self.path, r))?;
+            blocks::check(&k, &v).map_err(|e| corrupt(&self.path, e.to_string()))?;
             let (_, start, _) = blocks::parse_key(&k).expect("checked length");
             for r in blocks::decode(&v, start) {
                 f(r)?;
@@ -285,7 +285,7 @@ impl ResultStore {
             if !after.is_empty() && &k[..] <= after {
                 continue; // the block the last page ended with
             }
-            blocks::check(&k, &v).map_err(|r| corrupt(&self.path, r))?;
+            blocks::check(&k, &v).map_err(|e| corrupt(&self.path, e.to_string()))?;
             let (_, start, _) = blocks::parse_key(&k).expect("checked length");
             out.extend(blocks::decode(&v, start));
             if out.len() >= max {

@@ -32,6 +32,7 @@
 
 use std::collections::BTreeMap;
 
+use super::result_blocks::BlockError;
 use super::{StateError, TaskStore};
 use crate::operator::window::{Acc, FrozenState, SHARDS, WindowAgg, shard_of};
 
@@ -88,10 +89,11 @@ fn get_entry(b: &mut &[u8]) -> Option<(u64, Acc)> {
 }
 
 /// The entries of a block with key `k` and value `v` (either layout), or why they do not decode.
-fn block_entries(k: &[u8], v: &[u8], mut f: impl FnMut(u64, Acc) -> Result<(), String>) -> Result<(), String> {
+fn block_entries(k: &[u8], v: &[u8], mut f: impl FnMut(u64, Acc) -> Result<(), BlockError>) -> Result<(), BlockError> {
+    let length = || BlockError::Length { what: "window", key: k.len(), value: v.len() };
     if k[0] == FIXED_PREFIX {
         if v.len() % ENTRY_LEN != 0 {
-            return Err(format!("window block of {}+{} bytes", k.len(), v.len()));
+            return Err(length());
         }
         for e in v.chunks_exact(ENTRY_LEN) {
             let acc = Acc {
@@ -104,13 +106,13 @@ fn block_entries(k: &[u8], v: &[u8], mut f: impl FnMut(u64, Acc) -> Result<(), S
         }
         return Ok(());
     }
-    let (n, mut rest) = v.split_first_chunk::<4>().ok_or_else(|| format!("window block of {} bytes", v.len()))?;
-    for i in 0..u32::from_le_bytes(*n) {
-        let (key, acc) = get_entry(&mut rest).ok_or_else(|| format!("entry {i} of a window block is cut short"))?;
+    let (n, mut rest) = v.split_first_chunk::<4>().ok_or_else(length)?;
+    for entry in 0..u32::from_le_bytes(*n) {
+        let (key, acc) = get_entry(&mut rest).ok_or(BlockError::CutShort { entry })?;
         f(key, acc)?;
     }
     if !rest.is_empty() {
-        return Err(format!("{} bytes after a window block's entries", rest.len()));
+        return Err(BlockError::Trailing { bytes: rest.len() });
     }
     Ok(())
 }
@@ -386,7 +388,7 @@ pub fn load_window_state(store: &TaskStore, agg: &mut WindowAgg) -> Result<bool,
     }
     // Keys spread evenly over the shards (`order_of` mixes them); an eighth more for the spread.
     let sizes = per_window.into_iter().map(|(s, n)| (s, vec![n / SHARDS + n / SHARDS / 8 + 1; SHARDS])).collect();
-    agg.restore_begin(sizes, &meta.progress, meta.late_rows, meta.rows).map_err(corrupt)?;
+    agg.restore_begin(sizes, &meta.progress, meta.late_rows, meta.rows).map_err(|e| corrupt(e.to_string()))?;
     // Format 4's blocks first: in a chain that has both, they are the older files.
     for prefix in [FIXED_PREFIX, BLOCK_PREFIX] {
         store.scan_prefix(&[prefix], |k, v| {
@@ -394,7 +396,7 @@ pub fn load_window_state(store: &TaskStore, agg: &mut WindowAgg) -> Result<bool,
             let emitted = if oldest == Some(start) { meta.cursor } else { 0 };
             block_entries(k, v, |key, acc| {
                 if acc.count == 0 {
-                    return Err(format!("an entry of key {key} counts no row"));
+                    return Err(BlockError::NoRow { key });
                 }
                 // Files in chain order: a later entry of the same key replaces the earlier.
                 if shard_of(key) >= emitted {
@@ -402,7 +404,7 @@ pub fn load_window_state(store: &TaskStore, agg: &mut WindowAgg) -> Result<bool,
                 }
                 Ok(())
             })
-            .map_err(corrupt)
+            .map_err(|e| corrupt(e.to_string()))
         })?;
     }
     agg.restore_end();

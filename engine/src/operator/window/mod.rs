@@ -39,6 +39,17 @@ pub(crate) use spill::MemSpill;
 pub use spill::{RunWriter, SpillError, SpillStore};
 pub use table::{SHARDS, ShardMap, WindowTable, order_of, shard_of, shard_orders};
 
+/// A restore's state has progress for another number of upstreams than the operator has.
+/// Fatal for that state: it is another stream's, or another shape of this one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("state has progress for {state} upstreams, the operator has {operator}")]
+pub struct UpstreamsMismatch {
+    /// Upstreams the state has progress for.
+    pub state: usize,
+    /// Upstreams the operator has.
+    pub operator: usize,
+}
+
 /// Window shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WindowSpec {
@@ -381,18 +392,28 @@ impl WindowAgg {
     /// The state as it is now, for a snapshot written elsewhere: the windows' shards are
     /// shared, not copied (microseconds whatever the state's size).
     pub fn freeze(&mut self) -> FrozenState {
+        self.freeze_where(|_| true)
+    }
+
+    /// [`Self::freeze`] of the windows `written` accepts; the others are in the snapshot
+    /// without entries (named: see [`replay`]).
+    fn freeze_where(&mut self, written: impl Fn(&WindowTable) -> bool) -> FrozenState {
         let epoch = self.epoch;
         self.epoch = epoch.checked_add(1).expect("fewer than 2^32 snapshots between two restores");
         let next = self.epoch;
         FrozenState {
-            windows: self.windows.iter_mut().map(|(s, t)| (*s, t.freeze(next))).collect(),
+            windows: self
+                .windows
+                .iter_mut()
+                .map(|(s, t)| (*s, if written(t) { t.freeze(next) } else { Vec::new() }))
+                .collect(),
             progress: self.upstream.clone(),
             late_rows: self.late_rows,
             rows: self.rows,
             epoch,
             cursor: self.cursor,
             spill_gen: self.spill_gen,
-            floors: self.windows.iter().map(|(s, t)| (*s, t.floor)).collect(),
+            floors: self.windows.iter().filter(|(_, t)| written(t)).map(|(s, t)| (*s, t.floor)).collect(),
         }
     }
 
@@ -409,7 +430,7 @@ impl WindowAgg {
         progress: &[Option<i64>],
         late_rows: u64,
         rows: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), UpstreamsMismatch> {
         // Tables sized first: inserting millions of entries into tables that double on the way
         // took half of a restore's time at 4,000,000 keys.
         let entries: Vec<(i64, u64, Acc)> = entries.into_iter().collect();
@@ -434,13 +455,9 @@ impl WindowAgg {
         progress: &[Option<i64>],
         late_rows: u64,
         rows: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), UpstreamsMismatch> {
         if progress.len() != self.upstream.len() {
-            return Err(format!(
-                "state has progress for {} upstreams, the operator has {}",
-                progress.len(),
-                self.upstream.len()
-            ));
+            return Err(UpstreamsMismatch { state: progress.len(), operator: self.upstream.len() });
         }
         self.cursor = 0;
         (self.defer_late, self.late_deferred) = (false, Vec::new());

@@ -123,23 +123,7 @@ impl WindowAgg {
         if !self.any_written() {
             return self.replay_state();
         }
-        let epoch = self.epoch;
-        self.epoch = epoch.checked_add(1).expect("fewer than 2^32 snapshots between two restores");
-        let next = self.epoch;
-        FrozenState {
-            windows: self
-                .windows
-                .iter_mut()
-                .map(|(s, t)| (*s, if t.born == WRITTEN { t.freeze(next) } else { Vec::new() }))
-                .collect(),
-            progress: self.upstream.clone(),
-            late_rows: self.late_rows,
-            rows: self.rows,
-            epoch,
-            cursor: self.cursor,
-            spill_gen: self.spill_gen,
-            floors: self.windows.iter().filter(|(_, t)| t.born == WRITTEN).map(|(s, t)| (*s, t.floor)).collect(),
-        }
+        self.freeze_where(|t| t.born == WRITTEN)
     }
 
     /// The state of a snapshot that names every window: no entries.

@@ -151,7 +151,7 @@ impl TaskPort for EnginePort<'_> {
                 Task::Agg(a) => {
                     // Nothing, whatever the operator held before (a stream gone back to nothing).
                     let ups = vec![None; a.agg.progress().len()];
-                    a.agg.restore(std::iter::empty(), &ups, 0, 0).map_err(failed)?;
+                    a.agg.restore(std::iter::empty(), &ups, 0, 0).map_err(|e| failed(e.to_string()))?;
                     crate::state::load_window_state(&state, &mut a.agg).map_err(|e| failed(e.to_string()))?;
                     a.agg.set_checkpoint(0);
                     a.agg.hold(false);
@@ -173,14 +173,10 @@ impl TaskPort for EnginePort<'_> {
                 restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |_, _| Ok(()))
             }
             Task::Agg(a) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, m| {
-                agg_snapshot::restore(a, p.id, src, m, &restore::db_dir(&c.data, c.task)).map_err(|e| e.to_string())?;
+                agg_snapshot::restore(a, p.id, src, m, &restore::db_dir(&c.data, c.task))?;
                 // The next snapshot adds to the restored files.
                 let written = a.agg.written_windows();
-                c.chain
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .restored(src, m.format, &written)
-                    .map_err(|e| e.to_string())
+                c.chain.lock().unwrap_or_else(|e| e.into_inner()).restored(src, m.format, &written).map_err(Into::into)
             }),
             Task::Sink(s) => restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |src, m| {
                 restore::sink_format_readable(m.format)?;
@@ -188,7 +184,7 @@ impl TaskPort for EnginePort<'_> {
                 // already, and the upload-ahead thread must not send them all again (checked
                 // against the store below).
                 *c.index.lock().unwrap_or_else(|e| e.into_inner()) = UploadIndex::from_manifest(m);
-                s.store.restore_from(src).map_err(|e| e.to_string())
+                s.store.restore_from(src).map_err(Into::into)
             }),
         };
         let manifest = match restored {

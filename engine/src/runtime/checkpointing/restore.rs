@@ -138,13 +138,17 @@ pub(crate) fn restore_task(
     data: &Path,
     point: RestorePoint,
     located: Option<(Manifest, PathBuf)>,
-    open: impl FnOnce(&Path, &Manifest) -> Result<(), String>,
+    open: impl FnOnce(&Path, &Manifest) -> Result<(), OpenError>,
 ) -> Result<Manifest, CheckpointError> {
     let (manifest, dir) = match located {
         Some(at) => at,
         None => locate(store, stream, t, data, point)?,
     };
-    open(&dir, &manifest).map_err(|reason| CheckpointError::Restore { task: t, id: Some(point.id), reason })?;
+    open(&dir, &manifest).map_err(|e| CheckpointError::Restore {
+        task: t,
+        id: Some(point.id),
+        reason: e.to_string(),
+    })?;
     Ok(manifest)
 }
 
@@ -165,11 +169,32 @@ pub(crate) fn delete_snapshots_before(data: &Path, t: TaskId, id: CheckpointId, 
     }
 }
 
+/// The oldest manifest format whose result store this Weir reads.
+const RESULT_BLOCKS: u32 = 3;
+
+/// Why a task could not open the files of the checkpoint it restores. Fatal for that
+/// checkpoint: the same files fail the same way (the stream goes back to an older commit).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OpenError {
+    /// The state files or a store in them could not be read or opened.
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+    /// An agg's snapshot does not restore.
+    #[error(transparent)]
+    Agg(#[from] super::agg_snapshot::AggSnapshotError),
+    /// A sink's results are in a layout this Weir no longer reads.
+    #[error(
+        "written by an older Weir (manifest format {format}, {how}); this Weir (format {this}) keeps a sink's results \
+         in blocks (format {RESULT_BLOCKS} on) and cannot restore this checkpoint's: start the stream afresh, or \
+         finish it with the older Weir",
+        this = crate::backup::MANIFEST_FORMAT
+    )]
+    SinkFormat { format: u32, how: &'static str },
+}
+
 /// Whether this Weir restores a sink's results from a manifest of `format`: `Err` names both
 /// formats and what to do.
-pub(crate) fn sink_format_readable(format: u32) -> Result<(), String> {
-    // The oldest format whose result store this Weir reads.
-    const RESULT_BLOCKS: u32 = 3;
+pub(crate) fn sink_format_readable(format: u32) -> Result<(), OpenError> {
     if format >= RESULT_BLOCKS {
         return Ok(());
     }
@@ -178,12 +203,7 @@ pub(crate) fn sink_format_readable(format: u32) -> Result<(), String> {
     } else {
         "whose result stores kept one entry per result"
     };
-    Err(format!(
-        "written by an older Weir (manifest format {format}, {how}); this Weir (format {}) keeps a sink's results \
-         in blocks (format {RESULT_BLOCKS} on) and cannot restore this checkpoint's: start the stream afresh, or \
-         finish it with the older Weir",
-        crate::backup::MANIFEST_FORMAT
-    ))
+    Err(OpenError::SinkFormat { format, how })
 }
 
 #[cfg(test)]
@@ -193,7 +213,7 @@ mod tests {
     #[test]
     fn a_sink_checkpoint_of_an_older_format_is_refused_naming_both_formats() {
         for old in [1, 2] {
-            let e = sink_format_readable(old).unwrap_err();
+            let e = sink_format_readable(old).unwrap_err().to_string();
             let this = format!("this Weir (format {})", crate::backup::MANIFEST_FORMAT);
             assert!(e.contains(&format!("manifest format {old}")) && e.contains(&this), "{e}");
         }

@@ -47,6 +47,15 @@ pub(crate) fn point_of(record: &CommitRecord, t: TaskId) -> Option<RestorePoint>
     })
 }
 
+/// A task of this node cannot restore a commit: its files are damaged here and in the store.
+/// Fatal for that commit (an older one may do).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("task {task}: {reason}")]
+struct Unrestorable {
+    task: TaskId,
+    reason: String,
+}
+
 /// Where every task in `tasks` finds its files of `record`'s point, or what the first that
 /// cannot found.
 fn locate_all(
@@ -55,7 +64,7 @@ fn locate_all(
     data: &Path,
     tasks: &[TaskId],
     record: &CommitRecord,
-) -> Result<Result<Located, String>, EngineError> {
+) -> Result<Result<Located, Unrestorable>, EngineError> {
     let mut found = Located::new();
     for t in tasks {
         let Some(point) = point_of(record, *t) else { return Ok(Ok(found)) };
@@ -63,7 +72,7 @@ fn locate_all(
             Ok(at) => {
                 found.insert(*t, at);
             }
-            Err(CheckpointError::Damaged { reason, .. }) => return Ok(Err(format!("task {t}: {reason}"))),
+            Err(CheckpointError::Damaged { reason, .. }) => return Ok(Err(Unrestorable { task: *t, reason })),
             Err(e) => return Err(e.into()),
         }
     }
@@ -82,7 +91,7 @@ pub(crate) fn check_node(
     let Some(id) = record.restore_point() else { return Ok(NodePoint::Ready(Located::new())) };
     let reason = match locate_all(store, stream, data, tasks, record)? {
         Ok(found) => return Ok(NodePoint::Ready(found)),
-        Err(reason) => reason,
+        Err(why) => why.to_string(),
     };
     tracing::warn!(stream = %stream, checkpoint = %id, %reason, "this node cannot restore the last commit; looking for older ones");
     let restorable = restorable_below(store, stream, data, tasks, record.id, id)?;
