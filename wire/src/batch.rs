@@ -114,12 +114,12 @@ impl Batch {
 
 impl ArchivedBatch {
     /// Checks the invariant that bytecheck cannot: all columns have the same length.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), crate::msg::CheckError> {
         let (t, k, v) = (self.ts.len(), self.key.len(), self.value.len());
         if t == k && k == v {
             Ok(())
         } else {
-            Err(format!("batch columns differ in length: ts {t}, key {k}, value {v}"))
+            Err(crate::msg::CheckError::Columns { what: "batch (ts, key, value)", lens: vec![t, k, v] })
         }
     }
 

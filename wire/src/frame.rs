@@ -221,14 +221,14 @@ impl Frame {
         }
         let m = rkyv::access::<M::Archived, rancor::Error>(&self.payload)
             .map_err(|e| FrameError::Invalid { kind: M::KIND, reason: e.to_string() })?;
-        m.check().map_err(|reason| FrameError::Invalid { kind: M::KIND, reason })?;
+        m.check().map_err(|e| FrameError::Invalid { kind: M::KIND, reason: e.to_string() })?;
         Ok(m)
     }
 
     /// Validates the payload as whatever its kind says and returns it for matching.
     pub fn message(&self) -> Result<AnyMessage<'_>, FrameError> {
         AnyMessage::access(self.header.kind, &self.payload)
-            .map_err(|reason| FrameError::Invalid { kind: self.header.kind, reason })
+            .map_err(|e| FrameError::Invalid { kind: self.header.kind, reason: e.to_string() })
     }
 
     /// Validates and deserializes the payload into an owned `M`.

@@ -132,13 +132,16 @@ archived! {
 
 impl ArchivedWindowResults {
     /// All columns must have the same length.
-    pub fn check_columns(&self) -> Result<(), String> {
+    pub fn check_columns(&self) -> Result<(), super::CheckError> {
         let n = self.key.len();
-        let lens = [self.start.len(), self.count.len(), self.sum.len(), self.min.len(), self.max.len()];
+        let lens = [n, self.start.len(), self.count.len(), self.sum.len(), self.min.len(), self.max.len()];
         if lens.iter().all(|l| *l == n) {
             Ok(())
         } else {
-            Err(format!("window result columns differ in length: key {n}, others {lens:?}"))
+            Err(super::CheckError::Columns {
+                what: "window result (key, start, count, sum, min, max)",
+                lens: lens.to_vec(),
+            })
         }
     }
 }

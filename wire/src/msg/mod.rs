@@ -44,12 +44,31 @@ pub use replication::*;
 /// Longest cluster name a `Hello` may carry (bytes).
 pub const MAX_CLUSTER_NAME: usize = 128;
 
-fn check_hello(m: &ArchivedHello) -> Result<(), String> {
+/// A message that breaks an invariant bytecheck cannot check, or (from
+/// [`AnyMessage::access`]) that is not a valid archive of its kind. Fatal for the frame: the
+/// sender is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckError {
+    /// Columns of one message of different lengths.
+    #[error("{what} columns differ in length: {lens:?}")]
+    Columns { what: &'static str, lens: Vec<usize> },
+    /// A `Hello`'s cluster name past [`MAX_CLUSTER_NAME`].
+    #[error("cluster name of {len} bytes (at most {MAX_CLUSTER_NAME})")]
+    ClusterName { len: usize },
+    /// A `Hello`'s client name of characters or a length no client has.
+    #[error("client name is not 1 to 64 letters, digits, '-', '_' or '.'")]
+    ClientName,
+    /// Bytecheck refused the payload.
+    #[error("{0}")]
+    Archive(String),
+}
+
+fn check_hello(m: &ArchivedHello) -> Result<(), CheckError> {
     if m.cluster.len() > MAX_CLUSTER_NAME {
-        return Err(format!("cluster name of {} bytes (at most {MAX_CLUSTER_NAME})", m.cluster.len()));
+        return Err(CheckError::ClusterName { len: m.cluster.len() });
     }
     if !m.client.is_empty() && !crate::role::valid_client_name(&m.client) {
-        return Err("client name is not 1 to 64 letters, digits, '-', '_' or '.'".to_string());
+        return Err(CheckError::ClientName);
     }
     Ok(())
 }
@@ -60,7 +79,7 @@ fn check_hello(m: &ArchivedHello) -> Result<(), String> {
 /// Per-message validation beyond what bytecheck checks (invariants between fields).
 pub trait Check {
     /// `Err` names the broken invariant.
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), CheckError> {
         Ok(())
     }
 }
@@ -113,11 +132,11 @@ macro_rules! kinds {
 
         impl<'a> AnyMessage<'a> {
             /// Validates `payload` as message `kind`.
-            pub fn access(kind: Kind, payload: &'a [u8]) -> Result<AnyMessage<'a>, String> {
+            pub fn access(kind: Kind, payload: &'a [u8]) -> Result<AnyMessage<'a>, CheckError> {
                 match kind {
                     $(Kind::$ty => {
                         let m = rkyv::access::<rkyv::Archived<$ty>, rkyv::rancor::Error>(payload)
-                            .map_err(|e| e.to_string())?;
+                            .map_err(|e| CheckError::Archive(e.to_string()))?;
                         m.check()?;
                         Ok(AnyMessage::$ty(m))
                     })*
@@ -132,7 +151,7 @@ macro_rules! kinds {
     };
     (@check $ty:ident { $checker:expr }) => {
         impl Check for rkyv::Archived<$ty> {
-            fn check(&self) -> Result<(), String> { ($checker)(self) }
+            fn check(&self) -> Result<(), CheckError> { ($checker)(self) }
         }
     };
     (@check $ty:ident) => {
