@@ -102,11 +102,10 @@ impl Store for LocalDirStore {
         let tmp = tmp_path(&path);
         // A copy, never a hard link: a backup that shares the node's bytes dies with them (one
         // damaged byte in a linked file damages the local snapshot and the backup at once).
-        // `io::copy` between files uses `copy_file_range`, which file systems that can (btrfs,
-        // XFS) serve as a reflink: no bytes copied, none shared for writing.
-        let mut to = create_tmp(&tmp).map_err(unavailable("put", key))?;
-        fs::File::open(src).and_then(|mut from| std::io::copy(&mut from, &mut to)).map_err(unavailable("put", key))?;
-        to.sync_all().map_err(unavailable("put", key))?;
+        // The copy's writes skip the page cache where they can (`direct_io`): nothing reads a
+        // stored file back soon, and fresh cache pages were most of an upload's cost.
+        let to = create_tmp(&tmp).map_err(unavailable("put", key))?;
+        crate::direct_io::copy(src, to, &tmp).map_err(unavailable("put", key))?;
         fs::rename(&tmp, &path).map_err(unavailable("put", key))?;
         sync_dir(dir).map_err(unavailable("put", key))
     }

@@ -223,10 +223,11 @@ impl Manifest {
     }
 }
 
-/// CRC32C of the file at `path`, read a megabyte at a time (SST files can be large).
+/// CRC32C of the file at `path`, read a megabyte at a time (SST files can be large), past the
+/// page cache where it can be (see [`crate::direct_io`]).
 pub(crate) fn file_crc(path: &Path) -> std::io::Result<u32> {
     use std::io::Read;
-    let mut f = fs::File::open(path)?;
+    let mut f = crate::direct_io::Reader::open(path)?;
     let mut buf = vec![0u8; 1 << 20];
     let mut crc = 0;
     loop {

@@ -63,6 +63,15 @@ fn options() -> rocksdb::Options {
     o
 }
 
+/// The store's database options: [`options`], with flushes and compactions written past the
+/// page cache where the file system allows it (see [`crate::direct_io`]: every result is
+/// written once and, until a query or a restore, not read again). Reads stay buffered.
+fn db_options(path: &Path) -> rocksdb::Options {
+    let mut o = options();
+    o.set_use_direct_io_for_flush_and_compaction(crate::direct_io::supported(path));
+    o
+}
+
 fn corrupt(path: &Path, reason: String) -> StateError {
     StateError::Corrupt { path: path.to_path_buf(), reason }
 }
@@ -77,7 +86,7 @@ fn open_db(path: &Path) -> Result<(rocksdb::DB, Vec<String>), StateError> {
     // (64 MiB memtables, two of them, Snappy), and a restored sink stalled on its writes,
     // compressed every result and uploaded 40 MB files at each commit.
     let cfs = names.iter().map(|n| rocksdb::ColumnFamilyDescriptor::new(n, options()));
-    let db = rocksdb::DB::open_cf_descriptors(&options(), path, cfs).map_err(db_err(path))?;
+    let db = rocksdb::DB::open_cf_descriptors(&db_options(path), path, cfs).map_err(db_err(path))?;
     names.retain(|n| n != rocksdb::DEFAULT_COLUMN_FAMILY_NAME);
     names.sort();
     Ok((db, names))
