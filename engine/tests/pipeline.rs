@@ -393,3 +393,71 @@ fn ledgers_larger_than_a_frame_are_answered_in_pages_that_add_up_to_all_of_them(
     engine.stop();
     engine.wait().unwrap();
 }
+
+#[test]
+fn a_source_far_ahead_in_event_time_waits_while_a_slower_one_sends_and_goes_on_once_it_is_idle() {
+    use weir_engine::wire::msg::{Ingest, IngestAck, IngestOutcome};
+    use weir_engine::wire::{Batch, TaskId};
+
+    let mut spec = util::bounded_spec(2, 1, 1, 0, WindowSpec::tumbling(1000));
+    spec.source = SourceKind::IngestLog;
+    spec.watermark_delay_ms = 0;
+    // 100 ms of partition 0's event time per batch: what its channel holds is under a second.
+    spec.batch_rows = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, mut client) = ingest_engine(&spec, dir.path());
+    let mut request = 0;
+    let mut send = |partition: u32, seq: u64, batch: Batch| {
+        request += 1;
+        let m = Ingest {
+            stream: spec.id,
+            partition,
+            request,
+            producer: 0xa11,
+            seq,
+            batch,
+            idle_watermark_ms: None,
+            description: None,
+        };
+        client.send(&m).unwrap();
+        let ack = client.recv().unwrap().to_owned::<IngestAck>().unwrap();
+        assert!(matches!(ack.outcome, IngestOutcome::Durable { .. }), "{:?}", ack.outcome);
+    };
+    let source0 = || {
+        let st = engine.status();
+        st.tasks.iter().find(|t| t.task == TaskId(0)).and_then(|t| t.watermark_ms).unwrap_or(i64::MIN)
+    };
+    // Partition 1: 100 ms of event time every 20 ms for two seconds, as a live feed would.
+    // Partition 0: a minute of event time (10 rows per ms) within the first 10 steps of it.
+    let mut ahead = Vec::new();
+    for s in 0..100u64 {
+        let mut b = Batch::default();
+        for t in (s as i64 * 100)..(s as i64 + 1) * 100 {
+            b.push(t, 100, 1.0);
+        }
+        send(1, s, b);
+        // In entries of 100 ms: a source reads an entry whole.
+        for piece in (s * 60..(s + 1) * 60).filter(|_| s < 10) {
+            let mut b = Batch::default();
+            for t in (piece as i64 * 100)..(piece as i64 + 1) * 100 {
+                (0..10).for_each(|k| b.push(t, k, 1.0));
+            }
+            send(0, piece, b);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        if s >= 10 {
+            ahead.push(source0() - (s as i64 + 1) * 100);
+        }
+    }
+    // The drift (a second), plus what its channel holds (8 batches of 100 ms) and a batch.
+    let most = ahead.iter().max().copied().unwrap();
+    assert!(most <= 3000, "partition 0's source ran {most} ms ahead of partition 1's (all: {ahead:?})");
+    // Partition 1 idle: partition 0 goes on to its end.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while source0() < 59_999 {
+        assert!(std::time::Instant::now() < deadline, "partition 0 stayed held at {}", source0());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    engine.stop();
+    engine.wait().unwrap();
+}

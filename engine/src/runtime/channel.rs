@@ -323,6 +323,8 @@ pub(crate) struct Input {
     pub(crate) ended: bool,
     /// Held back (checkpoint alignment): its messages wait in its queue.
     pub(crate) closed: bool,
+    /// Held back for running ahead in event time (`alignment.rs`): its messages wait too.
+    pub(crate) paused: bool,
     /// Messages taken so far: the next expected sequence number.
     pub(crate) received: u64,
 }
@@ -390,6 +392,17 @@ impl Inputs {
         self.ins[i].closed
     }
 
+    /// Whether any input is held back for a checkpoint.
+    pub fn any_closed(&self) -> bool {
+        self.ins.iter().any(|i| i.closed)
+    }
+
+    /// Holds input `i` back for running ahead in event time, or takes it again: apart from
+    /// checkpoint alignment's [`Inputs::close`], so neither undoes the other.
+    pub(crate) fn pause(&mut self, i: usize, paused: bool) {
+        self.ins[i].paused = paused;
+    }
+
     /// The upstream task of input `i`.
     pub fn source_of(&self, i: usize) -> TaskId {
         self.ins[i].from
@@ -440,7 +453,7 @@ impl Inputs {
         for k in 0..n {
             let i = (self.next + k) % n;
             let input = &mut self.ins[i];
-            if input.ended || input.closed {
+            if input.ended || input.closed || input.paused {
                 continue;
             }
             let Ok(m) = input.rx.try_recv() else { continue };
@@ -483,6 +496,7 @@ mod tests {
                 remote: None,
                 ended: false,
                 closed: false,
+                paused: false,
                 received: 0,
             });
         }
@@ -502,6 +516,21 @@ mod tests {
         inp.reopen(0);
         assert!(matches!(inp.next_msg(), Some((0, Msg::Progress(1)))));
         assert!(inp.next_msg().is_none());
+    }
+
+    #[test]
+    fn a_paused_input_waits_and_a_checkpoint_reopen_does_not_unpause_it() {
+        let (mut inp, txs) = local_inputs(2, 4);
+        txs[0].send(Msg::Progress(1)).unwrap();
+        txs[1].send(Msg::Progress(2)).unwrap();
+        inp.pause(0, true);
+        inp.close(1);
+        inp.reopen_all();
+        assert!(!inp.any_closed());
+        let got: Vec<usize> = std::iter::from_fn(|| inp.next_msg().map(|(i, _)| i)).collect();
+        assert_eq!(got, vec![1], "the paused input stays held through a checkpoint's reopen");
+        inp.pause(0, false);
+        assert!(matches!(inp.next_msg(), Some((0, Msg::Progress(1)))));
     }
 
     #[test]

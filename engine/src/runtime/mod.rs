@@ -10,6 +10,7 @@
 //!   sequence numbers, hands frames to the destination task's queue (credits guarantee room), and
 //!   returns credits to local senders.
 
+mod alignment;
 mod batch_pool;
 mod board;
 mod budget;
@@ -303,6 +304,7 @@ impl Engine {
                         remote: (!local_up).then(|| (placement.node_of(*u), cfg.remote_credits as u32)),
                         ended: false,
                         closed: false,
+                        paused: false,
                         received: 0,
                     }
                 })
@@ -369,6 +371,7 @@ impl Engine {
                         cfg.checkpoint.as_ref().and_then(|c| c.recovery_budget),
                     ),
                     cuts: unaligned::Cuts::new(t.upstreams.len()),
+                    align: alignment::Alignment::new(t.upstreams.len(), alignment::drift_for(spec.window.slide_ms)),
                 })),
                 TaskKind::Sink { .. } => Task::Sink(Box::new(SinkTask {
                     id: t.id,

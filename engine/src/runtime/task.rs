@@ -244,6 +244,8 @@ pub(crate) struct AggTask {
     pub(crate) replay: super::replay::AggReplay,
     /// Inputs taken on past their barrier while the agg waits for its last one.
     pub(crate) cuts: super::unaligned::Cuts,
+    /// Upstreams held back for running ahead in event time.
+    pub(crate) align: super::alignment::Alignment,
 }
 
 /// Results a poll emits from fired windows before it takes input (whole shards: about a
@@ -251,6 +253,13 @@ pub(crate) struct AggTask {
 const FIRE_SLICE: usize = 4096;
 
 impl AggTask {
+    /// Holds back the upstreams that run too far ahead in event time (see `alignment.rs`).
+    fn align_inputs(&mut self, now: std::time::Instant) {
+        let checkpointing = self.cuts.any() || self.inp.any_closed();
+        let inp = &mut self.inp;
+        self.align.decide(now, checkpointing, |i, held| inp.pause(i, held));
+    }
+
     fn poll(&mut self, attention: &AtomicBool, budget: usize) -> Result<Polled, TaskError> {
         if !self.out.flush()? {
             return Ok(Poll::Blocked.into());
@@ -268,6 +277,8 @@ impl AggTask {
         let builders = &mut self.builders;
         self.agg.emit_fired(FIRE_SLICE, |r| builders[dispatch.pick(r.key, n_out)].push(r))?;
         let mut signal = None;
+        let now = std::time::Instant::now();
+        self.align_inputs(now);
         for _ in 0..budget {
             if attention.load(Ordering::Relaxed) {
                 break;
@@ -276,6 +287,7 @@ impl AggTask {
             worked = true;
             match m {
                 Msg::Rows(rows) => {
+                    self.align.rows(i, now);
                     let cut = self.cuts.is_cut(i);
                     self.agg.past_cut(cut);
                     let before = if cut { (self.agg.rows(), self.agg.late_rows()) } else { (0, 0) };
@@ -329,8 +341,13 @@ impl AggTask {
                         super::batch_pool::give(b);
                     }
                 }
-                Msg::Progress(ts) => self.cuts.observe(&mut self.agg, i, ts),
+                Msg::Progress(ts) => {
+                    self.cuts.observe(&mut self.agg, i, ts);
+                    self.align.progress(i, ts);
+                    self.align_inputs(now);
+                }
                 Msg::End => {
+                    self.align.ended(i);
                     self.cuts.observe(&mut self.agg, i, i64::MAX);
                     signal = Some(Signal::UpstreamEnded { from: self.inp.source_of(i) });
                     break;
