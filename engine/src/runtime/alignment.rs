@@ -13,16 +13,18 @@
 //! Invariants:
 //! - Nothing is held while a checkpoint has cut or closed an input (the held input's barrier
 //!   must reach the agg, and a cut input's progress is not the agg's to compare).
-//! - Only an upstream that sent rows within [`IDLE_AFTER`] and has not ended counts as the
-//!   slowest: an idle or finished upstream never holds the others back (an ingest partition
-//!   nobody loads would otherwise stop the stream).
+//! - Only an upstream whose progress advanced within [`IDLE_AFTER`] and that has not ended counts
+//!   as the slowest: an idle or finished upstream never holds the others back (an ingest
+//!   partition nobody loads would otherwise stop the stream), nor does one that sends rows
+//!   without advancing (a backfill of old event times). Progress, not rows: a source reports it
+//!   to every agg after each batch, while its rows reach only the aggs of their keys.
 //! - The decision depends on the progress each upstream reported and the time of its last
 //!   rows, nothing else ([`Alignment::decide`] is pure); it is made again at every poll and
 //!   after every progress report, so a hold ends as soon as its reason does.
 
 use std::time::{Duration, Instant};
 
-/// An upstream with no rows for this long is idle: it holds nobody back. Long enough for a
+/// An upstream whose progress has not advanced for this long is idle: it holds nobody back. Long enough for a
 /// feed that sends a batch a second to count as live; an upstream that stopped costs the
 /// others this long before they go on (and holds the watermark anyway, so no window could
 /// fire meanwhile).
@@ -42,8 +44,8 @@ pub(crate) fn drift_for(slide_ms: i64) -> i64 {
 struct Upstream {
     /// The largest event time it reported.
     progress: Option<i64>,
-    /// When its last rows were taken.
-    last_rows: Option<Instant>,
+    /// When that last advanced.
+    advanced: Option<Instant>,
     ended: bool,
 }
 
@@ -60,17 +62,14 @@ impl Alignment {
         Self { drift_ms, ups: vec![Upstream::default(); upstreams] }
     }
 
-    /// Upstream `i`'s rows were taken at `now`.
+    /// Upstream `i` reported `ts` (its largest event time so far) at `now`.
     #[inline]
-    pub(crate) fn rows(&mut self, i: usize, now: Instant) {
-        self.ups[i].last_rows = Some(now);
-    }
-
-    /// Upstream `i` reported `ts` (its largest event time so far).
-    #[inline]
-    pub(crate) fn progress(&mut self, i: usize, ts: i64) {
-        let p = &mut self.ups[i].progress;
-        *p = Some(p.map_or(ts, |t| t.max(ts)));
+    pub(crate) fn progress(&mut self, i: usize, ts: i64, now: Instant) {
+        let u = &mut self.ups[i];
+        if u.progress.is_none_or(|p| ts > p) {
+            u.progress = Some(ts);
+            u.advanced = Some(now);
+        }
     }
 
     /// Upstream `i` sent its last message.
@@ -82,7 +81,7 @@ impl Alignment {
     /// input is cut or closed for a checkpoint.
     pub(crate) fn decide(&self, now: Instant, checkpointing: bool, mut set: impl FnMut(usize, bool)) {
         let active =
-            |u: &Upstream| !u.ended && u.last_rows.is_some_and(|t| now.saturating_duration_since(t) < IDLE_AFTER);
+            |u: &Upstream| !u.ended && u.advanced.is_some_and(|t| now.saturating_duration_since(t) < IDLE_AFTER);
         // The slowest active upstream (an upstream that is the slowest is never above it).
         let slowest = match checkpointing || self.ups.len() < 2 {
             true => None,
@@ -108,10 +107,8 @@ mod tests {
 
     fn two(drift: i64, a: i64, b: i64, now: Instant) -> Alignment {
         let mut al = Alignment::new(2, drift);
-        for (i, p) in [(0, a), (1, b)] {
-            al.rows(i, now);
-            al.progress(i, p);
-        }
+        al.progress(0, a, now);
+        al.progress(1, b, now);
         al
     }
 
@@ -119,24 +116,25 @@ mod tests {
     fn an_upstream_ahead_by_more_than_the_drift_is_held_and_the_slowest_never_is() {
         let now = Instant::now();
         let al = two(1000, 5_000, 3_000, now);
-        assert!(held(&al, now, false)[0]);
-        assert!(!held(&al, now, false)[1]);
+        assert_eq!(held(&al, now, false), [true, false]);
         // Within the drift: both run.
         let al = two(1000, 4_000, 3_000, now);
-        assert!(!held(&al, now, false)[0]);
+        assert_eq!(held(&al, now, false), [false, false]);
     }
 
     #[test]
-    fn an_idle_upstream_holds_nobody_back() {
-        let now = Instant::now();
-        let al = two(1000, 5_000, 3_000, now);
-        assert!(!held(&al, now + IDLE_AFTER, false)[0], "upstream 1 sent nothing for IDLE_AFTER");
-        // One that never sent rows (only progress) holds nobody back either.
-        let mut al = Alignment::new(2, 1000);
-        al.progress(0, 5_000);
-        al.rows(0, now);
-        al.progress(1, 0);
-        assert!(!held(&al, now, false)[0]);
+    fn a_slow_upstream_that_stops_advancing_holds_nobody_back_once_idle() {
+        let t0 = Instant::now();
+        let mut al = two(1000, 5_000, 3_000, t0);
+        // The fast one goes on; the slow one reports the same progress again (rows of old event
+        // times, or nothing new).
+        let later = t0 + IDLE_AFTER;
+        al.progress(0, 6_000, later);
+        al.progress(1, 3_000, later);
+        assert_eq!(held(&al, later, false), [false, false], "upstream 1 has not advanced for IDLE_AFTER");
+        // It advances again: the fast one is held again.
+        al.progress(1, 3_500, later);
+        assert_eq!(held(&al, later, false), [true, false]);
     }
 
     #[test]
@@ -144,29 +142,25 @@ mod tests {
         let now = Instant::now();
         let mut al = two(1000, 5_000, 3_000, now);
         al.ended(1);
-        assert!(!held(&al, now, false)[0]);
+        assert_eq!(held(&al, now, false), [false, false]);
     }
 
     #[test]
     fn nothing_is_held_while_a_checkpoint_cuts_or_closes_inputs() {
         let now = Instant::now();
         let al = two(1000, 5_000, 3_000, now);
-        assert!(!held(&al, now, true)[0]);
+        assert_eq!(held(&al, now, true), [false, false]);
     }
 
     #[test]
     fn an_upstream_without_progress_is_never_held_and_holds_nobody_back() {
         let now = Instant::now();
         let mut al = Alignment::new(3, 1000);
-        al.rows(0, now);
-        al.progress(0, 9_000);
-        al.rows(1, now);
-        al.rows(2, now);
-        al.progress(2, 8_500);
-        assert!(!held(&al, now, false)[0], "upstream 1 has reported nothing yet, 2 is within the drift");
-        assert!(!held(&al, now, false)[1]);
-        al.progress(1, 1_000);
-        assert!(held(&al, now, false)[0] && held(&al, now, false)[2] && !held(&al, now, false)[1]);
+        al.progress(0, 9_000, now);
+        al.progress(2, 8_500, now);
+        assert_eq!(held(&al, now, false), [false, false, false], "1 has reported nothing, 2 is within the drift");
+        al.progress(1, 1_000, now);
+        assert_eq!(held(&al, now, false), [true, false, true]);
     }
 
     #[test]

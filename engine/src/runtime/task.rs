@@ -287,7 +287,6 @@ impl AggTask {
             worked = true;
             match m {
                 Msg::Rows(rows) => {
-                    self.align.rows(i, now);
                     let cut = self.cuts.is_cut(i);
                     self.agg.past_cut(cut);
                     let before = if cut { (self.agg.rows(), self.agg.late_rows()) } else { (0, 0) };
@@ -343,7 +342,7 @@ impl AggTask {
                 }
                 Msg::Progress(ts) => {
                     self.cuts.observe(&mut self.agg, i, ts);
-                    self.align.progress(i, ts);
+                    self.align.progress(i, ts, now);
                     self.align_inputs(now);
                 }
                 Msg::End => {
