@@ -20,6 +20,8 @@ mod etcd;
 mod mem;
 
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;
 
 use std::time::Duration;
