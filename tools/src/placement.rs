@@ -121,9 +121,10 @@ impl<'a> Mover<'a> {
         let version = self.version + 1;
         let record = PlacementRecord::new(version, &self.topology, &moved, gone, &why);
         match write_placement(self.store, self.stream, &record) {
-            Ok(()) => {
-                tracing::warn!(placement = version, reason = %why, "moving the tasks of a lost node");
-                Some((why, u64::from(version) << 32))
+            // The stored record's reason: an earlier try of this move may have landed unanswered.
+            Ok(stored) => {
+                tracing::warn!(placement = version, reason = %stored.reason, "moving the tasks of a lost node");
+                Some((stored.reason, u64::from(version) << 32))
             }
             Err(e) => {
                 // Tried again at the next check; the stream keeps waiting for the node meanwhile.

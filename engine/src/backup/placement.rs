@@ -137,23 +137,36 @@ pub fn latest_placement(store: &dyn Store, stream: StreamId) -> Result<Option<Pl
     }
 }
 
-/// Stores `record` as its version. Writing the same record again is fine (a retry); a version
-/// already stored with other contents is refused, never replaced.
-pub fn write_placement(store: &dyn Store, stream: StreamId, record: &PlacementRecord) -> Result<(), StoreError> {
+/// Stores `record` as its version and returns the record that stands for it: `record`, or the
+/// same decision (the same node for every task, the same nodes moved) stored by an earlier try,
+/// whose reason and time stay. That try may have landed and answered an error (a store that
+/// applied the write and lost the reply): its retry, decided again a moment later with another
+/// reason's text and time, must find it rather than be refused for ever. A version stored with
+/// another decision is refused, never replaced.
+pub fn write_placement(
+    store: &dyn Store,
+    stream: StreamId,
+    record: &PlacementRecord,
+) -> Result<PlacementRecord, StoreError> {
     let key = placement_key(stream, record.version);
     let text = encode_placement(record);
     match store.get_at_most(&key, super::MAX_RECORD) {
-        Ok(old) if old == text.as_bytes() => return Ok(()),
-        Ok(_) => {
+        Ok(old) if old == text.as_bytes() => return Ok(record.clone()),
+        Ok(old) => {
+            let stored = decode_placement(&key, &old)?;
+            if stored.tasks == record.tasks && stored.moved == record.moved {
+                return Ok(stored);
+            }
             return Err(StoreError::Corrupt {
                 key,
-                reason: "another placement record of this version is stored already; records are never replaced".into(),
+                reason: "another placement of this version is stored already; records are never replaced".into(),
             });
         }
         Err(StoreError::NotFound { .. }) => {}
         Err(e) => return Err(e),
     }
-    store.put(&key, text.as_bytes())
+    store.put(&key, text.as_bytes())?;
+    Ok(record.clone())
 }
 
 #[cfg(test)]
@@ -213,10 +226,35 @@ mod tests {
         two.ts = one.ts + 1;
         write_placement(&store, StreamId(1), &two).unwrap();
         assert_eq!(latest_placement(&store, StreamId(1)).unwrap(), Some(two));
-        let e = write_placement(&store, StreamId(1), &PlacementRecord { reason: "other".into(), ..one }).unwrap_err();
+        // Another decision for a stored version is refused.
+        let e = write_placement(&store, StreamId(1), &PlacementRecord { moved: vec![NodeId(1)], ..one.clone() })
+            .unwrap_err();
         assert!(e.to_string().contains("never replaced"), "{e}");
+        // The same decision, told again: the stored record stands.
+        let again = PlacementRecord { reason: "other".into(), ts: one.ts + 5, ..one.clone() };
+        assert_eq!(write_placement(&store, StreamId(1), &again).unwrap(), one);
         // A damaged latest record is an error, not a silent fall back to an older version.
+        assert_eq!(latest_placement(&store, StreamId(1)).unwrap().map(|r| r.version), Some(2));
         store.put(&placement_key(StreamId(1), 3), b"garbage").unwrap();
         assert!(latest_placement(&store, StreamId(1)).is_err());
+    }
+
+    #[test]
+    fn a_placement_write_that_landed_but_answered_an_error_is_found_by_its_retry() {
+        use crate::backup::test_store::HookedStore;
+        let dir = tempfile::tempdir().unwrap();
+        // Every put is applied, and answers an error (a reply lost after the write).
+        let store = HookedStore::new(LocalDirStore::new(dir.path()), |s, k, b| {
+            s.put(k, b)?;
+            Err(StoreError::Unavailable { op: "put", key: k.into(), reason: "connection reset".into() })
+        });
+        let (t, p) = three_node();
+        let first = PlacementRecord::new(1, &t, &p, vec![NodeId(3)], "node 3 has been down for 2s");
+        assert!(write_placement(&store, StreamId(1), &first).is_err());
+        // The retry decides the same move a moment later, in other words.
+        let retry =
+            PlacementRecord { reason: "node 3 has been down for 3s".into(), ts: first.ts + 1000, ..first.clone() };
+        assert_eq!(write_placement(&store, StreamId(1), &retry).unwrap(), first);
+        assert_eq!(latest_placement(&store, StreamId(1)).unwrap(), Some(first));
     }
 }
