@@ -461,3 +461,84 @@ fn a_source_far_ahead_in_event_time_waits_while_a_slower_one_sends_and_goes_on_o
     engine.stop();
     engine.wait().unwrap();
 }
+
+#[test]
+fn a_source_restored_onto_a_log_that_lost_the_rows_its_checkpoint_read_fails_naming_the_partition() {
+    use weir_engine::runtime::CheckpointSettings;
+    use weir_engine::wire::Batch;
+    use weir_engine::wire::msg::{Ingest, IngestAck, IngestOutcome};
+
+    let mut spec = util::bounded_spec(2, 1, 1, 0, WindowSpec::tumbling(1000));
+    spec.source = SourceKind::IngestLog;
+    let dir = tempfile::tempdir().unwrap();
+    let config = || {
+        let mut cfg = EngineConfig::new(NodeId(1), dir.path());
+        cfg.pin_workers = false;
+        cfg.transport = Some(transport(1, vec![]));
+        cfg.checkpoint = Some(CheckpointSettings::every(50, dir.path().join("remote")));
+        cfg
+    };
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), config()).unwrap();
+    let mut client = weir_engine::wire::transport::client::BlockingClient::connect(
+        engine.transport_addr().expect("listening"),
+        "engine-test",
+        NodeId(900),
+        b"engine-test-secret-0123",
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    for p in 0..2u32 {
+        let mut batch = Batch::default();
+        (0..100).for_each(|t| batch.push(t, u64::from(p), 1.0));
+        let m = Ingest {
+            stream: spec.id,
+            partition: p,
+            request: u64::from(p),
+            producer: 7,
+            seq: 0,
+            batch,
+            idle_watermark_ms: None,
+            description: None,
+        };
+        client.send(&m).unwrap();
+        let ack = client.recv().unwrap().to_owned::<IngestAck>().unwrap();
+        assert!(matches!(ack.outcome, IngestOutcome::Durable { .. }), "{:?}", ack.outcome);
+    }
+    // A commit after both sources read their rows.
+    let read_all = |e: &Engine| e.status().tasks.iter().filter(|t| t.task.0 < 2).all(|t| t.rows_out == 100);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !read_all(&engine) {
+        assert!(std::time::Instant::now() < deadline, "the sources did not read their rows");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let commits = |e: &Engine| e.checkpoints().map_or(0, |l| l.totals().0);
+    let before = commits(&engine);
+    while commits(&engine) < before + 2 {
+        assert!(std::time::Instant::now() < deadline, "no commit after the rows were read");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    engine.stop();
+    engine.wait().unwrap();
+    // Partition 1's log is lost (its disk, or its only copy's node); the checkpoint stays.
+    std::fs::remove_dir_all(weir_engine::ingest::service::partition_dir(&dir.path().join("ingest"), 1)).unwrap();
+    // The restore fails at the start (or, restoring later, the run).
+    let e = match Engine::start(&spec, &Placement::single(NodeId(1)), config()) {
+        Err(e) => e.to_string(),
+        Ok(engine) => {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let failure = loop {
+                if let Some(f) = engine.failure() {
+                    break f;
+                }
+                assert!(std::time::Instant::now() < deadline, "a source restored past the end of its log, silently");
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            engine.stop();
+            let _ = engine.wait();
+            failure
+        }
+    };
+    assert!(e.contains("partition 1's log") && e.contains("up to 100") && e.contains("task t1"), "{e}");
+    // Partition 0's log, whole, is not the one named.
+    assert!(!e.contains("partition 0"), "{e}");
+}

@@ -14,7 +14,7 @@ use crossbeam_channel::Sender;
 use weir_wire::{Batch, NodeId, StreamId};
 
 use super::router::IngestToken;
-use crate::ingest::{AppendRequest, LogReader};
+use crate::ingest::{AppendRequest, LogHandle, LogReader};
 
 /// What a log source needs to mark its partition idle.
 pub(crate) struct IdleTimer {
@@ -31,6 +31,9 @@ pub(crate) struct IdleTimer {
 /// The feed of an ingest-log source.
 pub(crate) struct LogFeed {
     pub(crate) reader: LogReader,
+    /// The partition's log on this node (what it holds, for a restore's check).
+    pub(crate) log: LogHandle,
+    pub(crate) partition: u32,
     pub(crate) idle: Option<IdleTimer>,
 }
 

@@ -332,7 +332,12 @@ impl Engine {
                                 last_data: std::time::Instant::now(),
                                 last_marker: None,
                             });
-                            Feed::Log(log_feed::LogFeed { reader: log.reader(weir_wire::Version(0)), idle })
+                            Feed::Log(log_feed::LogFeed {
+                                reader: log.reader(weir_wire::Version(0)),
+                                log: log.clone(),
+                                partition,
+                                idle,
+                            })
                         }
                     };
                     let n = t.downstreams.len();

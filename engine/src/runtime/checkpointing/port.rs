@@ -232,6 +232,23 @@ impl TaskPort for EnginePort<'_> {
             }
             s.offset = start;
             if let Feed::Log(f) = &mut s.feed {
+                // The checkpoint read the partition up to `version`: a copy of its log that holds
+                // less lost rows the results already count (its disk, or the only copy with its
+                // node). Read on, the source would wait for versions that may come from new
+                // appends and take them as the lost rows: wrong results, and no error.
+                let held = f.log.durable_version();
+                if held < version {
+                    let holds = match held.0 {
+                        0 => "holds no rows".to_string(),
+                        v => format!("holds versions below {v} only"),
+                    };
+                    return Err(failed(format!(
+                        "partition {}'s log on this node {holds}, and the checkpoint read it up to {}: the rows \
+                         between are not on this node (its copy of the log was lost, or the partition's only copy is \
+                         on a node that is gone); the stream stops rather than skip them",
+                        f.partition, version.0
+                    )));
+                }
                 f.reader = f.reader.reopen_at(Version(start));
             }
         }
