@@ -67,7 +67,7 @@ pub enum CheckpointError {
         retryable: bool,
     },
     /// A task could not restore its state.
-    #[error("task {task}: restoring checkpoint {id:?} failed: {reason}")]
+    #[error("task {task}: {} failed: {reason}", restoring(.id))]
     Restore {
         /// Task.
         task: TaskId,
@@ -135,5 +135,13 @@ impl CheckpointError {
             S::Config { store, .. } => store.clone(),
         };
         CheckpointError::Store { op, key, reason: e.to_string(), retryable: e.is_retryable() }
+    }
+}
+
+/// What a restore did, for its error: the checkpoint it restored, or a start from nothing.
+fn restoring(id: &Option<CheckpointId>) -> String {
+    match id {
+        Some(id) => format!("restoring checkpoint {id}"),
+        None => "starting from nothing".into(),
     }
 }
