@@ -43,9 +43,18 @@ pub fn supported(dir: &Path) -> bool {
 
 #[cfg(target_os = "linux")]
 fn open_direct(o: &mut fs::OpenOptions, path: &Path) -> io::Result<File> {
+    if *DISABLED {
+        return Err(io::Error::other("O_DIRECT disabled by WEIR_NO_DIRECT_IO"));
+    }
     std::os::unix::fs::OpenOptionsExt::custom_flags(o, libc::O_DIRECT | libc::O_NOFOLLOW);
     o.open(path)
 }
+
+/// `WEIR_NO_DIRECT_IO` set (to anything): every file goes through the page cache, as on a file
+/// system without `O_DIRECT` (to compare the two, docs/benchmarks.md).
+#[cfg(target_os = "linux")]
+static DISABLED: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var_os("WEIR_NO_DIRECT_IO").is_some());
 
 /// A buffer of `CHUNK` bytes at an `ALIGN`ed address, carved from a larger `Vec` (no unsafe
 /// allocation).

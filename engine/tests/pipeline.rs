@@ -396,7 +396,6 @@ fn ledgers_larger_than_a_frame_are_answered_in_pages_that_add_up_to_all_of_them(
 
 #[test]
 fn a_source_far_ahead_in_event_time_waits_while_a_slower_one_sends_and_goes_on_once_it_is_idle() {
-    use weir_engine::wire::msg::{Ingest, IngestAck, IngestOutcome};
     use weir_engine::wire::{Batch, TaskId};
 
     let mut spec = util::bounded_spec(2, 1, 1, 0, WindowSpec::tumbling(1000));
@@ -409,19 +408,7 @@ fn a_source_far_ahead_in_event_time_waits_while_a_slower_one_sends_and_goes_on_o
     let mut request = 0;
     let mut send = |partition: u32, seq: u64, batch: Batch| {
         request += 1;
-        let m = Ingest {
-            stream: spec.id,
-            partition,
-            request,
-            producer: 0xa11,
-            seq,
-            batch,
-            idle_watermark_ms: None,
-            description: None,
-        };
-        client.send(&m).unwrap();
-        let ack = client.recv().unwrap().to_owned::<IngestAck>().unwrap();
-        assert!(matches!(ack.outcome, IngestOutcome::Durable { .. }), "{:?}", ack.outcome);
+        ingest_durable(&mut client, spec.id, (partition, request, 0xa11, seq), batch);
     };
     let source0 = || {
         let st = engine.status();
@@ -466,7 +453,6 @@ fn a_source_far_ahead_in_event_time_waits_while_a_slower_one_sends_and_goes_on_o
 fn a_source_restored_onto_a_log_that_lost_the_rows_its_checkpoint_read_fails_naming_the_partition() {
     use weir_engine::runtime::CheckpointSettings;
     use weir_engine::wire::Batch;
-    use weir_engine::wire::msg::{Ingest, IngestAck, IngestOutcome};
 
     let mut spec = util::bounded_spec(2, 1, 1, 0, WindowSpec::tumbling(1000));
     spec.source = SourceKind::IngestLog;
@@ -490,19 +476,7 @@ fn a_source_restored_onto_a_log_that_lost_the_rows_its_checkpoint_read_fails_nam
     for p in 0..2u32 {
         let mut batch = Batch::default();
         (0..100).for_each(|t| batch.push(t, u64::from(p), 1.0));
-        let m = Ingest {
-            stream: spec.id,
-            partition: p,
-            request: u64::from(p),
-            producer: 7,
-            seq: 0,
-            batch,
-            idle_watermark_ms: None,
-            description: None,
-        };
-        client.send(&m).unwrap();
-        let ack = client.recv().unwrap().to_owned::<IngestAck>().unwrap();
-        assert!(matches!(ack.outcome, IngestOutcome::Durable { .. }), "{:?}", ack.outcome);
+        ingest_durable(&mut client, spec.id, (p, u64::from(p), 7, 0), batch);
     }
     // A commit after both sources read their rows.
     let read_all = |e: &Engine| e.status().tasks.iter().filter(|t| t.task.0 < 2).all(|t| t.rows_out == 100);
@@ -541,4 +515,18 @@ fn a_source_restored_onto_a_log_that_lost_the_rows_its_checkpoint_read_fails_nam
     assert!(e.contains("partition 1's log") && e.contains("up to 100") && e.contains("task t1"), "{e}");
     // Partition 0's log, whole, is not the one named.
     assert!(!e.contains("partition 0"), "{e}");
+}
+
+/// Sends `batch` to `partition` as producer `producer`'s `seq`-th batch and asserts it durable.
+fn ingest_durable(
+    client: &mut weir_engine::wire::transport::client::BlockingClient,
+    stream: StreamId,
+    (partition, request, producer, seq): (u32, u64, u64, u64),
+    batch: weir_engine::wire::Batch,
+) {
+    use weir_engine::wire::msg::{Ingest, IngestAck, IngestOutcome};
+    let m = Ingest { stream, partition, request, producer, seq, batch, idle_watermark_ms: None, description: None };
+    client.send(&m).unwrap();
+    let ack = client.recv().unwrap().to_owned::<IngestAck>().unwrap();
+    assert!(matches!(ack.outcome, IngestOutcome::Durable { .. }), "{:?}", ack.outcome);
 }
