@@ -17,6 +17,7 @@ pub use weir_wire as wire;
 
 pub mod backup;
 pub mod checkpoint;
+pub mod cluster;
 pub mod control;
 pub mod direct_io;
 pub mod ingest;

@@ -19,8 +19,10 @@ use serde::Deserialize;
 use weir_engine::wire::role::MAX_MEMBER_ID;
 
 mod access;
+mod control;
 mod load;
 pub use access::{ClientEntry, Secret, TlsFile};
+pub use control::ControlFile;
 pub use load::load;
 
 /// The file, as written.
@@ -66,6 +68,9 @@ pub struct ClusterFile {
     pub restart: RestartFile,
     /// TLS 1.3 on every link (none: plain TCP).
     pub tls: Option<TlsFile>,
+    /// The etcd cluster that holds membership, the election of the node that decides placement,
+    /// and the placement (none: the lowest node decides, from its links).
+    pub control: Option<ControlFile>,
 }
 
 /// One member.
@@ -486,6 +491,9 @@ impl ClusterFile {
             bail!("workers must be at least 1");
         }
         self.client_roles()?;
+        if let Some(c) = &self.control {
+            c.validate()?;
+        }
         let lowest = *seen.first().expect("nodes");
         if let Some(c) = self.coordinator {
             if !seen.contains(&c) {

@@ -160,6 +160,8 @@ enum Ended {
     Done,
     /// The stream failed here (why), maybe because a peer runs a newer incarnation.
     Failed(String, Option<u64>),
+    /// The node stopped holding its lease in etcd: it must not run tasks until it holds one.
+    Fenced,
 }
 
 /// The file's remote store (default `file://<data_dir>/remote`): its URL, opened.
@@ -177,32 +179,6 @@ pub fn remote_store(file: &ClusterFile) -> anyhow::Result<(String, std::sync::Ar
     Ok((url, store))
 }
 
-/// The placement the stream runs at now: the newest record in the store (a move of a lost
-/// node's tasks), else the file's (version 0).
-fn current_placement(
-    store: Option<&dyn weir_engine::backup::Store>,
-    spec: &StreamSpec,
-    file_placement: &Placement,
-    nodes: &[NodeId],
-) -> anyhow::Result<(u32, Placement)> {
-    let Some(store) = store else { return Ok((0, file_placement.clone())) };
-    let record = weir_engine::backup::placement::latest_placement(store, spec.id)
-        .with_context(|| format!("reading stream {}'s placement records", spec.id.0))?;
-    let Some(r) = record else { return Ok((0, file_placement.clone())) };
-    let topology = spec.topology();
-    let p = r.placement(&topology).map_err(|e| anyhow::anyhow!("stream {}: {e}", spec.id.0))?;
-    if let Some(n) = p.nodes(&topology).into_iter().find(|n| !nodes.contains(n)) {
-        anyhow::bail!(
-            "stream {}: placement version {} puts tasks on node {}, which the config file does not list \
-             (remove the stream's placement records to start from the file's placement)",
-            spec.id.0,
-            r.version,
-            n.0
-        );
-    }
-    Ok((r.version, p))
-}
-
 /// The incarnations of placement `version` start at `version << 32`: members connect only at
 /// the same incarnation, so they always run the same placement.
 fn placement_floor(version: u32) -> u64 {
@@ -216,7 +192,6 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let spec = stream_spec(&file)?;
     let file_placement = placement(&file, &spec);
     let info = spec.info();
-    let file_nodes: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
     let policy = crate::failover::RestartPolicy::new(&file.restart);
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -238,6 +213,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         _ => None,
     });
     let data_dir = base.data_dir.clone();
+    let control = crate::placement::Control::open(&file, NodeId(me.id), store.clone())?;
     let started_ms = now_ms();
     let mut incarnation = crate::failover::next(crate::failover::last(&data_dir)?, None);
     // The newest incarnation a peer was seen at.
@@ -246,8 +222,31 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let mut restart_times: Vec<u64> = Vec::new();
     let mut links: Vec<weir_engine::wire::msg::PeerLink> = Vec::new();
     loop {
-        let (ended, result) = match current_placement(store.as_deref(), &spec, &file_placement, &file_nodes) {
-            Ok((version, placement)) if placement.nodes(&spec.topology()).contains(&NodeId(me.id)) => {
+        if !control.holds() {
+            // Not a member (no lease in etcd yet, or lost): run nothing until it is one again.
+            tracing::warn!(stream = %spec.name, reason = %control.why_not(), "waiting to hold a lease in etcd before running the stream");
+            if let Some(b) = &board {
+                b.set_phase(crate::metrics::Phase::Restarting);
+            }
+            let mut transport = base.transport.clone().expect("a node has a transport");
+            transport.incarnation = incarnation;
+            let me_now = crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links, info: &info };
+            let mut tick = || control.holds().then_some(crate::standby::Waited::Restart(None));
+            match crate::standby::wait(transport, &me_now, crate::standby::Mode::Fenced, &stop, &mut tick) {
+                crate::standby::Waited::Restart(newer) => {
+                    seen = seen.max(newer);
+                    incarnation = crate::failover::next(incarnation, seen);
+                    continue;
+                }
+                crate::standby::Waited::Stopped(reason) => {
+                    tracing::info!(stream = %spec.name, reason, "node stopped");
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+        }
+        let (ended, result) = match control.current_placement(&spec, &file_placement) {
+            Ok((read, placement)) if placement.nodes(&spec.topology()).contains(&NodeId(me.id)) => {
+                let version = read.version();
                 incarnation = incarnation.max(placement_floor(version));
                 crate::failover::record(&data_dir, incarnation)?;
                 let mut cfg = base.clone();
@@ -260,19 +259,17 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 match Engine::start(&spec, &placement, cfg) {
                     Ok(engine) => {
                         log_start(&spec, &placement, &me, &engine, &data_dir, incarnation);
-                        let mover = store.as_deref().filter(|_| !file.restart.move_after.is_zero()).map(|store| {
-                            crate::placement::Mover::new(
-                                store,
-                                &spec,
-                                &placement,
-                                version,
-                                NodeId(me.id),
-                                file.restart.move_after,
-                                started_ms,
-                            )
-                            .with_ingest_replicas(file.stream.ingest.replicas)
-                        });
-                        let ended = supervise(&engine, &stop, args.exit_when_done, &spec.name, mover, board.as_deref());
+                        let watch = control.watch(&spec, &placement, read, &file);
+                        let ended = supervise(
+                            &engine,
+                            &stop,
+                            args.exit_when_done,
+                            &spec.name,
+                            watch,
+                            &control,
+                            started_ms,
+                            board.as_deref(),
+                        );
                         links = engine.status().peers;
                         engine.stop();
                         if let Some(b) = &board {
@@ -286,8 +283,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                     Err(e) => return Err(e).with_context(|| format!("starting node {}", me.id)),
                 }
             }
-            Ok((version, placement)) => {
+            Ok((read, placement)) => {
                 // Idle: the cluster moved this node's tasks away while it was gone.
+                let version = read.version();
                 let at = seen.unwrap_or(0).max(placement_floor(version));
                 let runs: Vec<String> = placement.nodes(&spec.topology()).iter().map(|n| n.0.to_string()).collect();
                 tracing::info!(
@@ -301,7 +299,13 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 }
                 let me_now =
                     crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links, info: &info };
-                match crate::standby::wait(transport, &me_now, crate::standby::Mode::Idle, &stop) {
+                // An idle leader still moves a lost node's tasks (to itself, maybe).
+                let mut watch = control.watch(&spec, &placement, read, &file);
+                let mut tick = || {
+                    let moved = watch.as_mut()?.check(Vec::new, now_ms(), started_ms)?;
+                    Some(crate::standby::Waited::Restart(Some(moved.incarnation)))
+                };
+                match crate::standby::wait(transport, &me_now, crate::standby::Mode::Idle, &stop, &mut tick) {
                     crate::standby::Waited::Restart(newer) => {
                         seen = seen.max(newer);
                         incarnation = crate::failover::next(incarnation, seen);
@@ -318,6 +322,15 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         };
         let (why, newer) = match ended {
             Ended::Failed(why, newer) => (why, newer),
+            Ended::Fenced => {
+                // Not a failure of the stream: the next start waits for a lease, at a newer
+                // incarnation, and does not count against the restart strategy.
+                let why = control.why_not();
+                tracing::warn!(stream = %spec.name, reason = %why, "stopped the stream: this node's lease in etcd may have ended");
+                incarnation = crate::failover::next(incarnation, seen);
+                restarts.push(RestartInfo { at_ms: now_ms(), incarnation, reason: format!("lost its lease: {why}") });
+                continue;
+            }
             ended => {
                 result.with_context(|| format!("node {}", me.id))?;
                 let reason = match ended {
@@ -356,7 +369,14 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 transport.incarnation = incarnation;
                 let me_now =
                     crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links, info: &info };
-                match crate::standby::wait(transport, &me_now, crate::standby::Mode::Restarting(delay), &stop) {
+                let mut tick = || None;
+                match crate::standby::wait(
+                    transport,
+                    &me_now,
+                    crate::standby::Mode::Restarting(delay),
+                    &stop,
+                    &mut tick,
+                ) {
                     crate::standby::Waited::Restart(newer) => {
                         seen = seen.max(newer);
                         incarnation = incarnation.max(newer.unwrap_or(0));
@@ -378,18 +398,21 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Watches the engine until it should stop, and says why. On the coordinator's node, `mover`
-/// moves the tasks of a node lost for too long to the survivors (which restarts the stream).
+/// Watches the engine until it should stop, and says why: also when the node stops holding its
+/// membership (it must run nothing then). On the node that decides, `watch` moves the tasks of
+/// a node lost for too long to the others (which restarts the stream).
+#[allow(clippy::too_many_arguments)]
 fn supervise(
     engine: &Engine,
     stop: &AtomicBool,
     exit_when_done: bool,
     stream: &str,
-    mut mover: Option<crate::placement::Mover<'_>>,
+    mut watch: Option<crate::placement::Watch<'_>>,
+    control: &crate::placement::Control,
+    started_ms: u64,
     board: Option<&crate::metrics::Board>,
 ) -> Ended {
     let mut ended = false;
-    let mut checked = std::time::Instant::now();
     let mut measured: Option<std::time::Instant> = None;
     loop {
         // The metrics' snapshot, twice a second.
@@ -403,6 +426,9 @@ fn supervise(
         if engine.stop_requested() {
             return Ended::StopRequested;
         }
+        if !control.holds() {
+            return Ended::Fenced;
+        }
         if let Some(why) = engine.failure() {
             return Ended::Failed(why, engine.newer_incarnation());
         }
@@ -415,11 +441,10 @@ fn supervise(
             tracing::info!(stream, "stream ended on this node; serving status and results until stopped");
         }
         // Once the local tasks have ended there is nothing left to move for.
-        if let Some(m) = mover.as_mut().filter(|_| !ended && checked.elapsed() >= Duration::from_millis(200)) {
-            checked = std::time::Instant::now();
-            if let Some((why, newer)) = m.check(&engine.status().peers, now_ms()) {
-                return Ended::Failed(why, Some(newer));
-            }
+        if let Some(w) = watch.as_mut().filter(|_| !ended)
+            && let Some(moved) = w.check(|| engine.status().peers, now_ms(), started_ms)
+        {
+            return Ended::Failed(moved.reason, Some(moved.incarnation));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -452,29 +477,4 @@ fn log_start(
         incarnation,
         "node started"
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use weir_engine::backup::placement::{PlacementRecord, write_placement};
-
-    #[test]
-    fn the_newest_placement_record_wins_and_one_naming_an_unlisted_node_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = weir_engine::backup::LocalDirStore::new(dir.path());
-        let spec = StreamSpec::generator(StreamId(1), 3, 3, 3);
-        let t = spec.topology();
-        let (n1, n2, n3) = (NodeId(1), NodeId(2), NodeId(3));
-        let file = Placement::spread(&t, &[n1, n2, n3]);
-        let (v, p) = current_placement(Some(&store), &spec, &file, &[n1, n2, n3]).unwrap();
-        assert_eq!((v, p), (0, file.clone()), "no record: the file's placement");
-        let moved = file.moved(&t, &[n3], &[n1, n2]);
-        write_placement(&store, spec.id, &PlacementRecord::new(1, &t, &moved, vec![n3], "node 3 lost")).unwrap();
-        let (v, p) = current_placement(Some(&store), &spec, &file, &[n1, n2, n3]).unwrap();
-        assert_eq!((v, p.tasks_of(&t)), (1, moved.tasks_of(&t)));
-        // The file no longer lists node 2, which the record gives tasks.
-        let e = current_placement(Some(&store), &spec, &file, &[n1, n3]).unwrap_err().to_string();
-        assert!(e.contains("puts tasks on node 2") && e.contains("remove the stream's placement records"), "{e}");
-    }
 }

@@ -1,137 +1,150 @@
-//! Moving a lost node's tasks to the survivors: the decision, on the coordinator's node.
+//! A node's view of the cluster's control: its membership (on etcd when the file has a
+//! `[control]` table), where the stream's placement is read and written, and the watch that
+//! moves a lost node's tasks. The decisions are the engine's (`weir_engine::cluster`); this
+//! module opens what they run on and feeds them the node's links and clock.
 //!
-//! A node of the stream's placement that has been down longer than `restart.move_after` (its
-//! link down since then, or never up since this node started) has its tasks placed on the
-//! other nodes ([`Placement::moved`]: least loaded per level). The coordinator's node writes the
-//! new placement as the next version's record in the store (`engine::backup::placement`), then
-//! fails its stream with the incarnation `version << 32`: the survivors hear of the newer
-//! incarnation, restart, read the record and restore the moved tasks from the remote store. The
-//! coordinator's own tasks never move (a standby coordinator is a later step), and nothing moves
-//! once the local tasks have ended.
-//!
-//! Invariant: the record is durable before any node runs the new placement, and every node
-//! starts from the newest record, so all members of one incarnation run one placement.
+//! With etcd, the elected leader decides moves, for nodes whose membership (lease) has been
+//! gone longer than `restart.move_after`, and a node that cannot renew its lease stops acting
+//! as a member. Without it, the lowest node of the placement decides from its links, and its
+//! own tasks never move.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use weir_engine::backup::Store;
-use weir_engine::backup::placement::{PlacementRecord, write_placement};
-use weir_engine::spec::{Placement, StreamSpec, Topology};
+use weir_engine::cluster::{Agent, ControlBook, Keys, Member, Moved, Mover, PlacementBook, StoreBook, Versioned};
+use weir_engine::control::EtcdControl;
+use weir_engine::spec::{Placement, StreamSpec};
+use weir_engine::wire::NodeId;
 use weir_engine::wire::msg::PeerLink;
-use weir_engine::wire::{NodeId, StreamId};
 
-/// The nodes of `nodes` (but `me`) down for at least `after` at `now_ms`, with how long (ms).
-/// A node never connected counts from `started_ms` (when this node started).
-pub fn overdue(
-    nodes: &BTreeSet<NodeId>,
+use crate::config::ClusterFile;
+
+/// The node's cluster control.
+pub struct Control {
     me: NodeId,
-    links: &[PeerLink],
-    now_ms: u64,
-    after: Duration,
-    started_ms: u64,
-) -> Vec<(NodeId, u64)> {
-    let after = after.as_millis() as u64;
-    nodes
-        .iter()
-        .filter(|n| **n != me)
-        .filter_map(|n| {
-            let link = links.iter().find(|l| l.node == *n);
-            if link.is_some_and(|l| l.up) {
-                return None;
-            }
-            let since = link.map_or(0, |l| l.since_ms);
-            let since = if since == 0 { started_ms } else { since };
-            let down = now_ms.saturating_sub(since);
-            (down >= after).then_some((*n, down))
-        })
-        .collect()
+    nodes: Vec<NodeId>,
+    /// Membership on etcd, if the file has `[control]`.
+    agent: Option<Agent>,
+    book: Option<Box<dyn PlacementBook>>,
 }
 
-/// Watches the links of the coordinator's node and moves the tasks of a node lost too long.
-pub struct Mover<'a> {
-    store: &'a dyn Store,
-    stream: StreamId,
-    topology: Topology,
-    placement: &'a Placement,
-    version: u32,
-    me: NodeId,
-    after: Duration,
-    started_ms: u64,
-    warned: bool,
-    /// Copies of each ingest-log partition: with 2, a lost node's sources go where their
-    /// copies are.
-    replicas: u8,
-}
+impl Control {
+    /// Opens the file's control for node `me`: joins etcd's membership (`[control]`), or keeps
+    /// placement records in the checkpoint store `store` (if any).
+    pub fn open(file: &ClusterFile, me: NodeId, store: Option<Arc<dyn Store>>) -> anyhow::Result<Self> {
+        let nodes: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
+        let Some(c) = &file.control else {
+            let book = store.map(|s| Box::new(StoreBook::new(s)) as Box<dyn PlacementBook>);
+            return Ok(Self { me, nodes, agent: None, book });
+        };
+        let etcd = EtcdControl::connect(&c.etcd, c.timeout)
+            .with_context(|| format!("node {}: cannot reach etcd at {} (control.etcd)", me.0, c.etcd.join(",")))?;
+        let etcd: Arc<dyn weir_engine::control::ControlStore> = Arc::new(etcd);
+        let keys = Keys::new(&file.cluster);
+        let member = Member::new(keys.clone(), me, &nodes, c.lease);
+        let agent = Agent::start(etcd.clone(), member, c.lease).context("starting the membership thread")?;
+        let book = Some(Box::new(ControlBook::new(etcd, keys)) as Box<dyn PlacementBook>);
+        Ok(Self { me, nodes, agent: Some(agent), book })
+    }
 
-impl<'a> Mover<'a> {
-    /// For the engine running `placement` (version `version`) on node `me`.
-    pub fn new(
-        store: &'a dyn Store,
-        spec: &StreamSpec,
-        placement: &'a Placement,
-        version: u32,
-        me: NodeId,
-        after: Duration,
-        started_ms: u64,
-    ) -> Self {
+    /// Whether this node may act as a member now: always without etcd; with it, while its
+    /// lease surely lives.
+    pub fn holds(&self) -> bool {
+        self.agent.as_ref().is_none_or(|a| a.view().holds(Instant::now()))
+    }
+
+    /// Why the node does not hold its membership (the last error talking to etcd).
+    pub fn why_not(&self) -> String {
+        let err = self.agent.as_ref().and_then(|a| a.view().error);
+        match err {
+            Some(e) => format!("node {} holds no lease in etcd: {e}", self.me.0),
+            None => format!("node {} holds no lease in etcd yet", self.me.0),
+        }
+    }
+
+    /// The placement the stream runs at now: the newest version (a move of a lost node's
+    /// tasks), else the file's (version 0).
+    pub fn current_placement(&self, spec: &StreamSpec, file: &Placement) -> anyhow::Result<(Versioned, Placement)> {
+        let none = Versioned { record: None, revision: 0 };
+        let Some(book) = &self.book else { return Ok((none, file.clone())) };
+        let read = book.latest(spec.id).with_context(|| format!("reading stream {}'s placement", spec.id.0))?;
+        let Some(r) = &read.record else { return Ok((read, file.clone())) };
         let topology = spec.topology();
-        Self { store, stream: spec.id, topology, placement, version, me, after, started_ms, warned: false, replicas: 1 }
+        let p = r.placement(&topology).map_err(|e| anyhow::anyhow!("stream {}: {e}", spec.id.0))?;
+        if let Some(n) = p.nodes(&topology).into_iter().find(|n| !self.nodes.contains(n)) {
+            anyhow::bail!(
+                "stream {}: placement version {} puts tasks on node {}, which the config file does not list \
+                 (remove the stream's placement records to start from the file's placement)",
+                spec.id.0,
+                r.version,
+                n.0
+            );
+        }
+        Ok((read, p))
     }
 
-    /// With `replicas` copies of each ingest-log partition ([`Placement::moved_with_replicas`]).
-    pub fn with_ingest_replicas(mut self, replicas: u8) -> Self {
-        self.replicas = replicas;
-        self
-    }
-
-    /// Whether this node decides: it runs the coordinator (the lowest node of the placement).
-    fn decides(&self) -> bool {
-        self.placement.nodes(&self.topology).first() == Some(&self.me)
-    }
-
-    /// When a node has been lost too long: its tasks' new placement is stored, and the answer is
-    /// why the stream restarts and the incarnation it restarts at.
-    pub fn check(&mut self, links: &[PeerLink], now_ms: u64) -> Option<(String, u64)> {
-        if !self.decides() {
+    /// The watch that moves lost nodes' tasks for the run at `placement` (read as `read`), or
+    /// `None` when nothing can move (no book, or `move_after` is zero).
+    pub fn watch(
+        &self,
+        spec: &StreamSpec,
+        placement: &Placement,
+        read: Versioned,
+        file: &ClusterFile,
+    ) -> Option<Watch<'_>> {
+        let book = self.book.as_deref()?;
+        let after = file.restart.move_after;
+        if after.is_zero() {
             return None;
         }
-        let nodes = self.placement.nodes(&self.topology);
-        let lost = overdue(&nodes, self.me, links, now_ms, self.after, self.started_ms);
-        if lost.is_empty() {
+        let mover = Mover::new(spec, placement, read, file.stream.ingest.replicas);
+        Some(Watch { control: self, book, mover, after, checked: None })
+    }
+}
+
+/// Checks, a few times a second, whether a lost node's tasks should move, and stores the move.
+pub struct Watch<'a> {
+    control: &'a Control,
+    book: &'a dyn PlacementBook,
+    mover: Mover,
+    after: Duration,
+    checked: Option<Instant>,
+}
+
+impl Watch<'_> {
+    /// One check at `now_ms` (wall clock) given the node's links (asked for only when needed), at most every 200 ms: the move
+    /// stored, if this node decided one.
+    pub fn check(&mut self, links: impl FnOnce() -> Vec<PeerLink>, now_ms: u64, started_ms: u64) -> Option<Moved> {
+        let now = Instant::now();
+        if self.checked.is_some_and(|t| now.duration_since(t) < Duration::from_millis(200)) {
             return None;
         }
-        let gone: Vec<NodeId> = lost.iter().map(|(n, _)| *n).collect();
-        let to: Vec<NodeId> = nodes.iter().filter(|n| !gone.contains(n)).copied().collect();
-        let moved = self.placement.moved_with_replicas(&self.topology, &gone, &to, self.replicas);
-        let tasks: Vec<String> = self
-            .placement
-            .tasks_of(&self.topology)
-            .into_iter()
-            .filter(|(_, n)| gone.contains(n))
-            .map(|(t, _)| format!("{} to node {}", t.0, moved.node_of(t).0))
-            .collect();
-        let who: Vec<String> = lost
-            .iter()
-            .map(|(n, ms)| {
-                format!("node {} has been down for {}", n.0, humantime::format_duration(Duration::from_secs(ms / 1000)))
-            })
-            .collect();
-        let why = format!("{}: its tasks move to the other nodes (task {})", who.join(", "), tasks.join(", task "));
-        let version = self.version + 1;
-        let record = PlacementRecord::new(version, &self.topology, &moved, gone, &why);
-        match write_placement(self.store, self.stream, &record) {
-            // The stored record's reason: an earlier try of this move may have landed unanswered.
-            Ok(stored) => {
-                tracing::warn!(placement = version, reason = %stored.reason, "moving the tasks of a lost node");
-                Some((stored.reason, u64::from(version) << 32))
-            }
-            Err(e) => {
-                // Tried again at the next check; the stream keeps waiting for the node meanwhile.
-                if !std::mem::replace(&mut self.warned, true) {
-                    tracing::warn!(placement = version, error = %e, "cannot store the placement that moves a lost node's tasks");
+        self.checked = Some(now);
+        let c = self.control;
+        match &c.agent {
+            Some(agent) => {
+                let view = agent.view();
+                if !view.leads(now) {
+                    return None;
                 }
-                None
+                let lost = view.absent.overdue(self.after, now);
+                let absent: BTreeSet<NodeId> =
+                    view.absent.overdue(Duration::ZERO, now).into_iter().map(|(n, _)| n).collect();
+                let to: Vec<NodeId> = c.nodes.iter().copied().filter(|n| !absent.contains(n)).collect();
+                self.mover.check(self.book, &lost, &to, view.fence.as_ref())
+            }
+            None => {
+                // The lowest node of the placement decides; its own tasks never move.
+                let nodes = self.mover.nodes();
+                if nodes.first() != Some(&c.me) {
+                    return None;
+                }
+                let lost = weir_engine::cluster::overdue_links(&nodes, c.me, &links(), now_ms, self.after, started_ms);
+                let to: Vec<NodeId> = nodes.iter().copied().collect();
+                self.mover.check(self.book, &lost, &to, None)
             }
         }
     }
@@ -140,41 +153,36 @@ impl<'a> Mover<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_engine::backup::placement::{PlacementRecord, write_placement};
+    use weir_engine::wire::StreamId;
 
-    fn link(node: u32, up: bool, since_ms: u64) -> PeerLink {
-        PeerLink { node: NodeId(node), up, since_ms, reason: String::new() }
+    fn file(nodes: &[u32]) -> ClusterFile {
+        let mut text = String::from("[stream]\nid = 1\npartitions = 3\naggs = 3\nsinks = 3\n");
+        for n in nodes {
+            text.push_str(&format!("[[nodes]]\nid = {n}\naddr = \"127.0.0.1:{}\"\n", 7100 + n));
+        }
+        toml::from_str(&text).unwrap()
     }
 
     #[test]
-    fn a_node_down_longer_than_move_after_is_overdue_and_one_up_never_is() {
-        let nodes: BTreeSet<NodeId> = [1, 2, 3].map(NodeId).into();
-        let after = Duration::from_secs(30);
-        let links = [link(2, true, 1_000), link(3, false, 10_000)];
-        assert!(overdue(&nodes, NodeId(1), &links, 39_999, after, 0).is_empty());
-        assert_eq!(overdue(&nodes, NodeId(1), &links, 40_000, after, 0), [(NodeId(3), 30_000)]);
-        // Never connected: counted from this node's start.
-        let never = [link(2, true, 1_000)];
-        assert!(overdue(&nodes, NodeId(1), &never, 40_000, after, 20_000).is_empty());
-        assert_eq!(overdue(&nodes, NodeId(1), &never, 50_000, after, 20_000), [(NodeId(3), 30_000)]);
-    }
-
-    #[test]
-    fn the_coordinators_node_stores_the_next_placement_and_restarts_above_it() {
+    fn the_newest_placement_record_wins_and_one_naming_an_unlisted_node_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let store = weir_engine::backup::LocalDirStore::new(dir.path());
+        let store: Arc<dyn Store> = Arc::new(weir_engine::backup::LocalDirStore::new(dir.path()));
         let spec = StreamSpec::generator(StreamId(1), 3, 3, 3);
-        let p = Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2), NodeId(3)]);
-        let links = [link(2, true, 1), link(3, false, 1_000)];
-        // Not the coordinator's node: it never decides.
-        let mut two = Mover::new(&store, &spec, &p, 0, NodeId(2), Duration::from_secs(2), 0);
-        assert_eq!(two.check(&links, 10_000), None);
-        let mut one = Mover::new(&store, &spec, &p, 0, NodeId(1), Duration::from_secs(2), 0);
-        assert_eq!(one.check(&links, 2_999), None);
-        let (why, incarnation) = one.check(&links, 3_000).unwrap();
-        assert_eq!(incarnation, 1 << 32);
-        assert!(why.starts_with("node 3 has been down for 2s: its tasks move"), "{why}");
-        let r = weir_engine::backup::placement::latest_placement(&store, StreamId(1)).unwrap().unwrap();
-        assert_eq!((r.version, r.moved.clone()), (1, vec![NodeId(3)]));
-        assert!(r.placement(&spec.topology()).unwrap().nodes(&spec.topology()).iter().all(|n| *n != NodeId(3)));
+        let t = spec.topology();
+        let (n1, n2, n3) = (NodeId(1), NodeId(2), NodeId(3));
+        let three = Control::open(&file(&[1, 2, 3]), n1, Some(store.clone())).unwrap();
+        let spread = Placement::spread(&t, &[n1, n2, n3]);
+        let (v, p) = three.current_placement(&spec, &spread).unwrap();
+        assert_eq!((v.version(), p), (0, spread.clone()), "no record: the file's placement");
+        let moved = spread.moved(&t, &[n3], &[n1, n2]);
+        write_placement(store.as_ref(), spec.id, &PlacementRecord::new(1, &t, &moved, vec![n3], "node 3 lost"))
+            .unwrap();
+        let (v, p) = three.current_placement(&spec, &spread).unwrap();
+        assert_eq!((v.version(), p.tasks_of(&t)), (1, moved.tasks_of(&t)));
+        // The file no longer lists node 2, which the record gives tasks.
+        let two = Control::open(&file(&[1, 3]), n1, Some(store)).unwrap();
+        let e = two.current_placement(&spec, &spread).unwrap_err().to_string();
+        assert!(e.contains("puts tasks on node 2") && e.contains("remove the stream's placement records"), "{e}");
     }
 }

@@ -26,6 +26,8 @@ pub enum Mode {
     Restarting(Duration),
     /// No task of the stream is placed on the node; it waits for a newer incarnation.
     Idle,
+    /// The node holds no lease in etcd: it runs nothing until it holds one again.
+    Fenced,
 }
 
 /// How a wait ended.
@@ -53,9 +55,16 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Serves clients at `cfg`'s address (at `cfg.incarnation`) until `mode` says to restart, or a
-/// signal or a stop request comes. Without the address (another process holds it) it only waits.
-pub fn wait(mut cfg: TransportConfig, me: &Standby<'_>, mode: Mode, stop: &AtomicBool) -> Waited {
+/// Serves clients at `cfg`'s address (at `cfg.incarnation`) until `mode` says to restart,
+/// `tick` (called every 20 ms or so) ends the wait, or a signal or a stop request comes. Without
+/// the address (another process holds it) it only waits.
+pub fn wait(
+    mut cfg: TransportConfig,
+    me: &Standby<'_>,
+    mode: Mode,
+    stop: &AtomicBool,
+    tick: &mut dyn FnMut() -> Option<Waited>,
+) -> Waited {
     let idle = matches!(mode, Mode::Idle);
     if !idle {
         cfg.clients_only = true;
@@ -65,7 +74,7 @@ pub fn wait(mut cfg: TransportConfig, me: &Standby<'_>, mode: Mode, stop: &Atomi
     let members: Vec<NodeId> = cfg.peers.iter().map(|p| p.node).collect();
     let until = match mode {
         Mode::Restarting(delay) => Some(Instant::now() + delay),
-        Mode::Idle => None,
+        Mode::Idle | Mode::Fenced => None,
     };
     let mut links: BTreeMap<NodeId, PeerLink> = me.links.iter().map(|l| (l.node, l.clone())).collect();
     if idle {
@@ -90,6 +99,9 @@ pub fn wait(mut cfg: TransportConfig, me: &Standby<'_>, mode: Mode, stop: &Atomi
         let left = until.map_or(Duration::from_millis(20), |u| u.saturating_duration_since(Instant::now()));
         if left.is_zero() || (idle && newer.is_some()) {
             break Waited::Restart(newer);
+        }
+        if let Some(w) = tick() {
+            break w;
         }
         let Some(t) = &transport else {
             std::thread::sleep(left.min(Duration::from_millis(20)));
@@ -132,10 +144,12 @@ pub fn wait(mut cfg: TransportConfig, me: &Standby<'_>, mode: Mode, stop: &Atomi
             // A load goes on once the stream runs again (or, idle, on the nodes that took its
             // partitions): sending again may succeed.
             Kind::Ingest => frame.to_owned::<Ingest>().ok().and_then(|r| {
-                let reason = if idle {
-                    format!("node {node} runs no task of the stream now (its tasks moved to the other nodes)")
-                } else {
-                    format!("node {node} is restarting its stream")
+                let reason = match mode {
+                    Mode::Idle => {
+                        format!("node {node} runs no task of the stream now (its tasks moved to the other nodes)")
+                    }
+                    Mode::Fenced => format!("node {node} holds no lease in etcd: it runs nothing until it holds one"),
+                    Mode::Restarting(_) => format!("node {node} is restarting its stream"),
                 };
                 let outcome = IngestOutcome::Rejected { reason, retryable: true };
                 enc.encode(&IngestAck { stream: r.stream, partition: r.partition, request: r.request, outcome }).ok()

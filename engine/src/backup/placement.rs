@@ -90,8 +90,19 @@ pub fn encode_placement(r: &PlacementRecord) -> String {
     seal(s)
 }
 
-/// Decodes and checks a record.
+/// Decodes and checks a record stored under `key` (whose version it must be).
 pub fn decode_placement(key: &str, bytes: &[u8]) -> Result<PlacementRecord, StoreError> {
+    let r = decode_placement_text(key, bytes)?;
+    if key.ends_with(&format!("{:020}", r.version)) {
+        Ok(r)
+    } else {
+        Err(StoreError::Corrupt { key: key.into(), reason: "its version is not the one of its key".into() })
+    }
+}
+
+/// Decodes and checks a record kept where its version is not part of the name (`key`: where it
+/// was read, for errors): the control store's one placement key.
+pub fn decode_placement_text(key: &str, bytes: &[u8]) -> Result<PlacementRecord, StoreError> {
     let bad = |why: &str| StoreError::Corrupt { key: key.into(), reason: why.into() };
     let body = unseal(key, bytes)?;
     let mut lines = body.lines();
@@ -122,8 +133,7 @@ pub fn decode_placement(key: &str, bytes: &[u8]) -> Result<PlacementRecord, Stor
         }
     }
     match (version, ts) {
-        (Some(v), Some(ts)) if key.ends_with(&format!("{v:020}")) => Ok(PlacementRecord { version: v, ts, ..r }),
-        (Some(_), Some(_)) => Err(bad("its version is not the one of its key")),
+        (Some(v), Some(ts)) => Ok(PlacementRecord { version: v, ts, ..r }),
         _ => Err(bad("version or ts missing")),
     }
 }

@@ -37,13 +37,16 @@ pub struct Election {
     lease: Option<LeaseId>,
     /// It led at its last step, and may act as leader until then.
     valid_until: Option<Instant>,
+    /// Its lease lives in the store at least until then (the last renewal that succeeded,
+    /// less the margin), whatever its role and whatever the steps since.
+    held_until: Option<Instant>,
 }
 
 impl Election {
     /// Candidate `me` in the election of `key`, with leases of `ttl` (whole seconds, at least
     /// etcd's minimum of 2 s for a default etcd): steps come every third of it.
     pub fn new(key: impl Into<String>, me: impl Into<String>, ttl: Duration) -> Self {
-        Self { key: key.into(), me: me.into(), ttl, lease: None, valid_until: None }
+        Self { key: key.into(), me: me.into(), ttl, lease: None, valid_until: None, held_until: None }
     }
 
     /// The margin a leader keeps below its lease's end: a tenth of the TTL (clock rates differ
@@ -64,17 +67,19 @@ impl Election {
     }
 
     fn round(&mut self, store: &dyn ControlStore, now: Instant) -> Result<Role, ControlError> {
+        let live_until = now + self.ttl.saturating_sub(self.margin());
         let lease = match self.lease {
             Some(l) if store.keep_alive(l)?.is_some() => l,
             _ => {
                 self.lease = None;
                 self.valid_until = None;
+                self.held_until = None;
                 let l = store.grant(self.ttl)?;
                 self.lease = Some(l);
                 l
             }
         };
-        let live_until = now + self.ttl.saturating_sub(self.margin());
+        self.held_until = Some(live_until);
         let put = Op::Put { key: self.key.clone(), value: self.me.clone().into_bytes(), lease: Some(lease) };
         let created = store.txn(&[Compare::ModRevision(self.key.clone(), 0)], &[put])?.succeeded;
         let entry = if created { None } else { store.get(&self.key)? };
@@ -90,6 +95,22 @@ impl Election {
         self.valid_until.is_some_and(|t| now < t)
     }
 
+    /// Whether this candidate's lease surely lives in the store at `now` (leader or not): a
+    /// member whose lease may have ended must stop acting as one.
+    pub fn holds(&self, now: Instant) -> bool {
+        self.held_until.is_some_and(|t| now < t)
+    }
+
+    /// Until when the candidate's lease surely lives (`None`: it holds none, or cannot tell).
+    pub fn held_until(&self) -> Option<Instant> {
+        self.held_until
+    }
+
+    /// The candidate's lease, once granted: the keys it writes as a member live by it.
+    pub fn lease(&self) -> Option<LeaseId> {
+        self.lease
+    }
+
     /// The condition every write of the leader carries: the election's key still lives by its
     /// lease. `None` when it does not lead.
     pub fn fence(&self) -> Option<Compare> {
@@ -100,6 +121,7 @@ impl Election {
     /// candidate leads at its next step instead of after the TTL.
     pub fn resign(&mut self, store: &dyn ControlStore) -> Result<(), ControlError> {
         self.valid_until = None;
+        self.held_until = None;
         match self.lease.take() {
             Some(l) => store.revoke(l),
             None => Ok(()),

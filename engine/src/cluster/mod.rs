@@ -1,0 +1,62 @@
+//! The cluster's control logic on the control store ([`crate::control`]): who is a member, who
+//! decides, and where each task runs. Pure where it can be (the store behind its trait, time
+//! passed in), so the same code runs on etcd in `weir node`, in process in tests, and in the
+//! simulator.
+//!
+//! - [`Member`]: a node's membership (a key living by its lease) and its candidacy in the
+//!   election of the node that decides placement; it says when the node's own lease may have
+//!   ended, so that the node stops acting before another can take its place.
+//! - [`Absence`]: how long each node has been without a member key, as the leader saw it.
+//! - [`PlacementBook`]: where the placement's versions are kept: guarded writes to one key of
+//!   the control store ([`ControlBook`], fenced by the leader's lease), or records in the
+//!   checkpoint store ([`StoreBook`], for a cluster without a control store).
+//! - [`Agent`]: the thread that steps a node's [`Member`] and publishes what it saw.
+//!
+//! Invariants: a node acts as a member (runs tasks, acknowledges appends) only while
+//! [`Member::holds`]; only the elected leader writes placement, and the store refuses its write
+//! once it is deposed or the placement changed since it read it.
+
+mod absence;
+mod agent;
+mod book;
+mod member;
+mod mover;
+
+#[cfg(test)]
+mod tests;
+
+pub use absence::Absence;
+pub use agent::{Agent, AgentView};
+pub use book::{BookError, ControlBook, PlacementBook, StoreBook, Versioned};
+pub use member::{Member, MemberView};
+pub use mover::{Moved, Mover, overdue_links};
+
+use weir_wire::{NodeId, StreamId};
+
+/// The cluster's keys in the control store, all under `/weir/<cluster>/`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// The keys of cluster `cluster` (its name in the config file).
+    pub fn new(cluster: &str) -> Self {
+        Self { prefix: format!("/weir/{cluster}/") }
+    }
+
+    /// The election of the node that decides placement; its value names the leader.
+    pub fn leader(&self) -> String {
+        format!("{}leader", self.prefix)
+    }
+
+    /// Node `node`'s membership: it exists while the node's lease lives.
+    pub fn member(&self, node: NodeId) -> String {
+        format!("{}members/{}", self.prefix, node.0)
+    }
+
+    /// Stream `stream`'s placement: the newest version's record.
+    pub fn placement(&self, stream: StreamId) -> String {
+        format!("{}streams/{}/placement", self.prefix, stream.0)
+    }
+}

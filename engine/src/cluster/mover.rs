@@ -1,0 +1,137 @@
+//! Moving a lost node's tasks to the others: the decision, and its one write.
+//!
+//! A node is lost when it has been away longer than `restart.move_after`: without a member key
+//! (a cluster on a control store, as the leader sees it; [`super::Absence`]), or with its link
+//! down ([`overdue_links`], a cluster without one, as the lowest node of the placement sees
+//! it). The decider writes the next placement version ([`super::PlacementBook`]), then fails
+//! its stream with the incarnation `version << 32`: the others hear of the newer incarnation,
+//! restart, read the new version and restore the moved tasks from the checkpoint store.
+//!
+//! Invariant: the version is stored before any node runs it, and every node starts from the
+//! newest version, so all members of one incarnation run one placement.
+
+use std::time::Duration;
+
+use weir_wire::msg::PeerLink;
+use weir_wire::{NodeId, StreamId};
+
+use super::{PlacementBook, Versioned};
+use crate::backup::placement::PlacementRecord;
+use crate::control::Compare;
+use crate::spec::{Placement, StreamSpec, Topology};
+
+/// The nodes of `nodes` (but `me`) whose link has been down for at least `after` at `now_ms`,
+/// with how long. A node never connected counts from `started_ms` (when this node started).
+pub fn overdue_links(
+    nodes: &std::collections::BTreeSet<NodeId>,
+    me: NodeId,
+    links: &[PeerLink],
+    now_ms: u64,
+    after: Duration,
+    started_ms: u64,
+) -> Vec<(NodeId, Duration)> {
+    let after = after.as_millis() as u64;
+    nodes
+        .iter()
+        .filter(|n| **n != me)
+        .filter_map(|n| {
+            let link = links.iter().find(|l| l.node == *n);
+            if link.is_some_and(|l| l.up) {
+                return None;
+            }
+            let since = link.map_or(0, |l| l.since_ms);
+            let since = if since == 0 { started_ms } else { since };
+            let down = now_ms.saturating_sub(since);
+            (down >= after).then_some((*n, Duration::from_millis(down)))
+        })
+        .collect()
+}
+
+/// The placement a stream runs at, and how to move its lost nodes' tasks.
+pub struct Mover {
+    stream: StreamId,
+    topology: Topology,
+    placement: Placement,
+    read: Versioned,
+    replicas: u8,
+    warned: bool,
+}
+
+/// A move that was stored: why, and the incarnation the stream restarts at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Moved {
+    /// One line: who was lost and where their tasks went.
+    pub reason: String,
+    /// The new version's first incarnation.
+    pub incarnation: u64,
+}
+
+impl Mover {
+    /// For `spec` running `placement`, read as `read`, keeping `replicas` copies of each ingest
+    /// partition (with 2, a lost node's sources go where their copies are).
+    pub fn new(spec: &StreamSpec, placement: &Placement, read: Versioned, replicas: u8) -> Self {
+        let topology = spec.topology();
+        Self { stream: spec.id, topology, placement: placement.clone(), read, replicas, warned: false }
+    }
+
+    /// The nodes the placement gives tasks.
+    pub fn nodes(&self) -> std::collections::BTreeSet<NodeId> {
+        self.placement.nodes(&self.topology)
+    }
+
+    /// The next version when the nodes of `lost` (with how long they have been away) are gone
+    /// and their tasks go to `to`; `None` when no node of `lost` has tasks or `to` is empty.
+    pub fn decide(&self, lost: &[(NodeId, Duration)], to: &[NodeId]) -> Option<PlacementRecord> {
+        let nodes = self.nodes();
+        let lost: Vec<&(NodeId, Duration)> = lost.iter().filter(|(n, _)| nodes.contains(n)).collect();
+        let gone: Vec<NodeId> = lost.iter().map(|(n, _)| *n).collect();
+        let to: Vec<NodeId> = to.iter().copied().filter(|n| !gone.contains(n)).collect();
+        if gone.is_empty() || to.is_empty() {
+            return None;
+        }
+        let moved = self.placement.moved_with_replicas(&self.topology, &gone, &to, self.replicas);
+        let tasks: Vec<String> = self
+            .placement
+            .tasks_of(&self.topology)
+            .into_iter()
+            .filter(|(_, n)| gone.contains(n))
+            .map(|(t, _)| format!("{} to node {}", t.0, moved.node_of(t).0))
+            .collect();
+        let who: Vec<String> = lost
+            .iter()
+            .map(|(n, d)| {
+                let d = Duration::from_secs(d.as_secs());
+                format!("node {} has been down for {}", n.0, humantime::format_duration(d))
+            })
+            .collect();
+        let why = format!("{}: its tasks move to the other nodes (task {})", who.join(", "), tasks.join(", task "));
+        Some(PlacementRecord::new(self.read.version() + 1, &self.topology, &moved, gone, &why))
+    }
+
+    /// Decides and stores the move of `lost`'s tasks to `to` in `book` (as the leader fenced by
+    /// `fence`, on a control store). `None` when there is nothing to move, or the write failed
+    /// (logged once; the caller tries again at its next check).
+    pub fn check(
+        &mut self,
+        book: &dyn PlacementBook,
+        lost: &[(NodeId, Duration)],
+        to: &[NodeId],
+        fence: Option<&Compare>,
+    ) -> Option<Moved> {
+        let record = self.decide(lost, to)?;
+        let version = record.version;
+        match book.write(self.stream, &self.read, &record, fence) {
+            // The stored record's reason: an earlier try of this move may have landed unanswered.
+            Ok(stored) => {
+                tracing::warn!(placement = version, reason = %stored.reason, "moving the tasks of a lost node");
+                Some(Moved { reason: stored.reason, incarnation: u64::from(version) << 32 })
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.warned, true) {
+                    tracing::warn!(placement = version, error = %e, "cannot store the placement that moves a lost node's tasks");
+                }
+                None
+            }
+        }
+    }
+}

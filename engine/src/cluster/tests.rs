@@ -1,0 +1,228 @@
+//! The cluster's control logic on the in-process control store, on a clock the tests move:
+//! membership, self-fencing, absence, fenced placement writes and the move decision.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weir_wire::msg::PeerLink;
+use weir_wire::{NodeId, StreamId};
+
+use super::*;
+use crate::backup::placement::PlacementRecord;
+use crate::control::{Compare, ControlError, ControlStore, Entry, LeaseId, ManualClock, MemControl, Op, TxnOutcome};
+use crate::spec::{Placement, StreamSpec};
+
+const TTL: Duration = Duration::from_secs(3);
+
+/// The in-process store and one clock for its leases and the members' instants.
+struct World {
+    store: Arc<MemControl>,
+    clock: ManualClock,
+    t0: Instant,
+    elapsed: Duration,
+}
+
+impl World {
+    fn new() -> Self {
+        let clock = ManualClock::default();
+        Self {
+            store: Arc::new(MemControl::with_clock(clock.clone())),
+            clock,
+            t0: Instant::now(),
+            elapsed: Duration::ZERO,
+        }
+    }
+    fn now(&self) -> Instant {
+        self.t0 + self.elapsed
+    }
+    fn pass(&mut self, d: Duration) {
+        self.clock.advance(d);
+        self.elapsed += d;
+    }
+}
+
+fn members(keys: &Keys, n: u32) -> Vec<Member> {
+    let nodes: Vec<NodeId> = (1..=n).map(NodeId).collect();
+    nodes.iter().map(|id| Member::new(keys.clone(), *id, &nodes, TTL)).collect()
+}
+
+#[test]
+fn the_first_member_leads_and_sees_the_others_absent_until_they_join() {
+    let w = World::new();
+    let keys = Keys::new("c1");
+    let mut m = members(&keys, 3);
+    let first = m[0].step(&*w.store, w.now()).unwrap();
+    assert!(first.leader && first.leader_node == Some(NodeId(1)), "{first:?}");
+    assert_eq!(first.absent, [NodeId(2), NodeId(3)]);
+    let second = m[1].step(&*w.store, w.now()).unwrap();
+    assert!(!second.leader && second.leader_node == Some(NodeId(1)), "{second:?}");
+    assert_eq!(second.absent, [NodeId(3)]);
+    assert_eq!(m[0].step(&*w.store, w.now()).unwrap().absent, [NodeId(3)]);
+    assert!(m[0].holds(w.now()) && m[0].leads(w.now()) && m[1].holds(w.now()) && !m[1].leads(w.now()));
+}
+
+#[test]
+fn a_member_that_cannot_renew_stops_holding_before_its_lease_ends_and_another_leads() {
+    let mut w = World::new();
+    let keys = Keys::new("c2");
+    let mut m = members(&keys, 2);
+    m[0].step(&*w.store, w.now()).unwrap();
+    m[1].step(&*w.store, w.now()).unwrap();
+    let until = m[0].held_until().expect("a member that stepped holds its lease");
+    // Node 1 stops renewing (paused, or cut off). It stops holding before the store ends its
+    // lease: at every moment it holds, its member key still exists.
+    while m[0].holds(w.now()) {
+        assert!(w.store.get(&keys.member(NodeId(1))).unwrap().is_some(), "node 1 held a lease the store had ended");
+        w.pass(Duration::from_millis(100));
+        m[1].step(&*w.store, w.now()).unwrap();
+    }
+    assert!(w.now() >= until && !m[0].leads(w.now()));
+    let deadline = w.now() + TTL;
+    let view = loop {
+        let v = m[1].step(&*w.store, w.now()).unwrap();
+        if v.leader {
+            break v;
+        }
+        assert!(w.now() < deadline, "node 2 never led after node 1's lease ended");
+        w.pass(Duration::from_millis(100));
+    };
+    assert_eq!(view.absent, [NodeId(1)]);
+    // Node 1 comes back: it is a member again under a new lease, and a follower.
+    let back = m[0].step(&*w.store, w.now()).unwrap();
+    assert!(!back.leader && back.leader_node == Some(NodeId(2)) && m[0].holds(w.now()), "{back:?}");
+}
+
+#[test]
+fn absence_counts_from_the_first_observation_and_ends_when_the_node_returns() {
+    let t0 = Instant::now();
+    let s = |ms: u64| t0 + Duration::from_millis(ms);
+    let after = Duration::from_secs(2);
+    let mut a = Absence::default();
+    a.observe(&[NodeId(3)], s(0));
+    a.observe(&[NodeId(2), NodeId(3)], s(1_000));
+    assert!(a.overdue(after, s(1_999)).is_empty());
+    assert_eq!(a.overdue(after, s(2_500)), [(NodeId(3), Duration::from_millis(2_500))]);
+    // Node 3 returns, then leaves again: counted afresh.
+    a.observe(&[NodeId(2)], s(2_600));
+    a.observe(&[NodeId(2), NodeId(3)], s(2_700));
+    assert_eq!(a.overdue(after, s(3_000)), [(NodeId(2), Duration::from_millis(2_000))]);
+    a.reset();
+    assert!(a.overdue(Duration::ZERO, s(10_000)).is_empty(), "a new leader counts from its own observations");
+}
+
+fn three_node() -> (StreamSpec, Placement) {
+    let spec = StreamSpec::generator(StreamId(1), 3, 3, 3);
+    let p = Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2), NodeId(3)]);
+    (spec, p)
+}
+
+#[test]
+fn only_the_leader_writes_placement_and_a_deposed_leader_or_a_stale_read_writes_nothing() {
+    let mut w = World::new();
+    let keys = Keys::new("c3");
+    let book = ControlBook::new(w.store.clone(), keys.clone());
+    let mut m = members(&keys, 3);
+    for x in m.iter_mut() {
+        x.step(&*w.store, w.now()).unwrap();
+    }
+    let (spec, p) = three_node();
+    let read = book.latest(spec.id).unwrap();
+    assert_eq!((read.version(), read.revision), (0, 0), "no version stored: the file's");
+    let lost = [(NodeId(3), Duration::from_secs(5))];
+    let mover = Mover::new(&spec, &p, read.clone(), 1);
+    let record = mover.decide(&lost, &[NodeId(1), NodeId(2)]).unwrap();
+    // A follower has no fence.
+    let e = book.write(spec.id, &read, &record, m[1].fence().as_ref()).unwrap_err();
+    assert!(matches!(e, BookError::NotLeader { version: 1 }), "{e}");
+    // The leader's fence, but its lease ended (it stopped renewing): refused by the store.
+    let fence = m[0].fence().unwrap();
+    w.pass(TTL * 2);
+    m[1].step(&*w.store, w.now()).unwrap();
+    let e = book.write(spec.id, &read, &record, Some(&fence)).unwrap_err();
+    assert!(matches!(e, BookError::Refused { version: 1, .. }), "{e}");
+    assert_eq!(book.latest(spec.id).unwrap().version(), 0);
+    // The new leader writes version 1; a write after the same (now stale) read is refused.
+    let new = m[1].fence().expect("node 2 leads");
+    let stored = book.write(spec.id, &read, &record, Some(&new)).unwrap();
+    assert_eq!(stored.version, 1);
+    let after = book.latest(spec.id).unwrap();
+    assert_eq!(after.record.as_ref().map(|r| r.tasks.clone()), Some(record.tasks.clone()));
+    let other = Mover::new(&spec, &p, read.clone(), 1).decide(&[(NodeId(2), Duration::from_secs(5))], &[NodeId(1)]);
+    let e = book.write(spec.id, &read, &other.unwrap(), Some(&new)).unwrap_err();
+    assert!(matches!(e, BookError::Refused { version: 1, .. }) && e.to_string().contains("version 1 stands"), "{e}");
+}
+
+/// A store that applies every transaction and then answers that it did not hear back.
+struct LosesReplies(Arc<MemControl>);
+
+impl ControlStore for LosesReplies {
+    fn grant(&self, ttl: Duration) -> Result<LeaseId, ControlError> {
+        self.0.grant(ttl)
+    }
+    fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>, ControlError> {
+        self.0.keep_alive(lease)
+    }
+    fn revoke(&self, lease: LeaseId) -> Result<(), ControlError> {
+        self.0.revoke(lease)
+    }
+    fn get(&self, key: &str) -> Result<Option<Entry>, ControlError> {
+        self.0.get(key)
+    }
+    fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
+        self.0.txn(when, then)?;
+        Err(ControlError::Unavailable { endpoint: "mem".into(), op: "txn", reason: "reply lost".into() })
+    }
+}
+
+#[test]
+fn a_placement_write_that_landed_but_answered_an_error_is_found_by_its_retry() {
+    let w = World::new();
+    let keys = Keys::new("c4");
+    let mut leader = Member::new(keys.clone(), NodeId(1), &[NodeId(1), NodeId(2), NodeId(3)], TTL);
+    leader.step(&*w.store, w.now()).unwrap();
+    let book = ControlBook::new(Arc::new(LosesReplies(w.store.clone())), keys);
+    let (spec, p) = three_node();
+    let read = book.latest(spec.id).unwrap();
+    let mut mover = Mover::new(&spec, &p, read, 1);
+    let lost = [(NodeId(3), Duration::from_secs(5))];
+    let moved = mover.check(&book, &lost, &[NodeId(1), NodeId(2)], leader.fence().as_ref()).expect("the move stands");
+    assert_eq!(moved.incarnation, 1 << 32);
+    assert!(moved.reason.starts_with("node 3 has been down for 5s: its tasks move"), "{}", moved.reason);
+    // Decided again a moment later (another reason's text): the same decision, found.
+    let later = [(NodeId(3), Duration::from_secs(6))];
+    let again = mover.check(&book, &later, &[NodeId(1), NodeId(2)], leader.fence().as_ref()).unwrap();
+    assert_eq!(again.reason, moved.reason, "the stored record's reason");
+}
+
+fn link(node: u32, up: bool, since_ms: u64) -> PeerLink {
+    PeerLink { node: NodeId(node), up, since_ms, reason: String::new() }
+}
+
+#[test]
+fn a_node_whose_link_is_down_longer_than_move_after_is_overdue_and_one_up_never_is() {
+    let nodes: std::collections::BTreeSet<NodeId> = [1, 2, 3].map(NodeId).into();
+    let after = Duration::from_secs(30);
+    let links = [link(2, true, 1_000), link(3, false, 10_000)];
+    assert!(overdue_links(&nodes, NodeId(1), &links, 39_999, after, 0).is_empty());
+    assert_eq!(overdue_links(&nodes, NodeId(1), &links, 40_000, after, 0), [(NodeId(3), Duration::from_secs(30))]);
+    // Never connected: counted from this node's start.
+    let never = [link(2, true, 1_000)];
+    assert!(overdue_links(&nodes, NodeId(1), &never, 40_000, after, 20_000).is_empty());
+    assert_eq!(overdue_links(&nodes, NodeId(1), &never, 50_000, after, 20_000), [(NodeId(3), Duration::from_secs(30))]);
+}
+
+#[test]
+fn a_move_gives_the_lost_nodes_tasks_to_the_nodes_named_and_ignores_nodes_without_tasks() {
+    let (spec, p) = three_node();
+    let t = spec.topology();
+    let mover = Mover::new(&spec, &p, Versioned { record: None, revision: 0 }, 1);
+    assert_eq!(mover.decide(&[(NodeId(4), Duration::from_secs(9))], &[NodeId(1)]), None, "node 4 runs nothing");
+    assert_eq!(mover.decide(&[(NodeId(3), Duration::from_secs(9))], &[NodeId(3)]), None, "nowhere to go");
+    let r: PlacementRecord = mover.decide(&[(NodeId(3), Duration::from_secs(9))], &[NodeId(1), NodeId(2)]).unwrap();
+    assert_eq!((r.version, r.moved.clone()), (1, vec![NodeId(3)]));
+    let moved = r.placement(&t).unwrap();
+    assert!(moved.nodes(&t).iter().all(|n| *n != NodeId(3)));
+    // Tasks may go to a member that ran none (an idle node that came back).
+    let r = mover.decide(&[(NodeId(3), Duration::from_secs(9))], &[NodeId(1), NodeId(2), NodeId(4)]).unwrap();
+    assert!(r.placement(&t).unwrap().nodes(&t).contains(&NodeId(4)), "{r:?}");
+}

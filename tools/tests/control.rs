@@ -1,0 +1,91 @@
+//! Clusters of `weir node` processes on 127.0.0.1 whose control state is in a real etcd
+//! (`WEIR_TEST_ETCD_ENDPOINT`, started by `scripts/services`): membership by lease, the elected
+//! node that decides placement, and placement written only by it.
+
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use util::*;
+use weir_engine::cluster::{ControlBook, Keys, PlacementBook};
+use weir_engine::control::{ControlStore, EtcdControl};
+use weir_engine::wire::{NodeId, StreamId};
+
+fn etcd_endpoint() -> String {
+    std::env::var("WEIR_TEST_ETCD_ENDPOINT").expect(
+        "WEIR_TEST_ETCD_ENDPOINT is unset: run the tests through scripts/test, or `source scripts/services` first",
+    )
+}
+
+/// The three-node example on etcd, under a cluster name no other test uses (its keys are its
+/// own), with `tune` applied.
+fn on_etcd(dir: &Path, tune: impl FnOnce(&mut toml::Table)) -> (PathBuf, String) {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let cluster = format!("etcd-test-{}-{nanos}", std::process::id());
+    let name = cluster.clone();
+    let config = adjusted(example("three-node.toml"), dir, |t| {
+        t.insert("cluster".into(), name.into());
+        let mut control = toml::Table::new();
+        control.insert("etcd".into(), toml::Value::Array(vec![etcd_endpoint().into()]));
+        control.insert("lease".into(), "2s".into());
+        control.insert("timeout".into(), "500ms".into());
+        t.insert("control".into(), control.into());
+        tune(t);
+    });
+    (config, cluster)
+}
+
+fn etcd() -> Arc<dyn ControlStore> {
+    Arc::new(EtcdControl::connect(&[etcd_endpoint()], Duration::from_secs(5)).expect("etcd answers"))
+}
+
+/// Node 1 (the lowest id, so the checkpoint coordinator's node) killed with SIGKILL for good:
+/// its lease ends, the node elected in its place moves its tasks to nodes 2 and 3 through a
+/// fenced write to etcd, the coordinator moves with them, and `weir verify` finds every result
+/// exact.
+#[test]
+fn the_coordinators_node_killed_for_good_has_its_tasks_moved_by_the_elected_node_and_weir_verify_passes() {
+    const EVENTS: u64 = 400_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, cluster) = on_etcd(dir.path(), |t| {
+        set(t, &["stream", "generator", "events"], EVENTS as i64);
+        set(t, &["stream", "generator", "rate"], 100_000);
+        set(t, &["checkpoint", "interval"], "200ms");
+        set(t, &["restart", "move_after"], "2s");
+    });
+    let log = |n: u32| dir.path().join(format!("node-{n}.log"));
+    let mut nodes = Nodes((1..=3).map(|n| start(&config, n, &log(n), &[])).collect());
+    line_in(&log(1), "checkpoint committed", Duration::from_secs(60));
+    nodes.0[0].kill().unwrap(); // SIGKILL
+    nodes.0[0].wait().unwrap();
+    let killed = Instant::now();
+    // Node 2 or 3 leads once node 1's lease has ended, and moves its tasks.
+    let moved = loop {
+        let found = [2, 3].iter().find_map(|n| {
+            let text = std::fs::read_to_string(log(*n)).unwrap_or_default();
+            text.lines().find(|l| l.contains("moving the tasks of a lost node")).map(str::to_string)
+        });
+        if let Some(line) = found {
+            break line;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(60), "no node moved node 1's tasks");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(moved.contains("node 1 has been down for") && moved.contains("placement=1"), "{moved}");
+    let said = verify_until_ended(&config, Duration::from_secs(120));
+    assert!(said.contains("all 10000 window results match") && said.contains("from 2 nodes"), "{said}");
+    // The placement is in etcd, not in the checkpoint store.
+    let book = ControlBook::new(etcd(), Keys::new(&cluster));
+    let stored = book.latest(StreamId(1)).unwrap().record.expect("a placement version in etcd");
+    assert_eq!((stored.version, stored.moved.clone()), (1, vec![NodeId(1)]));
+    assert!(stored.tasks.values().all(|n| *n != NodeId(1)), "{stored:?}");
+    let store = weir_engine::backup::LocalDirStore::new(dir.path().join("remote"));
+    assert!(weir_engine::backup::placement::latest_placement(&store, StreamId(1)).unwrap().is_none());
+    let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for (i, c) in nodes.0.iter_mut().enumerate().skip(1) {
+        assert!(exit_within(c, Duration::from_secs(30), &format!("node {}", i + 1)).success());
+    }
+}
