@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use util::etcd::Etcd;
 use util::*;
 use weir_engine::cluster::{ControlBook, Keys, PlacementBook};
 use weir_engine::control::{ControlStore, EtcdControl};
@@ -22,14 +23,19 @@ fn etcd_endpoint() -> String {
 /// The three-node example on etcd, under a cluster name no other test uses (its keys are its
 /// own), with `tune` applied.
 fn on_etcd(dir: &Path, tune: impl FnOnce(&mut toml::Table)) -> (PathBuf, String) {
+    on(dir, vec![etcd_endpoint()], "2s", tune)
+}
+
+/// The three-node example on the etcd members at `endpoints`, with leases of `lease`.
+fn on(dir: &Path, endpoints: Vec<String>, lease: &str, tune: impl FnOnce(&mut toml::Table)) -> (PathBuf, String) {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     let cluster = format!("etcd-test-{}-{nanos}", std::process::id());
     let name = cluster.clone();
     let config = adjusted(example("three-node.toml"), dir, |t| {
         t.insert("cluster".into(), name.into());
         let mut control = toml::Table::new();
-        control.insert("etcd".into(), toml::Value::Array(vec![etcd_endpoint().into()]));
-        control.insert("lease".into(), "2s".into());
+        control.insert("etcd".into(), toml::Value::Array(endpoints.into_iter().map(Into::into).collect()));
+        control.insert("lease".into(), lease.into());
         control.insert("timeout".into(), "500ms".into());
         t.insert("control".into(), control.into());
         tune(t);
@@ -88,4 +94,93 @@ fn the_coordinators_node_killed_for_good_has_its_tasks_moved_by_the_elected_node
     for (i, c) in nodes.0.iter_mut().enumerate().skip(1) {
         assert!(exit_within(c, Duration::from_secs(30), &format!("node {}", i + 1)).success());
     }
+}
+
+fn count_in(path: &Path, what: &str) -> usize {
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter(|l| l.contains(what)).count()
+}
+
+/// A three-member etcd: one member killed stops nothing (commits go on, no node stops); all
+/// three killed, every node stops its stream within its lease and nothing commits; the members
+/// back after 10 s, the nodes take leases again, restart from the last commit, and `weir
+/// verify` finds every result exact.
+#[test]
+fn one_etcd_member_down_stops_nothing_and_all_of_etcd_down_pauses_the_stream_until_it_returns() {
+    const EVENTS: u64 = 1_500_000;
+    const STOPPED: &str = "stopped the stream: this node's lease in etcd may have ended";
+    const COMMITTED: &str = "checkpoint committed";
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = Etcd::start(dir.path(), 3);
+    let (config, _) = on(dir.path(), etcd.endpoints(), "4s", |t| {
+        set(t, &["stream", "generator", "events"], EVENTS as i64);
+        set(t, &["stream", "generator", "rate"], 100_000);
+        set(t, &["checkpoint", "interval"], "200ms");
+    });
+    let log = |n: u32| dir.path().join(format!("node-{n}.log"));
+    let nodes = Nodes((1..=3).map(|n| start(&config, n, &log(n), &[])).collect());
+    line_in(&log(1), COMMITTED, Duration::from_secs(60));
+    // One member down for longer than a lease: nothing stops, commits go on.
+    etcd.kill(0);
+    let before = count_in(&log(1), COMMITTED);
+    std::thread::sleep(Duration::from_secs(6));
+    for n in 1..=3 {
+        assert_eq!(count_in(&log(n), STOPPED), 0, "node {n} stopped with two of three etcd members up");
+    }
+    assert!(count_in(&log(1), COMMITTED) > before + 5, "commits stopped with one etcd member down");
+    // All of etcd down: every node stops within its lease (plus a call's timeout).
+    etcd.kill(1);
+    etcd.kill(2);
+    let down = Instant::now();
+    for n in 1..=3 {
+        line_in(&log(n), STOPPED, Duration::from_secs(10));
+    }
+    assert!(down.elapsed() < Duration::from_secs(6), "the nodes stopped {:?} after etcd went down", down.elapsed());
+    let paused = count_in(&log(1), COMMITTED);
+    std::thread::sleep(Duration::from_secs(10).saturating_sub(down.elapsed()));
+    assert_eq!(count_in(&log(1), COMMITTED), paused, "a commit while no node held a lease");
+    for i in 0..3 {
+        etcd.start_member(i);
+    }
+    let said = verify_until_ended(&config, Duration::from_secs(180));
+    assert!(said.contains("window results match") && said.contains("from 3 nodes"), "{said}");
+    assert!(count_in(&log(1), COMMITTED) > paused, "no commit after etcd came back");
+    drop(nodes);
+}
+
+fn signal(child: &std::process::Child, sig: &str) {
+    let ok = std::process::Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap();
+    assert!(ok.success(), "kill {sig} {}", child.id());
+}
+
+/// Nodes 1 (the checkpoint coordinator's) and 2 paused with SIGSTOP for longer than their
+/// lease: node 3 is elected and moves every task to itself; resumed, nodes 1 and 2 find their
+/// lease gone, stop what they ran without acting on it, and rejoin idle; `weir verify` finds
+/// every result exact.
+#[test]
+fn two_nodes_paused_with_sigstop_longer_than_their_lease_rejoin_idle_and_weir_verify_passes() {
+    const EVENTS: u64 = 600_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, _) = on_etcd(dir.path(), |t| {
+        set(t, &["stream", "generator", "events"], EVENTS as i64);
+        set(t, &["stream", "generator", "rate"], 100_000);
+        set(t, &["checkpoint", "interval"], "200ms");
+        set(t, &["restart", "move_after"], "2s");
+    });
+    let log = |n: u32| dir.path().join(format!("node-{n}.log"));
+    let nodes = Nodes((1..=3).map(|n| start(&config, n, &log(n), &[])).collect());
+    line_in(&log(1), "checkpoint committed", Duration::from_secs(60));
+    signal(&nodes.0[0], "-STOP");
+    signal(&nodes.0[1], "-STOP");
+    let moved = line_in(&log(3), "moving the tasks of a lost node", Duration::from_secs(60));
+    assert!(moved.contains("node 1 has been down") && moved.contains("node 2 has been down"), "{moved}");
+    std::thread::sleep(Duration::from_secs(1));
+    signal(&nodes.0[0], "-CONT");
+    signal(&nodes.0[1], "-CONT");
+    for n in [1, 2] {
+        line_in(&log(n), "stopped the stream: this node's lease in etcd may have ended", Duration::from_secs(30));
+        line_in(&log(n), "node idle", Duration::from_secs(30));
+    }
+    let said = verify_until_ended(&config, Duration::from_secs(120));
+    assert!(said.contains("window results match") && said.contains("from 1 node"), "{said}");
+    drop(nodes);
 }
