@@ -144,14 +144,21 @@ pub fn wait(
             // A load goes on once the stream runs again (or, idle, on the nodes that took its
             // partitions): sending again may succeed.
             Kind::Ingest => frame.to_owned::<Ingest>().ok().and_then(|r| {
-                let reason = match mode {
-                    Mode::Idle => {
-                        format!("node {node} runs no task of the stream now (its tasks moved to the other nodes)")
-                    }
-                    Mode::Fenced => format!("node {node} holds no lease in etcd: it runs nothing until it holds one"),
-                    Mode::Restarting(_) => format!("node {node} is restarting its stream"),
+                let outcome = match mode {
+                    Mode::Idle => IngestOutcome::NotHere {
+                        reason: format!(
+                            "node {node} runs no task of the stream now (its tasks moved to the other nodes)"
+                        ),
+                    },
+                    // Its tasks may have moved, or may run here again once it holds a lease.
+                    Mode::Fenced => IngestOutcome::NotHere {
+                        reason: format!("node {node} holds no lease in etcd: it runs nothing until it holds one"),
+                    },
+                    Mode::Restarting(_) => IngestOutcome::Rejected {
+                        reason: format!("node {node} is restarting its stream"),
+                        retryable: true,
+                    },
                 };
-                let outcome = IngestOutcome::Rejected { reason, retryable: true };
                 enc.encode(&IngestAck { stream: r.stream, partition: r.partition, request: r.request, outcome }).ok()
             }),
             Kind::StopReq => match frame.to_owned::<StopReq>() {

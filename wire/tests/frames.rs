@@ -69,6 +69,10 @@ roundtrip! {
         stream: StreamId(1), partition: 3, request: 99,
         outcome: IngestOutcome::Durable { first: Version(10), last: Version(109), duplicate: true },
     };
+    roundtrip_ingest_ack_not_here: IngestAck = IngestAck {
+        stream: StreamId(1), partition: 3, request: 100,
+        outcome: IngestOutcome::NotHere { reason: "partition 3 is on node 2".into() },
+    };
     roundtrip_data: Data = util::data(17, 4096);
     roundtrip_watermark: Watermark = Watermark {
         stream: StreamId(1), from: TaskId(1), to: TaskId(2), seq: Seq(5), watermark_ms: -3,

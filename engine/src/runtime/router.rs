@@ -384,8 +384,8 @@ impl Run {
         if let Some(owner) = owners.get(req.partition as usize)
             && *owner != self.status.node
         {
-            let reason = format!("partition {} is on node {owner}, not on this one (it moved?)", req.partition);
-            let outcome = IngestOutcome::Rejected { reason, retryable: true };
+            let reason = format!("partition {} is on node {owner}, not on this one", req.partition);
+            let outcome = IngestOutcome::NotHere { reason };
             return self.send_ack(token, req.partition, outcome);
         }
         let from = Some(crate::ingest::segment::ProducerSeq { producer: req.producer, seq: req.seq });

@@ -79,8 +79,6 @@ pub struct Driver {
 /// A node that has been unreachable this long is asked about again: its partitions may have
 /// moved (their sources to the node keeping their logs' copies).
 const REROUTE_AFTER: Duration = Duration::from_secs(1);
-/// What a node says when a partition's source runs elsewhere (`weir_engine`'s router).
-const NOT_HERE: &str = "not on this one";
 
 /// Batches a partition sends in total (`None`: until the duration ends).
 fn batches_of(plan: &Plan, p: u32) -> Option<u64> {
@@ -268,8 +266,10 @@ impl Driver {
                     Ok(a) => a,
                     Err(e) => {
                         tracing::info!(%node, error = %e, "connection lost; batches in flight go again");
+                        // In order: a batch refused a moment ago must not wait behind later ones.
                         for f in flight.values_mut() {
                             f.request = None;
+                            f.not_before = Instant::now();
                         }
                         requests.clear();
                         conn = None;
@@ -293,10 +293,13 @@ impl Driver {
                         let rows = last.0 - first.0 + 1;
                         let a = acked.get_mut(&p).expect("own partition");
                         a.rows += rows;
-                        // Batches are stored in order (idle markers or other producers' rows
-                        // may sit between them).
+                        // New batches are stored in order, after every batch acknowledged
+                        // before (idle markers or other producers' rows may sit between them).
+                        // A batch sent again is acknowledged with its original versions, which
+                        // may come after later batches' acks (those were sent again too).
                         a.versions = Some(match a.versions {
                             None => (first.0, last.0),
+                            Some((lo, hi)) if duplicate => (lo.min(first.0), hi.max(last.0)),
                             Some((lo, hi)) => {
                                 if first.0 <= hi {
                                     return Err(format!(
@@ -317,14 +320,19 @@ impl Driver {
                     IngestOutcome::Marked { .. } => {
                         return Err(format!("{node} answered batch {seq} as a marker"));
                     }
-                    IngestOutcome::Rejected { reason, retryable } => {
+                    IngestOutcome::NotHere { .. } | IngestOutcome::Rejected { .. } => {
+                        let (reason, retryable, here) = match ack.outcome {
+                            IngestOutcome::NotHere { reason } => (reason, true, false),
+                            IngestOutcome::Rejected { reason, retryable } => (reason, retryable, true),
+                            _ => unreachable!("matched above"),
+                        };
                         // A refusal behind an earlier batch of the partition that goes again (a
                         // gap) is that batch's consequence: this one goes again after it.
                         let behind = flight.range((p, 0)..(p, seq)).any(|(_, f)| f.request.is_none());
                         if !(retryable || behind) {
                             return Err(format!("{node} refused batch {seq} of partition {p}: {reason}"));
                         }
-                        moved |= reason.contains(NOT_HERE);
+                        moved |= !here;
                         self.counters.retries.fetch_add(1, Ordering::Relaxed);
                         let f = flight.get_mut(&(p, seq)).expect("in flight");
                         f.request = None;

@@ -1,4 +1,4 @@
-//! A real etcd cluster of several members on 127.0.0.1 for one test (Debian's `etcd`), its
+//! A real etcd cluster of several members on 127.0.0.1 (or another address) for one test (Debian's `etcd`), its
 //! members killed and started again by the test; every member is killed when it is dropped.
 
 use std::path::{Path, PathBuf};
@@ -11,12 +11,20 @@ pub struct Etcd {
     name: String,
     client: Vec<u16>,
     peer: Vec<u16>,
+    /// The address members listen on.
+    host: String,
     members: Vec<Option<Child>>,
 }
 
 impl Etcd {
-    /// Starts `n` members with their data under `dir`, and waits until the cluster answers.
+    /// Starts `n` members on 127.0.0.1 with their data under `dir`, and waits until the
+    /// cluster answers.
     pub fn start(dir: &Path, n: usize) -> Etcd {
+        Self::start_on(dir, n, "127.0.0.1")
+    }
+
+    /// [`Self::start`], the members listening on `host`.
+    pub fn start_on(dir: &Path, n: usize, host: &str) -> Etcd {
         let ports = super::free_ports(2 * n);
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
         let mut e = Etcd {
@@ -24,6 +32,7 @@ impl Etcd {
             name: format!("weir-test-{nanos}"),
             client: ports[..n].to_vec(),
             peer: ports[n..].to_vec(),
+            host: host.to_string(),
             members: (0..n).map(|_| None).collect(),
         };
         for i in 0..n {
@@ -35,14 +44,14 @@ impl Etcd {
 
     /// The members' client URLs, as `[control] etcd` takes them.
     pub fn endpoints(&self) -> Vec<String> {
-        self.client.iter().map(|p| format!("http://127.0.0.1:{p}")).collect()
+        self.client.iter().map(|p| format!("http://{}:{p}", self.host)).collect()
     }
 
     /// Starts member `i` (again: from its data directory).
     pub fn start_member(&mut self, i: usize) {
         let initial: Vec<String> =
-            self.peer.iter().enumerate().map(|(j, p)| format!("m{j}=http://127.0.0.1:{p}")).collect();
-        let url = |p: u16| format!("http://127.0.0.1:{p}");
+            self.peer.iter().enumerate().map(|(j, p)| format!("m{j}=http://{}:{p}", self.host)).collect();
+        let url = |p: u16| format!("http://{}:{p}", self.host);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

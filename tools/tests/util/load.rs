@@ -40,10 +40,23 @@ pub fn load(config: &Path, args: &[&str]) -> Child {
 /// Waits for `weir load` to end by itself; its exit code and JSON summary.
 pub fn summary_of(child: Child, limit: Duration) -> (Option<i32>, Value, String) {
     let (tx, rx) = std::sync::mpsc::channel();
+    let pid = child.id().to_string();
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
-    let out: Output = rx.recv_timeout(limit).expect("weir load ended in time").unwrap();
+    let out: Output = match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // Killed, so that what it printed tells why it did not end.
+            let _ = std::process::Command::new("kill").args(["-9", &pid]).status();
+            let out = rx.recv().unwrap().unwrap();
+            panic!(
+                "weir load did not end within {limit:?}:\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON summary ({e}): {err}"));
     (out.status.code(), json, err)

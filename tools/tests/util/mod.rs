@@ -14,6 +14,7 @@ use weir_engine::wire::StreamId;
 
 pub mod etcd;
 pub mod load;
+pub mod netns;
 
 pub fn weir() -> Command {
     Command::new(env!("CARGO_BIN_EXE_weir"))

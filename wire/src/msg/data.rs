@@ -48,6 +48,13 @@ archived! {
             /// The marker's version.
             at: Version,
         },
+        /// The rows were not stored: the partition's source does not run on this node (it
+        /// moved, or the node runs no task now). Sending again may succeed on the node it runs
+        /// on; the cluster's status says which.
+        NotHere {
+            /// Why.
+            reason: String,
+        },
         /// The rows were not stored.
         Rejected {
             /// Why.

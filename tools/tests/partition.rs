@@ -1,0 +1,99 @@
+//! Network partitions of a cluster on etcd: each `weir node` in a network namespace of its own
+//! (root and iproute2 needed), the three etcd members and the clients on the bridge between
+//! them.
+
+mod util;
+
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use util::etcd::Etcd;
+use util::load::*;
+use util::netns::Net;
+use util::*;
+
+fn start_in(net: &Net, config: &Path, id: u32, log: &Path) -> Child {
+    net.command(id, Path::new(env!("CARGO_BIN_EXE_weir")))
+        .args(["node", "--config"])
+        .arg(config)
+        .args(["--node-id", &id.to_string()])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// The first line containing `what` in any of `logs`, within `limit`.
+fn line_in_any(logs: &[&Path], what: &str, limit: Duration) -> String {
+    let t0 = Instant::now();
+    loop {
+        for l in logs {
+            let text = std::fs::read_to_string(l).unwrap_or_default();
+            if let Some(line) = text.lines().find(|x| x.contains(what)) {
+                return line.to_string();
+            }
+        }
+        assert!(t0.elapsed() < limit, "no {what:?} in {logs:?} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// During a load into partitions kept on two nodes, node 3 is cut off from nodes 1 and 2 and
+/// from every etcd member: it stops its stream (and acknowledges nothing) within its lease,
+/// the majority's elected node moves its tasks to nodes 1 and 2, the load goes on there, and
+/// after the heal node 3 rejoins idle. Every acknowledged row is in the results exactly once.
+#[test]
+fn a_node_cut_off_from_the_others_and_from_etcd_mid_load_loses_no_acknowledged_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Net::new(&[1, 2, 3]);
+    let etcd = Etcd::start_on(dir.path(), 3, &net.host());
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let config = adjusted(example("load-three-node.toml"), dir.path(), |t| {
+        set(t, &["checkpoint", "interval"], "200ms");
+        set(t, &["stream", "ingest", "replicas"], 2i64);
+        set(t, &["restart", "move_after"], "2s");
+        t.insert("cluster".into(), format!("partition-{nanos}").into());
+        for (i, node) in t["nodes"].as_array_mut().unwrap().iter_mut().enumerate() {
+            let node = node.as_table_mut().unwrap();
+            node.insert("addr".into(), format!("{}:7100", net.addr(i as u32 + 1)).into());
+            node.insert("metrics".into(), format!("{}:9100", net.addr(i as u32 + 1)).into());
+        }
+        let mut control = toml::Table::new();
+        control.insert("etcd".into(), toml::Value::Array(etcd.endpoints().into_iter().map(Into::into).collect()));
+        control.insert("lease".into(), "2s".into());
+        control.insert("timeout".into(), "500ms".into());
+        t.insert("control".into(), control.into());
+    });
+    let logs: Vec<std::path::PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
+    let mut nodes = Nodes((1..=3).map(|n| start_in(&net, &config, n, &logs[n as usize - 1])).collect());
+    let args = ["--events", "900k", "--rate", "150k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "90s"];
+    let child = load(&config, &args);
+    line_in(&logs[0], "checkpoint committed", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1500));
+    net.cut(3);
+    let cut = Instant::now();
+    line_in(&logs[2], "stopped the stream: this node's lease in etcd may have ended", Duration::from_secs(10));
+    assert!(cut.elapsed() < Duration::from_secs(4), "node 3 stopped {:?} after the cut", cut.elapsed());
+    let moved = line_in_any(&[&logs[0], &logs[1]], "moving the tasks of a lost node", Duration::from_secs(60));
+    assert!(moved.contains("node 3 has been down"), "{moved}");
+    std::thread::sleep(Duration::from_secs(2));
+    net.heal(3);
+    line_in(&logs[2], "node idle", Duration::from_secs(30));
+    let (code, s, err) = summary_of(child, Duration::from_secs(150));
+    let logs_text =
+        || logs.iter().map(|l| std::fs::read_to_string(l).unwrap_or_default()).collect::<Vec<_>>().join("\n");
+    assert_eq!(code, Some(0), "{s:#} {err}\n{}", logs_text());
+    assert_acknowledged(&s, 3, 300_000);
+    let want = expected(&s, 3, 300_000);
+    wait_for_results(&config, want.len(), &logs[0]);
+    let (code, text) = verify_ingest(&config);
+    assert_eq!(code, Some(0), "{text}\n{}", logs_text());
+    assert!(text.contains("match the 900000 rows of 1 load(s)"), "{text}");
+    let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for (i, c) in nodes.0.iter_mut().enumerate() {
+        assert!(exit_within(c, Duration::from_secs(30), &format!("node {}", i + 1)).success());
+    }
+    drop(etcd);
+}
