@@ -493,6 +493,14 @@ impl ClusterFile {
         self.client_roles()?;
         if let Some(c) = &self.control {
             c.validate()?;
+            let after = self.restart.move_after;
+            if !after.is_zero() && after < c.lease {
+                bail!(
+                    "restart.move_after = {} is shorter than control.lease = {}: a node's tasks move only once its lease can have ended",
+                    humantime::format_duration(after),
+                    humantime::format_duration(c.lease)
+                );
+            }
         }
         let lowest = *seen.first().expect("nodes");
         if let Some(c) = self.coordinator {

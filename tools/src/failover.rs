@@ -66,6 +66,17 @@ impl RestartPolicy {
     }
 }
 
+/// Restarts `weir status` lists: the last ones.
+const RESTARTS_KEPT: usize = 20;
+
+/// Adds `r` to the node's restarts, keeping the last ones.
+pub fn remember(restarts: &mut Vec<weir_engine::wire::msg::RestartInfo>, r: weir_engine::wire::msg::RestartInfo) {
+    restarts.push(r);
+    if restarts.len() > RESTARTS_KEPT {
+        restarts.remove(0);
+    }
+}
+
 /// Where a node keeps the last incarnation it started its stream at.
 fn path(data_dir: &Path) -> PathBuf {
     data_dir.join("incarnation")

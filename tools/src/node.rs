@@ -222,6 +222,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let mut restart_times: Vec<u64> = Vec::new();
     let mut links: Vec<weir_engine::wire::msg::PeerLink> = Vec::new();
     loop {
+        if let Some(fatal) = control.fatal() {
+            anyhow::bail!("{fatal}");
+        }
         if !control.holds() {
             // Not a member (no lease in etcd yet, or lost): run nothing until it is one again.
             tracing::warn!(stream = %spec.name, reason = %control.why_not(), "waiting to hold a lease in etcd before running the stream");
@@ -231,11 +234,13 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
             let mut transport = base.transport.clone().expect("a node has a transport");
             transport.incarnation = incarnation;
             let me_now = crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links, info: &info };
-            let mut tick = || control.holds().then_some(crate::standby::Waited::Restart(None));
+            let mut tick =
+                || (control.holds() || control.fatal().is_some()).then_some(crate::standby::Waited::Restart(None));
             match crate::standby::wait(transport, &me_now, crate::standby::Mode::Fenced, &stop, &mut tick) {
+                // Nothing ran meanwhile: no newer incarnation of its own (the last stop took one).
                 crate::standby::Waited::Restart(newer) => {
                     seen = seen.max(newer);
-                    incarnation = crate::failover::next(incarnation, seen);
+                    incarnation = incarnation.max(seen.unwrap_or(0));
                     continue;
                 }
                 crate::standby::Waited::Stopped(reason) => {
@@ -247,12 +252,15 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         let (ended, result) = match control.current_placement(&spec, &file_placement) {
             Ok((read, placement)) if placement.nodes(&spec.topology()).contains(&NodeId(me.id)) => {
                 let version = read.version();
+                // The membership this run holds: another one (or none) ends the run.
+                let Some(held) = control.membership() else { continue };
                 incarnation = incarnation.max(placement_floor(version));
                 crate::failover::record(&data_dir, incarnation)?;
                 let mut cfg = base.clone();
                 cfg.failover = true;
                 cfg.restarts = restarts.clone();
                 cfg.links = links.clone();
+                cfg.tenure = control.tenure();
                 if let Some(t) = cfg.transport.as_mut() {
                     t.incarnation = incarnation;
                 }
@@ -260,16 +268,16 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                     Ok(engine) => {
                         log_start(&spec, &placement, &me, &engine, &data_dir, incarnation);
                         let watch = control.watch(&spec, &placement, read, &file);
-                        let ended = supervise(
-                            &engine,
-                            &stop,
-                            args.exit_when_done,
-                            &spec.name,
-                            watch,
-                            &control,
+                        let how = Watching {
+                            stop: &stop,
+                            exit_when_done: args.exit_when_done,
+                            stream: &spec.name,
+                            control: &control,
+                            held,
                             started_ms,
-                            board.as_deref(),
-                        );
+                            board: board.as_deref(),
+                        };
+                        let ended = supervise(&engine, &how, watch);
                         links = engine.status().peers;
                         engine.stop();
                         if let Some(b) = &board {
@@ -328,7 +336,8 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 let why = control.why_not();
                 tracing::warn!(stream = %spec.name, reason = %why, "stopped the stream: this node's lease in etcd may have ended");
                 incarnation = crate::failover::next(incarnation, seen);
-                restarts.push(RestartInfo { at_ms: now_ms(), incarnation, reason: format!("lost its lease: {why}") });
+                let r = RestartInfo { at_ms: now_ms(), incarnation, reason: format!("lost its lease: {why}") };
+                crate::failover::remember(&mut restarts, r);
                 continue;
             }
             ended => {
@@ -355,14 +364,10 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                     "the stream failed; restarting it from the last commit"
                 );
                 restart_times.push(now);
-                restarts.push(RestartInfo { at_ms: now, incarnation: next, reason: why });
+                crate::failover::remember(&mut restarts, RestartInfo { at_ms: now, incarnation: next, reason: why });
                 if let Some(b) = &board {
                     b.restarted();
                     b.set_phase(crate::metrics::Phase::Restarting);
-                }
-                // Status lists the last ones.
-                if restarts.len() > 20 {
-                    restarts.remove(0);
                 }
                 incarnation = next;
                 let mut transport = base.transport.clone().expect("a node has a transport");
@@ -398,20 +403,24 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Watches the engine until it should stop, and says why: also when the node stops holding its
-/// membership (it must run nothing then). On the node that decides, `watch` moves the tasks of
-/// a node lost for too long to the others (which restarts the stream).
-#[allow(clippy::too_many_arguments)]
-fn supervise(
-    engine: &Engine,
-    stop: &AtomicBool,
+/// What [`supervise`] watches besides the engine.
+struct Watching<'a> {
+    stop: &'a AtomicBool,
     exit_when_done: bool,
-    stream: &str,
-    mut watch: Option<crate::placement::Watch<'_>>,
-    control: &crate::placement::Control,
+    stream: &'a str,
+    control: &'a crate::placement::Control,
+    /// The membership the run started under.
+    held: crate::placement::Membership,
     started_ms: u64,
-    board: Option<&crate::metrics::Board>,
-) -> Ended {
+    board: Option<&'a crate::metrics::Board>,
+}
+
+/// Watches the engine until it should stop, and says why: also when the node no longer holds
+/// the membership it started under (it must run nothing then). On the node that decides,
+/// `watch` moves the tasks of a node lost for too long to the others (which restarts the
+/// stream).
+fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::placement::Watch<'_>>) -> Ended {
+    let Watching { stop, exit_when_done, stream, control, held, started_ms, board } = *how;
     let mut ended = false;
     let mut measured: Option<std::time::Instant> = None;
     loop {
@@ -426,7 +435,7 @@ fn supervise(
         if engine.stop_requested() {
             return Ended::StopRequested;
         }
-        if !control.holds() {
+        if control.membership() != Some(held) {
             return Ended::Fenced;
         }
         if let Some(why) = engine.failure() {

@@ -22,6 +22,16 @@ use weir_engine::wire::msg::PeerLink;
 
 use crate::config::ClusterFile;
 
+/// What a node holds as a member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Membership {
+    /// Without etcd: it is a member for as long as it runs.
+    Always,
+    /// This lease in etcd: a new lease is a new membership (the old one ended, and the
+    /// others may have moved its tasks).
+    Lease(weir_engine::control::LeaseId),
+}
+
 /// The node's cluster control.
 pub struct Control {
     me: NodeId,
@@ -46,14 +56,45 @@ impl Control {
         let keys = Keys::new(&file.cluster);
         let member = Member::new(keys.clone(), me, &nodes, c.lease);
         let agent = Agent::start(etcd.clone(), member, c.lease).context("starting the membership thread")?;
+        // The first round, so that a healthy start does not go through the wait for a lease.
+        let t0 = Instant::now();
+        while agent.view().stepped.is_none() && t0.elapsed() < c.lease {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let book = Some(Box::new(ControlBook::new(etcd, keys)) as Box<dyn PlacementBook>);
         Ok(Self { me, nodes, agent: Some(agent), book })
     }
 
-    /// Whether this node may act as a member now: always without etcd; with it, while its
-    /// lease surely lives.
+    /// What the node holds as a member now (`None`: nothing; it must not act as one).
+    pub fn membership(&self) -> Option<Membership> {
+        match &self.agent {
+            None => Some(Membership::Always),
+            Some(a) => {
+                let v = a.view();
+                v.holds(Instant::now()).then_some(v.lease.map(Membership::Lease)).flatten()
+            }
+        }
+    }
+
+    /// Whether the node may act as a member now.
     pub fn holds(&self) -> bool {
-        self.agent.as_ref().is_none_or(|a| a.view().holds(Instant::now()))
+        self.membership().is_some()
+    }
+
+    /// The node's hold on its membership, for the engine (which acknowledges nothing without it).
+    pub fn tenure(&self) -> Option<Arc<weir_engine::cluster::Tenure>> {
+        self.agent.as_ref().map(Agent::tenure)
+    }
+
+    /// Why the node cannot go on at all: etcd refused it from the start (not an etcd, no
+    /// permission), or its membership thread died. Refusals after a first round that succeeded
+    /// are taken as passing (a lease that ended between two calls, say): the rounds go on.
+    pub fn fatal(&self) -> Option<String> {
+        let v = self.agent.as_ref()?.view();
+        if v.dead {
+            return Some(format!("node {}: its membership thread ended", self.me.0));
+        }
+        v.error.filter(|e| !e.is_retryable() && v.rounds == 0).map(|e| format!("node {}: {e}", self.me.0))
     }
 
     /// Why the node does not hold its membership (the last error talking to etcd).

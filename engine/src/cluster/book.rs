@@ -52,14 +52,17 @@ pub enum BookError {
         /// The version it tried.
         version: u32,
     },
-    /// The placement changed since it was read (another leader wrote), or this node was
-    /// deposed between its read and its write. Fatal for the write: read again.
+    /// The placement changed since it was read (another leader wrote), a node it moves is a
+    /// member again, or this node was deposed between its read and its write. Fatal for the
+    /// write: read again.
     #[error("placement version {version} not written: {why}")]
     Refused {
         /// The version it tried.
         version: u32,
         /// What stands instead.
         why: String,
+        /// The newest version stored, when it is newer than the one the write followed.
+        stands: Option<u32>,
     },
 }
 
@@ -126,7 +129,11 @@ impl PlacementBook for ControlBook {
         let Some(fence) = fence else { return Err(BookError::NotLeader { version }) };
         let key = self.keys.placement(stream);
         let put = Op::Put { key: key.clone(), value: encode_placement(record).into_bytes(), lease: None };
-        let tried = self.store.txn(&[fence.clone(), Compare::ModRevision(key, read.revision)], &[put]);
+        // The nodes it moves away from must still be absent: one that came back in the meantime
+        // may have read the old version and started on it.
+        let mut when = vec![fence.clone(), Compare::ModRevision(key, read.revision)];
+        when.extend(record.moved.iter().map(|n| Compare::ModRevision(self.keys.member(*n), 0)));
+        let tried = self.store.txn(&when, &[put]);
         match tried {
             Ok(o) if o.succeeded => return Ok(record.clone()),
             Ok(_) => {}
@@ -138,13 +145,18 @@ impl PlacementBook for ControlBook {
         let now = self.latest(stream)?;
         match now.record {
             Some(stored) if Self::same_decision(&stored, record) => Ok(stored),
-            Some(stored) if stored.version >= version => Err(BookError::Refused {
+            Some(stored) if stored.version > read.version() => Err(BookError::Refused {
                 version,
                 why: format!("version {} stands, written by another decision", stored.version),
+                stands: Some(stored.version),
             }),
             _ => match tried {
                 Err(e) => Err(e.into()),
-                Ok(_) => Err(BookError::Refused { version, why: "this node no longer leads the cluster".into() }),
+                Ok(_) => Err(BookError::Refused {
+                    version,
+                    why: "this node no longer leads the cluster, or a node it moves is a member again".into(),
+                    stands: None,
+                }),
             },
         }
     }

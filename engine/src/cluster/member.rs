@@ -3,9 +3,10 @@
 //! and, when it wins, the leader key of the election of the node that decides placement.
 //!
 //! Invariant: [`Member::holds`] is true only while the lease surely lives in the store (the
-//! last successful renewal's send time plus the TTL, less the election's margin), so a node
-//! that stops acting as soon as it turns false has stopped before the store ends its keys and
-//! before any other node can be given its tasks.
+//! last successful renewal's send time plus the TTL, less the election's margin) and the
+//! member key was written with that very lease, so a node that stops acting as soon as it
+//! turns false has stopped before the store ends its keys, and never acts while the others
+//! cannot see it as a member.
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,9 @@ use weir_wire::NodeId;
 
 use super::Keys;
 use crate::control::{Compare, ControlError, ControlStore, Election, LeaseId, Op, Role};
+
+/// Member keys one survey reads at most (a bound on what the store's answer may allocate).
+const MAX_MEMBERS: usize = 4096;
 
 /// What one [`Member::step`] saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,6 +39,9 @@ pub struct Member {
     others: Vec<NodeId>,
     keys: Keys,
     election: Election,
+    /// The lease the member key was last seen or written with.
+    keyed: Option<LeaseId>,
+    role: Option<Role>,
 }
 
 impl Member {
@@ -42,7 +49,7 @@ impl Member {
     pub fn new(keys: Keys, node: NodeId, nodes: &[NodeId], ttl: Duration) -> Self {
         let election = Election::new(keys.leader(), node.0.to_string(), ttl);
         let others = nodes.iter().copied().filter(|n| *n != node).collect();
-        Self { node, others, keys, election }
+        Self { node, others, keys, election, keyed: None, role: None }
     }
 
     /// The node.
@@ -50,24 +57,36 @@ impl Member {
         self.node
     }
 
-    /// One round at `now`: renews the lease (or takes a new one), stands in the election,
-    /// keeps the member key and reads the others'. On an error nothing is known of this round;
-    /// [`Self::holds`] still tells how long the lease surely lives.
-    pub fn step(&mut self, store: &dyn ControlStore, now: Instant) -> Result<MemberView, ControlError> {
-        let role = self.election.step(store, now)?;
-        let lease = self.election.lease().expect("a step that succeeded holds a lease");
-        let put = Op::Put {
-            key: self.keys.member(self.node),
-            value: self.node.0.to_string().into_bytes(),
-            lease: Some(lease),
+    /// First half of a round at `now`: renews the lease (or takes a new one) and stands in the
+    /// election. On an error nothing is known of this round; [`Self::holds`] still tells how
+    /// long the lease surely lives.
+    pub fn renew(&mut self, store: &dyn ControlStore, now: Instant) -> Result<(), ControlError> {
+        self.role = None;
+        self.role = Some(self.election.step(store, now)?);
+        Ok(())
+    }
+
+    /// Second half: keeps the member key under the current lease and reads the others'.
+    pub fn survey(&mut self, store: &dyn ControlStore) -> Result<MemberView, ControlError> {
+        let (Some(role), Some(lease)) = (self.role.clone(), self.election.lease()) else {
+            return Err(ControlError::Refused {
+                endpoint: String::new(),
+                op: "survey",
+                reason: "no renewal succeeded this round".into(),
+            });
         };
-        store.txn(&[], &[put])?;
-        let mut absent = Vec::new();
-        for n in &self.others {
-            if store.get(&self.keys.member(*n))?.is_none() {
-                absent.push(*n);
-            }
+        let prefix = self.keys.members();
+        let listed = store.list(&prefix, MAX_MEMBERS)?;
+        let present: Vec<(NodeId, Option<LeaseId>)> = listed
+            .iter()
+            .filter_map(|(k, e)| k.strip_prefix(&prefix)?.parse().ok().map(|n| (NodeId(n), e.lease)))
+            .collect();
+        if !present.contains(&(self.node, Some(lease))) {
+            let key = self.keys.member(self.node);
+            store.txn(&[], &[Op::Put { key, value: self.node.0.to_string().into_bytes(), lease: Some(lease) }])?;
         }
+        self.keyed = Some(lease);
+        let absent = self.others.iter().copied().filter(|n| !present.iter().any(|(p, _)| p == n)).collect();
         let (leader, leader_node) = match role {
             Role::Leader { .. } => (true, Some(self.node)),
             Role::Follower { leader } => (false, leader.and_then(|l| l.parse().ok()).map(NodeId)),
@@ -75,20 +94,33 @@ impl Member {
         Ok(MemberView { leader, leader_node, absent, lease })
     }
 
-    /// Whether the node's lease surely lives at `now`: while it does not, the node must not
-    /// run tasks or acknowledge appends.
-    pub fn holds(&self, now: Instant) -> bool {
-        self.election.holds(now)
+    /// A whole round: [`Self::renew`], then [`Self::survey`].
+    pub fn step(&mut self, store: &dyn ControlStore, now: Instant) -> Result<MemberView, ControlError> {
+        self.renew(store, now)?;
+        self.survey(store)
     }
 
-    /// Until when the node's lease surely lives (`None`: it holds none).
+    /// Until when the node surely holds its membership (`None`: it does not): its lease lives
+    /// and its member key was written with it.
     pub fn held_until(&self) -> Option<Instant> {
-        self.election.held_until()
+        let lease = self.election.lease()?;
+        (self.keyed == Some(lease)).then(|| self.election.held_until()).flatten()
+    }
+
+    /// Whether the node holds its membership at `now`: while it does not, it must not run
+    /// tasks or acknowledge appends.
+    pub fn holds(&self, now: Instant) -> bool {
+        self.held_until().is_some_and(|t| now < t)
+    }
+
+    /// The lease, once granted.
+    pub fn lease(&self) -> Option<LeaseId> {
+        self.election.lease()
     }
 
     /// Whether the node may act as the leader at `now`.
     pub fn leads(&self, now: Instant) -> bool {
-        self.election.leads(now)
+        self.election.leads(now) && self.holds(now)
     }
 
     /// The condition the leader's writes carry (`None` unless it leads).
@@ -99,6 +131,7 @@ impl Member {
     /// Leaves the cluster now (a clean stop): the lease, the member key and, if this node led,
     /// the leadership go at once.
     pub fn leave(&mut self, store: &dyn ControlStore) -> Result<(), ControlError> {
+        self.keyed = None;
         self.election.resign(store)
     }
 }

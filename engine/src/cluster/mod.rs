@@ -21,6 +21,7 @@ mod agent;
 mod book;
 mod member;
 mod mover;
+mod tenure;
 
 #[cfg(test)]
 mod tests;
@@ -30,6 +31,7 @@ pub use agent::{Agent, AgentView};
 pub use book::{BookError, ControlBook, PlacementBook, StoreBook, Versioned};
 pub use member::{Member, MemberView};
 pub use mover::{Moved, Mover, overdue_links};
+pub use tenure::Tenure;
 
 use weir_wire::{NodeId, StreamId};
 
@@ -50,9 +52,14 @@ impl Keys {
         format!("{}leader", self.prefix)
     }
 
+    /// Where the member keys are.
+    pub fn members(&self) -> String {
+        format!("{}members/", self.prefix)
+    }
+
     /// Node `node`'s membership: it exists while the node's lease lives.
     pub fn member(&self, node: NodeId) -> String {
-        format!("{}members/{}", self.prefix, node.0)
+        format!("{}{}", self.members(), node.0)
     }
 
     /// Stream `stream`'s placement: the newest version's record.

@@ -15,7 +15,7 @@ use std::time::Duration;
 use weir_wire::msg::PeerLink;
 use weir_wire::{NodeId, StreamId};
 
-use super::{PlacementBook, Versioned};
+use super::{BookError, PlacementBook, Versioned};
 use crate::backup::placement::PlacementRecord;
 use crate::control::Compare;
 use crate::spec::{Placement, StreamSpec, Topology};
@@ -125,6 +125,12 @@ impl Mover {
             Ok(stored) => {
                 tracing::warn!(placement = version, reason = %stored.reason, "moving the tasks of a lost node");
                 Some(Moved { reason: stored.reason, incarnation: u64::from(version) << 32 })
+            }
+            // Another leader moved on: the stream restarts at the version that stands.
+            Err(BookError::Refused { stands: Some(v), .. }) if v > self.read.version() => {
+                let reason = format!("placement version {v} stands (written by another leader)");
+                tracing::warn!(placement = v, "a newer placement stands: restarting at it");
+                Some(Moved { reason, incarnation: u64::from(v) << 32 })
             }
             Err(e) => {
                 if !std::mem::replace(&mut self.warned, true) {

@@ -149,7 +149,8 @@ fn only_the_leader_writes_placement_and_a_deposed_leader_or_a_stale_read_writes_
     assert_eq!(after.record.as_ref().map(|r| r.tasks.clone()), Some(record.tasks.clone()));
     let other = Mover::new(&spec, &p, read.clone(), 1).decide(&[(NodeId(2), Duration::from_secs(5))], &[NodeId(1)]);
     let e = book.write(spec.id, &read, &other.unwrap(), Some(&new)).unwrap_err();
-    assert!(matches!(e, BookError::Refused { version: 1, .. }) && e.to_string().contains("version 1 stands"), "{e}");
+    assert!(matches!(e, BookError::Refused { version: 1, stands: Some(1), .. }), "{e}");
+    assert!(e.to_string().contains("version 1 stands"), "{e}");
 }
 
 /// A store that applies every transaction and then answers that it did not hear back.
@@ -167,6 +168,9 @@ impl ControlStore for LosesReplies {
     }
     fn get(&self, key: &str) -> Result<Option<Entry>, ControlError> {
         self.0.get(key)
+    }
+    fn list(&self, prefix: &str, limit: usize) -> Result<Vec<(String, Entry)>, ControlError> {
+        self.0.list(prefix, limit)
     }
     fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
         self.0.txn(when, then)?;
@@ -225,4 +229,90 @@ fn a_move_gives_the_lost_nodes_tasks_to_the_nodes_named_and_ignores_nodes_withou
     // Tasks may go to a member that ran none (an idle node that came back).
     let r = mover.decide(&[(NodeId(3), Duration::from_secs(9))], &[NodeId(1), NodeId(2), NodeId(4)]).unwrap();
     assert!(r.placement(&t).unwrap().nodes(&t).contains(&NodeId(4)), "{r:?}");
+}
+
+#[test]
+fn a_node_that_came_back_before_the_leaders_write_keeps_its_tasks() {
+    let w = World::new();
+    let keys = Keys::new("c5");
+    let book = ControlBook::new(w.store.clone(), keys.clone());
+    let mut m = members(&keys, 3);
+    m[0].step(&*w.store, w.now()).unwrap();
+    m[1].step(&*w.store, w.now()).unwrap();
+    let (spec, p) = three_node();
+    let read = book.latest(spec.id).unwrap();
+    // The leader decided on node 3 being away; node 3 comes back before the write lands.
+    let record =
+        Mover::new(&spec, &p, read.clone(), 1).decide(&[(NodeId(3), Duration::from_secs(5))], &[NodeId(1), NodeId(2)]);
+    m[2].step(&*w.store, w.now()).unwrap();
+    let e = book.write(spec.id, &read, &record.unwrap(), m[0].fence().as_ref()).unwrap_err();
+    assert!(matches!(e, BookError::Refused { version: 1, stands: None, .. }), "{e}");
+    assert_eq!(book.latest(spec.id).unwrap().version(), 0, "node 3 keeps its tasks");
+}
+
+/// A store whose prefix reads fail: a member renews its lease but cannot see (or write) the
+/// member keys.
+struct NoLists(Arc<MemControl>);
+
+impl ControlStore for NoLists {
+    fn grant(&self, ttl: Duration) -> Result<LeaseId, ControlError> {
+        self.0.grant(ttl)
+    }
+    fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>, ControlError> {
+        self.0.keep_alive(lease)
+    }
+    fn revoke(&self, lease: LeaseId) -> Result<(), ControlError> {
+        self.0.revoke(lease)
+    }
+    fn get(&self, key: &str) -> Result<Option<Entry>, ControlError> {
+        self.0.get(key)
+    }
+    fn list(&self, _prefix: &str, _limit: usize) -> Result<Vec<(String, Entry)>, ControlError> {
+        Err(ControlError::Unavailable { endpoint: "mem".into(), op: "list", reason: "cut".into() })
+    }
+    fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
+        self.0.txn(when, then)
+    }
+}
+
+#[test]
+fn a_member_holds_only_once_its_member_key_lives_by_its_current_lease() {
+    let w = World::new();
+    let keys = Keys::new("c6");
+    let mut m = members(&keys, 2);
+    let broken = NoLists(w.store.clone());
+    assert!(m[0].step(&broken, w.now()).is_err());
+    assert!(m[0].lease().is_some(), "the renewal itself succeeded");
+    assert!(!m[0].holds(w.now()), "held without a member key the others can see");
+    m[0].step(&*w.store, w.now()).unwrap();
+    assert!(m[0].holds(w.now()));
+    // The lease is ended from outside (an operator, a restored store): the next renewal takes
+    // a new one, and the node does not hold until its key lives by that one.
+    w.store.revoke(m[0].lease().unwrap()).unwrap();
+    let old = m[0].lease();
+    assert!(m[0].step(&broken, w.now()).is_err());
+    assert!(m[0].lease() != old && !m[0].holds(w.now()));
+    m[0].step(&*w.store, w.now()).unwrap();
+    assert!(m[0].holds(w.now()));
+}
+
+#[test]
+fn a_leader_that_finds_a_newer_placement_standing_restarts_at_it() {
+    let w = World::new();
+    let keys = Keys::new("c7");
+    let book = ControlBook::new(w.store.clone(), keys.clone());
+    let mut m = members(&keys, 3);
+    m[0].step(&*w.store, w.now()).unwrap();
+    let (spec, p) = three_node();
+    let stale = book.latest(spec.id).unwrap();
+    let to = [NodeId(1), NodeId(2)];
+    let first = Mover::new(&spec, &p, stale.clone(), 1).decide(&[(NodeId(3), Duration::from_secs(5))], &to).unwrap();
+    book.write(spec.id, &stale, &first, m[0].fence().as_ref()).unwrap();
+    // Another decision after the same stale read (node 2 lost instead): version 1 stands.
+    let mut mover = Mover::new(&spec, &p, stale, 1);
+    let moved =
+        mover.check(&book, &[(NodeId(2), Duration::from_secs(5))], &[NodeId(1), NodeId(3)], m[0].fence().as_ref());
+    let moved = moved.expect("the stream restarts at the version that stands");
+    assert_eq!(moved.incarnation, 1 << 32);
+    assert!(moved.reason.contains("placement version 1 stands"), "{}", moved.reason);
 }

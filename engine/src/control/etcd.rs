@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
 
 use super::{Compare, ControlError, ControlStore, Entry, LeaseId, Op, TxnOutcome};
 
@@ -126,6 +126,25 @@ impl ControlStore for EtcdControl {
             mod_revision: kv.mod_revision(),
             lease: (kv.lease() != 0).then_some(LeaseId(kv.lease())),
         }))
+    }
+
+    fn list(&self, prefix: &str, limit: usize) -> Result<Vec<(String, Entry)>, ControlError> {
+        let k = prefix.to_string();
+        let opts = GetOptions::new().with_prefix().with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        let r = self.call("list", |mut c| async move { c.get(k, Some(opts)).await })?;
+        Ok(r.kvs()
+            .iter()
+            .take(limit)
+            .map(|kv| {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                let e = Entry {
+                    value: kv.value().to_vec(),
+                    mod_revision: kv.mod_revision(),
+                    lease: (kv.lease() != 0).then_some(LeaseId(kv.lease())),
+                };
+                (key, e)
+            })
+            .collect())
     }
 
     fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {

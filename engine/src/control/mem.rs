@@ -142,6 +142,12 @@ impl ControlStore for MemControl {
         Ok(self.state().keys.get(key).cloned())
     }
 
+    fn list(&self, prefix: &str, limit: usize) -> Result<Vec<(String, Entry)>, ControlError> {
+        let s = self.state();
+        let under = s.keys.range(prefix.to_string()..).take_while(|(k, _)| k.starts_with(prefix));
+        Ok(under.take(limit).map(|(k, e)| (k.clone(), e.clone())).collect())
+    }
+
     fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
         let mut s = self.state();
         for op in then {

@@ -102,6 +102,9 @@ pub trait ControlStore: Send + Sync {
     fn revoke(&self, lease: LeaseId) -> Result<(), ControlError>;
     /// The key, if it exists.
     fn get(&self, key: &str) -> Result<Option<Entry>, ControlError>;
+    /// The keys under `prefix` with their entries, in key order, at most `limit` of them (a
+    /// bound on what one answer may allocate).
+    fn list(&self, prefix: &str, limit: usize) -> Result<Vec<(String, Entry)>, ControlError>;
     /// Applies `then` if every condition of `when` holds, atomically.
     fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError>;
 }

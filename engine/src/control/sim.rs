@@ -55,6 +55,9 @@ impl ControlStore for View<'_> {
     fn get(&self, key: &str) -> Result<Option<Entry>, ControlError> {
         self.pass("get", || self.store.get(key))
     }
+    fn list(&self, prefix: &str, limit: usize) -> Result<Vec<(String, Entry)>, ControlError> {
+        self.pass("list", || self.store.list(prefix, limit))
+    }
     fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
         self.pass("txn", || self.store.txn(when, then))
     }

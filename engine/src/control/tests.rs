@@ -106,6 +106,26 @@ fn keys_go_with_their_lease_and_an_ended_lease_stays_ended(h: &dyn Harness) {
     assert!(s.txn(&[], &[put(&k2, "z", Some(l2))]).is_err(), "a write with an expired lease");
 }
 
+fn a_prefix_lists_its_keys_in_order_up_to_the_limit_and_no_others(h: &dyn Harness) {
+    let s = h.store();
+    let p = h.prefix();
+    for k in ["m/2", "m/1", "m/3", "mx", "n/1"] {
+        s.txn(&[], &[put(&format!("{p}/{k}"), k, None)]).unwrap();
+    }
+    let keys = |limit| -> Vec<String> {
+        s.list(&format!("{p}/m/"), limit)
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k.trim_start_matches(&p).to_string())
+            .collect()
+    };
+    assert_eq!(keys(10), ["/m/1", "/m/2", "/m/3"]);
+    assert_eq!(keys(2), ["/m/1", "/m/2"]);
+    let (_, e) = &s.list(&format!("{p}/m/3"), 10).unwrap()[0];
+    assert_eq!(e.value, b"m/3");
+    assert!(s.list(&format!("{p}/none/"), 10).unwrap().is_empty());
+}
+
 fn one_candidate_leads_and_another_takes_over_when_its_lease_ends(h: &dyn Harness) {
     let s = h.store();
     let key = format!("{}/leader", h.prefix());
@@ -158,6 +178,16 @@ fn in_process_keys_go_with_their_lease_and_an_ended_lease_stays_ended() {
 #[test]
 fn in_process_one_candidate_leads_and_another_takes_over_when_its_lease_ends() {
     one_candidate_leads_and_another_takes_over_when_its_lease_ends(&mem());
+}
+
+#[test]
+fn in_process_a_prefix_lists_its_keys_in_order_up_to_the_limit_and_no_others() {
+    a_prefix_lists_its_keys_in_order_up_to_the_limit_and_no_others(&mem());
+}
+
+#[test]
+fn etcd_a_prefix_lists_its_keys_in_order_up_to_the_limit_and_no_others() {
+    a_prefix_lists_its_keys_in_order_up_to_the_limit_and_no_others(&etcd());
 }
 
 #[test]

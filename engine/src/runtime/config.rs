@@ -63,6 +63,9 @@ pub struct EngineConfig {
     pub links: Vec<weir_wire::msg::PeerLink>,
     /// Told of every ingest append's acknowledgement or refusal (a node's metrics).
     pub ingest_observer: Option<std::sync::Arc<dyn crate::ingest::IngestObserver>>,
+    /// The node's hold on its cluster membership (a lease in etcd): while it does not hold,
+    /// no ingest append is acknowledged (`None`: always, without a control store).
+    pub tenure: Option<std::sync::Arc<crate::cluster::Tenure>>,
 }
 
 impl EngineConfig {
@@ -88,6 +91,7 @@ impl EngineConfig {
             restarts: Vec::new(),
             links: Vec::new(),
             ingest_observer: None,
+            tenure: None,
         }
     }
 }

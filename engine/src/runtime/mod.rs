@@ -141,6 +141,7 @@ impl Engine {
             failure: OnceLock::new(),
             unparkers: unparkers.clone(),
             newer_incarnation: Default::default(),
+            tenure: cfg.tenure.clone(),
         });
         let stats = Arc::new(EngineStats::default());
         // One result store per local sink: its share of the results is part of its checkpoints.

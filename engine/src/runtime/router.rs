@@ -428,6 +428,12 @@ impl Run {
             return; // the engine's own request (a source's idle marker)
         }
         let outcome = match a.result {
+            // Durable here, but a node that may have lost its membership acknowledges nothing:
+            // its partitions may be taken over (the producer sends again; appends are idempotent).
+            Ok(Some(_)) if self.shared.tenure.as_ref().is_some_and(|t| !t.holds()) => IngestOutcome::Rejected {
+                reason: format!("node {} holds no lease in etcd now: nothing is acknowledged", self.status.node),
+                retryable: true,
+            },
             Ok(Some((first, last))) => IngestOutcome::Durable { first, last, duplicate: a.duplicate },
             Ok(None) => match a.marker {
                 Some(at) => IngestOutcome::Marked { at },

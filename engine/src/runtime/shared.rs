@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     pub(crate) unparkers: Vec<Unparker>,
     /// The newest incarnation a peer was seen at, when above this engine's (0: none).
     pub(crate) newer_incarnation: AtomicU64,
+    /// The node's hold on its membership: no ingest acknowledgement without it.
+    pub(crate) tenure: Option<Arc<crate::cluster::Tenure>>,
 }
 
 impl Shared {
