@@ -25,6 +25,7 @@ const TOP_KEYS: &[&str] = &[
     "checkpoint",
     "restart",
     "tls",
+    "control",
 ];
 
 /// Reads `path`, then applies the `WEIR_*` variables of `env`.
@@ -202,6 +203,27 @@ mod tests {
         assert_eq!(with("recovery_budget = \"off\"").unwrap(), None);
         for bad in ["\"0s\"", "\"soon\"", "5"] {
             assert!(with(&format!("recovery_budget = {bad}")).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_table_of_the_file_can_be_set_from_the_environment_even_one_the_file_leaves_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, FILE).unwrap();
+        let env = [("WEIR_CONTROL__ETCD", "http://127.0.0.1:2379"), ("WEIR_CONTROL__LEASE", "5s")];
+        let f = load(&path, env.map(|(k, v)| (k.to_string(), v.to_string()))).unwrap();
+        let c = f.control.expect("[control] from the environment");
+        assert_eq!((c.etcd, c.lease), (vec!["http://127.0.0.1:2379".to_string()], std::time::Duration::from_secs(5)));
+        // The file's tables, as serde sees them: each is a key the environment may name.
+        let all = "cluster = \"c\"\ncluster_secret = \"0123456789abcdef\"\nclients = []\ncredential = \"a:b\"\n\
+                   coordinator = 1\ndata_dir = \"d\"\nworkers = 1\npin_workers = false\nstate_budget = \"1M\"\n\
+                   [[nodes]]\nid = 1\naddr = \"127.0.0.1:1\"\n[stream]\n[checkpoint]\n[restart]\n\
+                   [tls]\nca = \"ca\"\n[control]\netcd = \"e\"\n";
+        let table: toml::Table = toml::from_str(all).unwrap();
+        toml::Value::Table(table.clone()).try_into::<ClusterFile>().unwrap();
+        for key in table.keys().filter(|k| *k != "nodes") {
+            assert!(TOP_KEYS.contains(&key.as_str()), "{key} cannot be set from the environment");
         }
     }
 
