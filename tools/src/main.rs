@@ -18,6 +18,7 @@ mod remote;
 mod report;
 mod results;
 mod run;
+mod settings;
 mod standby;
 mod status;
 mod stop;

@@ -88,6 +88,8 @@ struct State {
 pub struct Board {
     node: u32,
     state: Mutex<State>,
+    /// The node's membership in etcd, with `[control]`.
+    member: Mutex<Option<Arc<dyn weir_engine::cluster::MemberStatus>>>,
     ingest: Arc<IngestMetrics>,
     checkpoint: Histogram,
     alignment: Histogram,
@@ -109,6 +111,7 @@ impl Board {
         Arc::new(Board {
             node,
             state: Mutex::new(State::default()),
+            member: Mutex::new(None),
             ingest: Arc::new(IngestMetrics {
                 rows: Counter::default(),
                 appends: Counter::default(),
@@ -129,6 +132,11 @@ impl Board {
     /// What the ingest writer reports to.
     pub fn ingest(&self) -> Arc<dyn IngestObserver> {
         self.ingest.clone()
+    }
+
+    /// Reports the node's membership in etcd from now on.
+    pub fn set_member(&self, member: Arc<dyn weir_engine::cluster::MemberStatus>) {
+        *self.member.lock().unwrap_or_else(|e| e.into_inner()) = Some(member);
     }
 
     pub fn set_phase(&self, phase: Phase) {
@@ -302,6 +310,29 @@ impl Board {
             }
         }
         r.register("peer_up", "Whether the link to a peer is up", peers);
+        let member = self.member.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|m| m.member_info());
+        if let Some(m) = member {
+            r.register("cluster_elections", "Times this node was elected to decide placement", counter(m.elections));
+            r.register(
+                "cluster_lease_losses",
+                "Times this node lost its membership (its lease in etcd)",
+                counter(m.lease_losses),
+            );
+            r.register("cluster_fenced_writes", "This node's placement writes etcd refused", counter(m.fenced_writes));
+            let left = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+            left.set(m.lease_left_ms as f64 / 1e3);
+            r.register(
+                "cluster_lease_left_seconds",
+                "How long the node's membership lasts without a renewal (0: none)",
+                left,
+            );
+            let leads = Gauge::<i64>::default();
+            leads.set(i64::from(m.leader.0 == self.node));
+            r.register("cluster_leader", "Whether this node leads (decides placement)", leads);
+            let version = Gauge::<i64>::default();
+            version.set(i64::from(m.placement));
+            r.register("cluster_placement_version", "The placement version (the stream's epoch) last read", version);
+        }
         let info = Family::<Labels, Gauge>::default();
         info.get_or_create(&vec![("node".into(), node)]).set(1);
         r.register("node", "This node's id", info);

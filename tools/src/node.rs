@@ -16,17 +16,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use weir_engine::ingest::SyncPolicy;
-use weir_engine::operator::generator::GeneratorSpec;
-use weir_engine::operator::window::WindowSpec;
-use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig, Remote};
-use weir_engine::spec::{Placement, SourceKind, StreamSpec};
+use weir_engine::runtime::{Engine, Remote};
+use weir_engine::spec::{Placement, StreamSpec};
+use weir_engine::wire::NodeId;
 use weir_engine::wire::msg::RestartInfo;
-use weir_engine::wire::transport::{PeerConfig, TransportConfig};
-use weir_engine::wire::{NodeId, StreamId, TaskId};
 
-use crate::config::{ClusterFile, NodeEntry, PlacementFile};
-use crate::remote::RemoteArgs;
+use crate::config::{ClusterFile, NodeEntry};
 
 /// Options of `weir node`.
 #[derive(clap::Args, Debug)]
@@ -57,99 +52,6 @@ pub fn load(args: &NodeArgs) -> anyhow::Result<(ClusterFile, NodeEntry)> {
     Ok((file, me))
 }
 
-/// The stream the file describes.
-pub fn stream_spec(file: &ClusterFile) -> anyhow::Result<StreamSpec> {
-    let s = &file.stream;
-    let mut spec = StreamSpec::generator(StreamId(s.id), s.partitions, s.aggs, s.sinks);
-    if let Some(name) = &s.name {
-        spec.name = name.clone();
-    }
-    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-    spec.window = match s.slide {
-        Some(slide) => WindowSpec::hopping(ms(s.window), ms(slide)),
-        None => WindowSpec::tumbling(ms(s.window)),
-    };
-    spec.watermark_delay_ms = ms(s.watermark_delay);
-    let g = &s.generator;
-    if s.is_ingest() {
-        spec.source = SourceKind::IngestLog;
-        spec.validate().context("stream")?;
-        return Ok(spec);
-    }
-    spec.source = SourceKind::Generator {
-        spec: GeneratorSpec {
-            seed: g.seed,
-            keys: g.keys,
-            rows_per_ms: g.rows_per_ms,
-            out_of_order: g.out_of_order,
-            max_disorder_ms: ms(g.max_disorder),
-            ..GeneratorSpec::default()
-        },
-        limit: g.events,
-        rate: g.rate,
-    };
-    spec.validate().context("stream")?;
-    Ok(spec)
-}
-
-/// Where the file puts each task.
-pub fn placement(file: &ClusterFile, spec: &StreamSpec) -> Placement {
-    let mut ids: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
-    ids.sort();
-    match &file.stream.placement {
-        PlacementFile::Named(_) => Placement::spread(&spec.topology(), &ids),
-        PlacementFile::Explicit(m) => {
-            let mut p = Placement::single(ids[0]);
-            for (task, node) in m {
-                p.assign(TaskId(task.parse().expect("validated")), NodeId(*node));
-            }
-            p
-        }
-    }
-}
-
-/// This node's engine settings.
-pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<EngineConfig> {
-    let data_dir = me.data_dir.clone().unwrap_or_else(|| file.data_dir.join(format!("node-{}", me.id)));
-    let mut cfg = EngineConfig::new(NodeId(me.id), &data_dir);
-    cfg.workers = me.workers.unwrap_or(file.workers);
-    cfg.pin_workers = me.pin_workers.unwrap_or(file.pin_workers);
-    cfg.state_budget = file.state_budget.map(|b| b as usize);
-    let commit = file.stream.ingest.group_commit;
-    cfg.sync = if commit.is_zero() { SyncPolicy::EveryAppend } else { SyncPolicy::GroupCommit(commit) };
-    let idle = file.stream.ingest.idle_after;
-    cfg.idle_after = (!idle.is_zero()).then_some(idle);
-    cfg.ingest_replicas = file.stream.ingest.replicas;
-    let mut t = TransportConfig::new(&file.cluster, NodeId(me.id), file.secret()?);
-    t.listen = Some(me.addr);
-    t.clients = file.client_roles()?;
-    t.tls = file.tls.as_ref().map(crate::config::TlsFile::member).transpose()?;
-    // Each pair connects once: the higher id dials the lower (reconnects retry with backoff, so
-    // the start order does not matter).
-    t.peers = file
-        .nodes
-        .iter()
-        .filter(|n| n.id != me.id)
-        .map(|n| PeerConfig { node: NodeId(n.id), addr: (n.id < me.id).then_some(n.addr) })
-        .collect();
-    // A restarted peer is redialled within a second (the default backoff reaches 5 s).
-    t.reconnect_max = Duration::from_secs(1);
-    cfg.transport = Some(t);
-    let ck = &file.checkpoint;
-    if !ck.interval.is_zero() {
-        let mut s = CheckpointSettings::every(ck.interval.as_millis().max(1) as u64, file.data_dir.join("remote"));
-        s.remote = Remote::Store(remote_store(file)?.1);
-        s.timeout_ms = ck.timeout.as_millis() as u64;
-        s.retain = ck.retain;
-        s.upload_limit = ck.upload_limit;
-        s.uploaders = ck.uploaders.max(1);
-        s.replay = ck.snapshots;
-        s.recovery_budget = ck.recovery_budget;
-        cfg.checkpoint = Some(s);
-    }
-    Ok(cfg)
-}
-
 /// How one engine's run ended.
 enum Ended {
     /// SIGTERM or Ctrl-C.
@@ -164,21 +66,6 @@ enum Ended {
     Fenced,
 }
 
-/// The file's remote store (default `file://<data_dir>/remote`): its URL, opened.
-pub fn remote_store(file: &ClusterFile) -> anyhow::Result<(String, std::sync::Arc<dyn weir_engine::backup::Store>)> {
-    let ck = &file.checkpoint;
-    let url = ck.remote.clone().unwrap_or_else(|| format!("file://{}", file.data_dir.join("remote").display()));
-    let remote = RemoteArgs {
-        remote: Some(url.clone()),
-        s3_endpoint: ck.s3_endpoint.clone(),
-        s3_region: ck.s3_region.clone(),
-        rsync_password_file: ck.rsync_password_file.clone(),
-        scratch_dir: Some(file.data_dir.clone()),
-    };
-    let store = remote.open(&url)?;
-    Ok((url, store))
-}
-
 /// The incarnations of placement `version` start at `version << 32`: members connect only at
 /// the same incarnation, so they always run the same placement.
 fn placement_floor(version: u32) -> u64 {
@@ -189,8 +76,8 @@ fn placement_floor(version: u32) -> u64 {
 /// or a failure the restart strategy gives up on (exit code 2).
 pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let (file, me) = load(args)?;
-    let spec = stream_spec(&file)?;
-    let file_placement = placement(&file, &spec);
+    let spec = crate::settings::stream_spec(&file)?;
+    let file_placement = crate::settings::placement(&file, &spec);
     let info = spec.info();
     let policy = crate::failover::RestartPolicy::new(&file.restart);
     let stop = Arc::new(AtomicBool::new(false));
@@ -198,7 +85,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
     }
     // Once: it opens the remote store.
-    let mut base = engine_config(&file, &me)?;
+    let mut base = crate::settings::engine_config(&file, &me)?;
     let board = match me.metrics {
         Some(addr) => {
             let board = crate::metrics::Board::new(me.id);
@@ -214,6 +101,10 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     });
     let data_dir = base.data_dir.clone();
     let control = crate::placement::Control::open(&file, NodeId(me.id), store.clone())?;
+    let member = control.member_status();
+    if let (Some(b), Some(m)) = (&board, &member) {
+        b.set_member(m.clone());
+    }
     let started_ms = now_ms();
     let mut incarnation = crate::failover::next(crate::failover::last(&data_dir)?, None);
     // The newest incarnation a peer was seen at.
@@ -233,7 +124,13 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
             }
             let mut transport = base.transport.clone().expect("a node has a transport");
             transport.incarnation = incarnation;
-            let me_now = crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links, info: &info };
+            let me_now = crate::standby::Standby {
+                stream: spec.id,
+                restarts: &restarts,
+                links: &links,
+                info: &info,
+                member: member.as_deref(),
+            };
             let mut tick =
                 || (control.holds() || control.fatal().is_some()).then_some(crate::standby::Waited::Restart(None));
             match crate::standby::wait(transport, &me_now, crate::standby::Mode::Fenced, &stop, &mut tick) {
@@ -261,6 +158,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 cfg.restarts = restarts.clone();
                 cfg.links = links.clone();
                 cfg.tenure = control.tenure();
+                cfg.member_status = control.member_status();
                 if let Some(t) = cfg.transport.as_mut() {
                     t.incarnation = incarnation;
                 }
@@ -305,8 +203,13 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 if let Some(b) = &board {
                     b.set_phase(crate::metrics::Phase::Idle);
                 }
-                let me_now =
-                    crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links, info: &info };
+                let me_now = crate::standby::Standby {
+                    stream: spec.id,
+                    restarts: &restarts,
+                    links: &links,
+                    info: &info,
+                    member: member.as_deref(),
+                };
                 // An idle leader still moves a lost node's tasks (to itself, maybe).
                 let mut watch = control.watch(&spec, &placement, read, &file);
                 let mut tick = || {
@@ -372,8 +275,13 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 incarnation = next;
                 let mut transport = base.transport.clone().expect("a node has a transport");
                 transport.incarnation = incarnation;
-                let me_now =
-                    crate::standby::Standby { stream: spec.id, restarts: &restarts, links: &links, info: &info };
+                let me_now = crate::standby::Standby {
+                    stream: spec.id,
+                    restarts: &restarts,
+                    links: &links,
+                    info: &info,
+                    member: member.as_deref(),
+                };
                 let mut tick = || None;
                 match crate::standby::wait(
                     transport,

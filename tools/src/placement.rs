@@ -10,11 +10,14 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use weir_engine::backup::Store;
-use weir_engine::cluster::{Agent, ControlBook, Keys, Member, Moved, Mover, PlacementBook, StoreBook, Versioned};
+use weir_engine::cluster::{
+    Agent, ControlBook, Keys, Member, MemberStatus, Moved, Mover, PlacementBook, StoreBook, Versioned,
+};
 use weir_engine::control::EtcdControl;
 use weir_engine::spec::{Placement, StreamSpec};
 use weir_engine::wire::NodeId;
@@ -37,8 +40,30 @@ pub struct Control {
     me: NodeId,
     nodes: Vec<NodeId>,
     /// Membership on etcd, if the file has `[control]`.
-    agent: Option<Agent>,
+    agent: Option<Arc<Agent>>,
     book: Option<Box<dyn PlacementBook>>,
+    /// What status says of the membership.
+    status: Option<Arc<NodeMember>>,
+}
+
+/// A node's membership for status: the agent's view, the placement version last read, the
+/// placement writes etcd refused.
+struct NodeMember {
+    agent: Arc<Agent>,
+    book: Arc<ControlBook>,
+    placement: AtomicU32,
+}
+
+impl std::fmt::Debug for NodeMember {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeMember").field("placement", &self.placement).finish()
+    }
+}
+
+impl MemberStatus for NodeMember {
+    fn member_info(&self) -> weir_engine::wire::msg::MemberInfo {
+        self.agent.view().info(Instant::now(), self.placement.load(Ordering::Relaxed), self.book.refused())
+    }
 }
 
 impl Control {
@@ -48,21 +73,23 @@ impl Control {
         let nodes: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
         let Some(c) = &file.control else {
             let book = store.map(|s| Box::new(StoreBook::new(s)) as Box<dyn PlacementBook>);
-            return Ok(Self { me, nodes, agent: None, book });
+            return Ok(Self { me, nodes, agent: None, book, status: None });
         };
         let etcd = EtcdControl::connect(&c.etcd, c.timeout)
             .with_context(|| format!("node {}: cannot reach etcd at {} (control.etcd)", me.0, c.etcd.join(",")))?;
         let etcd: Arc<dyn weir_engine::control::ControlStore> = Arc::new(etcd);
         let keys = Keys::new(&file.cluster);
         let member = Member::new(keys.clone(), me, &nodes, c.lease);
-        let agent = Agent::start(etcd.clone(), member, c.lease).context("starting the membership thread")?;
+        let agent = Arc::new(Agent::start(etcd.clone(), member, c.lease).context("starting the membership thread")?);
         // The first round, so that a healthy start does not go through the wait for a lease.
         let t0 = Instant::now();
         while agent.view().stepped.is_none() && t0.elapsed() < c.lease {
             std::thread::sleep(Duration::from_millis(10));
         }
-        let book = Some(Box::new(ControlBook::new(etcd, keys)) as Box<dyn PlacementBook>);
-        Ok(Self { me, nodes, agent: Some(agent), book })
+        let book = Arc::new(ControlBook::new(etcd, keys));
+        let status = Arc::new(NodeMember { agent: agent.clone(), book: book.clone(), placement: AtomicU32::new(0) });
+        let book = Some(Box::new(book) as Box<dyn PlacementBook>);
+        Ok(Self { me, nodes, agent: Some(agent), book, status: Some(status) })
     }
 
     /// What the node holds as a member now (`None`: nothing; it must not act as one).
@@ -83,7 +110,12 @@ impl Control {
 
     /// The node's hold on its membership, for the engine (which acknowledges nothing without it).
     pub fn tenure(&self) -> Option<Arc<weir_engine::cluster::Tenure>> {
-        self.agent.as_ref().map(Agent::tenure)
+        self.agent.as_ref().map(|a| a.tenure())
+    }
+
+    /// What status says of the node's membership (`None` without etcd).
+    pub fn member_status(&self) -> Option<Arc<dyn MemberStatus>> {
+        self.status.clone().map(|s| s as Arc<dyn MemberStatus>)
     }
 
     /// Why the node cannot go on at all: etcd refused it from the start (not an etcd, no
@@ -112,6 +144,9 @@ impl Control {
         let none = Versioned { record: None, revision: 0 };
         let Some(book) = &self.book else { return Ok((none, file.clone())) };
         let read = book.latest(spec.id).with_context(|| format!("reading stream {}'s placement", spec.id.0))?;
+        if let Some(s) = &self.status {
+            s.placement.store(read.version(), Ordering::Relaxed);
+        }
         let Some(r) = &read.record else { return Ok((read, file.clone())) };
         let topology = spec.topology();
         let p = r.placement(&topology).map_err(|e| anyhow::anyhow!("stream {}: {e}", spec.id.0))?;

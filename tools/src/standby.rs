@@ -49,6 +49,8 @@ pub struct Standby<'a> {
     pub links: &'a [PeerLink],
     /// Its shape.
     pub info: &'a weir_engine::wire::msg::StreamInfo,
+    /// Its membership in the control store (none without one).
+    pub member: Option<&'a dyn weir_engine::cluster::MemberStatus>,
 }
 
 fn now_ms() -> u64 {
@@ -138,6 +140,7 @@ pub fn wait(
                     restarting: !idle,
                     idle,
                     stream: Some(me.info.clone()),
+                    member: me.member.map(|m| m.member_info()),
                 })
                 .ok()
             }),

@@ -37,7 +37,7 @@ pub struct StatusArgs {
 
 /// What one node said, or why it said nothing.
 enum Answer {
-    Up(StatusRsp),
+    Up(Box<StatusRsp>),
     Down(String),
 }
 
@@ -90,6 +90,11 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
                 "addr": addr.to_string(), "node": r.node.0, "up": true, "uptime_ms": r.uptime_ms,
                 "incarnation": r.incarnation, "placement": r.incarnation >> 32,
                 "restarting": r.restarting, "idle": r.idle,
+                "member": r.member.as_ref().map(|m| json!({
+                    "leader": (m.leader.0 != 0).then_some(m.leader.0), "lease_left_ms": m.lease_left_ms,
+                    "placement": m.placement, "elections": m.elections, "lease_losses": m.lease_losses,
+                    "fenced_writes": m.fenced_writes, "error": (!m.error.is_empty()).then_some(&m.error),
+                })),
                 "peers": r.peers.iter().map(|p| json!({
                     "node": p.node.0, "up": p.up, "since_ms": p.since_ms, "reason": p.reason,
                 })).collect::<Vec<_>>(),
@@ -169,6 +174,36 @@ fn restarts(r: &StatusRsp) -> String {
     )
 }
 
+/// The cluster's control on etcd, as the nodes that answered see it: who leads, the placement
+/// version, each node's lease.
+fn control(out: &mut String, answers: &[(SocketAddr, Answer)]) {
+    use std::fmt::Write;
+    let members: Vec<(u32, &weir_engine::wire::msg::MemberInfo)> = answers
+        .iter()
+        .filter_map(|(_, a)| match a {
+            Answer::Up(r) => r.member.as_ref().map(|m| (r.node.0, m)),
+            Answer::Down(_) => None,
+        })
+        .collect();
+    let Some(newest) = members.iter().max_by_key(|(_, m)| m.placement) else { return };
+    let leader = members.iter().find(|(_, m)| m.leader.0 != 0).map(|(_, m)| m.leader.0);
+    let leases: Vec<String> = members
+        .iter()
+        .map(|(n, m)| match m.lease_left_ms {
+            0 if m.error.is_empty() => format!("node {n} none"),
+            0 => format!("node {n} none ({})", m.error),
+            ms => format!("node {n} {:.1}s", ms as f64 / 1e3),
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "\netcd: {}, placement version {}; leases left: {}",
+        leader.map_or("no leader known".to_string(), |l| format!("node {l} leads (it moves a lost node's tasks)")),
+        newest.1.placement,
+        leases.join(", ")
+    );
+}
+
 fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
     use std::fmt::Write;
     let mut out = String::new();
@@ -207,6 +242,7 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
             }
         };
     }
+    control(&mut out, answers);
     let _ = writeln!(
         out,
         "\n{:<7} {:<5} {:<6} {:<14} {:>14} {:>14} {:>10} {:>10}",
@@ -316,7 +352,10 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
         let answers: Vec<(SocketAddr, Answer)> = t
             .nodes
             .iter()
-            .map(|a| crate::client::status(&t, *a, args.timeout).map(|r| (*a, r.map_or_else(Answer::Down, Answer::Up))))
+            .map(|a| {
+                crate::client::status(&t, *a, args.timeout)
+                    .map(|r| (*a, r.map_or_else(Answer::Down, |s| Answer::Up(Box::new(s)))))
+            })
             .collect::<anyhow::Result<_>>()?;
         let all_up = answers.iter().all(|(_, a)| matches!(a, Answer::Up(_)));
         let ids: Ids = t.node_ids();

@@ -43,6 +43,18 @@ fn on(dir: &Path, endpoints: Vec<String>, lease: &str, tune: impl FnOnce(&mut to
     (config, cluster)
 }
 
+/// Node `node`'s Prometheus metrics.
+fn scrape(config: &Path, node: u64) -> String {
+    use std::io::{Read, Write};
+    let t: toml::Table = toml::from_str(&std::fs::read_to_string(config).unwrap()).unwrap();
+    let entry = t["nodes"].as_array().unwrap().iter().find(|n| n["id"].as_integer() == Some(node as i64)).unwrap();
+    let mut c = std::net::TcpStream::connect(entry["metrics"].as_str().unwrap()).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut body = String::new();
+    c.read_to_string(&mut body).unwrap();
+    body
+}
+
 fn etcd() -> Arc<dyn ControlStore> {
     Arc::new(EtcdControl::connect(&[etcd_endpoint()], Duration::from_secs(5)).expect("etcd answers"))
 }
@@ -89,6 +101,22 @@ fn the_coordinators_node_killed_for_good_has_its_tasks_moved_by_the_elected_node
     assert!(stored.tasks.values().all(|n| *n != NodeId(1)), "{stored:?}");
     let store = weir_engine::backup::LocalDirStore::new(dir.path().join("remote"));
     assert!(weir_engine::backup::placement::latest_placement(&store, StreamId(1)).unwrap().is_none());
+    // Status and metrics say who leads, the placement version and each node's lease.
+    let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let leader = j["nodes"][1]["member"]["leader"].as_u64().expect("a leader known to node 2");
+    assert!(leader == 2 || leader == 3, "{j:#}");
+    for n in [1, 2] {
+        let m = &j["nodes"][n]["member"];
+        assert!(m["placement"] == 1 && m["lease_left_ms"].as_u64().unwrap() > 0, "{j:#}");
+    }
+    let out = weir().args(["status", "--config"]).arg(&config).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("etcd: node {leader} leads")) && text.contains("placement version 1"), "{text}");
+    let metrics = scrape(&config, leader);
+    for line in ["weir_cluster_elections_total 1", "weir_cluster_leader 1", "weir_cluster_placement_version 1"] {
+        assert!(metrics.lines().any(|l| l == line), "no {line:?} in:\n{metrics}");
+    }
     let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for (i, c) in nodes.0.iter_mut().enumerate().skip(1) {
@@ -109,6 +137,7 @@ fn one_etcd_member_down_stops_nothing_and_all_of_etcd_down_pauses_the_stream_unt
     const EVENTS: u64 = 1_500_000;
     const STOPPED: &str = "stopped the stream: this node's lease in etcd may have ended";
     const COMMITTED: &str = "checkpoint committed";
+    const WAITS: &str = "waiting to hold a lease in etcd before running the stream";
     let dir = tempfile::tempdir().unwrap();
     let mut etcd = Etcd::start(dir.path(), 3);
     let (config, _) = on(dir.path(), etcd.endpoints(), "4s", |t| {
@@ -127,12 +156,18 @@ fn one_etcd_member_down_stops_nothing_and_all_of_etcd_down_pauses_the_stream_unt
         assert_eq!(count_in(&log(n), STOPPED), 0, "node {n} stopped with two of three etcd members up");
     }
     assert!(count_in(&log(1), COMMITTED) > before + 5, "commits stopped with one etcd member down");
-    // All of etcd down: every node stops within its lease (plus a call's timeout).
+    // All of etcd down: every node stops within its lease (plus a call's timeout). A node
+    // whose stream failed first (a peer that stopped) waits for a lease instead of restarting.
+    let fenced = |n: u32| count_in(&log(n), STOPPED) + count_in(&log(n), WAITS);
+    let before: Vec<usize> = (1..=3).map(fenced).collect();
     etcd.kill(1);
     etcd.kill(2);
     let down = Instant::now();
     for n in 1..=3 {
-        line_in(&log(n), STOPPED, Duration::from_secs(10));
+        while fenced(n) == before[n as usize - 1] {
+            assert!(down.elapsed() < Duration::from_secs(10), "node {n} still runs its stream without a lease");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
     assert!(down.elapsed() < Duration::from_secs(6), "the nodes stopped {:?} after etcd went down", down.elapsed());
     let paused = count_in(&log(1), COMMITTED);

@@ -196,6 +196,10 @@ roundtrip! {
         peers: vec![PeerLink { node: NodeId(2), up: false, since_ms: 17, reason: "reset".into() }],
         restarting: true,
         idle: true,
+        member: Some(MemberInfo {
+            leader: NodeId(2), lease_left_ms: 2_400, placement: 3, elections: 1, lease_losses: 2, fenced_writes: 1,
+            error: "keep-alive failed".into(),
+        }),
     };
 }
 

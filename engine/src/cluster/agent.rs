@@ -51,6 +51,20 @@ pub struct AgentView {
 }
 
 impl AgentView {
+    /// What status says of it at `now`, for a node that last read placement version
+    /// `placement` and whose placement writes were refused `fenced_writes` times.
+    pub fn info(&self, now: Instant, placement: u32, fenced_writes: u64) -> weir_wire::msg::MemberInfo {
+        weir_wire::msg::MemberInfo {
+            leader: self.leader_node.unwrap_or(NodeId(0)),
+            lease_left_ms: self.held_until.map_or(0, |t| t.saturating_duration_since(now).as_millis() as u64),
+            placement,
+            elections: self.elections,
+            lease_losses: self.lease_losses,
+            fenced_writes,
+            error: self.error.as_ref().map(|e| e.to_string()).unwrap_or_default(),
+        }
+    }
+
     /// Whether the node holds its membership at `now`.
     pub fn holds(&self, now: Instant) -> bool {
         self.held_until.is_some_and(|t| now < t)

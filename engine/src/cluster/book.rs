@@ -96,16 +96,39 @@ pub trait PlacementBook: Send + Sync {
 pub struct ControlBook {
     store: Arc<dyn ControlStore>,
     keys: Keys,
+    /// Writes the store refused (for status and metrics).
+    refused: std::sync::atomic::AtomicU64,
 }
 
 impl ControlBook {
     /// The book of the cluster whose keys are `keys`.
     pub fn new(store: Arc<dyn ControlStore>, keys: Keys) -> Self {
-        Self { store, keys }
+        Self { store, keys, refused: Default::default() }
+    }
+
+    /// Writes the store refused so far: this node was deposed, or another placement stood.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn same_decision(a: &PlacementRecord, b: &PlacementRecord) -> bool {
         a.version == b.version && a.tasks == b.tasks && a.moved == b.moved
+    }
+}
+
+impl PlacementBook for Arc<ControlBook> {
+    fn latest(&self, stream: StreamId) -> Result<Versioned, BookError> {
+        self.as_ref().latest(stream)
+    }
+
+    fn write(
+        &self,
+        stream: StreamId,
+        read: &Versioned,
+        record: &PlacementRecord,
+        fence: Option<&Compare>,
+    ) -> Result<PlacementRecord, BookError> {
+        self.as_ref().write(stream, read, record, fence)
     }
 }
 
@@ -139,6 +162,9 @@ impl PlacementBook for ControlBook {
             Ok(_) => {}
             Err(e) if !e.is_retryable() => return Err(e.into()),
             Err(_) => {}
+        }
+        if tried.is_ok() {
+            self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         // Refused, or no answer: an earlier try may have landed. Read back; the same decision
         // stands for this one, anything else refuses it.

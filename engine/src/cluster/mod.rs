@@ -35,6 +35,12 @@ pub use tenure::Tenure;
 
 use weir_wire::{NodeId, StreamId};
 
+/// What a node tells of its membership in status answers (engine or not).
+pub trait MemberStatus: Send + Sync + std::fmt::Debug {
+    /// The node's membership now.
+    fn member_info(&self) -> weir_wire::msg::MemberInfo;
+}
+
 /// The cluster's keys in the control store, all under `/weir/<cluster>/`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Keys {

@@ -66,6 +66,8 @@ pub struct EngineConfig {
     /// The node's hold on its cluster membership (a lease in etcd): while it does not hold,
     /// no ingest append is acknowledged (`None`: always, without a control store).
     pub tenure: Option<std::sync::Arc<crate::cluster::Tenure>>,
+    /// What status says of the node's membership (`None`: the cluster has no control store).
+    pub member_status: Option<std::sync::Arc<dyn crate::cluster::MemberStatus>>,
 }
 
 impl EngineConfig {
@@ -92,6 +94,7 @@ impl EngineConfig {
             links: Vec::new(),
             ingest_observer: None,
             tenure: None,
+            member_status: None,
         }
     }
 }

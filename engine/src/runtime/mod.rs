@@ -237,6 +237,7 @@ impl Engine {
             restarts: cfg.restarts.clone(),
             failover: cfg.failover,
             links: std::sync::Mutex::new(cfg.links.iter().map(|l| (l.node, l.clone())).collect()),
+            member: cfg.member_status.clone(),
         });
 
         // The router starts before the tasks restore (seconds from a remote store, for a large

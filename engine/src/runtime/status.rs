@@ -50,6 +50,8 @@ pub(crate) struct StatusBoard {
     pub(crate) failover: bool,
     /// The links to `peers` (written by the router).
     pub(crate) links: Mutex<BTreeMap<NodeId, PeerLink>>,
+    /// The node's membership in the control store.
+    pub(crate) member: Option<Arc<dyn crate::cluster::MemberStatus>>,
 }
 
 impl StatusBoard {
@@ -123,6 +125,7 @@ impl StatusBoard {
             restarting: false,
             idle: false,
             stream: Some(self.info.clone()),
+            member: self.member.as_ref().map(|m| m.member_info()),
         }
     }
 

@@ -202,7 +202,7 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
         bail!("--partitions must be at least 1");
     }
     let window = match (&target.file, &file_stream) {
-        (Some(f), Some(_)) => Some(crate::node::stream_spec(f)?.window),
+        (Some(f), Some(_)) => Some(crate::settings::stream_spec(f)?.window),
         _ => None,
     };
     let duration = match (args.events, args.duration) {

@@ -103,7 +103,7 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     let t = args.cluster.target()?;
     let spec = match (&t.file, args.stream) {
         (Some(file), s) => {
-            let spec = crate::node::stream_spec(file)?;
+            let spec = crate::settings::stream_spec(file)?;
             if let Some(s) = s.filter(|s| *s != spec.id.0) {
                 bail!(
                     "the config's stream is {}, not {s}: pass the --config of the cluster that runs stream {s}",
@@ -353,7 +353,7 @@ fn committed(
     if g.out_of_order > 0.0 {
         bail!("stream {} is running and its rows come out of order: verify compares it once it has ended", spec.id.0);
     }
-    let (url, store) = crate::node::remote_store(file)?;
+    let (url, store) = crate::settings::remote_store(file)?;
     let record = weir_engine::backup::commit::last_commit(store.as_ref(), spec.id)
         .with_context(|| format!("reading stream {}'s last commit from {url}", spec.id.0))?;
     let Some(record) = record.filter(|r| !r.versions.is_empty()) else {

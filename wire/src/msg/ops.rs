@@ -167,6 +167,30 @@ archived! {
         /// The stream the node runs (or waits to run again), so that a client needs no config
         /// file to read its results (`weir verify` of an ingest-log stream).
         pub stream: Option<StreamInfo>,
+        /// The node's membership in the cluster's control store (`None`: the cluster has none).
+        pub member: Option<MemberInfo>,
+    }
+}
+
+archived! {
+    /// A node's membership in the cluster's control store (etcd), in a [`StatusRsp`].
+    pub struct MemberInfo {
+        /// The node the election chose to decide placement, as this node last saw (0: none).
+        pub leader: NodeId,
+        /// How long the node's membership surely lasts still without a renewal (ms; 0: the
+        /// node holds none now and runs nothing).
+        pub lease_left_ms: u64,
+        /// The stream's placement version (its epoch) the node last read.
+        pub placement: u32,
+        /// Times this node was elected.
+        pub elections: u64,
+        /// Times the node lost its membership.
+        pub lease_losses: u64,
+        /// This node's placement writes that the store refused (it was deposed, or another
+        /// placement stood).
+        pub fenced_writes: u64,
+        /// The last error talking to the store (empty: none).
+        pub error: String,
     }
 }
 
