@@ -146,18 +146,24 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        let (ended, result) = match control.current_placement(&spec, &file_placement) {
+        // The membership this run holds, taken before the placement is read: a placement read
+        // under another (or none) may be one the cluster has replaced since.
+        let Some(held) = control.membership() else { continue };
+        let current = control.current_placement(&spec, &file_placement);
+        let tenure = control.tenure_for(held);
+        if control.membership() != Some(held) || tenure.as_ref().is_some_and(Option::is_none) {
+            continue;
+        }
+        let (ended, result) = match current {
             Ok((read, placement)) if placement.nodes(&spec.topology()).contains(&NodeId(me.id)) => {
                 let version = read.version();
-                // The membership this run holds: another one (or none) ends the run.
-                let Some(held) = control.membership() else { continue };
                 incarnation = incarnation.max(placement_floor(version));
                 crate::failover::record(&data_dir, incarnation)?;
                 let mut cfg = base.clone();
                 cfg.failover = true;
                 cfg.restarts = restarts.clone();
                 cfg.links = links.clone();
-                cfg.tenure = control.tenure();
+                cfg.tenure = tenure.flatten();
                 cfg.member_status = control.member_status();
                 if let Some(t) = cfg.transport.as_mut() {
                     t.incarnation = incarnation;

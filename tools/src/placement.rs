@@ -108,9 +108,13 @@ impl Control {
         self.membership().is_some()
     }
 
-    /// The node's hold on its membership, for the engine (which acknowledges nothing without it).
-    pub fn tenure(&self) -> Option<Arc<weir_engine::cluster::Tenure>> {
-        self.agent.as_ref().map(|a| a.tenure())
+    /// The hold of membership `held`, for an engine run under it (which acknowledges nothing
+    /// without it): `None` without etcd, `Some(None)` when the node no longer holds `held`.
+    pub fn tenure_for(&self, held: Membership) -> Option<Option<Arc<weir_engine::cluster::Tenure>>> {
+        match (held, &self.agent) {
+            (Membership::Lease(lease), Some(agent)) => Some(agent.tenure_for(lease)),
+            _ => None,
+        }
     }
 
     /// What status says of the node's membership (`None` without etcd).

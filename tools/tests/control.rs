@@ -36,7 +36,7 @@ fn on(dir: &Path, endpoints: Vec<String>, lease: &str, tune: impl FnOnce(&mut to
         let mut control = toml::Table::new();
         control.insert("etcd".into(), toml::Value::Array(endpoints.into_iter().map(Into::into).collect()));
         control.insert("lease".into(), lease.into());
-        control.insert("timeout".into(), "500ms".into());
+        control.insert("timeout".into(), "300ms".into());
         t.insert("control".into(), control.into());
         tune(t);
     });

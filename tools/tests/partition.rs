@@ -62,7 +62,7 @@ fn a_node_cut_off_from_the_others_and_from_etcd_mid_load_loses_no_acknowledged_r
         let mut control = toml::Table::new();
         control.insert("etcd".into(), toml::Value::Array(etcd.endpoints().into_iter().map(Into::into).collect()));
         control.insert("lease".into(), "2s".into());
-        control.insert("timeout".into(), "500ms".into());
+        control.insert("timeout".into(), "300ms".into());
         t.insert("control".into(), control.into());
     });
     let logs: Vec<std::path::PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();

@@ -6,9 +6,10 @@
 //! Invariants:
 //! - The published `held_until` (and the tenure) only ever come from the member's own bound,
 //!   published as soon as the renewal is known, so a supervisor that stops the node's tasks
-//!   once it has passed has stopped them before the store can end the node's lease.
+//!   once it has passed has stopped them before the store can end the node's lease. Each lease
+//!   has its own [`Tenure`]: one that ended never holds again, whatever lease comes next.
 //! - Absences count only while this node leads under one lease; a failed round neither adds
-//!   to them nor clears them.
+//!   to them nor clears them while the node still holds that lease.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -81,7 +82,7 @@ pub struct Agent {
     view: Arc<Mutex<AgentView>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
-    tenure: Arc<Tenure>,
+    tenure: Arc<Current>,
 }
 
 fn lock(v: &Mutex<AgentView>) -> std::sync::MutexGuard<'_, AgentView> {
@@ -93,10 +94,18 @@ impl Agent {
     pub fn start(store: Arc<dyn ControlStore>, member: Member, ttl: Duration) -> std::io::Result<Agent> {
         let view = Arc::new(Mutex::new(AgentView::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let tenure = Arc::new(Tenure::default());
+        let tenure: Arc<Current> = Arc::new(Mutex::new((None, Arc::new(Tenure::default()))));
         let name = format!("member-{}", member.node().0);
-        let mut run =
-            Rounds { member, store, ttl, view: view.clone(), tenure: tenure.clone(), absence: Absence::default() };
+        let mut run = Rounds {
+            member,
+            store,
+            ttl,
+            view: view.clone(),
+            tenure: tenure.clone(),
+            absence: Absence::default(),
+            held: false,
+            was_leader: false,
+        };
         let s = stop.clone();
         let thread = std::thread::Builder::new().name(name).spawn(move || {
             while !s.load(Ordering::Relaxed) {
@@ -109,7 +118,7 @@ impl Agent {
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }
-            run.tenure.set(None);
+            run.tenure.lock().unwrap_or_else(|p| p.into_inner()).1.set(None);
             let _ = run.member.leave(run.store.as_ref());
         })?;
         Ok(Agent { view, stop, thread: Some(thread), tenure })
@@ -125,11 +134,17 @@ impl Agent {
         v
     }
 
-    /// The node's tenure, for the engine.
-    pub fn tenure(&self) -> Arc<Tenure> {
-        self.tenure.clone()
+    /// The tenure of lease `lease`, for an engine run under it (`None`: the node holds
+    /// another lease now, or none).
+    pub fn tenure_for(&self, lease: LeaseId) -> Option<Arc<Tenure>> {
+        let current = self.tenure.lock().unwrap_or_else(|p| p.into_inner());
+        (current.0 == Some(lease)).then(|| current.1.clone())
     }
 }
+
+/// The tenure of the node's current lease: a new lease gets a new one, and the old one never
+/// holds again (a run started under it stops acknowledging for good).
+type Current = Mutex<(Option<LeaseId>, Arc<Tenure>)>;
 
 /// The agent thread's state.
 struct Rounds {
@@ -137,31 +152,39 @@ struct Rounds {
     store: Arc<dyn ControlStore>,
     ttl: Duration,
     view: Arc<Mutex<AgentView>>,
-    tenure: Arc<Tenure>,
+    tenure: Arc<Current>,
     absence: Absence,
+    /// The last publication said the node held its membership.
+    held: bool,
+    /// The node led at its last round that said (a failed round says nothing of it).
+    was_leader: bool,
 }
 
 impl Rounds {
     /// One round at `now`; whether it succeeded.
     fn round(&mut self, now: Instant) -> bool {
-        let had = self.member.holds(now);
+        // A bound that ran out during the sleep counts as a loss now.
+        self.publish_hold(None);
         let lease_before = self.member.lease();
         let renewed = self.member.renew(self.store.as_ref(), now);
         // The renewal's bound, at once: the survey may take a while.
-        self.publish_hold(had, &renewed);
+        self.publish_hold(renewed.as_ref().err());
         let surveyed = renewed.and_then(|()| self.member.survey(self.store.as_ref()));
+        if self.member.lease() != lease_before {
+            // Absences seen under another lease (and leadership) are not this one's.
+            self.absence.reset();
+            self.was_leader = false;
+        }
+        let ok = surveyed.is_ok();
         let mut v = lock(&self.view);
         v.stepped = Some(now);
-        let lease_changed = self.member.lease() != lease_before;
         match surveyed {
             Ok(seen) => {
-                if seen.leader && !v.leader {
+                if seen.leader && !self.was_leader {
                     v.elections += 1;
                 }
-                if seen.leader && !lease_changed {
-                    self.absence.observe(&seen.absent, now);
-                } else if seen.leader {
-                    self.absence.reset();
+                self.was_leader = seen.leader;
+                if seen.leader {
                     self.absence.observe(&seen.absent, now);
                 } else {
                     self.absence.reset();
@@ -172,11 +195,13 @@ impl Rounds {
                 v.rounds += 1;
             }
             Err(e) => {
-                // Leadership is unknown this round; what was observed of absences stands.
-                v.leader = self.member.leads(Instant::now());
-                if !v.leader {
+                // What was observed of absences stands while the node holds its lease; it does
+                // not act as the leader until a round says it leads.
+                if !self.member.holds(Instant::now()) {
                     self.absence.reset();
+                    self.was_leader = false;
                 }
+                v.leader = false;
                 v.error = Some(Arc::new(e));
             }
         }
@@ -185,23 +210,31 @@ impl Rounds {
         v.absent = self.absence.clone();
         drop(v);
         // Again: a new lease holds once the survey has written the member key with it.
-        self.publish_hold(false, &Ok(()));
-        lock(&self.view).error.is_none()
+        self.publish_hold(None);
+        ok
     }
 
-    /// Publishes the member's bound, and counts a loss when it held (`had`) and no longer does.
-    fn publish_hold(&self, had: bool, renewed: &Result<(), ControlError>) {
+    /// Publishes the member's bound (into the view and the current lease's tenure), and counts
+    /// a loss when the node held at the last publication and no longer does.
+    fn publish_hold(&mut self, failed: Option<&ControlError>) {
         let until = self.member.held_until();
-        self.tenure.set(until);
+        let holds = until.is_some_and(|t| Instant::now() < t);
+        {
+            let mut current = self.tenure.lock().unwrap_or_else(|p| p.into_inner());
+            if current.0 != self.member.lease() {
+                current.1.set(None);
+                *current = (self.member.lease(), Arc::new(Tenure::default()));
+            }
+            current.1.set(until);
+        }
         let mut v = lock(&self.view);
-        let lost = had && until.is_none_or(|t| Instant::now() >= t);
         v.held_until = until;
-        if lost {
+        if self.held && !holds {
             v.lease_losses += 1;
-            let error =
-                renewed.as_ref().err().map(ToString::to_string).or_else(|| v.error.as_ref().map(|e| e.to_string()));
+            let error = failed.map(ToString::to_string).or_else(|| v.error.as_ref().map(|e| e.to_string()));
             tracing::warn!(?error, ttl = ?self.ttl, "this node's membership may have ended: it stops acting as a member");
         }
+        self.held = holds;
     }
 }
 

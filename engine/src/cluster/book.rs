@@ -163,26 +163,30 @@ impl PlacementBook for ControlBook {
             Err(e) if !e.is_retryable() => return Err(e.into()),
             Err(_) => {}
         }
-        if tried.is_ok() {
-            self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
         // Refused, or no answer: an earlier try may have landed. Read back; the same decision
         // stands for this one, anything else refuses it.
         let now = self.latest(stream)?;
+        let refused = || self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match now.record {
             Some(stored) if Self::same_decision(&stored, record) => Ok(stored),
-            Some(stored) if stored.version > read.version() => Err(BookError::Refused {
-                version,
-                why: format!("version {} stands, written by another decision", stored.version),
-                stands: Some(stored.version),
-            }),
+            Some(stored) if stored.version > read.version() => {
+                refused();
+                Err(BookError::Refused {
+                    version,
+                    why: format!("version {} stands, written by another decision", stored.version),
+                    stands: Some(stored.version),
+                })
+            }
             _ => match tried {
                 Err(e) => Err(e.into()),
-                Ok(_) => Err(BookError::Refused {
-                    version,
-                    why: "this node no longer leads the cluster, or a node it moves is a member again".into(),
-                    stands: None,
-                }),
+                Ok(_) => {
+                    refused();
+                    Err(BookError::Refused {
+                        version,
+                        why: "this node no longer leads the cluster, or a node it moves is a member again".into(),
+                        stands: None,
+                    })
+                }
             },
         }
     }

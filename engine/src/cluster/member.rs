@@ -77,11 +77,24 @@ impl Member {
         };
         let prefix = self.keys.members();
         let listed = store.list(&prefix, MAX_MEMBERS)?;
-        let present: Vec<(NodeId, Option<LeaseId>)> = listed
-            .iter()
-            .filter_map(|(k, e)| k.strip_prefix(&prefix)?.parse().ok().map(|n| (NodeId(n), e.lease)))
-            .collect();
+        if listed.len() >= MAX_MEMBERS {
+            // Members past the limit would read as absent.
+            return Err(ControlError::Refused {
+                endpoint: String::new(),
+                op: "survey",
+                reason: format!("more than {MAX_MEMBERS} keys under {prefix}"),
+            });
+        }
+        // A key names a node exactly as written (not "01" or "+1" for node 1).
+        let node_of = |k: &str| -> Option<NodeId> {
+            let rest = k.strip_prefix(&prefix)?;
+            rest.parse::<u32>().ok().filter(|n| n.to_string() == rest).map(NodeId)
+        };
+        let present: Vec<(NodeId, Option<LeaseId>)> =
+            listed.iter().filter_map(|(k, e)| node_of(k).map(|n| (n, e.lease))).collect();
         if !present.contains(&(self.node, Some(lease))) {
+            // Gone (or under another lease): the node does not hold until it is written again.
+            self.keyed = None;
             let key = self.keys.member(self.node);
             store.txn(&[], &[Op::Put { key, value: self.node.0.to_string().into_bytes(), lease: Some(lease) }])?;
         }

@@ -54,7 +54,8 @@ pub struct Mover {
     placement: Placement,
     read: Versioned,
     replicas: u8,
-    warned: bool,
+    /// The last failure logged (each different one is logged once).
+    warned: Option<String>,
 }
 
 /// A move that was stored: why, and the incarnation the stream restarts at.
@@ -71,7 +72,7 @@ impl Mover {
     /// partition (with 2, a lost node's sources go where their copies are).
     pub fn new(spec: &StreamSpec, placement: &Placement, read: Versioned, replicas: u8) -> Self {
         let topology = spec.topology();
-        Self { stream: spec.id, topology, placement: placement.clone(), read, replicas, warned: false }
+        Self { stream: spec.id, topology, placement: placement.clone(), read, replicas, warned: None }
     }
 
     /// The nodes the placement gives tasks.
@@ -133,8 +134,10 @@ impl Mover {
                 Some(Moved { reason, incarnation: u64::from(v) << 32 })
             }
             Err(e) => {
-                if !std::mem::replace(&mut self.warned, true) {
-                    tracing::warn!(placement = version, error = %e, "cannot store the placement that moves a lost node's tasks");
+                let text = e.to_string();
+                if self.warned.as_ref() != Some(&text) {
+                    tracing::warn!(placement = version, error = %text, "cannot store the placement that moves a lost node's tasks");
+                    self.warned = Some(text);
                 }
                 None
             }

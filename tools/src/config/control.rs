@@ -27,7 +27,7 @@ fn default_lease() -> Duration {
 }
 
 fn default_timeout() -> Duration {
-    Duration::from_secs(1)
+    Duration::from_millis(500)
 }
 
 fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -55,8 +55,14 @@ impl ControlFile {
                 humantime::format_duration(self.lease)
             );
         }
-        if self.timeout.is_zero() || self.timeout >= self.lease {
-            bail!("control.timeout must be above zero and below control.lease");
+        // A round makes five calls; the next renewal must be answered before the last one's
+        // bound (the lease less a tenth) runs out, even when every call is slow.
+        if self.timeout.is_zero() || self.timeout * 5 >= self.lease * 9 / 10 {
+            bail!(
+                "control.timeout = {}: above zero and under a fifth of nine tenths of control.lease ({})",
+                humantime::format_duration(self.timeout),
+                humantime::format_duration(self.lease * 9 / 50)
+            );
         }
         Ok(())
     }
@@ -75,8 +81,9 @@ mod tests {
         let short: ControlFile = toml::from_str("etcd = [\"http://a:2379\"]\nlease = \"1500ms\"").unwrap();
         let e = short.validate().unwrap_err().to_string();
         assert!(e.contains("control.lease = 1s 500ms: whole seconds, at least 2s"), "{e}");
-        let slow: ControlFile = toml::from_str("etcd = [\"http://a:2379\"]\ntimeout = \"3s\"").unwrap();
-        assert!(slow.validate().is_err());
+        let slow: ControlFile = toml::from_str("etcd = [\"http://a:2379\"]\ntimeout = \"600ms\"").unwrap();
+        let e = slow.validate().unwrap_err().to_string();
+        assert!(e.contains("under a fifth of nine tenths of control.lease (540ms)"), "{e}");
         assert!(toml::from_str::<ControlFile>("etcd = []").unwrap().validate().is_err());
     }
 }

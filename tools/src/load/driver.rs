@@ -122,6 +122,7 @@ impl Driver {
         };
         let mut acked: BTreeMap<u32, Acked> =
             self.partitions.iter().map(|&p| (p, Acked { partition: p, rows: 0, versions: None })).collect();
+        let mut order: BTreeMap<u32, super::order::Order> = BTreeMap::new();
         let mut conn: Option<(ClientWriter, Receiver<Result<IngestAck, String>>)> = None;
         let mut down_since: Option<Instant> = None;
         // The node the partitions are sent to: where their sources run, which changes when a
@@ -293,23 +294,24 @@ impl Driver {
                         let rows = last.0 - first.0 + 1;
                         let a = acked.get_mut(&p).expect("own partition");
                         a.rows += rows;
-                        // New batches are stored in order, after every batch acknowledged
-                        // before (idle markers or other producers' rows may sit between them).
-                        // A batch sent again is acknowledged with its original versions, which
-                        // may come after later batches' acks (those were sent again too).
-                        a.versions = Some(match a.versions {
-                            None => (first.0, last.0),
-                            Some((lo, hi)) if duplicate => (lo.min(first.0), hi.max(last.0)),
-                            Some((lo, hi)) => {
-                                if first.0 <= hi {
-                                    return Err(format!(
-                                        "partition {p}: batch {seq} stored at {}..={}, not after {hi}",
-                                        first.0, last.0
-                                    ));
-                                }
-                                (lo, last.0)
-                            }
-                        });
+                        // Batches are stored in sequence order (idle markers or other
+                        // producers' rows may sit between them); a new one after every batch
+                        // acknowledged before. A batch sent again is acknowledged with its
+                        // original versions, maybe after later batches' acks.
+                        let o = order.entry(p).or_default();
+                        o.acked(seq, first.0, last.0).map_err(|e| format!("partition {p}: {e}"))?;
+                        if let Some((lo, hi)) = a.versions
+                            && !duplicate
+                            && first.0 <= hi
+                        {
+                            return Err(format!(
+                                "partition {p}: new batch {seq} stored at {}..={}, not after {hi} ({lo}..={hi} acknowledged)",
+                                first.0, last.0
+                            ));
+                        }
+                        a.versions =
+                            Some(a.versions.map_or((first.0, last.0), |(lo, hi)| (lo.min(first.0), hi.max(last.0))));
+                        o.forget_below(flight.range((p, 0)..(p, u64::MAX)).next().map_or(seq + 1, |((_, s), _)| *s));
                         if duplicate {
                             self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                         }

@@ -11,6 +11,7 @@
 
 mod driver;
 mod latency;
+mod order;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
