@@ -161,7 +161,8 @@ fn group_commit_acknowledges_only_durable_rows_in_order() {
         let a = acks.recv_timeout(Duration::from_secs(10)).unwrap();
         got += 1;
         if a.token == 999 {
-            assert!(a.result.unwrap_err().contains("no partition 7"));
+            let e = a.result.unwrap_err();
+            assert!(matches!(e, AppendFailure::NoPartition { partition: 7, .. }) && !e.is_retryable(), "{e}");
             continue;
         }
         let (first, last) = a.result.unwrap().unwrap();

@@ -13,12 +13,14 @@
 pub mod coordinator;
 pub mod driver;
 mod error;
+mod failure;
 pub mod task;
 
 pub use coordinator::{
     CommitRecord, CoordAction, CoordInput, Coordinator, CoordinatorConfig, ID_BLOCK, IdRecord, RecordKind,
 };
 pub use error::CheckpointError;
+pub use failure::{CheckpointFailure, TaskFailure};
 pub use task::{
     Discard, Report, Role, SourceAnswer, TaskAction, TaskInput, TaskMachine, TaskSetup, TaskState, UploadDone,
 };

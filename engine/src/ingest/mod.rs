@@ -14,4 +14,4 @@ pub mod service;
 pub use ledger::ProducerRecord;
 pub use log::{AppendOutcome, DEDUP_WINDOW, IngestLog, LogConfig, LogError, LogHandle};
 pub use reader::{LogRead, LogReader};
-pub use service::{AppendRequest, Appended, IngestObserver, IngestService, SyncPolicy};
+pub use service::{AppendFailure, AppendRequest, Appended, IngestObserver, IngestService, SyncPolicy};

@@ -50,6 +50,47 @@ pub struct AppendRequest<T> {
     pub token: T,
 }
 
+/// Why an append was not acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AppendFailure {
+    /// The node keeps no such partition (fatal for the request: the client's stream shape is
+    /// not the node's).
+    #[error("no partition {partition} on this node ({partitions} partitions)")]
+    NoPartition {
+        /// The partition asked for.
+        partition: u32,
+        /// The partitions the node keeps.
+        partitions: usize,
+    },
+    /// The log refused the append ([`crate::ingest::LogError`], as text: a gap, a damaged
+    /// segment, the disk).
+    #[error("{reason}")]
+    Refused {
+        /// Why.
+        reason: String,
+        /// Whether sending it again may succeed.
+        retryable: bool,
+    },
+    /// The rows were written but their sync failed: they may be lost (retryable: sent again,
+    /// an append is idempotent).
+    #[error("not durable: {reason}")]
+    NotDurable {
+        /// Why the sync failed.
+        reason: String,
+    },
+}
+
+impl AppendFailure {
+    /// Whether sending the append again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            AppendFailure::NoPartition { .. } => false,
+            AppendFailure::Refused { retryable, .. } => *retryable,
+            AppendFailure::NotDurable { .. } => true,
+        }
+    }
+}
+
 /// The outcome of an append, sent once durable (or failed).
 #[derive(Debug)]
 pub struct Appended<T> {
@@ -58,9 +99,7 @@ pub struct Appended<T> {
     /// Partition.
     pub partition: u32,
     /// First and last version of the rows (`None` for an empty batch), or why it failed.
-    pub result: Result<Option<(Version, Version)>, String>,
-    /// Whether a failed append may succeed if sent again.
-    pub retryable: bool,
+    pub result: Result<Option<(Version, Version)>, AppendFailure>,
     /// The rows were stored before: the request was a batch sent again.
     pub duplicate: bool,
     /// The version of the watermark marker appended after the rows.
@@ -203,7 +242,7 @@ impl<T> Io<'_, T> {
                     let rows = v.map_or(0, |(f, l)| l.0 - f.0 + 1);
                     o.acknowledged(rows, taken.elapsed(), a.duplicate);
                 }
-                Err(_) => o.refused(a.retryable),
+                Err(e) => o.refused(e.is_retryable()),
             }
         }
         let _ = self.acks.send(a);
@@ -264,15 +303,8 @@ fn writer<T>(mut logs: Vec<IngestLog>, policy: SyncPolicy, io: Io<'_, T>, mut re
             let taken = Instant::now();
             let p = req.partition as usize;
             let Some(log) = logs.get_mut(p) else {
-                let result = Err(format!("no partition {} on this node ({} partitions)", req.partition, dirty.len()));
-                let a = Appended {
-                    token: req.token,
-                    partition: req.partition,
-                    result,
-                    retryable: false,
-                    duplicate: false,
-                    marker: None,
-                };
+                let result = Err(AppendFailure::NoPartition { partition: req.partition, partitions: dirty.len() });
+                let a = Appended { token: req.token, partition: req.partition, result, duplicate: false, marker: None };
                 io.release(a, taken);
                 continue;
             };
@@ -302,7 +334,6 @@ fn writer<T>(mut logs: Vec<IngestLog>, policy: SyncPolicy, io: Io<'_, T>, mut re
                         token: req.token,
                         partition: req.partition,
                         result: Ok(o.versions()),
-                        retryable: false,
                         duplicate: matches!(o, AppendOutcome::Duplicate(..)),
                         marker,
                     };
@@ -314,12 +345,10 @@ fn writer<T>(mut logs: Vec<IngestLog>, policy: SyncPolicy, io: Io<'_, T>, mut re
                     } else {
                         tracing::debug!(partition = req.partition, error = %e, "ingest append refused");
                     }
-                    let retryable = e.is_retryable();
                     let a = Appended {
                         token: req.token,
                         partition: req.partition,
-                        result: Err(e.to_string()),
-                        retryable,
+                        result: Err(AppendFailure::Refused { reason: e.to_string(), retryable: e.is_retryable() }),
                         duplicate: false,
                         marker: None,
                     };
@@ -375,8 +404,7 @@ fn sync_and_acknowledge<T>(
     }
     for (mut a, taken) in pending.drain(..) {
         if let Some(e) = &failed[a.partition as usize] {
-            a.result = Err(format!("not durable: {e}"));
-            a.retryable = true;
+            a.result = Err(AppendFailure::NotDurable { reason: e.clone() });
         }
         if let Some((a, taken)) = rep.hold(a, taken) {
             io.release(a, taken);

@@ -139,7 +139,7 @@ fn encode_report(
 ) -> Option<EncodedFrame> {
     let (outcome, version) = match &r.outcome {
         Ok(v) => (ReportOutcome::Done, *v),
-        Err(reason) => (ReportOutcome::Failed { reason: reason.clone() }, weir_wire::Version(0)),
+        Err(reason) => (ReportOutcome::Failed { reason: reason.to_string() }, weir_wire::Version(0)),
     };
     let msg = CheckpointReport {
         stream,
@@ -230,7 +230,7 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
             let m = frame.to_owned::<CheckpointReport>().ok()?;
             let outcome = match m.outcome {
                 ReportOutcome::Done => Ok(m.version),
-                ReportOutcome::Failed { reason } => Err(reason),
+                ReportOutcome::Failed { reason } => Err(crate::checkpoint::TaskFailure::Reported { reason }),
             };
             let report =
                 Report { id: m.checkpoint, trans: m.trans, outcome, manifest_crc: m.manifest_crc, stats: m.stats };

@@ -439,7 +439,7 @@ impl Run {
                 Some(at) => IngestOutcome::Marked { at },
                 None => IngestOutcome::Rejected { reason: "empty batch".into(), retryable: false },
             },
-            Err(reason) => IngestOutcome::Rejected { reason, retryable: a.retryable },
+            Err(e) => IngestOutcome::Rejected { reason: e.to_string(), retryable: e.is_retryable() },
         };
         self.send_ack(a.token, a.partition, outcome);
     }

@@ -43,7 +43,7 @@ impl Coordinator {
             Phase::Running if self.restore_point.as_ref().is_some_and(|(p, _)| *p == Some(id)) => {
                 // A checkpoint started meanwhile cannot finish: this task restores nothing.
                 if self.flight.as_ref().is_some_and(|f| f.committing.is_none()) {
-                    out = self.fail(format!("task {task} cannot restore checkpoint {id}"));
+                    out = self.fail(crate::checkpoint::CheckpointFailure::CannotRestore { task, id });
                 }
                 self.phase = Phase::FallingBack {
                     from: id,

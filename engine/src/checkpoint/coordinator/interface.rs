@@ -299,7 +299,7 @@ pub enum CoordAction {
         /// Start to end (ms).
         duration_ms: u64,
         /// `Ok` if committed, else why it failed.
-        outcome: Result<(), String>,
+        outcome: Result<(), crate::checkpoint::CheckpointFailure>,
         /// The statistics of every task that reported, in task order.
         tasks: Vec<(TaskId, TaskCheckpointStats)>,
     },

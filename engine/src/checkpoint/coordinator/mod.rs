@@ -28,6 +28,7 @@ pub use interface::*;
 use weir_wire::msg::{RestoreBasis, TriggerKind};
 use weir_wire::{CheckpointId, NodeId, TaskId, TransId, Version};
 
+use super::CheckpointFailure;
 use super::task::{Report, Role, SourceAnswer};
 
 #[derive(Clone, Debug)]
@@ -43,7 +44,7 @@ struct Flight {
 
 impl Flight {
     /// The `Finished` action of this checkpoint, ending at `now`, with every report's statistics.
-    fn finished(self, now: u64, outcome: Result<(), String>) -> CoordAction {
+    fn finished(self, now: u64, outcome: Result<(), CheckpointFailure>) -> CoordAction {
         CoordAction::Finished {
             id: self.id,
             started_at: self.started,
@@ -196,7 +197,7 @@ impl Coordinator {
                 if refused
                     && self.flight.as_ref().is_some_and(|f| f.id == id && f.trans == trans && f.committing.is_none())
                 {
-                    return self.fail(format!("source {task} refused checkpoint {id}: {answer:?}"));
+                    return self.fail(CheckpointFailure::SourceRefused { task, id, answer: format!("{answer:?}") });
                 }
                 Vec::new()
             }
@@ -223,7 +224,7 @@ impl Coordinator {
                     return Vec::new();
                 }
                 if self.flight.as_ref().is_some_and(|f| f.id == id && f.committing.is_some()) {
-                    return self.fail(format!("writing the commit record failed: {reason}"));
+                    return self.fail(CheckpointFailure::CommitWrite { reason });
                 }
                 Vec::new()
             }
@@ -239,7 +240,7 @@ impl Coordinator {
                 if self.flight.is_some() {
                     // A commit already being written stands: every report is in.
                     if self.flight.as_ref().is_none_or(|f| f.committing.is_none()) {
-                        return self.fail(format!("node {node} was lost"));
+                        return self.fail(CheckpointFailure::NodeLost { node });
                     }
                 }
                 Vec::new()
@@ -278,15 +279,13 @@ impl Coordinator {
         }
         if let Some(f) = &self.flight {
             if f.committing.is_none() && now.saturating_sub(f.started) >= self.cfg.timeout_ms {
-                let why = format!("timed out after {} ms", now - f.started);
-                return self.fail(why);
+                return self.fail(CheckpointFailure::TimedOut { after_ms: now - f.started });
             }
             if f.committing.is_some() && now.saturating_sub(f.committing_since) >= self.cfg.store_timeout_ms {
                 // The record may still appear: it stays a possible restore point, and the tasks
                 // keep every snapshot it names (a reset deletes none).
                 self.unknown = f.committing.clone();
-                let why = format!("writing the commit record: no answer within {} ms", self.cfg.store_timeout_ms);
-                return self.fail(why);
+                return self.fail(CheckpointFailure::CommitUnanswered { after_ms: self.cfg.store_timeout_ms });
             }
             return Vec::new();
         }
@@ -353,8 +352,7 @@ impl Coordinator {
             Some(Flight { id, trans, started: now, reports: BTreeMap::new(), committing: None, committing_since: 0 });
         let mut out = Vec::new();
         if let Some(n) = self.down.first() {
-            let why = format!("node {n} is down");
-            out.extend(self.fail(why));
+            out.extend(self.fail(CheckpointFailure::NodeDown { node: *n }));
             return out;
         }
         let expire_at = now + self.cfg.timeout_ms;
@@ -390,9 +388,8 @@ impl Coordinator {
             return out;
         }
         let Some(f) = self.flight.as_mut() else { return Vec::new() };
-        if let Err(why) = &report.outcome {
-            let why = format!("{task} failed: {why}");
-            return self.fail(why);
+        if let Err(failure) = &report.outcome {
+            return self.fail(CheckpointFailure::Task { task, failure: failure.clone() });
         }
         if f.committing.is_some() || f.reports.contains_key(&task) {
             return Vec::new(); // a resent report
@@ -485,7 +482,7 @@ impl Coordinator {
         out
     }
 
-    fn fail(&mut self, why: String) -> Vec<CoordAction> {
+    fn fail(&mut self, why: CheckpointFailure) -> Vec<CoordAction> {
         let Some(f) = self.flight.take() else { return Vec::new() };
         self.last_end = Some(self.now);
         self.consecutive_failures += 1;
@@ -498,7 +495,7 @@ impl Coordinator {
                 node: *node,
                 failed: f.id,
                 trans: f.trans,
-                reason: why.clone(),
+                reason: why.to_string(),
             })
             .collect();
         out.push(f.finished(self.now, Err(why)));

@@ -144,7 +144,7 @@ fn checkpoint_stats(
     id: CheckpointId,
     started_at_ms: u64,
     duration_us: u64,
-    outcome: &Result<(), String>,
+    outcome: &Result<(), crate::checkpoint::CheckpointFailure>,
     tasks: Vec<(TaskId, TaskCheckpointStats)>,
 ) -> CheckpointStats {
     CheckpointStats {
@@ -154,7 +154,7 @@ fn checkpoint_stats(
         duration_us,
         outcome: match outcome {
             Ok(()) => CheckpointOutcome::Committed,
-            Err(reason) => CheckpointOutcome::Failed { reason: reason.clone() },
+            Err(reason) => CheckpointOutcome::Failed { reason: reason.to_string() },
         },
         upload_bytes: tasks.iter().map(|(_, s)| s.upload_bytes).sum(),
         max_align_us: tasks.iter().map(|(_, s)| s.align_us).max().unwrap_or(0),

@@ -6,6 +6,7 @@
 use weir_wire::{CheckpointId, Version};
 
 use super::{SourceAnswer, TaskAction, TaskMachine, TaskState};
+use crate::checkpoint::TaskFailure;
 
 impl TaskMachine {
     pub(super) fn update(&mut self, id: CheckpointId, version: Version, ts: u64) -> Vec<TaskAction> {
@@ -59,13 +60,17 @@ impl TaskMachine {
     }
 
     /// Fails the active checkpoint locally: report, remember the id, back to Ready.
-    pub(super) fn fail(&mut self, why: String) -> Vec<TaskAction> {
+    pub(super) fn fail(&mut self, why: TaskFailure) -> Vec<TaskAction> {
         let Some(a) = self.active.take() else { return Vec::new() };
         self.failed = Some(self.failed.map_or(a.id, |f| f.max(a.id)));
         self.state = TaskState::Ready;
         let mut out = Vec::new();
         if a.source_req {
-            out.push(TaskAction::SendSourceRsp { id: a.id, trans: a.trans, answer: SourceAnswer::Failed(why.clone()) });
+            out.push(TaskAction::SendSourceRsp {
+                id: a.id,
+                trans: a.trans,
+                answer: SourceAnswer::Failed(why.to_string()),
+            });
         }
         out.push(TaskAction::SendReport(a.report(Err(why))));
         out.push(TaskAction::DropSnapshot(a.id));

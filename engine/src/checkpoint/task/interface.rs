@@ -105,7 +105,7 @@ pub struct Report {
     /// Transaction.
     pub trans: TransId,
     /// `Ok(version)` (the source offset; zero for other roles) or why it failed.
-    pub outcome: Result<Version, String>,
+    pub outcome: Result<Version, crate::checkpoint::TaskFailure>,
     /// CRC32C of the uploaded manifest (zero on failure).
     pub manifest_crc: u32,
     /// Timing and size. The machine fills in what it knows (the upload's figures); the runtime

@@ -21,7 +21,7 @@ pub use interface::*;
 use weir_wire::msg::TaskCheckpointStats;
 use weir_wire::{CheckpointId, Seq, TaskId, TransId, Version};
 
-use super::CheckpointError;
+use super::{CheckpointError, TaskFailure};
 
 /// Where a task is in its checkpoint.
 #[derive(Clone, Debug)]
@@ -64,7 +64,7 @@ impl Active {
 
     /// The report of this checkpoint with `outcome` (upload figures once durable, else zero).
     /// A task reports once per checkpoint: on success when durable, or on its failure before.
-    fn report(&self, outcome: Result<Version, String>) -> Report {
+    fn report(&self, outcome: Result<Version, TaskFailure>) -> Report {
         let up = match &self.stage {
             Stage::Durable(up) => up.clone(),
             _ => UploadDone::default(),
@@ -262,7 +262,7 @@ impl TaskMachine {
                         a.stage = Stage::Durable(up);
                         self.try_ready()
                     }
-                    Err(e) => self.fail(format!("upload failed: {e}")),
+                    Err(e) => self.fail(TaskFailure::Upload(e)),
                 },
                 _ => Vec::new(),
             },
@@ -371,7 +371,7 @@ impl TaskMachine {
         match &mut self.active {
             Some(a) if a.id == id && !a.snapshot_taken() => {
                 if let Err(e) = result {
-                    return self.fail(format!("snapshot failed: {e}"));
+                    return self.fail(TaskFailure::Snapshot(e));
                 }
                 a.stage = Stage::Uploading;
                 // Resume at once: the snapshot holds the cut; the upload runs in the background.

@@ -7,6 +7,7 @@ use weir_wire::msg::TriggerRspCode;
 use weir_wire::{CheckpointId, Seq, TaskId, TransId};
 
 use super::{Discard, TaskAction, TaskMachine};
+use crate::checkpoint::TaskFailure;
 
 impl TaskMachine {
     pub(super) fn retrieve(&mut self, from: TaskId, id: CheckpointId) -> Vec<TaskAction> {
@@ -46,14 +47,14 @@ impl TaskMachine {
             // The upstream is in a newer checkpoint (its answer names it): this one is over,
             // and its end did not reach this task.
             let active = a.id;
-            return self.fail(format!("upstream {from} moved on to checkpoint {id}: {active} is over"));
+            return self.fail(TaskFailure::Overtaken { from, id, active });
         }
         if a.id != id {
             return self.discard(Discard::Invalid);
         }
         match code {
             TriggerRspCode::InProgress => Vec::new(),
-            TriggerRspCode::Invalid => self.fail(format!("upstream {from} is not in checkpoint {id}")),
+            TriggerRspCode::Invalid => self.fail(TaskFailure::NotUpstream { from, id }),
             // Injecting is safe only if everything before the trigger on that channel is here.
             TriggerRspCode::Success if next_seq == Some(trigger_seq) => {
                 self.injected += 1;
@@ -61,12 +62,7 @@ impl TaskMachine {
                 out.extend(self.trigger(from, id, trans));
                 out
             }
-            TriggerRspCode::Success => self.fail(match next_seq {
-                Some(next) => format!(
-                    "trigger from {from} was frame {trigger_seq} but frame {next} is next here: data before it is missing"
-                ),
-                None => format!("trigger from {from}: the channel's position here is unknown"),
-            }),
+            TriggerRspCode::Success => self.fail(TaskFailure::TriggerGap { from, trigger_seq, next: next_seq }),
         }
     }
 }

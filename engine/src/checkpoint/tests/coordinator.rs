@@ -1,6 +1,7 @@
 //! The coordinator.
 
 use super::*;
+use crate::checkpoint::{CheckpointFailure, TaskFailure};
 use weir_wire::msg::RestoreBasis;
 
 pub(super) fn coord_cfg() -> CoordinatorConfig {
@@ -149,7 +150,7 @@ fn failure_report_resets_every_task_and_the_next_checkpoint_goes_ahead() {
     let mut c = started();
     tick(&mut c, 300);
     let mut bad = ok_report(C1, T1, 0);
-    bad.outcome = Err("upload failed".into());
+    bad.outcome = Err(TaskFailure::Reported { reason: "upload failed".into() });
     let out = c.handle(CoordInput::Report { task: TaskId(10), report: bad });
     let resets = out.iter().filter(|a| matches!(a, CoordAction::SendReset { failed: C1, .. })).count();
     assert_eq!(resets, 3);
@@ -247,7 +248,12 @@ fn checkpoint_running_past_the_timeout_fails() {
     assert!(
         out.iter().any(|a| matches!(
             a,
-            CoordAction::Finished { started_at: 300, duration_ms: 5_000, outcome: Err(w), .. } if w.contains("timed out")
+            CoordAction::Finished {
+                started_at: 300,
+                duration_ms: 5_000,
+                outcome: Err(CheckpointFailure::TimedOut { after_ms: 5_000 }),
+                ..
+            }
         )),
         "{out:?}"
     );
@@ -269,7 +275,10 @@ fn a_checkpoint_due_while_a_node_is_down_fails_at_once_until_the_node_is_back() 
     let out = tick(&mut c, 300);
     assert!(!out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { .. })), "{out:?}");
     assert!(
-        out.iter().any(|a| matches!(a, CoordAction::Finished { id: C1, outcome: Err(w), .. } if w.contains("down"))),
+        out.iter().any(|a| matches!(
+            a,
+            CoordAction::Finished { id: C1, outcome: Err(CheckpointFailure::NodeDown { .. }), .. }
+        )),
         "{out:?}"
     );
     assert_eq!(c.in_flight(), None);
@@ -565,8 +574,10 @@ fn a_source_refusal_ends_the_checkpoint_at_once() {
         assert!(c.handle(stale).is_empty(), "an answer for another checkpoint changes nothing");
         let out = c.handle(CoordInput::SourceRsp { task: TaskId(1), id: C1, trans: T1, answer: answer.clone() });
         assert!(
-            out.iter()
-                .any(|a| matches!(a, CoordAction::Finished { id: C1, outcome: Err(w), .. } if w.contains("refused"))),
+            out.iter().any(|a| matches!(
+                a,
+                CoordAction::Finished { id: C1, outcome: Err(CheckpointFailure::SourceRefused { .. }), .. }
+            )),
             "{answer:?}: {out:?}"
         );
         assert_eq!(out.iter().filter(|a| matches!(a, CoordAction::SendReset { failed: C1, .. })).count(), 3);
@@ -584,8 +595,10 @@ fn a_commit_write_that_never_answers_fails_and_a_late_answer_makes_it_the_last_c
     assert!(tick(&mut c, 1_299).is_empty());
     let out = tick(&mut c, 1_300);
     assert!(
-        out.iter()
-            .any(|a| matches!(a, CoordAction::Finished { id: C1, outcome: Err(w), .. } if w.contains("no answer"))),
+        out.iter().any(|a| matches!(
+            a,
+            CoordAction::Finished { id: C1, outcome: Err(CheckpointFailure::CommitUnanswered { .. }), .. }
+        )),
         "{out:?}"
     );
     assert!(c.last_commit().is_none());

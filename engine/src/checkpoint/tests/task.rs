@@ -416,7 +416,7 @@ fn upload_failure_fails_the_checkpoint_and_reports_why() {
         }),
     });
     assert!(
-        matches!(&out[0], TaskAction::SendReport(r) if r.outcome.as_ref().unwrap_err().contains("store unreachable"))
+        matches!(&out[0], TaskAction::SendReport(r) if matches!(&r.outcome, Err(f @ crate::checkpoint::TaskFailure::Upload(_)) if f.is_retryable() && f.to_string().contains("store unreachable")))
     );
     assert_eq!((m.state(), m.failed()), (TaskState::Ready, Some(C1)));
 }
