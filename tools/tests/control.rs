@@ -28,10 +28,21 @@ fn on_etcd(dir: &Path, tune: impl FnOnce(&mut toml::Table)) -> (PathBuf, String)
 
 /// The three-node example on the etcd members at `endpoints`, with leases of `lease`.
 fn on(dir: &Path, endpoints: Vec<String>, lease: &str, tune: impl FnOnce(&mut toml::Table)) -> (PathBuf, String) {
+    on_example("three-node.toml", dir, endpoints, lease, tune)
+}
+
+/// Example `file` on the etcd members at `endpoints`, with leases of `lease`.
+fn on_example(
+    file: &str,
+    dir: &Path,
+    endpoints: Vec<String>,
+    lease: &str,
+    tune: impl FnOnce(&mut toml::Table),
+) -> (PathBuf, String) {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     let cluster = format!("etcd-test-{}-{nanos}", std::process::id());
     let name = cluster.clone();
-    let config = adjusted(example("three-node.toml"), dir, |t| {
+    let config = adjusted(example(file), dir, |t| {
         t.insert("cluster".into(), name.into());
         let mut control = toml::Table::new();
         control.insert("etcd".into(), toml::Value::Array(endpoints.into_iter().map(Into::into).collect()));
@@ -218,4 +229,56 @@ fn two_nodes_paused_with_sigstop_longer_than_their_lease_rejoin_idle_and_weir_ve
     let said = verify_until_ended(&config, Duration::from_secs(120));
     assert!(said.contains("window results match") && said.contains("from 1 node"), "{said}");
     drop(nodes);
+}
+
+/// One copy of each ingest log (`replicas = 1`) and node 3 killed for good: its partition's log
+/// is on no other node, so nothing moves (a source started elsewhere would find none of its
+/// rows); the elected node says why, and the stream waits for node 3, which rejoins when it
+/// comes back.
+#[test]
+fn a_lost_node_with_the_only_copy_of_a_partition_has_nothing_moved_and_rejoins() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, _) = on_example("load-three-node.toml", dir.path(), vec![etcd_endpoint()], "2s", |t| {
+        set(t, &["checkpoint", "interval"], "200ms");
+        set(t, &["stream", "ingest", "replicas"], 1i64);
+        set(t, &["restart", "move_after"], "2s");
+    });
+    let log = |n: u32| dir.path().join(format!("node-{n}.log"));
+    let mut nodes = Nodes((1..=3).map(|n| start(&config, n, &log(n), &[])).collect());
+    line_in(&log(1), "checkpoint committed", Duration::from_secs(60));
+    nodes.0[2].kill().unwrap(); // SIGKILL
+    nodes.0[2].wait().unwrap();
+    let why = line_in_any(&[&log(1), &log(2)], "keeps the only copy of an ingest log", Duration::from_secs(30));
+    assert!(why.contains("partition 2's ingest log is only on node 3") && why.contains("waits for the node"), "{why}");
+    std::thread::sleep(Duration::from_secs(2));
+    for n in [1, 2] {
+        assert_eq!(count_in(&log(n), "moving the tasks of a lost node"), 0, "node {n} moved tasks");
+    }
+    let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["nodes"][0]["member"]["placement"], 0, "{j:#}");
+    // Node 3 back: the stream runs on all three again and commits.
+    nodes.0[2] = start(&config, 3, &log(30), &[]);
+    line_in(&log(30), "node started", Duration::from_secs(30));
+    let before = count_in(&log(1), "checkpoint committed");
+    let t0 = Instant::now();
+    while count_in(&log(1), "checkpoint committed") < before + 3 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no commit after node 3 came back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The first line containing `what` in any of `logs`, within `limit`.
+fn line_in_any(logs: &[&Path], what: &str, limit: Duration) -> String {
+    let t0 = Instant::now();
+    loop {
+        for l in logs {
+            let text = std::fs::read_to_string(l).unwrap_or_default();
+            if let Some(line) = text.lines().find(|x| x.contains(what)) {
+                return line.to_string();
+            }
+        }
+        assert!(t0.elapsed() < limit, "no {what:?} in {logs:?} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

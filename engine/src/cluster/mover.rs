@@ -7,8 +7,10 @@
 //! its stream with the incarnation `version << 32`: the others hear of the newer incarnation,
 //! restart, read the new version and restore the moved tasks from the checkpoint store.
 //!
-//! Invariant: the version is stored before any node runs it, and every node starts from the
-//! newest version, so all members of one incarnation run one placement.
+//! Invariants: the version is stored before any node runs it, and every node starts from the
+//! newest version, so all members of one incarnation run one placement. A source of an ingest
+//! log moves only to a node that keeps a copy of that log (`replicas = 2`); a lost node that
+//! keeps the only copy has nothing moved, and the stream waits for it.
 
 use std::time::Duration;
 
@@ -54,6 +56,8 @@ pub struct Mover {
     placement: Placement,
     read: Versioned,
     replicas: u8,
+    /// The sources read ingest logs (which live on the nodes that keep them), not a generator.
+    ingest: bool,
     /// The last failure logged (each different one is logged once).
     warned: Option<String>,
 }
@@ -72,7 +76,33 @@ impl Mover {
     /// partition (with 2, a lost node's sources go where their copies are).
     pub fn new(spec: &StreamSpec, placement: &Placement, read: Versioned, replicas: u8) -> Self {
         let topology = spec.topology();
-        Self { stream: spec.id, topology, placement: placement.clone(), read, replicas, warned: None }
+        let ingest = matches!(spec.source, crate::spec::SourceKind::IngestLog);
+        Self { stream: spec.id, topology, placement: placement.clone(), read, replicas, ingest, warned: None }
+    }
+
+    /// The partitions whose ingest log has no copy among `to` once the nodes of `lost` are
+    /// gone, with the node that keeps it: their sources cannot move (a source started on a
+    /// log without its rows would skip them), so nothing moves and the stream waits for the
+    /// node. Empty for a generator stream.
+    pub fn stranded(&self, lost: &[(NodeId, Duration)], to: &[NodeId]) -> Vec<(u32, NodeId)> {
+        if !self.ingest {
+            return Vec::new();
+        }
+        let gone: Vec<NodeId> = lost.iter().map(|(n, _)| *n).collect();
+        let to: Vec<NodeId> = to.iter().copied().filter(|n| !gone.contains(n)).collect();
+        self.topology
+            .tasks
+            .iter()
+            .filter_map(|t| match t.kind {
+                crate::spec::TaskKind::Source { partition } => Some((partition, self.placement.node_of(t.id))),
+                _ => None,
+            })
+            .filter(|(_, n)| gone.contains(n))
+            .filter(|(p, _)| {
+                let copy = (self.replicas >= 2).then(|| self.placement.ingest_follower(&self.topology, *p)).flatten();
+                !copy.is_some_and(|c| to.contains(&c))
+            })
+            .collect()
     }
 
     /// The nodes the placement gives tasks.
@@ -120,6 +150,17 @@ impl Mover {
         fence: Option<&Compare>,
     ) -> Option<Moved> {
         let record = self.decide(lost, to)?;
+        let stranded = self.stranded(lost, to);
+        if !stranded.is_empty() {
+            let parts: Vec<String> =
+                stranded.iter().map(|(p, n)| format!("partition {p}'s ingest log is only on node {}", n.0)).collect();
+            let text = format!("{}: nothing moves; the stream waits for the node", parts.join(", "));
+            if self.warned.as_ref() != Some(&text) {
+                tracing::warn!(reason = %text, "a lost node keeps the only copy of an ingest log");
+                self.warned = Some(text);
+            }
+            return None;
+        }
         let version = record.version;
         match book.write(self.stream, &self.read, &record, fence) {
             // The stored record's reason: an earlier try of this move may have landed unanswered.

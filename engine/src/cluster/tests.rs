@@ -316,3 +316,30 @@ fn a_leader_that_finds_a_newer_placement_standing_restarts_at_it() {
     assert_eq!(moved.incarnation, 1 << 32);
     assert!(moved.reason.contains("placement version 1 stands"), "{}", moved.reason);
 }
+
+#[test]
+fn a_lost_node_that_keeps_the_only_copy_of_an_ingest_log_has_nothing_moved() {
+    let w = World::new();
+    let keys = Keys::new("c8");
+    let book = ControlBook::new(w.store.clone(), keys.clone());
+    let mut leader = Member::new(keys, NodeId(1), &[NodeId(1), NodeId(2), NodeId(3)], TTL);
+    leader.step(&*w.store, w.now()).unwrap();
+    let (mut spec, p) = three_node();
+    spec.source = crate::spec::SourceKind::IngestLog;
+    let three = [(NodeId(3), Duration::from_secs(5))];
+    let to = [NodeId(1), NodeId(2)];
+    // One copy: partition 2's log is on node 3 alone.
+    let mut one = Mover::new(&spec, &p, book.latest(spec.id).unwrap(), 1);
+    assert_eq!(one.stranded(&three, &to), [(2, NodeId(3))]);
+    assert_eq!(one.check(&book, &three, &to, leader.fence().as_ref()), None);
+    assert_eq!(book.latest(spec.id).unwrap().version(), 0, "nothing moved");
+    // Two copies: node 3's partition has its copy on node 1, which lives. With node 1 lost too,
+    // partition 2 has no copy left; partition 0 (node 1's) still has its copy on node 2.
+    let two = Mover::new(&spec, &p, book.latest(spec.id).unwrap(), 2);
+    assert!(two.stranded(&three, &to).is_empty());
+    let both = [(NodeId(3), Duration::from_secs(5)), (NodeId(1), Duration::from_secs(5))];
+    assert_eq!(two.stranded(&both, &[NodeId(2)]), [(2, NodeId(3))]);
+    // A generator's sources move anywhere.
+    let (gen_spec, _) = three_node();
+    assert!(Mover::new(&gen_spec, &p, book.latest(spec.id).unwrap(), 1).stranded(&three, &to).is_empty());
+}
