@@ -39,17 +39,11 @@ fn line_in_any(logs: &[&Path], what: &str, limit: Duration) -> String {
     }
 }
 
-/// During a load into partitions kept on two nodes, node 3 is cut off from nodes 1 and 2 and
-/// from every etcd member: it stops its stream (and acknowledges nothing) within its lease,
-/// the majority's elected node moves its tasks to nodes 1 and 2, the load goes on there, and
-/// after the heal node 3 rejoins idle. Every acknowledged row is in the results exactly once.
-#[test]
-fn a_node_cut_off_from_the_others_and_from_etcd_mid_load_loses_no_acknowledged_row() {
-    let dir = tempfile::tempdir().unwrap();
-    let net = Net::new(&[1, 2, 3]);
-    let etcd = Etcd::start_on(dir.path(), 3, &net.host());
+/// The load example for the nodes of `net` (two copies of each partition's log, moves after
+/// 2 s), on `etcd` with leases of 2 s.
+fn netns_config(dir: &Path, net: &Net, etcd: &Etcd) -> std::path::PathBuf {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let config = adjusted(example("load-three-node.toml"), dir.path(), |t| {
+    adjusted(example("load-three-node.toml"), dir, |t| {
         set(t, &["checkpoint", "interval"], "200ms");
         set(t, &["stream", "ingest", "replicas"], 2i64);
         set(t, &["restart", "move_after"], "2s");
@@ -64,7 +58,19 @@ fn a_node_cut_off_from_the_others_and_from_etcd_mid_load_loses_no_acknowledged_r
         control.insert("lease".into(), "2s".into());
         control.insert("timeout".into(), "300ms".into());
         t.insert("control".into(), control.into());
-    });
+    })
+}
+
+/// During a load into partitions kept on two nodes, node 3 is cut off from nodes 1 and 2 and
+/// from every etcd member: it stops its stream (and acknowledges nothing) within its lease,
+/// the majority's elected node moves its tasks to nodes 1 and 2, the load goes on there, and
+/// after the heal node 3 rejoins idle. Every acknowledged row is in the results exactly once.
+#[test]
+fn a_node_cut_off_from_the_others_and_from_etcd_mid_load_loses_no_acknowledged_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Net::new(&[1, 2, 3]);
+    let etcd = Etcd::start_on(dir.path(), 3, &net.host());
+    let config = netns_config(dir.path(), &net, &etcd);
     let logs: Vec<std::path::PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
     let mut nodes = Nodes((1..=3).map(|n| start_in(&net, &config, n, &logs[n as usize - 1])).collect());
     let args = ["--events", "900k", "--rate", "150k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "90s"];
@@ -96,4 +102,91 @@ fn a_node_cut_off_from_the_others_and_from_etcd_mid_load_loses_no_acknowledged_r
         assert!(exit_within(c, Duration::from_secs(30), &format!("node {}", i + 1)).success());
     }
     drop(etcd);
+}
+
+/// A soak behind `WEIR_PARTITION_SOAK=N`: during a load into partitions kept on two nodes, N
+/// faults of random nodes (the coordinator's included), one at a time, each once the cluster
+/// has committed again after the last: SIGKILL and a start again after up to 3 s, SIGSTOP for up
+/// to 4 s, or a cut from everything for up to 4 s. Every acknowledged row is in the results
+/// exactly once. About 15 s a fault.
+#[test]
+fn soak_random_kills_pauses_and_cuts_lose_no_acknowledged_row() {
+    let Some(faults) = std::env::var("WEIR_PARTITION_SOAK").ok().and_then(|v| v.parse::<u64>().ok()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let net = Net::new(&[1, 2, 3]);
+    let etcd = Etcd::start_on(dir.path(), 3, &net.host());
+    let config = netns_config(dir.path(), &net, &etcd);
+    let log = |n: u32, round: u64| dir.path().join(format!("node-{n}-{round}.log"));
+    let mut nodes = Nodes((1..=3).map(|n| start_in(&net, &config, n, &log(n, 0))).collect());
+    let per = 20_000 * (15 * faults + 10);
+    let (events, timeout) = ((3 * per).to_string(), format!("{}s", 30 * faults + 90));
+    let args = ["--events", &events, "--rate", "60k", "--rows-per-ms", "20", "--keys", "1000", "--timeout", &timeout];
+    let child = load(&config, &args);
+    let commits = || -> usize {
+        let logs = std::fs::read_dir(dir.path()).unwrap().filter_map(Result::ok).map(|e| e.path());
+        logs.filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("node-")))
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default().matches("checkpoint committed").count())
+            .sum()
+    };
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut seen = 0;
+    let mut done = Vec::new();
+    for round in 1..=faults {
+        // The cluster has recovered from the last fault: it commits again.
+        let t0 = Instant::now();
+        while commits() < seen + 3 {
+            assert!(t0.elapsed() < Duration::from_secs(120), "no commit within 120 s after faults {done:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(next() % 2000));
+        let victim = (next() % 3) as usize;
+        let node = victim as u32 + 1;
+        let pause = Duration::from_millis(1000 + next() % 3000);
+        match next() % 3 {
+            0 => {
+                nodes.0[victim].kill().unwrap();
+                nodes.0[victim].wait().unwrap();
+                std::thread::sleep(pause.min(Duration::from_secs(3)));
+                nodes.0[victim] = start_in(&net, &config, node, &log(node, round));
+                done.push(format!("kill {node}"));
+            }
+            1 => {
+                signal(&nodes.0[victim], "-STOP");
+                std::thread::sleep(pause);
+                signal(&nodes.0[victim], "-CONT");
+                done.push(format!("pause {node} {pause:?}"));
+            }
+            _ => {
+                net.cut(node);
+                std::thread::sleep(pause);
+                net.heal(node);
+                done.push(format!("cut {node} {pause:?}"));
+            }
+        }
+        seen = commits();
+    }
+    let (code, s, err) = summary_of(child, Duration::from_secs(30 * faults + 150));
+    assert_eq!(code, Some(0), "after {done:?}: {s:#} {err}");
+    assert_acknowledged(&s, 3, per);
+    let want = expected(&s, 3, per);
+    let first = log(1, 0);
+    wait_for_results(&config, want.len(), &first);
+    let (code, text) = verify_ingest(&config);
+    assert_eq!(code, Some(0), "after {done:?}: {text}");
+    assert!(text.contains(&format!("match the {events} rows of 1 load(s)")), "{text}");
+    drop(nodes);
+    drop(etcd);
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = std::process::Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap();
+    assert!(ok.success(), "kill {sig} {}", child.id());
 }
