@@ -1,7 +1,7 @@
 //! The cluster's control logic on the control store ([`crate::control`]): who is a member, who
 //! decides, and where each task runs. Pure where it can be (the store behind its trait, time
-//! passed in), so the same code runs on etcd in `weir node`, in process in tests, and in the
-//! simulator.
+//! passed in), so the same code runs on etcd in `weir node` and in process in tests; the
+//! simulator does not drive it yet.
 //!
 //! - [`Member`]: a node's membership (a key living by its lease) and its candidacy in the
 //!   election of the node that decides placement; it says when the node's own lease may have
@@ -10,11 +10,15 @@
 //! - [`PlacementBook`]: where the placement's versions are kept: guarded writes to one key of
 //!   the control store ([`ControlBook`], fenced by the leader's lease), or records in the
 //!   checkpoint store ([`StoreBook`], for a cluster without a control store).
-//! - [`Agent`]: the thread that steps a node's [`Member`] and publishes what it saw.
+//! - [`Agent`]: the thread that steps a node's [`Member`] and publishes what it saw, and the
+//!   [`Tenure`] of each lease, which the engine reads before it acknowledges an append.
+//! - [`Mover`]: which lost node's tasks move where (never a source away from its log's only
+//!   copy), and the one write that moves them.
 //!
 //! Invariants: a node acts as a member (runs tasks, acknowledges appends) only while
 //! [`Member::holds`]; only the elected leader writes placement, and the store refuses its write
-//! once it is deposed or the placement changed since it read it.
+//! once it is deposed, the placement changed since it read it, or a node it moves is a member
+//! again.
 
 mod absence;
 mod agent;

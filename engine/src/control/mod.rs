@@ -3,7 +3,7 @@
 //! several nodes), in process ([`MemControl`], `weir run` and one node) and in the simulator.
 //!
 //! What the cluster keeps there is small and decided by few writers: who coordinates
-//! ([`election`]), and the keys every guarded write compares (a leader's lease, a key's revision).
+//! ([`Election`]), and the keys every guarded write compares (a leader's lease, a key's revision).
 //! Bulk data (checkpoints, results, logs) never goes through it.
 //!
 //! Invariants every implementation keeps (the contract tests in `control/tests.rs` run each one

@@ -9,7 +9,7 @@ use super::{WindowAgg, order_of};
 /// Adds rows to a [`WindowAgg`] (see [`WindowAgg::batch`]); the counters are updated, and the
 /// rows still held are aggregated, when it is dropped.
 ///
-/// Each row's table line is prefetched as it comes in and the row aggregated [`AHEAD`] rows
+/// Each row's table line is prefetched as it comes in and the row aggregated `AHEAD` rows
 /// later: the agg's time is memory latency (a table line per row, out of cache from 100,000 keys
 /// on), and this way several rows' lines are on their way at once.
 #[derive(Debug)]

@@ -207,7 +207,7 @@ impl WindowTable {
         }
     }
 
-    /// Adds rows `(keys[i], values[i])`, in order: each row's line is asked for [`AHEAD`] rows
+    /// Adds rows `(keys[i], values[i])`, in order: each row's line is asked for `AHEAD` rows
     /// before the row is aggregated (the agg's time is the latency of a table line per row; this
     /// way several are on their way at once).
     pub fn add_run<K: Native<Out = u64>, V: Native<Out = f64>>(&mut self, keys: &[K], values: &[V]) {
