@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use weir_engine::operator::window::WindowSpec;
 use weir_engine::runtime::{Control, Engine, EngineConfig};
-use weir_engine::spec::{Placement, SourceKind, StreamSpec};
+use weir_engine::spec::{Placement, SourceKind};
 use weir_engine::wire::transport::{PeerConfig, TransportConfig};
 use weir_engine::wire::{NodeId, StreamId};
 
@@ -129,29 +129,6 @@ fn paused_source_stops_and_resumes() {
     engine.wait().unwrap();
 }
 
-/// One engine running `spec` in `dir` with a transport, and a client connected to it with the
-/// cluster secret (ingest-only engines have no remote channel; the transport still serves
-/// clients).
-fn ingest_engine(
-    spec: &StreamSpec,
-    dir: &std::path::Path,
-) -> (Engine, weir_engine::wire::transport::client::BlockingClient) {
-    let mut cfg = EngineConfig::new(NodeId(1), dir);
-    cfg.pin_workers = false;
-    cfg.transport = Some(transport(1, vec![]));
-    let engine = Engine::start(spec, &Placement::single(NodeId(1)), cfg).unwrap();
-    let addr = engine.transport_addr().expect("listening");
-    let client = weir_engine::wire::transport::client::BlockingClient::connect(
-        addr,
-        "engine-test",
-        NodeId(900),
-        b"engine-test-secret-0123",
-        Duration::from_secs(10),
-    )
-    .unwrap();
-    (engine, client)
-}
-
 #[test]
 fn ingested_rows_are_acknowledged_over_the_network_and_aggregated() {
     use weir_engine::wire::msg::{Ingest, IngestAck, IngestOutcome};
@@ -161,7 +138,7 @@ fn ingested_rows_are_acknowledged_over_the_network_and_aggregated() {
     spec.source = SourceKind::IngestLog;
     spec.watermark_delay_ms = 0;
     let dir = tempfile::tempdir().unwrap();
-    let (engine, mut client) = ingest_engine(&spec, dir.path());
+    let (engine, mut client) = util::ingest_engine(&spec, dir.path(), |_| {});
     // Partition p gets rows with ts 0..100 for key p, value 1..; then one row at ts 1000 moves the
     // watermark past every window of the first rows.
     let mut next = [0u64; 2];
@@ -337,7 +314,7 @@ fn ledgers_larger_than_a_frame_are_answered_in_pages_that_add_up_to_all_of_them(
     let mut spec = util::bounded_spec(2, 1, 1, 0, WindowSpec::tumbling(10));
     spec.source = SourceKind::IngestLog;
     let dir = tempfile::tempdir().unwrap();
-    let (engine, mut client) = ingest_engine(&spec, dir.path());
+    let (engine, mut client) = util::ingest_engine(&spec, dir.path(), |_| {});
     // 160 producers with 60 KiB descriptions each, over both partitions: 9.4 MiB of ledgers,
     // more than half a frame.
     let producers = 160u64;
@@ -404,7 +381,7 @@ fn a_source_far_ahead_in_event_time_waits_while_a_slower_one_sends_and_goes_on_o
     // 100 ms of partition 0's event time per batch: what its channel holds is under a second.
     spec.batch_rows = 1000;
     let dir = tempfile::tempdir().unwrap();
-    let (engine, mut client) = ingest_engine(&spec, dir.path());
+    let (engine, mut client) = util::ingest_engine(&spec, dir.path(), |_| {});
     let mut request = 0;
     let mut send = |partition: u32, seq: u64, batch: Batch| {
         request += 1;

@@ -10,11 +10,9 @@ use std::time::{Duration, Instant};
 
 use weir_engine::cluster::Tenure;
 use weir_engine::operator::window::WindowSpec;
-use weir_engine::runtime::{Engine, EngineConfig};
-use weir_engine::spec::{Placement, SourceKind};
+use weir_engine::spec::SourceKind;
 use weir_engine::wire::msg::{Ingest, IngestAck, IngestOutcome};
-use weir_engine::wire::transport::TransportConfig;
-use weir_engine::wire::{Batch, NodeId, Version};
+use weir_engine::wire::{Batch, Version};
 
 #[test]
 fn a_node_without_its_membership_acknowledges_no_append_and_acknowledges_it_once_it_holds_again() {
@@ -22,22 +20,7 @@ fn a_node_without_its_membership_acknowledges_no_append_and_acknowledges_it_once
     spec.source = SourceKind::IngestLog;
     let dir = tempfile::tempdir().unwrap();
     let tenure = Arc::new(Tenure::default());
-    let mut cfg = EngineConfig::new(NodeId(1), dir.path());
-    cfg.pin_workers = false;
-    cfg.tenure = Some(tenure.clone());
-    let mut t = TransportConfig::new("engine-test", NodeId(1), b"engine-test-secret-0123".to_vec());
-    t.listen = Some("127.0.0.1:0".parse().unwrap());
-    cfg.transport = Some(t);
-    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg).unwrap();
-    let addr = engine.transport_addr().expect("listening");
-    let mut client = weir_engine::wire::transport::client::BlockingClient::connect(
-        addr,
-        "engine-test",
-        NodeId(900),
-        b"engine-test-secret-0123",
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    let (engine, mut client) = util::ingest_engine(&spec, dir.path(), |cfg| cfg.tenure = Some(tenure.clone()));
     let mut batch = Batch::default();
     for ts in 0..20 {
         batch.push(ts, 1, 1.0);

@@ -112,6 +112,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let mut restarts: Vec<RestartInfo> = Vec::new();
     let mut restart_times: Vec<u64> = Vec::new();
     let mut links: Vec<weir_engine::wire::msg::PeerLink> = Vec::new();
+    let standing = Standing { base: &base, stop: &stop, spec: &spec, info: &info, member: member.as_deref() };
     loop {
         if let Some(fatal) = control.fatal() {
             anyhow::bail!("{fatal}");
@@ -122,29 +123,16 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
             if let Some(b) = &board {
                 b.set_phase(crate::metrics::Phase::Restarting);
             }
-            let mut transport = base.transport.clone().expect("a node has a transport");
-            transport.incarnation = incarnation;
-            let me_now = crate::standby::Standby {
-                stream: spec.id,
-                restarts: &restarts,
-                links: &links,
-                info: &info,
-                member: member.as_deref(),
-            };
             let mut tick =
                 || (control.holds() || control.fatal().is_some()).then_some(crate::standby::Waited::Restart(None));
-            match crate::standby::wait(transport, &me_now, crate::standby::Mode::Fenced, &stop, &mut tick) {
-                // Nothing ran meanwhile: no newer incarnation of its own (the last stop took one).
-                crate::standby::Waited::Restart(newer) => {
-                    seen = seen.max(newer);
-                    incarnation = incarnation.max(seen.unwrap_or(0));
-                    continue;
-                }
-                crate::standby::Waited::Stopped(reason) => {
-                    tracing::info!(stream = %spec.name, reason, "node stopped");
-                    return Ok(ExitCode::SUCCESS);
-                }
-            }
+            // Nothing ran meanwhile: no newer incarnation of its own (the last stop took one).
+            let Some(newer) = standing.wait(incarnation, &restarts, &links, crate::standby::Mode::Fenced, &mut tick)
+            else {
+                return Ok(ExitCode::SUCCESS);
+            };
+            seen = seen.max(newer);
+            incarnation = incarnation.max(seen.unwrap_or(0));
+            continue;
         }
         // The membership this run holds, taken before the placement is read: a placement read
         // under another (or none) may be one the cluster has replaced since.
@@ -204,35 +192,21 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                     stream = %spec.name, placement = version, incarnation = at, nodes = %runs.join(","),
                     "node idle: its tasks moved to the other nodes while it was away"
                 );
-                let mut transport = base.transport.clone().expect("a node has a transport");
-                transport.incarnation = at;
                 if let Some(b) = &board {
                     b.set_phase(crate::metrics::Phase::Idle);
                 }
-                let me_now = crate::standby::Standby {
-                    stream: spec.id,
-                    restarts: &restarts,
-                    links: &links,
-                    info: &info,
-                    member: member.as_deref(),
-                };
                 // An idle leader still moves a lost node's tasks (to itself, maybe).
                 let mut watch = control.watch(&spec, &placement, read, &file);
                 let mut tick = || {
                     let moved = watch.as_mut()?.check(Vec::new, now_ms(), started_ms)?;
                     Some(crate::standby::Waited::Restart(Some(moved.incarnation)))
                 };
-                match crate::standby::wait(transport, &me_now, crate::standby::Mode::Idle, &stop, &mut tick) {
-                    crate::standby::Waited::Restart(newer) => {
-                        seen = seen.max(newer);
-                        incarnation = crate::failover::next(incarnation, seen);
-                        continue;
-                    }
-                    crate::standby::Waited::Stopped(reason) => {
-                        tracing::info!(stream = %spec.name, reason, "node stopped");
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                }
+                let Some(newer) = standing.wait(at, &restarts, &links, crate::standby::Mode::Idle, &mut tick) else {
+                    return Ok(ExitCode::SUCCESS);
+                };
+                seen = seen.max(newer);
+                incarnation = crate::failover::next(incarnation, seen);
+                continue;
             }
             Err(e) if !restarts.is_empty() => (Ended::Failed(format!("restart failed: {e:#}"), None), Ok(())),
             Err(e) => return Err(e).with_context(|| format!("starting node {}", me.id)),
@@ -279,39 +253,53 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                     b.set_phase(crate::metrics::Phase::Restarting);
                 }
                 incarnation = next;
-                let mut transport = base.transport.clone().expect("a node has a transport");
-                transport.incarnation = incarnation;
-                let me_now = crate::standby::Standby {
-                    stream: spec.id,
-                    restarts: &restarts,
-                    links: &links,
-                    info: &info,
-                    member: member.as_deref(),
+                let mode = crate::standby::Mode::Restarting(delay);
+                let Some(newer) = standing.wait(incarnation, &restarts, &links, mode, &mut || None) else {
+                    return Ok(ExitCode::SUCCESS);
                 };
-                let mut tick = || None;
-                match crate::standby::wait(
-                    transport,
-                    &me_now,
-                    crate::standby::Mode::Restarting(delay),
-                    &stop,
-                    &mut tick,
-                ) {
-                    crate::standby::Waited::Restart(newer) => {
-                        seen = seen.max(newer);
-                        incarnation = incarnation.max(newer.unwrap_or(0));
-                        if let Some(r) = restarts.last_mut() {
-                            r.incarnation = incarnation;
-                        }
-                    }
-                    crate::standby::Waited::Stopped(reason) => {
-                        tracing::info!(stream = %spec.name, reason, "node stopped");
-                        return Ok(ExitCode::SUCCESS);
-                    }
+                seen = seen.max(newer);
+                incarnation = incarnation.max(newer.unwrap_or(0));
+                if let Some(r) = restarts.last_mut() {
+                    r.incarnation = incarnation;
                 }
             }
             Err(gave_up) => {
                 tracing::error!(stream = %spec.name, reason = %why, "the stream failed and is not restarted: {gave_up}");
                 anyhow::bail!("node {}: the stream failed ({why}) and is not restarted: {gave_up}", me.id);
+            }
+        }
+    }
+}
+
+/// What a node needs to wait without an engine ([`crate::standby::wait`]) and answer clients.
+struct Standing<'a> {
+    base: &'a weir_engine::runtime::EngineConfig,
+    stop: &'a AtomicBool,
+    spec: &'a StreamSpec,
+    info: &'a weir_engine::wire::msg::StreamInfo,
+    member: Option<&'a dyn weir_engine::cluster::MemberStatus>,
+}
+
+impl Standing<'_> {
+    /// Waits at `incarnation` in `mode` until `tick` or the mode ends it: `Some` of a newer
+    /// incarnation seen, to start again; `None` once a signal or `weir stop` came (logged).
+    fn wait(
+        &self,
+        incarnation: u64,
+        restarts: &[RestartInfo],
+        links: &[weir_engine::wire::msg::PeerLink],
+        mode: crate::standby::Mode,
+        tick: &mut dyn FnMut() -> Option<crate::standby::Waited>,
+    ) -> Option<Option<u64>> {
+        let mut transport = self.base.transport.clone().expect("a node has a transport");
+        transport.incarnation = incarnation;
+        let me =
+            crate::standby::Standby { stream: self.spec.id, restarts, links, info: self.info, member: self.member };
+        match crate::standby::wait(transport, &me, mode, self.stop, tick) {
+            crate::standby::Waited::Restart(newer) => Some(newer),
+            crate::standby::Waited::Stopped(reason) => {
+                tracing::info!(stream = %self.spec.name, reason, "node stopped");
+                None
             }
         }
     }

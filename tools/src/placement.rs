@@ -8,7 +8,6 @@
 //! as a member. Without it, the lowest node of the placement decides from its links, and its
 //! own tasks never move.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -41,7 +40,7 @@ pub struct Control {
     nodes: Vec<NodeId>,
     /// Membership on etcd, if the file has `[control]`.
     agent: Option<Arc<Agent>>,
-    book: Option<Box<dyn PlacementBook>>,
+    book: Option<Arc<dyn PlacementBook>>,
     /// What status says of the membership.
     status: Option<Arc<NodeMember>>,
 }
@@ -72,7 +71,7 @@ impl Control {
     pub fn open(file: &ClusterFile, me: NodeId, store: Option<Arc<dyn Store>>) -> anyhow::Result<Self> {
         let nodes: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
         let Some(c) = &file.control else {
-            let book = store.map(|s| Box::new(StoreBook::new(s)) as Box<dyn PlacementBook>);
+            let book = store.map(|s| Arc::new(StoreBook::new(s)) as Arc<dyn PlacementBook>);
             return Ok(Self { me, nodes, agent: None, book, status: None });
         };
         let etcd = EtcdControl::connect(&c.etcd, c.timeout)
@@ -88,7 +87,7 @@ impl Control {
         }
         let book = Arc::new(ControlBook::new(etcd, keys));
         let status = Arc::new(NodeMember { agent: agent.clone(), book: book.clone(), placement: AtomicU32::new(0) });
-        let book = Some(Box::new(book) as Box<dyn PlacementBook>);
+        let book = Some(book as Arc<dyn PlacementBook>);
         Ok(Self { me, nodes, agent: Some(agent), book, status: Some(status) })
     }
 
@@ -96,10 +95,7 @@ impl Control {
     pub fn membership(&self) -> Option<Membership> {
         match &self.agent {
             None => Some(Membership::Always),
-            Some(a) => {
-                let v = a.view();
-                v.holds(Instant::now()).then_some(v.lease.map(Membership::Lease)).flatten()
-            }
+            Some(a) => a.holding(Instant::now()).map(Membership::Lease),
         }
     }
 
@@ -211,9 +207,7 @@ impl Watch<'_> {
                     return None;
                 }
                 let lost = view.absent.overdue(self.after, now);
-                let absent: BTreeSet<NodeId> =
-                    view.absent.overdue(Duration::ZERO, now).into_iter().map(|(n, _)| n).collect();
-                let to: Vec<NodeId> = c.nodes.iter().copied().filter(|n| !absent.contains(n)).collect();
+                let to: Vec<NodeId> = c.nodes.iter().copied().filter(|n| !view.absent.is_absent(*n)).collect();
                 self.mover.check(self.book, &lost, &to, view.fence.as_ref())
             }
             None => {

@@ -89,19 +89,8 @@ fn the_coordinators_node_killed_for_good_has_its_tasks_moved_by_the_elected_node
     line_in(&log(1), "checkpoint committed", Duration::from_secs(60));
     nodes.0[0].kill().unwrap(); // SIGKILL
     nodes.0[0].wait().unwrap();
-    let killed = Instant::now();
     // Node 2 or 3 leads once node 1's lease has ended, and moves its tasks.
-    let moved = loop {
-        let found = [2, 3].iter().find_map(|n| {
-            let text = std::fs::read_to_string(log(*n)).unwrap_or_default();
-            text.lines().find(|l| l.contains("moving the tasks of a lost node")).map(str::to_string)
-        });
-        if let Some(line) = found {
-            break line;
-        }
-        assert!(killed.elapsed() < Duration::from_secs(60), "no node moved node 1's tasks");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let moved = line_in_any(&[&log(2), &log(3)], "moving the tasks of a lost node", Duration::from_secs(60));
     assert!(moved.contains("node 1 has been down for") && moved.contains("placement=1"), "{moved}");
     let said = verify_until_ended(&config, Duration::from_secs(120));
     assert!(said.contains("all 10000 window results match") && said.contains("from 2 nodes"), "{said}");
@@ -133,10 +122,6 @@ fn the_coordinators_node_killed_for_good_has_its_tasks_moved_by_the_elected_node
     for (i, c) in nodes.0.iter_mut().enumerate().skip(1) {
         assert!(exit_within(c, Duration::from_secs(30), &format!("node {}", i + 1)).success());
     }
-}
-
-fn count_in(path: &Path, what: &str) -> usize {
-    std::fs::read_to_string(path).unwrap_or_default().lines().filter(|l| l.contains(what)).count()
 }
 
 /// A three-member etcd: one member killed stops nothing (commits go on, no node stops); all
@@ -191,11 +176,6 @@ fn one_etcd_member_down_stops_nothing_and_all_of_etcd_down_pauses_the_stream_unt
     assert!(said.contains("window results match") && said.contains("from 3 nodes"), "{said}");
     assert!(count_in(&log(1), COMMITTED) > paused, "no commit after etcd came back");
     drop(nodes);
-}
-
-fn signal(child: &std::process::Child, sig: &str) {
-    let ok = std::process::Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap();
-    assert!(ok.success(), "kill {sig} {}", child.id());
 }
 
 /// Nodes 1 (the checkpoint coordinator's) and 2 paused with SIGSTOP for longer than their
@@ -264,21 +244,6 @@ fn a_lost_node_with_the_only_copy_of_a_partition_has_nothing_moved_and_rejoins()
     let t0 = Instant::now();
     while count_in(&log(1), "checkpoint committed") < before + 3 {
         assert!(t0.elapsed() < Duration::from_secs(60), "no commit after node 3 came back");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The first line containing `what` in any of `logs`, within `limit`.
-fn line_in_any(logs: &[&Path], what: &str, limit: Duration) -> String {
-    let t0 = Instant::now();
-    loop {
-        for l in logs {
-            let text = std::fs::read_to_string(l).unwrap_or_default();
-            if let Some(line) = text.lines().find(|x| x.contains(what)) {
-                return line.to_string();
-            }
-        }
-        assert!(t0.elapsed() < limit, "no {what:?} in {logs:?} within {limit:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
 }

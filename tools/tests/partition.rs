@@ -24,21 +24,6 @@ fn start_in(net: &Net, config: &Path, id: u32, log: &Path) -> Child {
         .unwrap()
 }
 
-/// The first line containing `what` in any of `logs`, within `limit`.
-fn line_in_any(logs: &[&Path], what: &str, limit: Duration) -> String {
-    let t0 = Instant::now();
-    loop {
-        for l in logs {
-            let text = std::fs::read_to_string(l).unwrap_or_default();
-            if let Some(line) = text.lines().find(|x| x.contains(what)) {
-                return line.to_string();
-            }
-        }
-        assert!(t0.elapsed() < limit, "no {what:?} in {logs:?} within {limit:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// The load example for the nodes of `net` (two copies of each partition's log, moves after
 /// 2 s), on `etcd` with leases of 2 s.
 fn netns_config(dir: &Path, net: &Net, etcd: &Etcd) -> std::path::PathBuf {
@@ -184,9 +169,4 @@ fn soak_random_kills_pauses_and_cuts_lose_no_acknowledged_row() {
     assert!(text.contains(&format!("match the {events} rows of 1 load(s)")), "{text}");
     drop(nodes);
     drop(etcd);
-}
-
-fn signal(child: &Child, sig: &str) {
-    let ok = std::process::Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap();
-    assert!(ok.success(), "kill {sig} {}", child.id());
 }

@@ -25,6 +25,11 @@ impl Absence {
         }
     }
 
+    /// Whether `node` was absent at the last observation.
+    pub fn is_absent(&self, node: NodeId) -> bool {
+        self.since.contains_key(&node)
+    }
+
     /// Forgets every observation (the observer stopped leading).
     pub fn reset(&mut self) {
         self.since.clear();

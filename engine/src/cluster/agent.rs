@@ -127,11 +127,23 @@ impl Agent {
     /// What the agent saw last.
     pub fn view(&self) -> AgentView {
         let mut v = lock(&self.view).clone();
-        v.dead = self.thread.as_ref().is_none_or(JoinHandle::is_finished) && !self.stop.load(Ordering::Relaxed);
+        v.dead = self.dead();
         if v.dead {
             v.held_until = None;
         }
         v
+    }
+
+    /// The lease the node holds its membership by at `now`, if it does: what the view says,
+    /// without copying it (a node's supervisor asks many times a second).
+    pub fn holding(&self, now: Instant) -> Option<LeaseId> {
+        let v = lock(&self.view);
+        if self.dead() || !v.holds(now) { None } else { v.lease }
+    }
+
+    /// The thread ended without being asked to.
+    fn dead(&self) -> bool {
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished) && !self.stop.load(Ordering::Relaxed)
     }
 
     /// The tenure of lease `lease`, for an engine run under it (`None`: the node holds

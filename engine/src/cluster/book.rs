@@ -116,22 +116,6 @@ impl ControlBook {
     }
 }
 
-impl PlacementBook for Arc<ControlBook> {
-    fn latest(&self, stream: StreamId) -> Result<Versioned, BookError> {
-        self.as_ref().latest(stream)
-    }
-
-    fn write(
-        &self,
-        stream: StreamId,
-        read: &Versioned,
-        record: &PlacementRecord,
-        fence: Option<&Compare>,
-    ) -> Result<PlacementRecord, BookError> {
-        self.as_ref().write(stream, read, record, fence)
-    }
-}
-
 impl PlacementBook for ControlBook {
     fn latest(&self, stream: StreamId) -> Result<Versioned, BookError> {
         let key = self.keys.placement(stream);

@@ -41,6 +41,49 @@ impl World {
     }
 }
 
+/// The in-process store with one kind of fault.
+struct Faulty(Arc<MemControl>, Fault);
+
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// Every transaction is applied, and then answered as if its reply was lost.
+    LostTxnReplies,
+    /// Prefix reads fail: a member renews its lease but cannot see (or write) the member keys.
+    NoLists,
+}
+
+impl ControlStore for Faulty {
+    fn grant(&self, ttl: Duration) -> Result<LeaseId, ControlError> {
+        self.0.grant(ttl)
+    }
+    fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>, ControlError> {
+        self.0.keep_alive(lease)
+    }
+    fn revoke(&self, lease: LeaseId) -> Result<(), ControlError> {
+        self.0.revoke(lease)
+    }
+    fn get(&self, key: &str) -> Result<Option<Entry>, ControlError> {
+        self.0.get(key)
+    }
+    fn list(&self, prefix: &str, limit: usize) -> Result<Vec<(String, Entry)>, ControlError> {
+        match self.1 {
+            Fault::NoLists => {
+                Err(ControlError::Unavailable { endpoint: "mem".into(), op: "list", reason: "cut".into() })
+            }
+            Fault::LostTxnReplies => self.0.list(prefix, limit),
+        }
+    }
+    fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
+        let outcome = self.0.txn(when, then)?;
+        match self.1 {
+            Fault::LostTxnReplies => {
+                Err(ControlError::Unavailable { endpoint: "mem".into(), op: "txn", reason: "reply lost".into() })
+            }
+            Fault::NoLists => Ok(outcome),
+        }
+    }
+}
+
 fn members(keys: &Keys, n: u32) -> Vec<Member> {
     let nodes: Vec<NodeId> = (1..=n).map(NodeId).collect();
     nodes.iter().map(|id| Member::new(keys.clone(), *id, &nodes, TTL)).collect()
@@ -153,38 +196,13 @@ fn only_the_leader_writes_placement_and_a_deposed_leader_or_a_stale_read_writes_
     assert!(e.to_string().contains("version 1 stands"), "{e}");
 }
 
-/// A store that applies every transaction and then answers that it did not hear back.
-struct LosesReplies(Arc<MemControl>);
-
-impl ControlStore for LosesReplies {
-    fn grant(&self, ttl: Duration) -> Result<LeaseId, ControlError> {
-        self.0.grant(ttl)
-    }
-    fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>, ControlError> {
-        self.0.keep_alive(lease)
-    }
-    fn revoke(&self, lease: LeaseId) -> Result<(), ControlError> {
-        self.0.revoke(lease)
-    }
-    fn get(&self, key: &str) -> Result<Option<Entry>, ControlError> {
-        self.0.get(key)
-    }
-    fn list(&self, prefix: &str, limit: usize) -> Result<Vec<(String, Entry)>, ControlError> {
-        self.0.list(prefix, limit)
-    }
-    fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
-        self.0.txn(when, then)?;
-        Err(ControlError::Unavailable { endpoint: "mem".into(), op: "txn", reason: "reply lost".into() })
-    }
-}
-
 #[test]
 fn a_placement_write_that_landed_but_answered_an_error_is_found_by_its_retry() {
     let w = World::new();
     let keys = Keys::new("c4");
     let mut leader = Member::new(keys.clone(), NodeId(1), &[NodeId(1), NodeId(2), NodeId(3)], TTL);
     leader.step(&*w.store, w.now()).unwrap();
-    let book = ControlBook::new(Arc::new(LosesReplies(w.store.clone())), keys);
+    let book = ControlBook::new(Arc::new(Faulty(w.store.clone(), Fault::LostTxnReplies)), keys);
     let (spec, p) = three_node();
     let read = book.latest(spec.id).unwrap();
     let mut mover = Mover::new(&spec, &p, read, 1);
@@ -250,37 +268,12 @@ fn a_node_that_came_back_before_the_leaders_write_keeps_its_tasks() {
     assert_eq!(book.latest(spec.id).unwrap().version(), 0, "node 3 keeps its tasks");
 }
 
-/// A store whose prefix reads fail: a member renews its lease but cannot see (or write) the
-/// member keys.
-struct NoLists(Arc<MemControl>);
-
-impl ControlStore for NoLists {
-    fn grant(&self, ttl: Duration) -> Result<LeaseId, ControlError> {
-        self.0.grant(ttl)
-    }
-    fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>, ControlError> {
-        self.0.keep_alive(lease)
-    }
-    fn revoke(&self, lease: LeaseId) -> Result<(), ControlError> {
-        self.0.revoke(lease)
-    }
-    fn get(&self, key: &str) -> Result<Option<Entry>, ControlError> {
-        self.0.get(key)
-    }
-    fn list(&self, _prefix: &str, _limit: usize) -> Result<Vec<(String, Entry)>, ControlError> {
-        Err(ControlError::Unavailable { endpoint: "mem".into(), op: "list", reason: "cut".into() })
-    }
-    fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
-        self.0.txn(when, then)
-    }
-}
-
 #[test]
 fn a_member_holds_only_once_its_member_key_lives_by_its_current_lease() {
     let w = World::new();
     let keys = Keys::new("c6");
     let mut m = members(&keys, 2);
-    let broken = NoLists(w.store.clone());
+    let broken = Faulty(w.store.clone(), Fault::NoLists);
     assert!(m[0].step(&broken, w.now()).is_err());
     assert!(m[0].lease().is_some(), "the renewal itself succeeded");
     assert!(!m[0].holds(w.now()), "held without a member key the others can see");

@@ -165,45 +165,31 @@ fn one_candidate_leads_and_another_takes_over_when_its_lease_ends(h: &dyn Harnes
     assert!(matches!(c[other].step(&*s, Instant::now()).unwrap(), Role::Leader { .. }));
 }
 
-#[test]
-fn in_process_transactions_apply_all_or_nothing_on_the_revisions_they_expect() {
-    transactions_apply_all_or_nothing_on_the_revisions_they_expect(&mem());
+/// Each contract as two tests: `in_process::NAME` on the in-process store, `on_etcd::NAME` on
+/// the real etcd.
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod in_process {
+            $(#[test]
+            fn $name() {
+                super::$name(&super::mem());
+            })*
+        }
+        mod on_etcd {
+            $(#[test]
+            fn $name() {
+                super::$name(&super::etcd());
+            })*
+        }
+    };
 }
 
-#[test]
-fn in_process_keys_go_with_their_lease_and_an_ended_lease_stays_ended() {
-    keys_go_with_their_lease_and_an_ended_lease_stays_ended(&mem());
-}
-
-#[test]
-fn in_process_one_candidate_leads_and_another_takes_over_when_its_lease_ends() {
-    one_candidate_leads_and_another_takes_over_when_its_lease_ends(&mem());
-}
-
-#[test]
-fn in_process_a_prefix_lists_its_keys_in_order_up_to_the_limit_and_no_others() {
-    a_prefix_lists_its_keys_in_order_up_to_the_limit_and_no_others(&mem());
-}
-
-#[test]
-fn etcd_a_prefix_lists_its_keys_in_order_up_to_the_limit_and_no_others() {
-    a_prefix_lists_its_keys_in_order_up_to_the_limit_and_no_others(&etcd());
-}
-
-#[test]
-fn etcd_transactions_apply_all_or_nothing_on_the_revisions_they_expect() {
-    transactions_apply_all_or_nothing_on_the_revisions_they_expect(&etcd());
-}
-
-#[test]
-fn etcd_keys_go_with_their_lease_and_an_ended_lease_stays_ended() {
-    keys_go_with_their_lease_and_an_ended_lease_stays_ended(&etcd());
-}
-
-#[test]
-fn etcd_one_candidate_leads_and_another_takes_over_when_its_lease_ends() {
-    one_candidate_leads_and_another_takes_over_when_its_lease_ends(&etcd());
-}
+on_both_stores!(
+    transactions_apply_all_or_nothing_on_the_revisions_they_expect,
+    keys_go_with_their_lease_and_an_ended_lease_stays_ended,
+    one_candidate_leads_and_another_takes_over_when_its_lease_ends,
+    a_prefix_lists_its_keys_in_order_up_to_the_limit_and_no_others,
+);
 
 #[test]
 fn a_leader_stops_leading_before_its_lease_can_have_ended_in_the_store() {

@@ -43,3 +43,36 @@ pub fn rss_bytes() -> u64 {
     let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
     pages * 4096
 }
+
+/// One engine running `spec` in `dir` with a transport on 127.0.0.1 (its config adjusted by
+/// `tune`), and a client connected to it with the cluster secret (ingest-only engines have no
+/// remote channel; the transport still serves clients).
+pub fn ingest_engine(
+    spec: &StreamSpec,
+    dir: &std::path::Path,
+    tune: impl FnOnce(&mut weir_engine::runtime::EngineConfig),
+) -> (weir_engine::runtime::Engine, weir_engine::wire::transport::client::BlockingClient) {
+    use weir_engine::wire::NodeId;
+    let mut cfg = weir_engine::runtime::EngineConfig::new(NodeId(1), dir);
+    cfg.pin_workers = false;
+    let mut t = weir_engine::wire::transport::TransportConfig::new(
+        "engine-test",
+        NodeId(1),
+        b"engine-test-secret-0123".to_vec(),
+    );
+    t.listen = Some("127.0.0.1:0".parse().unwrap());
+    cfg.transport = Some(t);
+    tune(&mut cfg);
+    let placement = weir_engine::spec::Placement::single(NodeId(1));
+    let engine = weir_engine::runtime::Engine::start(spec, &placement, cfg).unwrap();
+    let addr = engine.transport_addr().expect("listening");
+    let client = weir_engine::wire::transport::client::BlockingClient::connect(
+        addr,
+        "engine-test",
+        NodeId(900),
+        b"engine-test-secret-0123",
+        std::time::Duration::from_secs(10),
+    )
+    .unwrap();
+    (engine, client)
+}

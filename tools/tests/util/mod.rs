@@ -209,15 +209,32 @@ pub fn bounded_three_node(dir: &Path, events: u64) -> PathBuf {
 
 /// Waits for a line containing `what` in the log file `path` (at most `limit`); returns it.
 pub fn line_in(path: &Path, what: &str, limit: Duration) -> String {
+    line_in_any(&[path], what, limit)
+}
+
+/// Waits for a line containing `what` in any of the log files `paths` (at most `limit`);
+/// returns the first found.
+pub fn line_in_any(paths: &[&Path], what: &str, limit: Duration) -> String {
     let t0 = Instant::now();
     loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if let Some(l) = text.lines().find(|l| l.contains(what)) {
+        let texts: Vec<String> = paths.iter().map(|p| std::fs::read_to_string(p).unwrap_or_default()).collect();
+        if let Some(l) = texts.iter().find_map(|t| t.lines().find(|l| l.contains(what))) {
             return l.to_string();
         }
-        assert!(t0.elapsed() < limit, "no line with {what:?} in {} within {limit:?}: {text}", path.display());
+        assert!(t0.elapsed() < limit, "no line with {what:?} in {paths:?} within {limit:?}: {}", texts.join("\n"));
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Lines containing `what` in the log file `path` (0 while it does not exist).
+pub fn count_in(path: &Path, what: &str) -> usize {
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter(|l| l.contains(what)).count()
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`, ...) to `child`.
+pub fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap();
+    assert!(ok.success(), "kill {sig} {}", child.id());
 }
 
 /// `weir verify` until it compares the whole stream, ended on every node (at most `limit`);
