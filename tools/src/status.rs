@@ -283,7 +283,8 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
         let _ = writeln!(
             out,
             "\nno node asked coordinates a stream: if the coordinator (the lowest node id) is down, the stream waits \
-             for it and nothing commits (the other nodes keep their data)"
+             for it and nothing commits (the other nodes keep their data; with etcd, until the elected node moves \
+             its tasks)"
         );
     }
     for (_, a) in answers {
