@@ -56,7 +56,7 @@ impl ReplicaLink for Link {
 type Service = IngestService<u64>;
 
 fn start(dir: &Path, me: NodeId, net: &Net, ship_to: Option<NodeId>) -> (Service, Receiver<Appended<u64>>) {
-    start_with(dir, me, net, ship_to, Duration::from_millis(5))
+    start_with(dir, me, net, ship_to, Duration::from_millis(5), LogConfig::default())
 }
 
 fn start_with(
@@ -65,6 +65,7 @@ fn start_with(
     net: &Net,
     ship_to: Option<NodeId>,
     group_commit: Duration,
+    cfg: LogConfig,
 ) -> (Service, Receiver<Appended<u64>>) {
     let (tx, rx) = crossbeam_channel::unbounded();
     let replication = ship_to.map(|f| Replication {
@@ -81,7 +82,7 @@ fn start_with(
         })
     });
     let policy = SyncPolicy::GroupCommit(group_commit);
-    let svc = IngestService::start_replicated(dir, 1, LogConfig::default(), policy, tx, None, replication).unwrap();
+    let svc = IngestService::start_replicated(dir, 1, cfg, policy, tx, None, replication).unwrap();
     net.inputs.lock().unwrap().insert(me, svc.replica_inputs().clone());
     (svc, rx)
 }
@@ -174,7 +175,8 @@ fn the_source_reads_what_both_copies_hold_when_the_follower_answered_before_the_
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let net = Net::default();
     // The primary ships as it writes and syncs only every 300 ms: the follower answers first.
-    let (primary, acks) = start_with(a.path(), PRIMARY, &net, Some(FOLLOWER), Duration::from_millis(300));
+    let (primary, acks) =
+        start_with(a.path(), PRIMARY, &net, Some(FOLLOWER), Duration::from_millis(300), LogConfig::default());
     let (_follower, _) = start(b.path(), FOLLOWER, &net, None);
     append(&primary, 5, 0, rows(0, 700), true);
     assert_eq!(acked(&acks, Duration::from_secs(10)), Some((0, Version(0), Version(699))));
@@ -262,4 +264,63 @@ fn shipped_entries_that_do_not_continue_a_copy_are_refused() {
     // A reader must start where an entry starts.
     let mut mid = Vec::new();
     assert!(other.reader(Version(5)).unwrap().read_entries(1 << 20, &mut mid).is_err());
+}
+
+#[test]
+fn both_copies_delete_below_the_floor_and_a_new_follower_copies_from_there_not_from_version_0() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let net = Net::default();
+    let small = LogConfig { segment_bytes: 8 << 10, ..LogConfig::default() };
+    let five = Duration::from_millis(5);
+    let (primary, acks) = start_with(a.path(), PRIMARY, &net, Some(FOLLOWER), five, small);
+    let (follower, _) = start_with(b.path(), FOLLOWER, &net, None, five, small);
+    for seq in 0..100 {
+        append(&primary, 3, seq, rows(seq * 100, 100), seq == 0);
+        assert_eq!(acked(&acks, Duration::from_secs(10)).map(|a| a.0), Some(seq));
+    }
+    let whole = primary.log(0).unwrap().extent().unwrap();
+    assert_eq!(whole.0, Some(Version(0)));
+    // Retention says no restore reads below 6,000.
+    for svc in [&primary, &follower] {
+        svc.truncate_below(0, Version(6000));
+    }
+    for (name, svc) in [("primary", &primary), ("follower", &follower)] {
+        wait_for(name, || svc.log(0).unwrap().extent().unwrap().0 > Some(Version(4000)));
+        let (first, bytes) = svc.log(0).unwrap().extent().unwrap();
+        assert!(first <= Some(Version(6000)) && bytes < whole.1 * 6 / 10, "{name}: {first:?}, {bytes} of {}", whole.1);
+        // Reads from the floor on see every row; below what is left they fail, never skip.
+        let mut out = Batch::default();
+        let mut r = svc.log(0).unwrap().reader(Version(6000));
+        while r.read(100_000, &mut out).unwrap() > 0 {}
+        assert_eq!(out, rows(6000, 4000), "{name}");
+        assert!(svc.log(0).unwrap().reader(Version(0)).read(10, &mut Batch::default()).is_err(), "{name}");
+        // A lower floor later changes nothing.
+        svc.truncate_below(0, Version(10));
+    }
+    let first = primary.log(0).unwrap().extent().unwrap().0.unwrap();
+    // The follower loses its disk: its new copy starts where the primary's log does.
+    drop(follower);
+    std::fs::remove_dir_all(b.path()).unwrap();
+    std::fs::create_dir_all(b.path()).unwrap();
+    let (follower, _) = start_with(b.path(), FOLLOWER, &net, None, five, small);
+    append(&primary, 3, 100, rows(10_000, 100), false);
+    assert_eq!(acked(&acks, Duration::from_secs(10)).map(|a| a.0), Some(100));
+    let (copy_first, copy_bytes) = follower.log(0).unwrap().extent().unwrap();
+    assert_eq!(copy_first, Some(first), "the new copy starts at the primary's first version");
+    assert!(copy_bytes < whole.1 * 2 / 3, "{copy_bytes}");
+    // Its ledger counts what the producer appended below where it began too (taken from the
+    // primary's), as a source moved there reports it to `weir verify` and the next load.
+    let ledger = follower.log(0).unwrap().producers();
+    assert_eq!(ledger, primary.log(0).unwrap().producers());
+    assert_eq!((ledger[0].rows, ledger[0].batches, ledger[0].first), (10_100, 101, Version(0)), "{ledger:?}");
+    assert!(!ledger[0].description.is_empty());
+    drop((primary, follower));
+    assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
+    // Reopened, the copy keeps those counts, and takes the producer's next batch as the next.
+    let mut copy = IngestLog::open(&partition_dir(b.path(), 0), small).unwrap();
+    assert_eq!(copy.producers(), ledger);
+    let next = copy.append_from(ProducerSeq { producer: 3, seq: 101 }, &rows(10_100, 10)).unwrap();
+    assert!(matches!(next, AppendOutcome::New(Some(_))), "{next:?}");
+    let old = copy.append_from(ProducerSeq { producer: 3, seq: 5 }, &rows(500, 100));
+    assert!(matches!(old, Err(LogError::TooOld { .. })), "{old:?}");
 }

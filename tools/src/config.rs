@@ -158,6 +158,14 @@ pub struct IngestFile {
     /// acknowledged once durable on both, and a lost node's sources move to their copies).
     #[serde(default = "default_replicas")]
     pub replicas: u8,
+    /// Size of one log segment file, e.g. `"64M"` (at least 1M): retention deletes whole
+    /// segments below what the kept checkpoints read, so a log keeps up to one more.
+    #[serde(default = "default_segment", deserialize_with = "de_size")]
+    pub segment: Option<u64>,
+}
+
+fn default_segment() -> Option<u64> {
+    Some(64 << 20)
 }
 
 impl Default for IngestFile {

@@ -78,6 +78,7 @@ pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<Engin
     let idle = file.stream.ingest.idle_after;
     cfg.idle_after = (!idle.is_zero()).then_some(idle);
     cfg.ingest_replicas = file.stream.ingest.replicas;
+    cfg.log.segment_bytes = file.stream.ingest.segment.unwrap_or(64 << 20);
     let mut t = TransportConfig::new(&file.cluster, NodeId(me.id), file.secret()?);
     t.listen = Some(me.addr);
     t.clients = file.client_roles()?;

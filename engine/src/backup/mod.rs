@@ -24,6 +24,7 @@
 
 pub mod ahead;
 pub mod commit;
+pub mod floor;
 mod index;
 pub mod inspect;
 mod local;

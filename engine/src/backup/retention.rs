@@ -21,9 +21,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use weir_wire::{CheckpointId, StreamId};
+use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
 use super::commit::decode_commit;
+use super::floor::Needs;
 use super::{Manifest, Store, StoreError};
 
 /// How a pass runs.
@@ -51,6 +52,9 @@ pub struct Collected {
     pub objects_deleted: usize,
     /// Unnamed SST files seen for the first time, deleted by the next pass if still unnamed.
     pub pending: usize,
+    /// The lowest source offset a restore of any kept point reads, by task (`super::floor`);
+    /// `None` when the pass could not read every kept manifest.
+    pub floors: Option<BTreeMap<TaskId, Version>>,
 }
 
 /// Collects one stream's garbage, pass after pass.
@@ -64,6 +68,11 @@ pub struct Collector {
 fn chk_id(key: &str) -> Option<CheckpointId> {
     let part = key.split('/').nth(3)?;
     part.strip_prefix("chk-")?.parse().ok().map(CheckpointId)
+}
+
+/// `<stream>/tasks/<task>/…` → task.
+fn task_of(key: &str) -> Option<TaskId> {
+    key.split('/').nth(2)?.parse().ok().map(TaskId)
 }
 
 fn is_sst(key: &str) -> bool {
@@ -98,6 +107,7 @@ impl Collector {
         // The checkpoint each record restores (a fallback record's is an older one).
         let mut points: BTreeMap<CheckpointId, CheckpointId> = BTreeMap::new();
         let mut damaged = Vec::new();
+        let mut needs = Needs::new();
         // Records older than the `keep`th good one go whatever they hold: not read (a pass
         // after a burst of commits would otherwise read every one of them).
         let mut older = Vec::new();
@@ -108,8 +118,12 @@ impl Collector {
             }
             match store.get_at_most(key, super::MAX_RECORD).map(|b| decode_commit(key, &b)) {
                 Ok(Ok(r)) => {
-                    if let Some(p) = r.restore_point() {
-                        points.insert(r.id, p);
+                    match r.restore_point() {
+                        Some(p) => {
+                            points.insert(r.id, p);
+                            needs.point(p, &r.versions);
+                        }
+                        None => needs.fresh(),
                     }
                     good.push((r.id, key.clone()))
                 }
@@ -151,12 +165,15 @@ impl Collector {
         // Every object of the stream's tasks, and which SST files the kept folders' manifests name.
         let objects = store.list(&format!("{}/tasks/", stream.0))?;
         for key in objects.iter().filter(|k| k.ends_with("/MANIFEST.weir")) {
-            if !chk_id(key).is_some_and(is_kept) {
-                continue;
-            }
+            let Some(id) = chk_id(key).filter(|id| is_kept(*id)) else { continue };
             match store.get_at_most(key, super::MAX_RECORD) {
                 Ok(bytes) => match Manifest::decode(key, &bytes) {
-                    Ok(m) => named.extend(m.files.into_iter().map(|f| f.key)),
+                    Ok(m) => {
+                        named.extend(m.files.iter().map(|f| f.key.clone()));
+                        if let Some(task) = task_of(key) {
+                            needs.manifest(id, task, m);
+                        }
+                    }
                     // A damaged manifest names nothing we can read: keep every SST this pass.
                     Err(_) => return Ok(Collected { kept: kept.into_iter().collect(), ..out }),
                 },
@@ -213,6 +230,7 @@ impl Collector {
             self.unnamed = unnamed;
         }
         out.kept = kept.into_iter().collect();
+        out.floors = Some(needs.floors());
         Ok(out)
     }
 }
@@ -275,6 +293,8 @@ mod tests {
         let first = c.collect(&store, S, 2).unwrap();
         assert_eq!(first.kept, vec![CheckpointId(3), CheckpointId(4)]);
         assert_eq!(first.commits_deleted, 1);
+        // Task 0's offset is its checkpoint's id: the oldest kept point reads from 3.
+        assert_eq!(first.floors, Some([(TaskId(0), Version(3))].into()));
         let k = keys(&store);
         assert!(!k.iter().any(|k| k.contains("chk-1/") || k.contains("chk-2/")), "{k:?}");
         assert!(!k.contains(&commit_key(S, CheckpointId(1))));
@@ -299,7 +319,8 @@ mod tests {
         store.put("1/tasks/0/sst/new.sst", b"n").unwrap();
         c.collect(&store, S, 1).unwrap();
         checkpoint(&store, 2, &["a.sst", "new.sst"], false); // manifest written; no commit seen yet
-        c.collect(&store, S, 1).unwrap();
+        let pass = c.collect(&store, S, 1).unwrap();
+        assert_eq!(pass.floors, Some([(TaskId(0), Version(1))].into()), "a checkpoint in flight sets no floor");
         let k = keys(&store);
         assert!(k.contains(&"1/tasks/0/sst/new.sst".to_string()), "{k:?}");
         assert!(k.iter().any(|k| k.contains("chk-2/MANIFEST.weir")), "a folder above the newest commit stays");

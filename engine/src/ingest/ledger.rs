@@ -183,6 +183,36 @@ impl Ledger {
         }
     }
 
+    /// Batches `producer` appended, when it has a record.
+    pub(super) fn batches(&self, producer: u64) -> Option<u64> {
+        let r = self.lock();
+        r.index.get(&producer).map(|&i| r.list[i].batches)
+    }
+
+    /// Takes a primary's record of a producer into this copy's (in memory): a description the
+    /// copy lacks, and the counts when they are ahead of the copy's (they cover entries below
+    /// where the copy began, or on their way; those entries, by sequence number, are then not
+    /// counted again). Returns whether anything changed. The caller checked [`Self::admits`].
+    pub(super) fn adopt(&self, from: &ProducerRecord) -> bool {
+        let mut guard = self.lock();
+        let r = &mut *guard;
+        let known = r.index.contains_key(&from.producer);
+        r.record(from.producer, from.first, from.description.clone());
+        let i = r.index[&from.producer];
+        let mut changed = !known;
+        if r.list[i].description.is_empty() && !from.description.is_empty() {
+            r.list[i].description = from.description.clone();
+            r.bytes += from.description.len();
+            changed = true;
+        }
+        let rec = &mut r.list[i];
+        if from.batches > rec.batches {
+            (rec.rows, rec.batches, rec.first) = (from.rows, from.batches, from.first);
+            changed = true;
+        }
+        changed
+    }
+
     /// Notes that `producer` (known) ended with a marker of `watermark`, in memory only; `false`
     /// if unknown.
     fn end(&self, producer: u64, watermark: i64) -> bool {

@@ -243,7 +243,11 @@ impl IngestLog {
     /// batch's (it takes no number: [`AppendOutcome::New`]`(None)`).
     pub fn append_from(&mut self, from: ProducerSeq, batch: &Batch) -> Result<AppendOutcome, LogError> {
         let last = self.producers.get(&from.producer).and_then(|q| q.back().map(|b| b.0));
-        let expected = last.map_or(0, |s| s + 1);
+        // A copy that began past a producer's entries knows its batches from the ledger only.
+        let expected = last.map_or_else(|| self.ledger.batches(from.producer).unwrap_or(0), |s| s + 1);
+        if from.seq < expected && last.is_none() {
+            return Err(LogError::TooOld { producer: from.producer, got: from.seq });
+        }
         if from.seq < expected {
             let q = &self.producers[&from.producer];
             // Sequence numbers in the window are consecutive: the batch is at a known offset.
@@ -422,12 +426,17 @@ impl IngestLog {
     /// Deletes whole segments whose rows are all below `version` (retention). Returns the new
     /// oldest version kept.
     pub fn truncate_below(&mut self, version: Version) -> Result<Version, LogError> {
-        if self.segments.len() > 1 && self.segments[1].first <= version {
-            // The producers' last batches outlive their entries: a batch sent again after its
-            // segment went is still recognised.
-            write_producers(&self.dir, &self.producers)?;
-            self.ledger.write(&self.dir)?;
+        if self.segments.len() < 2 || self.segments[1].first > version {
+            return Ok(self.first_version());
         }
+        // The producers and ledger files are synced and describe what the segments hold: only
+        // durable entries may be in them (a batch they name that a crash then took back would
+        // be answered as stored).
+        self.sync()?;
+        // The producers' last batches outlive their entries: a batch sent again after its
+        // segment went is still recognised.
+        write_producers(&self.dir, &self.producers)?;
+        self.ledger.write(&self.dir)?;
         while self.segments.len() > 1 && self.segments[1].first <= version {
             let seg = self.segments.remove(0);
             fs::remove_file(&seg.path).map_err(io_err(&seg.path))?;
@@ -496,6 +505,21 @@ impl LogHandle {
     /// A reader from `from` (a version the log no longer or not yet holds fails on first read).
     pub fn reader(&self, from: Version) -> LogReader {
         LogReader::new(self.dir.clone(), self.cfg, self.readable.clone(), from)
+    }
+
+    /// The oldest version the log holds and the bytes of its segments, read from its directory
+    /// (`None` for the version when it has no segment).
+    pub fn extent(&self) -> Result<(Option<Version>, u64), LogError> {
+        let (mut first, mut bytes) = (None::<Version>, 0);
+        for entry in fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {
+            let path = entry.map_err(io_err(&self.dir))?.path();
+            if let Some(f) = segment::parse_segment_name(&path) {
+                first = Some(first.map_or(f, |v| v.min(f)));
+                // A segment deleted between the listing and here holds nothing any more.
+                bytes += fs::metadata(&path).map_or(0, |m| m.len());
+            }
+        }
+        Ok((first, bytes))
     }
 }
 

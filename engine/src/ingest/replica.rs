@@ -12,6 +12,7 @@ use std::fs::{self, OpenOptions};
 use weir_wire::Version;
 use weir_wire::msg::ReplicaProducer;
 
+use super::ledger::ProducerRecord;
 use super::log::{IngestLog, LogError, Segment, io_err, sync_dir};
 use super::producers::remember;
 use super::reader::LogReader;
@@ -117,14 +118,29 @@ impl IngestLog {
     /// entries do not carry; before the entries that count their rows), writing the ledger when
     /// something changed.
     pub fn adopt_producers(&mut self, facts: &[ReplicaProducer]) -> Result<(), LogError> {
+        let mut changed = false;
         for f in facts {
-            if !self.ledger.knows(f.producer) {
-                if !self.ledger.admits(f.producer, f.description.len()) {
-                    let reason = "the primary's producers overflow this copy's ledger".to_string();
-                    return Err(LogError::Refused { reason });
-                }
-                self.ledger.describe_durably(&self.dir, f.producer, f.first, &f.description)?;
+            if !self.ledger.knows(f.producer) && !self.ledger.admits(f.producer, f.description.len()) {
+                let reason = "the primary's producers overflow this copy's ledger".to_string();
+                return Err(LogError::Refused { reason });
             }
+            // The primary's counts cover entries below where this copy began (its log was
+            // truncated there), which no entry here will count.
+            changed |= self.ledger.adopt(&ProducerRecord {
+                producer: f.producer,
+                description: f.description.clone(),
+                first: f.first,
+                rows: f.rows,
+                batches: f.batches,
+                ended: None,
+            });
+        }
+        if changed {
+            // Durable before the entries they came with: reopened, the copy counts on from its
+            // entries, which do not hold what the counts cover.
+            self.ledger.write(&self.dir)?;
+        }
+        for f in facts {
             if let Some(w) = f.ended {
                 self.ledger.end_durably(&self.dir, f.producer, w)?;
             }

@@ -203,8 +203,13 @@ impl<T> Replicator<T> {
             return self.answer_now(from, msg.stream, p, Version(0), error);
         };
         let wrote = (|| {
-            if msg.reset || log.next_version() < msg.log_first {
+            if msg.reset {
                 log.restart_at(msg.at.max(msg.log_first))?;
+            } else if log.next_version() < msg.log_first {
+                // The primary's log begins past this copy's end (truncated): the copy starts
+                // again there, and entries shipped from further on are refused until the
+                // primary ships from its start (a copy with a hole would serve a source).
+                log.restart_at(msg.log_first)?;
             }
             log.adopt_producers(&msg.producers)?;
             log.append_entries(msg.at, &msg.entries)
@@ -304,9 +309,9 @@ impl<T> Replicator<T> {
             }
             let first = log.first_version();
             if s.shipped < first {
-                // The copy ends before what the log still holds: it starts again at its start.
-                s.shipped = first;
-                s.reader = None;
+                // The copy ends before what the log still holds: it starts again at its start,
+                // and takes the producers again (their counts cover what it will not hold).
+                s.ship_from(first);
             }
             while (s.shipped < written || reset) && s.in_flight.len() < IN_FLIGHT {
                 self.buf.clear();
@@ -382,6 +387,13 @@ fn hello(stream: StreamId, p: u32, log: &IngestLog) -> Replicate {
 fn producer_facts(log: &IngestLog) -> Vec<ReplicaProducer> {
     log.producers()
         .into_iter()
-        .map(|r| ReplicaProducer { producer: r.producer, description: r.description, first: r.first, ended: r.ended })
+        .map(|r| ReplicaProducer {
+            producer: r.producer,
+            description: r.description,
+            first: r.first,
+            ended: r.ended,
+            rows: r.rows,
+            batches: r.batches,
+        })
         .collect()
 }

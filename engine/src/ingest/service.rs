@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -123,6 +123,8 @@ pub struct IngestService<T> {
     requests: Sender<AppendRequest<T>>,
     replica_inputs: Sender<ReplicaInput>,
     handles: Vec<LogHandle>,
+    /// Per partition: the writer deletes the log's segments wholly below this version.
+    floors: Arc<[AtomicU64]>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -179,14 +181,16 @@ impl<T: Send + 'static> IngestService<T> {
         let (replica_inputs, replica_rx) = crossbeam_channel::bounded(256);
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
+        let floors: Arc<[AtomicU64]> = (0..partitions).map(|_| AtomicU64::new(0)).collect();
+        let floors2 = floors.clone();
         let thread = std::thread::Builder::new()
             .name("weir-ingest".into())
             .spawn(move || {
-                let io = Io { rx, replica_rx, acks, observer: observer.as_deref() };
+                let io = Io { rx, replica_rx, acks, observer: observer.as_deref(), floors: &floors2 };
                 writer(logs, policy, io, replicator, &stop2)
             })
             .map_err(|source| LogError::Io { path: dir.to_path_buf(), source })?;
-        Ok(Self { requests, replica_inputs, handles, stop, thread: Some(thread) })
+        Ok(Self { requests, replica_inputs, handles, floors, stop, thread: Some(thread) })
     }
 
     /// Where replication messages from peers go (entries to keep, followers' answers).
@@ -207,6 +211,15 @@ impl<T: Send + 'static> IngestService<T> {
     /// Read access to partition `p`'s log.
     pub fn log(&self, p: u32) -> Option<&LogHandle> {
         self.handles.get(p as usize)
+    }
+
+    /// No reader will need partition `p`'s versions below `floor` again (every checkpoint a
+    /// restore can start from reads above it: `backup::floor`): the writer deletes the log's
+    /// segments wholly below it, soon. A lower floor than one given before changes nothing.
+    pub fn truncate_below(&self, p: u32, floor: Version) {
+        if let Some(f) = self.floors.get(p as usize) {
+            f.fetch_max(floor.0, Ordering::AcqRel);
+        }
     }
 }
 
@@ -231,6 +244,7 @@ struct Io<'a, T> {
     replica_rx: Receiver<ReplicaInput>,
     acks: Sender<Appended<T>>,
     observer: Option<&'a dyn IngestObserver>,
+    floors: &'a [AtomicU64],
 }
 
 impl<T> Io<'_, T> {
@@ -254,6 +268,7 @@ fn writer<T>(mut logs: Vec<IngestLog>, policy: SyncPolicy, io: Io<'_, T>, mut re
     let mut pending: Vec<(Appended<T>, Instant)> = Vec::new();
     let mut dirty = vec![false; logs.len()];
     let mut last_sync = Instant::now();
+    let mut truncate_failed: Vec<Option<Instant>> = vec![None; logs.len()];
     let mut open = true;
     while open || !pending.is_empty() {
         if stop.load(Ordering::Acquire) {
@@ -370,9 +385,36 @@ fn writer<T>(mut logs: Vec<IngestLog>, policy: SyncPolicy, io: Io<'_, T>, mut re
             last_sync = Instant::now();
         }
         rep.pump(&mut logs);
+        truncate(&mut logs, io.floors, &mut truncate_failed);
     }
     for log in &mut logs {
         let _ = log.sync();
+    }
+}
+
+/// Deletes the segments wholly below each partition's floor (nothing to delete costs no
+/// system call: a copy that catches up is truncated once its segments pass the floor). After a
+/// failure the partition waits a while before the next try.
+fn truncate(logs: &mut [IngestLog], floors: &[AtomicU64], failed: &mut [Option<Instant>]) {
+    const RETRY_AFTER: Duration = Duration::from_secs(5);
+    for (p, log) in logs.iter_mut().enumerate() {
+        let floor = floors.get(p).map_or(0, |f| f.load(Ordering::Acquire));
+        if floor == 0 || failed[p].is_some_and(|t| t.elapsed() < RETRY_AFTER) {
+            continue;
+        }
+        let before = log.first_version();
+        match log.truncate_below(Version(floor)) {
+            Ok(first) => {
+                failed[p] = None;
+                if first > before {
+                    tracing::debug!(partition = p, from = %before, to = %first, "ingest log truncated");
+                }
+            }
+            Err(e) => {
+                failed[p] = Some(Instant::now());
+                tracing::warn!(partition = p, error = %e, "cannot truncate the ingest log");
+            }
+        }
     }
 }
 

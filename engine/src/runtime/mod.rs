@@ -20,6 +20,7 @@ mod config;
 mod control;
 mod error;
 mod log_feed;
+mod log_floors;
 mod protocol_wire;
 mod queries;
 mod replay;
@@ -67,6 +68,8 @@ pub struct Engine {
     results: NodeResults,
     workers: Vec<JoinHandle<Result<(), TaskError>>>,
     router: Option<router::Router>,
+    /// Before `ingest`: its thread holds the service and stops first.
+    log_floors: Option<log_floors::FloorWatch>,
     ingest: Option<Arc<IngestService<IngestToken>>>,
     ingest_acks: Option<crossbeam_channel::Receiver<crate::ingest::Appended<router::IngestToken>>>,
     transport_addr: Option<std::net::SocketAddr>,
@@ -191,6 +194,12 @@ impl Engine {
                 replication::of(spec, &topo, placement, me, cfg.ingest_replicas, transport.as_ref()),
             )?)),
             SourceKind::Generator { .. } => None,
+        };
+        let log_floors = match (&ingest, &cfg.checkpoint) {
+            (Some(svc), Some(ck)) => Some(
+                log_floors::FloorWatch::start(ck.open_store(), spec.id, svc.clone()).map_err(EngineError::Thread)?,
+            ),
+            _ => None,
         };
 
         let sender = transport.as_ref().map(Transport::sender);
@@ -443,6 +452,7 @@ impl Engine {
             results,
             workers,
             router,
+            log_floors,
             ingest,
             ingest_acks,
             transport_addr,
@@ -485,6 +495,7 @@ impl Engine {
         if let Some(r) = self.router.take() {
             r.stop();
         }
+        drop(self.log_floors.take());
         if let Some(e) = first_err {
             return Err(e);
         }

@@ -57,6 +57,9 @@ impl ClusterFile {
         if !["generator", "ingest"].contains(&self.stream.source.as_str()) {
             bail!("stream.source = {:?}: \"generator\" or \"ingest\"", self.stream.source);
         }
+        if self.stream.ingest.segment.is_some_and(|s| s < 1 << 20) {
+            bail!("stream.ingest.segment must be at least 1M (a segment file of the ingest log)");
+        }
         match self.stream.ingest.replicas {
             1 => {}
             2 if seen.len() >= 2 => {}

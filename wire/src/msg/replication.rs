@@ -21,6 +21,11 @@ archived! {
         pub first: Version,
         /// The watermark of its end-of-load marker.
         pub ended: Option<i64>,
+        /// Rows it appended, as the primary counts them (a copy that began past some of its
+        /// entries takes these).
+        pub rows: u64,
+        /// Batches it appended: its sequence numbers `0..batches`.
+        pub batches: u64,
     }
 }
 

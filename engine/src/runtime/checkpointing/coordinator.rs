@@ -8,7 +8,7 @@
 //!   time while ticks, reports, manual triggers and status requests go on.
 //! - Stopping waits for the store thread at most the store timeout.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -145,18 +145,41 @@ fn store_thread(
 
 /// Collects the stream's garbage in the store, one pass per request, keeping `keep` commits.
 /// It runs beside checkpoints and never holds one up (`backup::retention` says why that is safe).
-fn collector_thread(store: Arc<dyn Store>, stream: StreamId, keep: usize, requests: Receiver<()>) {
+/// After a pass it writes the floors of the ingest partitions in `logs` (`backup::floor`), so
+/// the nodes delete what no kept checkpoint reads.
+fn collector_thread(
+    store: Arc<dyn Store>,
+    stream: StreamId,
+    keep: usize,
+    logs: BTreeMap<TaskId, u32>,
+    requests: Receiver<()>,
+) {
     let mut collector = Collector::new();
+    let mut written = BTreeMap::new();
     for () in requests {
         match collector.collect(store.as_ref(), stream, keep) {
-            Ok(c) => tracing::debug!(
-                stream = %stream,
-                kept = ?c.kept,
-                commits_deleted = c.commits_deleted,
-                objects_deleted = c.objects_deleted,
-                pending = c.pending,
-                "retention pass"
-            ),
+            Ok(c) => {
+                tracing::debug!(
+                    stream = %stream,
+                    kept = ?c.kept,
+                    commits_deleted = c.commits_deleted,
+                    objects_deleted = c.objects_deleted,
+                    pending = c.pending,
+                    "retention pass"
+                );
+                let floors: BTreeMap<u32, Version> = c
+                    .floors
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|(t, v)| logs.get(&t).map(|p| (*p, v)))
+                    .collect();
+                if !floors.is_empty() && floors != written {
+                    match crate::backup::floor::write_floors(store.as_ref(), stream, &floors) {
+                        Ok(()) => written = floors,
+                        Err(e) => tracing::warn!(stream = %stream, error = %e, "cannot write the ingest log floors"),
+                    }
+                }
+            }
             // Garbage stays until the next pass; nothing a commit names was touched.
             Err(e) => tracing::warn!(stream = %stream, error = %e, "retention pass failed"),
         }
@@ -177,6 +200,8 @@ pub(crate) struct CoordStart {
     pub(crate) store_timeout: Duration,
     /// Commits kept in the store (0: all, no collection).
     pub(crate) retain: usize,
+    /// The partition of each source task reading an ingest log: retention writes their floors.
+    pub(crate) log_partitions: BTreeMap<TaskId, u32>,
     /// How the stream halts.
     pub(crate) halt: Halt,
 }
@@ -197,10 +222,10 @@ impl CoordThread {
         let (store, stream, inbox_tx) = (s.store.clone(), s.stream, s.inbox.0.clone());
         let (collect, collector) = if s.retain > 0 {
             let (tx, rx) = crossbeam_channel::bounded(1);
-            let (store, keep) = (s.store.clone(), s.retain);
+            let (store, keep, logs) = (s.store.clone(), s.retain, s.log_partitions);
             let t = std::thread::Builder::new()
                 .name("weir-retention".into())
-                .spawn(move || collector_thread(store, stream, keep, rx))?;
+                .spawn(move || collector_thread(store, stream, keep, logs, rx))?;
             (Some(tx), Some(t))
         } else {
             (None, None)

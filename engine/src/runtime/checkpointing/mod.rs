@@ -25,7 +25,7 @@ mod settings;
 mod stats;
 mod verify;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
@@ -96,6 +96,8 @@ pub(crate) struct Setup {
     uploaders: UploaderPool,
     log: Arc<CheckpointLog>,
     topo: Topology,
+    /// The partition of each source task reading an ingest log (none for a generator stream).
+    log_partitions: BTreeMap<TaskId, u32>,
     node: NodeId,
     node_of: Arc<HashMap<TaskId, NodeId>>,
     coord_node: NodeId,
@@ -157,6 +159,17 @@ impl Setup {
     ) -> Result<Setup, EngineError> {
         let topo = spec.topology();
         let node_of: HashMap<TaskId, NodeId> = topo.tasks.iter().map(|t| (t.id, placement.node_of(t.id))).collect();
+        let log_partitions = match spec.source {
+            crate::spec::SourceKind::IngestLog => topo
+                .tasks
+                .iter()
+                .filter_map(|t| match t.kind {
+                    crate::spec::TaskKind::Source { partition } => Some((t.id, partition)),
+                    _ => None,
+                })
+                .collect(),
+            crate::spec::SourceKind::Generator { .. } => BTreeMap::new(),
+        };
         let coord_node = hub.coord_node;
         let store = settings.open_store();
         let restored = Arc::new(OnceLock::new());
@@ -228,6 +241,7 @@ impl Setup {
             uploaders,
             log,
             topo,
+            log_partitions,
             node: cfg.node,
             node_of: Arc::new(node_of),
             coord_node,
@@ -353,6 +367,7 @@ impl Setup {
             net,
             store_timeout: Duration::from_millis(self.settings.store_timeout_ms),
             retain: self.settings.retain,
+            log_partitions: self.log_partitions,
             halt,
         })
         .map_err(EngineError::Thread)?;

@@ -145,6 +145,7 @@ impl TaskPort for EnginePort<'_> {
                     s.offset = 0;
                     s.replay = Default::default();
                     if let Feed::Log(f) = &mut s.feed {
+                        log_holds_from(f, Version(0), "a start from nothing").map_err(failed)?;
                         f.reader = f.reader.reopen_at(Version(0));
                     }
                 }
@@ -249,6 +250,7 @@ impl TaskPort for EnginePort<'_> {
                         f.partition, version.0
                     )));
                 }
+                log_holds_from(f, Version(start), &format!("checkpoint {}", p.id)).map_err(failed)?;
                 f.reader = f.reader.reopen_at(Version(start));
             }
         }
@@ -447,5 +449,20 @@ impl Drop for TaskCheckpointing {
         if self.driver.aligning() {
             self.fx.engine_aligning.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// Whether partition `f`'s log on this node still holds version `from` on: retention deletes a
+/// log below what the kept checkpoints read, so a restore of another (`what`: a commit deleted by
+/// hand, a store from elsewhere, a start from nothing) would find a gap, and says so.
+fn log_holds_from(f: &crate::runtime::log_feed::LogFeed, from: Version, what: &str) -> Result<(), String> {
+    let first = f.log.extent().map_err(|e| format!("partition {}'s log: {e}", f.partition))?.0;
+    match first.filter(|first| *first > from) {
+        Some(first) => Err(format!(
+            "partition {}'s log on this node begins at version {first} (deleted below what the kept checkpoints \
+             read), and {what} reads it from {from}: the rows between are gone; the stream stops rather than skip them",
+            f.partition
+        )),
+        None => Ok(()),
     }
 }
