@@ -1,7 +1,8 @@
 //! Ingest replication between two real ingest writers on real logs, their messages carried by
 //! channels (the engine carries them over its transport; the cluster test runs that): an append
 //! is acknowledged once both copies hold it, a follower behind catches up, a copy past its
-//! primary's log starts afresh, and both copies end byte for byte the same.
+//! primary's log (or holding a tail the primary lost) starts afresh, retention deletes both
+//! copies below the floor, and both copies end byte for byte the same.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -323,4 +324,44 @@ fn both_copies_delete_below_the_floor_and_a_new_follower_copies_from_there_not_f
     assert!(matches!(next, AppendOutcome::New(Some(_))), "{next:?}");
     let old = copy.append_from(ProducerSeq { producer: 3, seq: 5 }, &rows(500, 100));
     assert!(matches!(old, Err(LogError::TooOld { .. })), "{old:?}");
+}
+
+#[test]
+fn a_copy_holding_a_tail_its_primary_lost_is_started_afresh_even_once_the_primary_wrote_past_it() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let net = Net::default();
+    for (dir, lost_tail) in [(a.path(), false), (b.path(), true)] {
+        let mut log = IngestLog::open(&partition_dir(dir, 0), LogConfig::default()).unwrap();
+        log.describe(1, b"{\"seed\":1}").unwrap();
+        for seq in 0..10 {
+            log.append_from(ProducerSeq { producer: 1, seq }, &rows(seq * 100, 100)).unwrap();
+        }
+        if lost_tail {
+            // Shipped to the copy, then lost by the primary (unsynced, in a power loss): never
+            // acknowledged to their producer.
+            log.describe(2, b"{\"seed\":2}").unwrap();
+            for seq in 0..3 {
+                log.append_from(ProducerSeq { producer: 2, seq }, &rows(7_000 + seq * 100, 100)).unwrap();
+            }
+        }
+        log.sync().unwrap();
+    }
+    // The primary takes new appends at the versions the copy's lost tail holds, and past them,
+    // before the follower first answers.
+    let (primary, acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
+    for seq in 10..15 {
+        append(&primary, 1, seq, rows(seq * 100, 100), false);
+    }
+    wait_for("the appends written", || primary.log(0).unwrap().extent().unwrap().1 > 15 * 100 * 24);
+    let (follower, _) = start(b.path(), FOLLOWER, &net, None);
+    for seq in 10..15 {
+        assert_eq!(acked(&acks, Duration::from_secs(10)).map(|a| a.0), Some(seq));
+    }
+    let mut out = Batch::default();
+    let mut r = follower.log(0).unwrap().reader(Version(0));
+    while r.read(100_000, &mut out).unwrap() > 0 {}
+    assert!(out == rows(0, 1500), "the copy holds the primary's rows, not the lost tail's");
+    assert_eq!(follower.log(0).unwrap().producers(), primary.log(0).unwrap().producers());
+    drop((primary, follower));
+    assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
 }

@@ -14,7 +14,13 @@
 //!   prefix of the primary's log.
 //! - A follower whose copy holds more than the primary (the primary lost its disk, or its
 //!   unsynced tail in a power loss: those entries were never acknowledged) is started afresh
-//!   from the primary's log: the primary's log is the partition.
+//!   from the primary's log: the primary's log is the partition. "More" is judged at the
+//!   follower's first answer to this writer, against where this log ended when the writer
+//!   started (before it shipped anything): by then the primary may have written other rows at
+//!   those versions, and only what it shipped since can be in the copy legitimately. This is
+//!   what a leader epoch per entry gives Kafka, with one primary per partition and run.
+//! - A copy that ends before the primary's log begins (retention deleted the rest) starts again
+//!   where the primary's log begins, taking the producers' counts from the primary's ledger.
 //!
 //! The network is behind [`ReplicaLink`], so tests run two writers over channels and the engine
 //! runs them over its transport.
@@ -85,6 +91,11 @@ impl std::fmt::Debug for Replication {
 /// One partition shipped to its follower.
 struct Shipping<T> {
     follower: NodeId,
+    /// Where this node's log ended when the writer started, before anything was shipped: a copy
+    /// that holds more at its first answer holds entries this log lost (see [`Replicator::answered`]).
+    started_at: Version,
+    /// The copy diverged: the next message starts it afresh.
+    diverged: bool,
     /// Where the follower's copy ends (durable), from its last answer; `None` before the first.
     acked: Option<Version>,
     /// Next version to ship, and a reader there (`None`: open one at `shipped`).
@@ -132,6 +143,8 @@ impl<T> Replicator<T> {
             .map(|(p, follower)| {
                 let s = Shipping {
                     follower,
+                    started_at: Version(0),
+                    diverged: false,
                     acked: None,
                     shipped: Version(0),
                     reader: None,
@@ -148,10 +161,11 @@ impl<T> Replicator<T> {
     }
 
     /// Readers of the partitions this writer ships see only what their followers hold.
-    pub(super) fn start(&self, logs: &mut [IngestLog]) {
-        for p in self.shipping.keys() {
+    pub(super) fn start(&mut self, logs: &mut [IngestLog]) {
+        for (p, s) in &mut self.shipping {
             if let Some(log) = logs.get_mut(*p as usize) {
                 log.replicate();
+                s.started_at = log.next_version();
             }
         }
     }
@@ -215,7 +229,9 @@ impl<T> Replicator<T> {
             log.append_entries(msg.at, &msg.entries)
         })();
         match wrote {
-            Ok(_) if msg.entries.is_empty() && !msg.reset => {
+            // Where the copy ends, written and synced (a primary's first question compares it
+            // with its own log: unsynced entries here count too).
+            Ok(_) if msg.entries.is_empty() && !msg.reset && log.durable_version() == log.next_version() => {
                 let next = log.durable_version();
                 self.answer_now(from, msg.stream, p, next, String::new());
             }
@@ -259,6 +275,19 @@ impl<T> Replicator<T> {
         }
         s.last_heard = Instant::now();
         let log = &mut logs[msg.partition as usize];
+        if s.acked.is_none() && msg.error.is_empty() && msg.next > s.started_at {
+            // The first answer, before this writer shipped anything: the copy holds versions
+            // this log did not have when the writer started. They were shipped by an earlier
+            // run of this primary that lost them (its unsynced tail, in a power loss) or by a
+            // primary whose copy this log was (a source moved here): never acknowledged, and
+            // the versions this log writes from there are other rows. The copy starts afresh.
+            tracing::error!(partition = msg.partition, follower = %from, copy = %msg.next, log = %s.started_at,
+                "the follower's copy holds entries this node's log never had: starting it afresh");
+            // Nothing of it counts: no acknowledgement is released, no reader reads further.
+            s.diverged = true;
+            s.acked = Some(log.first_version());
+            return Vec::new();
+        }
         log.publish_replicated(msg.next);
         if !msg.error.is_empty() || s.acked.is_none() || msg.next > s.shipped {
             if !msg.error.is_empty() {
@@ -301,10 +330,12 @@ impl<T> Replicator<T> {
             }
             let written = log.next_version();
             // A copy past the primary's log is started afresh (the primary lost what it had).
-            let reset = acked > written;
+            let reset = acked > written || s.diverged;
             if reset {
-                tracing::error!(partition = p, follower = %s.follower, copy = %acked, log = %written,
-                    "the follower's copy holds more than this node's log: starting it afresh");
+                if !s.diverged {
+                    tracing::error!(partition = p, follower = %s.follower, copy = %acked, log = %written,
+                        "the follower's copy holds more than this node's log: starting it afresh");
+                }
                 s.ship_from(log.first_version());
             }
             let first = log.first_version();
@@ -357,6 +388,7 @@ impl<T> Replicator<T> {
                 if reset {
                     // Its copy is being replaced: nothing of it counts until it answers.
                     s.acked = Some(first);
+                    s.diverged = false;
                 }
                 s.facts_sent = Some(facts);
                 s.shipped = end;
