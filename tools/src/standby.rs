@@ -128,6 +128,7 @@ pub fn wait(
         let answer = match frame.kind() {
             Kind::StatusReq => frame.to_owned::<StatusReq>().ok().and_then(|r| {
                 enc.encode(&StatusRsp {
+                    logs: Vec::new(),
                     request: r.request,
                     node,
                     uptime_ms: if idle { started.elapsed().as_millis() as u64 } else { 0 },

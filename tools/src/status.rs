@@ -116,6 +116,11 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
                     "committed": s.committed, "failed": s.failed, "not_started": s.not_started, "interval_ms": s.interval_ms,
                     "cause": (!s.cause.is_empty()).then_some(&s.cause),
                 })).collect::<Vec<_>>(),
+                "logs": r.logs.iter().map(|l| json!({
+                    "partition": l.partition, "source": l.source, "first": l.first.0, "end": l.end.0,
+                    "readable": l.readable.0, "bytes": l.bytes,
+                    "follower": (l.follower.0 != 0).then_some(l.follower.0),
+                })).collect::<Vec<_>>(),
                 "checkpoints": r.checkpoints.iter().map(|c| json!({
                     "stream": c.stream.0, "checkpoint": c.checkpoint.0, "started_at_ms": c.started_at_ms,
                     "duration_us": c.duration_us, "max_align_us": c.max_align_us,
@@ -279,6 +284,7 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
             );
         }
     }
+    logs(&mut out, answers);
     if !answers.iter().any(|(_, a)| matches!(a, Answer::Up(r) if !r.streams.is_empty())) {
         let _ = writeln!(
             out,
@@ -333,6 +339,43 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
         }
     }
     out
+}
+
+/// The ingest logs each node holds: what they span, their size on disk, and for a source's
+/// log whether its copy holds everything.
+fn logs(out: &mut String, answers: &[(SocketAddr, Answer)]) {
+    use std::fmt::Write;
+    let mut rows: Vec<(u32, u32, &weir_engine::wire::msg::LogStatus)> = answers
+        .iter()
+        .filter_map(|(_, a)| match a {
+            Answer::Up(r) => Some(r.logs.iter().map(move |l| (l.partition, r.node.0, l))),
+            Answer::Down(_) => None,
+        })
+        .flatten()
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    rows.sort_by_key(|(p, n, l)| (*p, !l.source, *n));
+    let _ =
+        writeln!(out, "\n{:<10} {:<6} {:<7} {:>27} {:>10}  copy", "partition", "node", "log", "versions", "on disk");
+    for (p, node, l) in rows {
+        let copy = match (l.source, l.follower.0) {
+            (false, _) => String::new(),
+            (true, 0) => "none (one copy)".into(),
+            (true, f) if l.readable >= l.end => format!("on node {f}, in sync"),
+            (true, f) => format!("on node {f}, {} versions behind", l.end.0 - l.readable.0),
+        };
+        let line = format!(
+            "{:<10} {:<6} {:<7} {:>27} {:>10}  {copy}",
+            p,
+            node,
+            if l.source { "source" } else { "copy" },
+            format!("{}..{}", l.first.0, l.end.0),
+            format!("{:.1} MiB", l.bytes as f64 / (1 << 20) as f64),
+        );
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
 }
 
 /// Asks the nodes, prints what they said.

@@ -91,6 +91,22 @@ fn ingest_logs_stay_bounded_on_both_copies_and_a_node_killed_mid_load_restores_f
             assert!(held < whole / 3 && held < 16 << 20, "node {n} partition {p}: {held} bytes of {whole}");
         }
     }
+    // Status says the same: each partition's log on its source's node and its copy, both
+    // begun past version 0, the copy in sync.
+    let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let logs: Vec<&serde_json::Value> =
+        status["nodes"].as_array().unwrap().iter().flat_map(|n| n["logs"].as_array().unwrap()).collect();
+    assert_eq!(logs.len(), 6, "{status:#}");
+    for l in &logs {
+        assert!(l["first"].as_u64().unwrap() > 0 && l["bytes"].as_u64().unwrap() < 16 << 20, "{status:#}");
+        if l["source"] == true {
+            assert!(l["follower"].as_u64().is_some() && l["readable"] == l["end"], "{status:#}");
+        }
+    }
+    let out = weir().args(["status", "--config"]).arg(&config).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches(", in sync").count(), 3, "{text}");
     let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for (i, c) in nodes.0.iter_mut().enumerate() {

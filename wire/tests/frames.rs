@@ -200,6 +200,10 @@ roundtrip! {
             leader: NodeId(2), lease_left_ms: 2_400, placement: 3, elections: 1, lease_losses: 2, fenced_writes: 1,
             error: "keep-alive failed".into(),
         }),
+        logs: vec![LogStatus {
+            partition: 2, source: true, first: Version(4_800), end: Version(9_000), readable: Version(8_800),
+            bytes: 5 << 20, follower: NodeId(3),
+        }],
     };
 }
 

@@ -502,6 +502,12 @@ impl LogHandle {
         Version(self.durable.load(Ordering::Acquire))
     }
 
+    /// What the partition's source may read: durable here and, for a replicated partition's
+    /// primary, on the follower too.
+    pub fn readable_version(&self) -> Version {
+        Version(self.readable.load(Ordering::Acquire))
+    }
+
     /// A reader from `from` (a version the log no longer or not yet holds fails on first read).
     pub fn reader(&self, from: Version) -> LogReader {
         LogReader::new(self.dir.clone(), self.cfg, self.readable.clone(), from)

@@ -247,6 +247,9 @@ impl Engine {
             failover: cfg.failover,
             links: std::sync::Mutex::new(cfg.links.iter().map(|l| (l.node, l.clone())).collect()),
             member: cfg.member_status.clone(),
+            logs: ingest
+                .as_deref()
+                .map_or_else(Vec::new, |i| status::PartitionLog::all(i, &topo, placement, me, cfg.ingest_replicas)),
         });
 
         // The router starts before the tasks restore (seconds from a remote store, for a large

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use weir_wire::msg::{PeerLink, StatusRsp, StreamHealth, TaskHeartbeat};
+use weir_wire::msg::{LogStatus, PeerLink, StatusRsp, StreamHealth, TaskHeartbeat};
 use weir_wire::{NodeId, StreamId, TaskId};
 
 use super::board::TaskBoard;
@@ -52,6 +52,61 @@ pub(crate) struct StatusBoard {
     pub(crate) links: Mutex<BTreeMap<NodeId, PeerLink>>,
     /// The node's membership in the control store.
     pub(crate) member: Option<Arc<dyn crate::cluster::MemberStatus>>,
+    /// The ingest logs the node holds (an ingest-log stream's).
+    pub(crate) logs: Vec<PartitionLog>,
+}
+
+/// One partition's ingest log as status reports it.
+#[derive(Debug)]
+pub(crate) struct PartitionLog {
+    pub(crate) partition: u32,
+    pub(crate) log: crate::ingest::LogHandle,
+    /// This node runs the partition's source.
+    pub(crate) source: bool,
+    /// The node keeping the copy (on the source's node with two copies).
+    pub(crate) follower: Option<NodeId>,
+}
+
+impl PartitionLog {
+    /// The logs of `ingest` (every partition's: the node's own and the copies it keeps).
+    pub(crate) fn all<T: Send + 'static>(
+        ingest: &crate::ingest::IngestService<T>,
+        topology: &crate::spec::Topology,
+        placement: &crate::spec::Placement,
+        me: NodeId,
+        replicas: u8,
+    ) -> Vec<PartitionLog> {
+        let sources: BTreeMap<u32, NodeId> = topology
+            .tasks
+            .iter()
+            .filter_map(|t| match t.kind {
+                crate::spec::TaskKind::Source { partition } => Some((partition, placement.node_of(t.id))),
+                _ => None,
+            })
+            .collect();
+        (0..ingest.partitions())
+            .filter_map(|p| {
+                let source = sources.get(&p) == Some(&me);
+                let follower = if source && replicas >= 2 { placement.ingest_follower(topology, p) } else { None };
+                Some(PartitionLog { partition: p, log: ingest.log(p)?.clone(), source, follower })
+            })
+            .collect()
+    }
+
+    fn status(&self) -> LogStatus {
+        // An unreadable directory reports an empty log; the writer reports its own errors.
+        let (first, bytes) = self.log.extent().unwrap_or((None, 0));
+        let end = self.log.durable_version();
+        LogStatus {
+            partition: self.partition,
+            source: self.source,
+            first: first.unwrap_or(end),
+            end,
+            readable: self.log.readable_version(),
+            bytes,
+            follower: self.follower.unwrap_or(NodeId(0)),
+        }
+    }
 }
 
 impl StatusBoard {
@@ -126,6 +181,9 @@ impl StatusBoard {
             idle: false,
             stream: Some(self.info.clone()),
             member: self.member.as_ref().map(|m| m.member_info()),
+            // A node keeps no log of a partition it is neither the source's nor the copy's node of
+            // (its directory exists, empty).
+            logs: self.logs.iter().map(PartitionLog::status).filter(|l| l.source || l.bytes > 0).collect(),
         }
     }
 

@@ -169,6 +169,30 @@ archived! {
         pub stream: Option<StreamInfo>,
         /// The node's membership in the cluster's control store (`None`: the cluster has none).
         pub member: Option<MemberInfo>,
+        /// The ingest logs the node holds, by partition (an ingest-log stream's).
+        pub logs: Vec<LogStatus>,
+    }
+}
+
+archived! {
+    /// One partition's ingest log on a node, in a [`StatusRsp`].
+    pub struct LogStatus {
+        /// Partition.
+        pub partition: u32,
+        /// The node runs the partition's source (its log is the partition's primary); else it
+        /// keeps a copy.
+        pub source: bool,
+        /// The oldest version the log holds (retention deletes what no kept checkpoint reads).
+        pub first: Version,
+        /// Every version below this is durable here.
+        pub end: Version,
+        /// What the source may read: durable on both copies (on the source's node; `end` with
+        /// one copy).
+        pub readable: Version,
+        /// Bytes of the log's segment files.
+        pub bytes: u64,
+        /// The node keeping the copy (on the source's node with two copies; 0: none).
+        pub follower: NodeId,
     }
 }
 
