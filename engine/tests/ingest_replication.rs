@@ -365,3 +365,41 @@ fn a_copy_holding_a_tail_its_primary_lost_is_started_afresh_even_once_the_primar
     drop((primary, follower));
     assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
 }
+
+#[test]
+fn a_copy_diverged_at_an_entry_boundary_is_found_by_its_checksum_after_the_primary_restarted_without_it() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let net = Net::default();
+    for (dir, lost_tail) in [(a.path(), false), (b.path(), true)] {
+        let mut log = IngestLog::open(&partition_dir(dir, 0), LogConfig::default()).unwrap();
+        log.describe(1, b"{\"seed\":1}").unwrap();
+        for seq in 0..8 {
+            log.append_from(ProducerSeq { producer: 1, seq }, &rows(seq * 100, 100)).unwrap();
+        }
+        if lost_tail {
+            // Batches 8 and 9 as the primary had shipped them before it lost them: other rows.
+            for seq in 8..10 {
+                log.append_from(ProducerSeq { producer: 1, seq }, &rows(50_000 + seq * 100, 100)).unwrap();
+            }
+        }
+        log.sync().unwrap();
+    }
+    // The primary writes batches 8 to 12 (the copy's last entry ends where its batch 9 does)
+    // while the follower is away, and its writer starts again before the follower answers.
+    let (primary, _acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
+    for seq in 8..13 {
+        append(&primary, 1, seq, rows(seq * 100, 100), false);
+    }
+    wait_for("the appends written", || primary.log(0).unwrap().extent().unwrap().1 > 13 * 100 * 24);
+    drop(primary);
+    let (primary, acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
+    let (follower, _) = start(b.path(), FOLLOWER, &net, None);
+    append(&primary, 1, 13, rows(1300, 100), false);
+    assert_eq!(acked(&acks, Duration::from_secs(10)).map(|a| a.0), Some(13));
+    let mut out = Batch::default();
+    let mut r = follower.log(0).unwrap().reader(Version(0));
+    while r.read(100_000, &mut out).unwrap() > 0 {}
+    assert!(out == rows(0, 1400), "the copy holds the primary's rows, not the lost tail's");
+    drop((primary, follower));
+    assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
+}

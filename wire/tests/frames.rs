@@ -85,9 +85,11 @@ roundtrip! {
     roundtrip_replicate: Replicate = Replicate {
         stream: StreamId(2), partition: 1, at: Version(4096), log_first: Version(0), reset: false,
         entries: vec![1, 2, 3, 4], producers: vec![ReplicaProducer { producer: 0xfeed, description: b"{}".to_vec(), first: Version(0), ended: Some(9), rows: 7, batches: 2 }],
+        session: 0x5e55_1011,
     };
     roundtrip_replicate_ack: ReplicateAck = ReplicateAck {
         stream: StreamId(2), partition: 1, next: Version(8192), error: "out of step".into(),
+        session: 0x5e55_1011, last_crc: Some(0xdead_beef),
     };
     roundtrip_credit: Credit = Credit { stream: StreamId(1), from: TaskId(3), to: TaskId(5), credits: 16 };
     roundtrip_checkpoint_source_req: CheckpointSourceReq = CheckpointSourceReq {

@@ -159,6 +159,9 @@ pub struct IngestLog {
     pub(super) producers: Producers,
     /// What each producer appended, shared with the log's handles.
     pub(super) ledger: Ledger,
+    /// The checksum of the entry ending at `next` (0: none, the log is empty): a copy's answer
+    /// carries it, so that its primary can tell whether the copy is a prefix of its log.
+    pub(super) last_crc: u32,
 }
 
 impl IngestLog {
@@ -177,6 +180,7 @@ impl IngestLog {
         let count = segments.len();
         let mut producers = read_producers(dir)?;
         let ledger = Ledger::read(dir)?;
+        let mut last_crc = 0;
         for (i, seg) in segments.iter().enumerate() {
             if seg.first != next {
                 return Err(LogError::Corrupt {
@@ -186,7 +190,9 @@ impl IngestLog {
                 });
             }
             let known = (&mut producers, &ledger);
-            next = scan_segment(&seg.path, seg.first, cfg.max_entry_bytes, i + 1 == count, known)?;
+            let crc;
+            (next, crc) = scan_segment(&seg.path, seg.first, cfg.max_entry_bytes, i + 1 == count, known)?;
+            last_crc = crc.unwrap_or(last_crc);
         }
         if segments.is_empty() {
             segments.push(Segment { first: next, path: segment::segment_path(dir, next) });
@@ -212,6 +218,7 @@ impl IngestLog {
             buf: Vec::new(),
             producers,
             ledger,
+            last_crc,
         })
     }
 
@@ -319,6 +326,7 @@ impl IngestLog {
         self.buf.clear();
         segment::encode_marker(at, watermark_ms, &mut self.buf);
         self.put()?;
+        self.last_crc = segment::entry_crc(&self.buf);
         self.next = Version(at.0 + 1);
         self.keep_for_follower(at);
         Ok(at)
@@ -361,6 +369,7 @@ impl IngestLog {
         self.buf.clear();
         segment::encode_entry(first, batch, from, &mut self.buf);
         self.put()?;
+        self.last_crc = segment::entry_crc(&self.buf);
         self.next = Version(first.0 + batch.len() as u64);
         self.keep_for_follower(first);
         Ok(Some((first, Version(self.next.0 - 1))))
@@ -443,6 +452,19 @@ impl IngestLog {
         }
         sync_dir(&self.dir)?;
         Ok(self.first_version())
+    }
+
+    /// The checksum of this log's entry ending at `end`: `None` when no entry ends there (inside
+    /// an entry, before the log's first version or past its end).
+    pub(super) fn crc_ending_at(&self, end: Version) -> Result<Option<u32>, LogError> {
+        if end == self.next {
+            return Ok((end > self.first_version()).then_some(self.last_crc));
+        }
+        if end <= self.first_version() || end > self.next {
+            return Ok(None);
+        }
+        let mut r = LogReader::new(self.dir.clone(), self.cfg, self.durable.clone(), Version(end.0 - 1));
+        r.crc_of_entry_ending_at(end)
     }
 
     /// A reader starting at `from` that sees rows as they become durable.
@@ -533,21 +555,24 @@ pub(super) fn sync_dir(dir: &Path) -> Result<(), LogError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
 }
 
-/// Checks a segment entry by entry; returns the version after its last entry. In the last
-/// segment a torn tail is cut; anywhere else damage is corruption.
+/// Checks a segment entry by entry; returns the version after its last entry and that entry's
+/// checksum (none: no entry). In the last segment a torn tail is cut; anywhere else damage is
+/// corruption.
 fn scan_segment(
     path: &Path,
     first: Version,
     max_entry: usize,
     last: bool,
     (producers, ledger): (&mut Producers, &Ledger),
-) -> Result<Version, LogError> {
+) -> Result<(Version, Option<u32>), LogError> {
     let bytes = fs::read(path).map_err(io_err(path))?;
     let mut off = 0usize;
     let mut next = first;
+    let mut crc = None;
     while off < bytes.len() {
         let why = match segment::parse_entry(&bytes[off..], max_entry) {
             Parsed::Entry { first: f, rows, len, from, watermark } if f == next => {
+                crc = Some(segment::entry_crc(&bytes[off..]));
                 off += len;
                 next = Version(next.0 + Parsed::versions(rows, watermark));
                 if let Some(from) = from {
@@ -576,5 +601,5 @@ fn scan_segment(
         f.sync_all().map_err(io_err(path))?;
         break;
     }
-    Ok(next)
+    Ok((next, crc))
 }

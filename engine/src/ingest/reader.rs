@@ -154,6 +154,28 @@ impl LogReader {
         }
     }
 
+    /// The checksum of the entry ending at `end` (the reader starts at the version before it):
+    /// `None` when no entry ends there (it falls inside one, or past the log's end).
+    pub(super) fn crc_of_entry_ending_at(&mut self, end: Version) -> Result<Option<u32>, LogError> {
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            let Some(e) = self.next_entry(&mut buf)? else {
+                if self.pos >= end {
+                    return Ok(None);
+                }
+                continue; // the next segment
+            };
+            self.pos = self.pos.max(e.end());
+            if e.end() == end {
+                return Ok(Some(segment::entry_crc(&buf)));
+            }
+            if e.end() > end {
+                return Ok(None);
+            }
+        }
+    }
+
     fn open_at(&mut self, pos: Version) -> Result<(), LogError> {
         let mut best = None;
         for entry in fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {

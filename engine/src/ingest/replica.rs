@@ -39,6 +39,8 @@ struct Run {
     end: usize,
     /// The copy's next version once they are.
     next: Version,
+    /// The checksum of the run's last entry.
+    crc: u32,
     /// Their producers' batches: producer, first version, end, rows.
     counted: Vec<(super::segment::ProducerSeq, Version, Version, u32)>,
 }
@@ -53,7 +55,7 @@ impl IngestLog {
         }
         // Consecutive entries go out in one write (split where a segment ends): a message of
         // many entries costs one system call, not one per entry.
-        let mut run = Run { start: 0, end: 0, next: self.next, counted: Vec::new() };
+        let mut run = Run { start: 0, end: 0, next: self.next, crc: self.last_crc, counted: Vec::new() };
         let mut off = 0;
         let mut refused = None;
         while off < bytes.len() {
@@ -88,6 +90,7 @@ impl IngestLog {
             }
             run.end = off;
             run.next = end;
+            run.crc = segment::entry_crc(&bytes[at..]);
             if let Some(from) = from {
                 run.counted.push((from, first, end, rows));
             }
@@ -107,6 +110,7 @@ impl IngestLog {
         self.put_bytes(&bytes[run.start..run.end])?;
         run.start = run.end;
         self.next = run.next;
+        self.last_crc = run.crc;
         for (from, first, end, rows) in run.counted.drain(..) {
             remember(&mut self.producers, from, first, Version(end.0 - 1));
             self.ledger.count(from, first, rows as u64);
@@ -165,6 +169,7 @@ impl IngestLog {
         self.active_len = 0;
         self.segments = vec![Segment { first: at, path }];
         self.next = at;
+        self.last_crc = 0;
         self.written_unsynced = false;
         self.durable.store(at.0, std::sync::atomic::Ordering::Release);
         self.readable.store(at.0, std::sync::atomic::Ordering::Release);

@@ -14,11 +14,13 @@
 //!   prefix of the primary's log.
 //! - A follower whose copy holds more than the primary (the primary lost its disk, or its
 //!   unsynced tail in a power loss: those entries were never acknowledged) is started afresh
-//!   from the primary's log: the primary's log is the partition. "More" is judged at the
-//!   follower's first answer to this writer, against where this log ended when the writer
-//!   started (before it shipped anything): by then the primary may have written other rows at
-//!   those versions, and only what it shipped since can be in the copy legitimately. This is
-//!   what a leader epoch per entry gives Kafka, with one primary per partition and run.
+//!   from the primary's log: the primary's log is the partition. So is a copy that holds
+//!   *other* entries at versions the primary also has (the primary wrote new rows there after
+//!   the loss): nothing counts on a copy (no acknowledgement released, no reader let further)
+//!   until an answer shows it a prefix of the primary's log, its last entry's checksum equal
+//!   to the primary's entry at the same version (as Raft's check of the previous entry's term;
+//!   Kafka's leader epochs serve the same end). Each writer run, and each reset, is a new
+//!   session: answers to an earlier one are ignored.
 //! - A copy that ends before the primary's log begins (retention deleted the rest) starts again
 //!   where the primary's log begins, taking the producers' counts from the primary's ledger.
 //!
@@ -91,12 +93,14 @@ impl std::fmt::Debug for Replication {
 /// One partition shipped to its follower.
 struct Shipping<T> {
     follower: NodeId,
-    /// Where this node's log ended when the writer started, before anything was shipped: a copy
-    /// that holds more at its first answer holds entries this log lost (see [`Replicator::answered`]).
-    started_at: Version,
-    /// The copy diverged: the next message starts it afresh.
+    /// This writer's session with the follower (a new one at each reset of its copy): answers
+    /// to another are stale.
+    session: u64,
+    /// The copy holds what this log does not (see [`Replicator::answered`]): the next message
+    /// starts it afresh, under a new session.
     diverged: bool,
-    /// Where the follower's copy ends (durable), from its last answer; `None` before the first.
+    /// Where the follower's copy ends (durable), from its last answer; `None` until an answer
+    /// of this session showed the copy to be a prefix of this log.
     acked: Option<Version>,
     /// Next version to ship, and a reader there (`None`: open one at `shipped`).
     shipped: Version,
@@ -127,8 +131,8 @@ pub(super) struct Replicator<T> {
     stream: StreamId,
     link: Option<Box<dyn ReplicaLink>>,
     shipping: BTreeMap<u32, Shipping<T>>,
-    /// Answers a follower owes, sent after the next sync: (primary, stream, partition).
-    owed: Vec<(NodeId, StreamId, u32)>,
+    /// Answers a follower owes, sent after the next sync.
+    owed: Vec<Answer>,
     buf: Vec<u8>,
 }
 
@@ -143,7 +147,7 @@ impl<T> Replicator<T> {
             .map(|(p, follower)| {
                 let s = Shipping {
                     follower,
-                    started_at: Version(0),
+                    session: new_session(p),
                     diverged: false,
                     acked: None,
                     shipped: Version(0),
@@ -161,11 +165,10 @@ impl<T> Replicator<T> {
     }
 
     /// Readers of the partitions this writer ships see only what their followers hold.
-    pub(super) fn start(&mut self, logs: &mut [IngestLog]) {
-        for (p, s) in &mut self.shipping {
+    pub(super) fn start(&self, logs: &mut [IngestLog]) {
+        for p in self.shipping.keys() {
             if let Some(log) = logs.get_mut(*p as usize) {
                 log.replicate();
-                s.started_at = log.next_version();
             }
         }
     }
@@ -212,9 +215,10 @@ impl<T> Replicator<T> {
     /// at once when the entries were refused or there were none).
     fn copy(&mut self, from: NodeId, msg: Replicate, logs: &mut [IngestLog]) {
         let p = msg.partition;
+        let to = Answer { primary: from, stream: msg.stream, partition: p, session: msg.session };
         let Some(log) = logs.get_mut(p as usize) else {
             let error = format!("no partition {p} on this node ({} partitions)", logs.len());
-            return self.answer_now(from, msg.stream, p, Version(0), error);
+            return self.answer_now(to, Version(0), error, None);
         };
         let wrote = (|| {
             if msg.reset {
@@ -233,37 +237,42 @@ impl<T> Replicator<T> {
             // with its own log: unsynced entries here count too).
             Ok(_) if msg.entries.is_empty() && !msg.reset && log.durable_version() == log.next_version() => {
                 let next = log.durable_version();
-                self.answer_now(from, msg.stream, p, next, String::new());
+                self.answer_now(to, next, String::new(), Some(log.last_crc));
             }
-            Ok(_) => self.owed.push((from, msg.stream, p)),
+            Ok(_) => {
+                // One answer per primary and partition after the sync, naming the latest session.
+                self.owed.retain(|o| (o.primary, o.stream, o.partition) != (to.primary, to.stream, to.partition));
+                self.owed.push(to);
+            }
             Err(e) => {
                 if !matches!(e, LogError::Replica { .. }) {
                     tracing::error!(partition = p, primary = %from, error = %e, "ingest replica cannot write");
                 }
                 let next = log.durable_version().min(log.next_version());
-                self.answer_now(from, msg.stream, p, next, e.to_string());
+                self.answer_now(to, next, e.to_string(), None);
             }
         }
     }
 
-    fn answer_now(&mut self, to: NodeId, stream: StreamId, partition: u32, next: Version, error: String) {
+    fn answer_now(&mut self, to: Answer, next: Version, error: String, last_crc: Option<u32>) {
         if let Some(link) = self.link.as_mut() {
-            link.answer(to, &ReplicateAck { stream, partition, next, error });
+            let Answer { primary, stream, partition, session } = to;
+            link.answer(primary, &ReplicateAck { stream, partition, next, error, session, last_crc });
         }
     }
 
     /// Syncs the copies written since the last call and answers their primaries.
     pub(super) fn sync_copies(&mut self, logs: &mut [IngestLog]) {
-        for (to, stream, p) in std::mem::take(&mut self.owed) {
-            let log = &mut logs[p as usize];
-            let (next, error) = match log.sync() {
-                Ok(next) => (next, String::new()),
+        for to in std::mem::take(&mut self.owed) {
+            let log = &mut logs[to.partition as usize];
+            let (next, error, crc) = match log.sync() {
+                Ok(next) => (next, String::new(), Some(log.last_crc)),
                 Err(e) => {
-                    tracing::error!(partition = p, error = %e, "ingest replica sync failed");
-                    (log.durable_version(), format!("not durable: {e}"))
+                    tracing::error!(partition = to.partition, error = %e, "ingest replica sync failed");
+                    (log.durable_version(), format!("not durable: {e}"), None)
                 }
             };
-            self.answer_now(to, stream, p, next, error);
+            self.answer_now(to, next, error, crc);
         }
     }
 
@@ -273,20 +282,26 @@ impl<T> Replicator<T> {
         if s.follower != from {
             return Vec::new();
         }
+        if msg.session != s.session {
+            return Vec::new(); // an answer to an earlier run, or from before a reset
+        }
         s.last_heard = Instant::now();
         let log = &mut logs[msg.partition as usize];
-        if s.acked.is_none() && msg.error.is_empty() && msg.next > s.started_at {
-            // The first answer, before this writer shipped anything: the copy holds versions
-            // this log did not have when the writer started. They were shipped by an earlier
-            // run of this primary that lost them (its unsynced tail, in a power loss) or by a
-            // primary whose copy this log was (a source moved here): never acknowledged, and
-            // the versions this log writes from there are other rows. The copy starts afresh.
-            tracing::error!(partition = msg.partition, follower = %from, copy = %msg.next, log = %s.started_at,
-                "the follower's copy holds entries this node's log never had: starting it afresh");
-            // Nothing of it counts: no acknowledgement is released, no reader reads further.
-            s.diverged = true;
-            s.acked = Some(log.first_version());
-            return Vec::new();
+        if s.acked.is_none() {
+            // Nothing counts on the copy before it shows itself a prefix of this log: its last
+            // entry is this log's entry at the same version, checksum and all. Else it holds
+            // entries this log never had or lost (an earlier run's unsynced tail, in a power
+            // loss; the log of a primary whose copy this one was), none acknowledged, and this
+            // log has, or will have, other rows at those versions: the copy starts afresh.
+            let Some(crc) = msg.last_crc.filter(|_| msg.error.is_empty()) else { return Vec::new() };
+            let prefix = msg.next <= log.first_version()
+                || msg.next <= log.next_version() && matches!(log.crc_ending_at(msg.next), Ok(Some(c)) if c == crc);
+            if !prefix {
+                tracing::error!(partition = msg.partition, follower = %from, copy = %msg.next, log = %log.next_version(),
+                    "the follower's copy holds entries this node's log does not: starting it afresh");
+                s.diverged = true;
+                return Vec::new();
+            }
         }
         log.publish_replicated(msg.next);
         if !msg.error.is_empty() || s.acked.is_none() || msg.next > s.shipped {
@@ -317,9 +332,28 @@ impl<T> Replicator<T> {
             let now = Instant::now();
             let quiet = s.last_sent.is_none_or(|t| now - t >= ASK_EVERY);
             let Some(acked) = s.acked else {
-                if quiet {
-                    let msg = hello(self.stream, p, log);
-                    link.ship(s.follower, &msg);
+                if s.diverged {
+                    // Under a new session (answers to the old one are stale), the copy starts
+                    // again, empty, at this log's start; its answer then shows it a prefix.
+                    s.session = next_session(s.session);
+                    let first = log.first_version();
+                    let msg = Replicate {
+                        stream: self.stream,
+                        partition: p,
+                        at: first,
+                        log_first: first,
+                        reset: true,
+                        entries: Vec::new(),
+                        producers: producer_facts(log),
+                        session: s.session,
+                    };
+                    // Lost, the next question's answer finds the copy as it was, and again.
+                    if link.ship(s.follower, &msg) {
+                        s.diverged = false;
+                        s.last_sent = Some(now);
+                    }
+                } else if quiet {
+                    link.ship(s.follower, &hello(self.stream, p, log, s.session));
                     s.last_sent = Some(now);
                 }
                 continue;
@@ -329,14 +363,14 @@ impl<T> Replicator<T> {
                 s.ship_from(acked.min(log.next_version()));
             }
             let written = log.next_version();
-            // A copy past the primary's log is started afresh (the primary lost what it had).
-            let reset = acked > written || s.diverged;
-            if reset {
-                if !s.diverged {
-                    tracing::error!(partition = p, follower = %s.follower, copy = %acked, log = %written,
-                        "the follower's copy holds more than this node's log: starting it afresh");
-                }
+            if acked > written {
+                // A copy past the primary's log (the primary lost what it had) starts afresh.
+                tracing::error!(partition = p, follower = %s.follower, copy = %acked, log = %written,
+                    "the follower's copy holds more than this node's log: starting it afresh");
+                s.acked = None;
+                s.diverged = true;
                 s.ship_from(log.first_version());
+                continue;
             }
             let first = log.first_version();
             if s.shipped < first {
@@ -344,10 +378,10 @@ impl<T> Replicator<T> {
                 // and takes the producers again (their counts cover what it will not hold).
                 s.ship_from(first);
             }
-            while (s.shipped < written || reset) && s.in_flight.len() < IN_FLIGHT {
+            while s.shipped < written && s.in_flight.len() < IN_FLIGHT {
                 self.buf.clear();
                 // What was just written is shipped from memory; older entries are read back.
-                let kept = if reset { None } else { log.take_unshipped(s.shipped, SHIP_BYTES, &mut self.buf) };
+                let kept = log.take_unshipped(s.shipped, SHIP_BYTES, &mut self.buf);
                 let end = match kept {
                     Some(end) => {
                         s.reader = None;
@@ -365,7 +399,7 @@ impl<T> Replicator<T> {
                         }
                     }
                 };
-                if end == s.shipped && !reset {
+                if end == s.shipped {
                     break;
                 }
                 let facts = log.ledger_summary();
@@ -375,9 +409,10 @@ impl<T> Replicator<T> {
                     partition: p,
                     at: s.shipped,
                     log_first: first,
-                    reset: reset && s.in_flight.is_empty(),
+                    reset: false,
                     entries: std::mem::take(&mut self.buf),
                     producers,
+                    session: s.session,
                 };
                 let sent = link.ship(s.follower, &msg);
                 self.buf = msg.entries;
@@ -385,25 +420,17 @@ impl<T> Replicator<T> {
                     s.reader = None; // the peer's queue is full or it is down: again later
                     break;
                 }
-                if reset {
-                    // Its copy is being replaced: nothing of it counts until it answers.
-                    s.acked = Some(first);
-                    s.diverged = false;
-                }
                 s.facts_sent = Some(facts);
                 s.shipped = end;
                 s.in_flight.push_back(end);
                 s.last_sent = Some(now);
-                if reset {
-                    break;
-                }
             }
         }
     }
 }
 
 /// An empty [`Replicate`]: the follower answers where its copy ends.
-fn hello(stream: StreamId, p: u32, log: &IngestLog) -> Replicate {
+fn hello(stream: StreamId, p: u32, log: &IngestLog, session: u64) -> Replicate {
     let first = log.first_version();
     Replicate {
         stream,
@@ -413,7 +440,29 @@ fn hello(stream: StreamId, p: u32, log: &IngestLog) -> Replicate {
         reset: false,
         entries: Vec::new(),
         producers: Vec::new(),
+        session,
     }
+}
+
+/// A session no earlier run of this writer used (the clock's nanoseconds, the partition in
+/// the high bits): its followers' answers to an earlier run are told apart.
+fn new_session(p: u32) -> u64 {
+    let ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    ns ^ (u64::from(p) << 48)
+}
+
+/// The session after `s` (a reset of the copy).
+fn next_session(s: u64) -> u64 {
+    s.wrapping_add(1)
+}
+
+/// Who a follower answers: the primary, the partition, and the session of its last message.
+#[derive(Clone, Copy, Debug)]
+struct Answer {
+    primary: NodeId,
+    stream: StreamId,
+    partition: u32,
+    session: u64,
 }
 
 fn producer_facts(log: &IngestLog) -> Vec<ReplicaProducer> {

@@ -43,6 +43,11 @@ pub const MARKER_BYTES: usize = 8;
 /// Bytes per row in an entry.
 pub const ROW_BYTES: usize = 24;
 
+/// The checksum of the entry at the start of `entry` (its header's, as written).
+pub fn entry_crc(entry: &[u8]) -> u32 {
+    entry.get(4..8).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+}
+
 /// The file name of the segment starting at `first`.
 pub fn segment_name(first: Version) -> String {
     format!("{:020}.seg", first.0)

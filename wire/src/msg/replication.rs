@@ -47,6 +47,9 @@ archived! {
         pub entries: Vec<u8>,
         /// The partition's producers as the primary knows them (sent when they change).
         pub producers: Vec<ReplicaProducer>,
+        /// The primary's session with this follower: a new one when its writer starts and at
+        /// each reset of the copy. The answer names it; an answer to another is stale.
+        pub session: u64,
     }
 }
 
@@ -61,5 +64,11 @@ archived! {
         pub next: Version,
         /// Why the entries were not taken (empty: taken); the primary ships from `next` again.
         pub error: String,
+        /// The session of the message answered ([`Replicate::session`]).
+        pub session: u64,
+        /// The checksum of the copy's entry ending at `next` (0: the copy holds none), when `next`
+        /// is where the copy ends: the primary compares it with its own entry there before it
+        /// counts on the copy.
+        pub last_crc: Option<u32>,
     }
 }
