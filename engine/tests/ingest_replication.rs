@@ -330,22 +330,9 @@ fn both_copies_delete_below_the_floor_and_a_new_follower_copies_from_there_not_f
 fn a_copy_holding_a_tail_its_primary_lost_is_started_afresh_even_once_the_primary_wrote_past_it() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let net = Net::default();
-    for (dir, lost_tail) in [(a.path(), false), (b.path(), true)] {
-        let mut log = IngestLog::open(&partition_dir(dir, 0), LogConfig::default()).unwrap();
-        log.describe(1, b"{\"seed\":1}").unwrap();
-        for seq in 0..10 {
-            log.append_from(ProducerSeq { producer: 1, seq }, &rows(seq * 100, 100)).unwrap();
-        }
-        if lost_tail {
-            // Shipped to the copy, then lost by the primary (unsynced, in a power loss): never
-            // acknowledged to their producer.
-            log.describe(2, b"{\"seed\":2}").unwrap();
-            for seq in 0..3 {
-                log.append_from(ProducerSeq { producer: 2, seq }, &rows(7_000 + seq * 100, 100)).unwrap();
-            }
-        }
-        log.sync().unwrap();
-    }
+    // Shipped to the copy, then lost by the primary (unsynced, in a power loss): never
+    // acknowledged to their producer.
+    logs_with_a_lost_tail(a.path(), b.path(), 10, &[(2, 0, 7_000), (2, 1, 7_100), (2, 2, 7_200)]);
     // The primary takes new appends at the versions the copy's lost tail holds, and past them,
     // before the follower first answers.
     let (primary, acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
@@ -370,20 +357,8 @@ fn a_copy_holding_a_tail_its_primary_lost_is_started_afresh_even_once_the_primar
 fn a_copy_diverged_at_an_entry_boundary_is_found_by_its_checksum_after_the_primary_restarted_without_it() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let net = Net::default();
-    for (dir, lost_tail) in [(a.path(), false), (b.path(), true)] {
-        let mut log = IngestLog::open(&partition_dir(dir, 0), LogConfig::default()).unwrap();
-        log.describe(1, b"{\"seed\":1}").unwrap();
-        for seq in 0..8 {
-            log.append_from(ProducerSeq { producer: 1, seq }, &rows(seq * 100, 100)).unwrap();
-        }
-        if lost_tail {
-            // Batches 8 and 9 as the primary had shipped them before it lost them: other rows.
-            for seq in 8..10 {
-                log.append_from(ProducerSeq { producer: 1, seq }, &rows(50_000 + seq * 100, 100)).unwrap();
-            }
-        }
-        log.sync().unwrap();
-    }
+    // Batches 8 and 9 as the primary had shipped them before it lost them: other rows.
+    logs_with_a_lost_tail(a.path(), b.path(), 8, &[(1, 8, 50_800), (1, 9, 50_900)]);
     // The primary writes batches 8 to 12 (the copy's last entry ends where its batch 9 does)
     // while the follower is away, and its writer starts again before the follower answers.
     let (primary, _acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
@@ -402,4 +377,24 @@ fn a_copy_diverged_at_an_entry_boundary_is_found_by_its_checksum_after_the_prima
     assert!(out == rows(0, 1400), "the copy holds the primary's rows, not the lost tail's");
     drop((primary, follower));
     assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
+}
+
+/// A primary's log in `a` of `shared` batches of producer 1 (100 rows each), and its follower's
+/// copy in `b` of the same and then `lost`: (producer, sequence number, first row) of batches
+/// the primary shipped and lost.
+fn logs_with_a_lost_tail(a: &Path, b: &Path, shared: u64, lost: &[(u64, u64, u64)]) {
+    for (dir, tail) in [(a, &[][..]), (b, lost)] {
+        let mut log = IngestLog::open(&partition_dir(dir, 0), LogConfig::default()).unwrap();
+        log.describe(1, b"{\"seed\":1}").unwrap();
+        for seq in 0..shared {
+            log.append_from(ProducerSeq { producer: 1, seq }, &rows(seq * 100, 100)).unwrap();
+        }
+        for &(producer, seq, first) in tail {
+            if seq == 0 {
+                log.describe(producer, b"{\"seed\":2}").unwrap();
+            }
+            log.append_from(ProducerSeq { producer, seq }, &rows(first, 100)).unwrap();
+        }
+        log.sync().unwrap();
+    }
 }
