@@ -398,3 +398,23 @@ fn logs_with_a_lost_tail(a: &Path, b: &Path, shared: u64, lost: &[(u64, u64, u64
         log.sync().unwrap();
     }
 }
+
+#[test]
+fn a_copy_whose_last_entry_matches_but_not_the_rows_below_it_is_started_afresh() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let net = Net::default();
+    // The lost tail: producer 2's batch, then producer 1's batch 8.
+    logs_with_a_lost_tail(a.path(), b.path(), 8, &[(2, 0, 7_000), (1, 8, 800)]);
+    // After the loss, producer 3's batch takes versions 800..900 and producer 1 sends batch 8
+    // again: at 900..1000, byte for byte the entry the copy ends with.
+    let (primary, acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
+    append(&primary, 3, 0, rows(9_000, 100), true);
+    append(&primary, 1, 8, rows(800, 100), false);
+    wait_for("the appends written", || primary.log(0).unwrap().extent().unwrap().1 > 10 * 100 * 24);
+    let (follower, _) = start(b.path(), FOLLOWER, &net, None);
+    for _ in 0..2 {
+        assert!(acked(&acks, Duration::from_secs(10)).is_some());
+    }
+    drop((primary, follower));
+    assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
+}

@@ -158,13 +158,16 @@ impl LogReader {
     /// `None` when no entry ends there (it falls inside one, or past the log's end).
     pub(super) fn crc_of_entry_ending_at(&mut self, end: Version) -> Result<Option<u32>, LogError> {
         let mut buf = Vec::new();
+        let mut ended_at = None;
         loop {
             buf.clear();
             let Some(e) = self.next_entry(&mut buf)? else {
-                if self.pos >= end {
+                // A segment ended: the next one, unless this one held nothing more (damage).
+                if self.pos >= end || ended_at == Some(self.pos) {
                     return Ok(None);
                 }
-                continue; // the next segment
+                ended_at = Some(self.pos);
+                continue;
             };
             self.pos = self.pos.max(e.end());
             if e.end() == end {

@@ -17,10 +17,14 @@
 //!   from the primary's log: the primary's log is the partition. So is a copy that holds
 //!   *other* entries at versions the primary also has (the primary wrote new rows there after
 //!   the loss): nothing counts on a copy (no acknowledgement released, no reader let further)
-//!   until an answer shows it a prefix of the primary's log, its last entry's checksum equal
-//!   to the primary's entry at the same version (as Raft's check of the previous entry's term;
-//!   Kafka's leader epochs serve the same end). Each writer run, and each reset, is a new
-//!   session: answers to an earlier one are ignored.
+//!   until an answer shows it a prefix of the primary's log: it ends no further than this log
+//!   did when the writer started (past that, it holds what an earlier run shipped and this log
+//!   lost, whatever its last entry), and its last entry's checksum equals the primary's entry at
+//!   the same version (an earlier writer run of this process may have written past the copy's
+//!   end; as Raft checks the previous entry's term). Each writer run, and each reset, is a new
+//!   session: answers to an earlier one are ignored. Not caught: a copy whose last entry matches
+//!   byte for byte while rows below it differ, answering only after the primary's writer
+//!   restarted in the same process (a per-entry epoch or chained checksum would).
 //! - A copy that ends before the primary's log begins (retention deleted the rest) starts again
 //!   where the primary's log begins, taking the producers' counts from the primary's ledger.
 //!
@@ -96,6 +100,10 @@ struct Shipping<T> {
     /// This writer's session with the follower (a new one at each reset of its copy): answers
     /// to another are stale.
     session: u64,
+    /// Where this log ended when the writer started: a copy past it at its first answer holds
+    /// entries shipped by an earlier run that this log lost (whatever its last entry's checksum:
+    /// the rows below it may differ).
+    started_at: Version,
     /// The copy holds what this log does not (see [`Replicator::answered`]): the next message
     /// starts it afresh, under a new session.
     diverged: bool,
@@ -148,6 +156,7 @@ impl<T> Replicator<T> {
                 let s = Shipping {
                     follower,
                     session: new_session(p),
+                    started_at: Version(0),
                     diverged: false,
                     acked: None,
                     shipped: Version(0),
@@ -165,10 +174,11 @@ impl<T> Replicator<T> {
     }
 
     /// Readers of the partitions this writer ships see only what their followers hold.
-    pub(super) fn start(&self, logs: &mut [IngestLog]) {
-        for p in self.shipping.keys() {
+    pub(super) fn start(&mut self, logs: &mut [IngestLog]) {
+        for (p, s) in &mut self.shipping {
             if let Some(log) = logs.get_mut(*p as usize) {
                 log.replicate();
+                s.started_at = log.next_version();
             }
         }
     }
@@ -294,12 +304,28 @@ impl<T> Replicator<T> {
             // loss; the log of a primary whose copy this one was), none acknowledged, and this
             // log has, or will have, other rows at those versions: the copy starts afresh.
             let Some(crc) = msg.last_crc.filter(|_| msg.error.is_empty()) else { return Vec::new() };
-            let prefix = msg.next <= log.first_version()
-                || msg.next <= log.next_version() && matches!(log.crc_ending_at(msg.next), Ok(Some(c)) if c == crc);
+            let first = log.first_version();
+            let prefix = if msg.next < first {
+                true // all below this log: the next message starts the copy again at its start
+            } else if msg.next == first {
+                crc == 0 // empty (a copy just started again): else it holds entries below
+            } else if msg.next > s.started_at {
+                false // shipped by an earlier run, past what this log held when this one began
+            } else {
+                match log.crc_ending_at(msg.next) {
+                    Ok(ours) => ours == Some(crc),
+                    // Cannot tell now: asked again.
+                    Err(e) => {
+                        tracing::warn!(partition = msg.partition, error = %e, "cannot read the log to check its copy");
+                        return Vec::new();
+                    }
+                }
+            };
             if !prefix {
                 tracing::error!(partition = msg.partition, follower = %from, copy = %msg.next, log = %log.next_version(),
                     "the follower's copy holds entries this node's log does not: starting it afresh");
                 s.diverged = true;
+                s.session = next_session(s.session);
                 return Vec::new();
             }
         }
@@ -332,10 +358,9 @@ impl<T> Replicator<T> {
             let now = Instant::now();
             let quiet = s.last_sent.is_none_or(|t| now - t >= ASK_EVERY);
             let Some(acked) = s.acked else {
-                if s.diverged {
+                if s.diverged && quiet {
                     // Under a new session (answers to the old one are stale), the copy starts
                     // again, empty, at this log's start; its answer then shows it a prefix.
-                    s.session = next_session(s.session);
                     let first = log.first_version();
                     let msg = Replicate {
                         stream: self.stream,

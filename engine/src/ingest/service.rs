@@ -171,7 +171,7 @@ impl<T: Send + 'static> IngestService<T> {
         for p in 0..partitions {
             logs.push(IngestLog::open(&partition_dir(dir, p), cfg)?);
         }
-        let replicator = Replicator::new(replication);
+        let mut replicator = Replicator::new(replication);
         // Before any reader exists: sources of replicated partitions read only what the
         // follower holds too.
         replicator.start(&mut logs);
