@@ -339,14 +339,12 @@ fn a_copy_holding_a_tail_its_primary_lost_is_started_afresh_even_once_the_primar
     for seq in 10..15 {
         append(&primary, 1, seq, rows(seq * 100, 100), false);
     }
-    wait_for("the appends written", || primary.log(0).unwrap().extent().unwrap().1 > 15 * 100 * 24);
+    wait_written(&primary, 15 * 100);
     let (follower, _) = start(b.path(), FOLLOWER, &net, None);
     for seq in 10..15 {
         assert_eq!(acked(&acks, Duration::from_secs(10)).map(|a| a.0), Some(seq));
     }
-    let mut out = Batch::default();
-    let mut r = follower.log(0).unwrap().reader(Version(0));
-    while r.read(100_000, &mut out).unwrap() > 0 {}
+    let out = all_rows(&follower);
     assert!(out == rows(0, 1500), "the copy holds the primary's rows, not the lost tail's");
     assert_eq!(follower.log(0).unwrap().producers(), primary.log(0).unwrap().producers());
     drop((primary, follower));
@@ -365,15 +363,13 @@ fn a_copy_diverged_at_an_entry_boundary_is_found_by_its_checksum_after_the_prima
     for seq in 8..13 {
         append(&primary, 1, seq, rows(seq * 100, 100), false);
     }
-    wait_for("the appends written", || primary.log(0).unwrap().extent().unwrap().1 > 13 * 100 * 24);
+    wait_written(&primary, 13 * 100);
     drop(primary);
     let (primary, acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
     let (follower, _) = start(b.path(), FOLLOWER, &net, None);
     append(&primary, 1, 13, rows(1300, 100), false);
     assert_eq!(acked(&acks, Duration::from_secs(10)).map(|a| a.0), Some(13));
-    let mut out = Batch::default();
-    let mut r = follower.log(0).unwrap().reader(Version(0));
-    while r.read(100_000, &mut out).unwrap() > 0 {}
+    let out = all_rows(&follower);
     assert!(out == rows(0, 1400), "the copy holds the primary's rows, not the lost tail's");
     drop((primary, follower));
     assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
@@ -410,11 +406,24 @@ fn a_copy_whose_last_entry_matches_but_not_the_rows_below_it_is_started_afresh()
     let (primary, acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
     append(&primary, 3, 0, rows(9_000, 100), true);
     append(&primary, 1, 8, rows(800, 100), false);
-    wait_for("the appends written", || primary.log(0).unwrap().extent().unwrap().1 > 10 * 100 * 24);
+    wait_written(&primary, 10 * 100);
     let (follower, _) = start(b.path(), FOLLOWER, &net, None);
     for _ in 0..2 {
         assert!(acked(&acks, Duration::from_secs(10)).is_some());
     }
     drop((primary, follower));
     assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
+}
+
+/// Waits until `svc`'s log of partition 0 holds more bytes than `rows` rows take.
+fn wait_written(svc: &Service, rows: u64) {
+    wait_for("the appends written", || svc.log(0).unwrap().extent().unwrap().1 > rows * 24);
+}
+
+/// Every row of partition 0 that `svc` holds.
+fn all_rows(svc: &Service) -> Batch {
+    let mut out = Batch::default();
+    let mut r = svc.log(0).unwrap().reader(Version(0));
+    while r.read(100_000, &mut out).unwrap() > 0 {}
+    out
 }

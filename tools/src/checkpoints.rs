@@ -93,7 +93,7 @@ fn offsets(r: &CommitRecord) -> String {
     r.versions.iter().map(|(t, v)| format!("{t}@{}", v.0)).collect::<Vec<_>>().join(" ")
 }
 
-fn mib(bytes: u64) -> String {
+pub(crate) fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
 }
 

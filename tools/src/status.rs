@@ -372,7 +372,7 @@ fn logs(out: &mut String, answers: &[(SocketAddr, Answer)]) {
             node,
             if l.source { "source" } else { "copy" },
             format!("{}..{}", l.first.0, l.end.0),
-            format!("{:.1} MiB", l.bytes as f64 / (1 << 20) as f64),
+            crate::checkpoints::mib(l.bytes),
         );
         let _ = writeln!(out, "{}", line.trim_end());
     }

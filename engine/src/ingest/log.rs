@@ -10,7 +10,8 @@
 //! - `durable` never exceeds what was synced under the policy; readers ([`LogReader`]) never read at
 //!   or past it, so nothing the engine processes can vanish in a crash.
 //! - On open, a torn tail (an incomplete or checksum-failing *last* entry of the *last* segment) is
-//!   cut and logged; damage anywhere else is refused as corruption, never silently dropped.
+//!   cut and logged; damage anywhere else is refused as corruption, never silently dropped
+//!   (`open.rs`). Other threads read through a [`super::LogHandle`] (`handle.rs`).
 //! - Appends are idempotent per producer ([`IngestLog::append_from`]): a producer's batches on a
 //!   partition carry sequence numbers 0, 1, 2, ...; the log keeps the versions of each producer's
 //!   last [`DEDUP_WINDOW`] batches (rebuilt on open from the entries, and from the `producers`
@@ -25,11 +26,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use weir_wire::{Batch, Version};
 
+use super::handle::LogHandle;
 use super::ledger::{Ledger, MAX_DESCRIPTION, MAX_LEDGER_BYTES, MAX_PRODUCERS, ProducerRecord};
 pub use super::producers::{AppendOutcome, DEDUP_WINDOW};
-use super::producers::{Producers, read_producers, remember, write_producers};
+use super::producers::{Producers, remember, write_producers};
 use super::reader::LogReader;
-use super::segment::{self, Parsed, ProducerSeq};
+use super::segment::{self, ProducerSeq};
 
 /// Errors of the ingest log.
 #[derive(Debug, thiserror::Error)]
@@ -165,63 +167,6 @@ pub struct IngestLog {
 }
 
 impl IngestLog {
-    /// Opens (or creates) the log in `dir`, cutting a torn tail.
-    pub fn open(dir: &Path, cfg: LogConfig) -> Result<IngestLog, LogError> {
-        fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let mut segments = Vec::new();
-        for entry in fs::read_dir(dir).map_err(io_err(dir))? {
-            let path = entry.map_err(io_err(dir))?.path();
-            if let Some(first) = segment::parse_segment_name(&path) {
-                segments.push(Segment { first, path });
-            }
-        }
-        segments.sort_by_key(|s| s.first);
-        let mut next = segments.first().map_or(Version(0), |s| s.first);
-        let count = segments.len();
-        let mut producers = read_producers(dir)?;
-        let ledger = Ledger::read(dir)?;
-        let mut last_crc = 0;
-        for (i, seg) in segments.iter().enumerate() {
-            if seg.first != next {
-                return Err(LogError::Corrupt {
-                    path: seg.path.clone(),
-                    offset: 0,
-                    reason: format!("segment starts at {} but the previous one ends at {next}", seg.first),
-                });
-            }
-            let known = (&mut producers, &ledger);
-            let crc;
-            (next, crc) = scan_segment(&seg.path, seg.first, cfg.max_entry_bytes, i + 1 == count, known)?;
-            last_crc = crc.unwrap_or(last_crc);
-        }
-        if segments.is_empty() {
-            segments.push(Segment { first: next, path: segment::segment_path(dir, next) });
-        }
-        let last = segments.last().expect("one segment").path.clone();
-        let active = OpenOptions::new().create(true).append(true).open(&last).map_err(io_err(&last))?;
-        let active_len = active.metadata().map_err(io_err(&last))?.len();
-        sync_dir(dir)?;
-        Ok(IngestLog {
-            dir: dir.to_path_buf(),
-            cfg,
-            segments,
-            active,
-            active_len,
-            next,
-            written_unsynced: false,
-            // What survived the restart is on disk: it is durable.
-            durable: Arc::new(AtomicU64::new(next.0)),
-            readable: Arc::new(AtomicU64::new(next.0)),
-            replicated: false,
-            copy: Version(0),
-            unshipped: Default::default(),
-            buf: Vec::new(),
-            producers,
-            ledger,
-            last_crc,
-        })
-    }
-
     /// Version the next appended row gets.
     pub fn next_version(&self) -> Version {
         self.next
@@ -497,109 +442,6 @@ fn full_ledger() -> LogError {
     }
 }
 
-/// Read access to a log that another thread writes.
-#[derive(Clone, Debug)]
-pub struct LogHandle {
-    dir: PathBuf,
-    cfg: LogConfig,
-    durable: Arc<AtomicU64>,
-    readable: Arc<AtomicU64>,
-    ledger: Ledger,
-}
-
-impl LogHandle {
-    /// What each producer appended, in the order they first did (rows not yet durable included).
-    pub fn producers(&self) -> Vec<ProducerRecord> {
-        self.ledger.records()
-    }
-
-    /// A page of [`Self::producers`]: from the `from`-th on, descriptions up to about `budget`
-    /// bytes (at least one record), and where the next page starts.
-    pub fn producers_page(&self, from: usize, budget: usize) -> (Vec<ProducerRecord>, Option<usize>) {
-        self.ledger.page(from, budget)
-    }
-
-    /// Every version below this is durable.
-    pub fn durable_version(&self) -> Version {
-        Version(self.durable.load(Ordering::Acquire))
-    }
-
-    /// What the partition's source may read: durable here and, for a replicated partition's
-    /// primary, on the follower too.
-    pub fn readable_version(&self) -> Version {
-        Version(self.readable.load(Ordering::Acquire))
-    }
-
-    /// A reader from `from` (a version the log no longer or not yet holds fails on first read).
-    pub fn reader(&self, from: Version) -> LogReader {
-        LogReader::new(self.dir.clone(), self.cfg, self.readable.clone(), from)
-    }
-
-    /// The oldest version the log holds and the bytes of its segments, read from its directory
-    /// (`None` for the version when it has no segment).
-    pub fn extent(&self) -> Result<(Option<Version>, u64), LogError> {
-        let (mut first, mut bytes) = (None::<Version>, 0);
-        for entry in fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {
-            let path = entry.map_err(io_err(&self.dir))?.path();
-            if let Some(f) = segment::parse_segment_name(&path) {
-                first = Some(first.map_or(f, |v| v.min(f)));
-                // A segment deleted between the listing and here holds nothing any more.
-                bytes += fs::metadata(&path).map_or(0, |m| m.len());
-            }
-        }
-        Ok((first, bytes))
-    }
-}
-
 pub(super) fn sync_dir(dir: &Path) -> Result<(), LogError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
-}
-
-/// Checks a segment entry by entry; returns the version after its last entry and that entry's
-/// checksum (none: no entry). In the last segment a torn tail is cut; anywhere else damage is
-/// corruption.
-fn scan_segment(
-    path: &Path,
-    first: Version,
-    max_entry: usize,
-    last: bool,
-    (producers, ledger): (&mut Producers, &Ledger),
-) -> Result<(Version, Option<u32>), LogError> {
-    let bytes = fs::read(path).map_err(io_err(path))?;
-    let mut off = 0usize;
-    let mut next = first;
-    let mut crc = None;
-    while off < bytes.len() {
-        let why = match segment::parse_entry(&bytes[off..], max_entry) {
-            Parsed::Entry { first: f, rows, len, from, watermark } if f == next => {
-                crc = Some(segment::entry_crc(&bytes[off..]));
-                off += len;
-                next = Version(next.0 + Parsed::versions(rows, watermark));
-                if let Some(from) = from {
-                    remember(producers, from, f, Version(next.0 - 1));
-                    ledger.count(from, f, rows as u64);
-                }
-                continue;
-            }
-            Parsed::Entry { first: f, .. } => format!("entry starts at {f}, expected {next}"),
-            Parsed::Incomplete => "incomplete entry".to_string(),
-            Parsed::Corrupt(reason) => reason,
-        };
-        // A torn tail is the last write: nothing valid may follow it.
-        let valid_after = (off + 1..bytes.len()).any(
-            |o| matches!(segment::parse_entry(&bytes[o..], max_entry), Parsed::Entry { first: f, .. } if f >= next),
-        );
-        if !last || valid_after {
-            return Err(LogError::Corrupt { path: path.to_path_buf(), offset: off as u64, reason: why });
-        }
-        tracing::warn!(
-            segment = %path.display(), offset = off, cut_bytes = bytes.len() - off, reason = %why,
-            "cutting torn tail of the ingest log"
-        );
-        let f = OpenOptions::new().write(true).open(path).map_err(io_err(path))?;
-        f.set_len(off as u64).map_err(io_err(path))?;
-        f.sync_all().map_err(io_err(path))?;
-        break;
-    }
-    Ok((next, crc))
 }

@@ -1,9 +1,12 @@
 //! The durable ingest log: per-partition segment files that `weir load` appends to and ingest-log
-//! sources read from. See [`log`] for the invariants, [`segment`] for the format, `producers.rs`
-//! for idempotent appends, `reader.rs` for reading, and [`ledger`] for what each producer appended.
+//! sources read from. See [`log`] for the invariants, `open.rs` for opening and checking a log,
+//! [`segment`] for the format, `producers.rs` for idempotent appends, `reader.rs` and
+//! `handle.rs` for reading, and [`ledger`] for what each producer appended.
 
+mod handle;
 pub mod ledger;
 pub mod log;
+mod open;
 mod producers;
 mod reader;
 mod replica;
@@ -11,7 +14,8 @@ pub mod replication;
 pub mod segment;
 pub mod service;
 
+pub use handle::LogHandle;
 pub use ledger::ProducerRecord;
-pub use log::{AppendOutcome, DEDUP_WINDOW, IngestLog, LogConfig, LogError, LogHandle};
+pub use log::{AppendOutcome, DEDUP_WINDOW, IngestLog, LogConfig, LogError};
 pub use reader::{LogRead, LogReader};
 pub use service::{AppendFailure, AppendRequest, Appended, IngestObserver, IngestService, SyncPolicy};

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use weir_wire::{Batch, Version};
 
-use super::log::{AppendOutcome, IngestLog, LogConfig, LogError, LogHandle};
+use super::handle::LogHandle;
+use super::log::{AppendOutcome, IngestLog, LogConfig, LogError};
 use super::replication::{ReplicaInput, Replication, Replicator};
 use super::segment::ProducerSeq;
 

@@ -145,7 +145,7 @@ impl TaskPort for EnginePort<'_> {
                     s.offset = 0;
                     s.replay = Default::default();
                     if let Feed::Log(f) = &mut s.feed {
-                        log_holds_from(f, Version(0), "a start from nothing").map_err(failed)?;
+                        log_holds_from(f, Version(0), "a start from nothing").map_err(|e| failed(e.to_string()))?;
                         f.reader = f.reader.reopen_at(Version(0));
                     }
                 }
@@ -250,7 +250,8 @@ impl TaskPort for EnginePort<'_> {
                         f.partition, version.0
                     )));
                 }
-                log_holds_from(f, Version(start), &format!("checkpoint {}", p.id)).map_err(failed)?;
+                log_holds_from(f, Version(start), &format!("checkpoint {}", p.id))
+                    .map_err(|e| failed(e.to_string()))?;
                 f.reader = f.reader.reopen_at(Version(start));
             }
         }
@@ -452,17 +453,29 @@ impl Drop for TaskCheckpointing {
     }
 }
 
+/// Why a restored source cannot read its partition's log from where its restore starts.
+#[derive(Debug, thiserror::Error)]
+enum LogStart {
+    /// The log's directory could not be read (fatal for this restore).
+    #[error("partition {partition}'s log: {source}")]
+    Unreadable { partition: u32, source: crate::ingest::LogError },
+    /// Retention deleted the rows the restore needs (fatal: they are gone).
+    #[error(
+        "partition {partition}'s log on this node begins at version {first} (deleted below what the kept \
+         checkpoints read), and {what} reads it from {from}: the rows between are gone; the stream stops rather \
+         than skip them"
+    )]
+    Deleted { partition: u32, first: Version, from: Version, what: String },
+}
+
 /// Whether partition `f`'s log on this node still holds version `from` on: retention deletes a
 /// log below what the kept checkpoints read, so a restore of another (`what`: a commit deleted by
 /// hand, a store from elsewhere, a start from nothing) would find a gap, and says so.
-fn log_holds_from(f: &crate::runtime::log_feed::LogFeed, from: Version, what: &str) -> Result<(), String> {
-    let first = f.log.extent().map_err(|e| format!("partition {}'s log: {e}", f.partition))?.0;
+fn log_holds_from(f: &crate::runtime::log_feed::LogFeed, from: Version, what: &str) -> Result<(), LogStart> {
+    let partition = f.partition;
+    let first = f.log.extent().map_err(|source| LogStart::Unreadable { partition, source })?.0;
     match first.filter(|first| *first > from) {
-        Some(first) => Err(format!(
-            "partition {}'s log on this node begins at version {first} (deleted below what the kept checkpoints \
-             read), and {what} reads it from {from}: the rows between are gone; the stream stops rather than skip them",
-            f.partition
-        )),
+        Some(first) => Err(LogStart::Deleted { partition, first, from, what: what.to_string() }),
         None => Ok(()),
     }
 }
