@@ -310,6 +310,20 @@ impl Board {
             }
         }
         r.register("peer_up", "Whether the link to a peer is up", peers);
+        // The ingest logs this node holds (retention keeps them bounded), and how far each copy
+        // of this node's partitions is behind.
+        let (log_bytes, behind) = (Family::<Labels, Gauge>::default(), Family::<Labels, Gauge>::default());
+        for l in s.status.iter().flat_map(|st| &st.logs) {
+            let role = if l.source { "source" } else { "copy" };
+            let labels = vec![("partition".into(), l.partition.to_string()), ("log".into(), role.into())];
+            log_bytes.get_or_create(&labels).set(l.bytes as i64);
+            if l.source && l.follower.0 != 0 {
+                let lag = l.end.0.saturating_sub(l.readable.0);
+                behind.get_or_create(&vec![("partition".into(), l.partition.to_string())]).set(lag as i64);
+            }
+        }
+        r.register("ingest_log_bytes", "Bytes of a partition's ingest log on this node", log_bytes);
+        r.register("ingest_copy_behind_versions", "Versions of this node's partition its copy lacks", behind);
         let member = self.member.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|m| m.member_info());
         if let Some(m) = member {
             r.register("cluster_elections", "Times this node was elected to decide placement", counter(m.elections));

@@ -107,6 +107,15 @@ fn ingest_logs_stay_bounded_on_both_copies_and_a_node_killed_mid_load_restores_f
     let out = weir().args(["status", "--config"]).arg(&config).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.matches(", in sync").count(), 3, "{text}");
+    // And the metrics: node 1's logs (partition 0's, partition 2's copy), its copy not behind.
+    let metrics = scrape(&config, 1);
+    let logs: Vec<&str> = metrics.lines().filter(|l| l.starts_with("weir_ingest_log_bytes{")).collect();
+    assert_eq!(logs.len(), 2, "{metrics}");
+    for l in logs {
+        let bytes: f64 = l.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(bytes > 0.0 && bytes < f64::from(16 << 20), "{l}");
+    }
+    assert!(metrics.lines().any(|l| l.starts_with("weir_ingest_copy_behind_versions{partition=\"0\"} 0")), "{metrics}");
     let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for (i, c) in nodes.0.iter_mut().enumerate() {

@@ -257,3 +257,15 @@ pub fn verify_until_ended(config: &Path, limit: Duration) -> String {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// Node `node`'s Prometheus metrics.
+pub fn scrape(config: &Path, node: u64) -> String {
+    use std::io::{Read, Write};
+    let t: toml::Table = toml::from_str(&std::fs::read_to_string(config).unwrap()).unwrap();
+    let entry = t["nodes"].as_array().unwrap().iter().find(|n| n["id"].as_integer() == Some(node as i64)).unwrap();
+    let mut c = std::net::TcpStream::connect(entry["metrics"].as_str().unwrap()).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut body = String::new();
+    c.read_to_string(&mut body).unwrap();
+    body
+}
