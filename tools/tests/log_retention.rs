@@ -108,14 +108,23 @@ fn ingest_logs_stay_bounded_on_both_copies_and_a_node_killed_mid_load_restores_f
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.matches(", in sync").count(), 3, "{text}");
     // And the metrics: node 1's logs (partition 0's, partition 2's copy), its copy not behind.
-    let metrics = scrape(&config, 1);
+    // The metrics are a snapshot the node takes twice a second, so they may trail status a little.
+    let ingest = |m: &str| m.lines().filter(|l| l.starts_with("weir_ingest_")).collect::<Vec<_>>().join("\n");
+    let t0 = Instant::now();
+    let metrics = loop {
+        let m = scrape(&config, 1);
+        if m.lines().any(|l| l.starts_with("weir_ingest_copy_behind_versions{partition=\"0\"} 0")) {
+            break m;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "copy of partition 0 behind:\n{}\n{status:#}", ingest(&m));
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let logs: Vec<&str> = metrics.lines().filter(|l| l.starts_with("weir_ingest_log_bytes{")).collect();
-    assert_eq!(logs.len(), 2, "{metrics}");
+    assert_eq!(logs.len(), 2, "{}", ingest(&metrics));
     for l in logs {
         let bytes: f64 = l.rsplit(' ').next().unwrap().parse().unwrap();
         assert!(bytes > 0.0 && bytes < f64::from(16 << 20), "{l}");
     }
-    assert!(metrics.lines().any(|l| l.starts_with("weir_ingest_copy_behind_versions{partition=\"0\"} 0")), "{metrics}");
     let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for (i, c) in nodes.0.iter_mut().enumerate() {
