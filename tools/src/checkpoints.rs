@@ -8,9 +8,12 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use serde_json::json;
+use weir_engine::backup::commit_point::CommitBook;
 use weir_engine::backup::inspect::{CheckpointInfo, checkpoint_info, list_commits, verify_checkpoint};
 use weir_engine::backup::retention::{CollectOptions, Collector};
 use weir_engine::checkpoint::{CommitRecord, RecordKind};
+use weir_engine::cluster::{ControlCommits, Keys};
+use weir_engine::control::EtcdControl;
 use weir_engine::wire::{CheckpointId, StreamId};
 
 use crate::remote::RemoteArgs;
@@ -20,7 +23,8 @@ use crate::remote::RemoteArgs;
 #[command(after_help = "Examples:
   weir checkpoints list --remote s3://lab/weir --s3-endpoint http://127.0.0.1:9000
   weir checkpoints verify 42 --remote rsync://weir@backup/checkpoints/lab1
-  weir checkpoints gc --remote file:///srv/weir --keep 2 --dry-run")]
+  weir checkpoints gc --remote file:///srv/weir --keep 2 --dry-run
+  weir checkpoints gc --remote s3://lab/weir --etcd http://10.0.0.5:2379 --cluster lab --keep 3")]
 pub struct CheckpointsArgs {
     #[command(subcommand)]
     what: What,
@@ -32,6 +36,26 @@ pub struct CheckpointsArgs {
     /// Print JSON instead of a table (for scripts).
     #[arg(long, global = true)]
     json: bool,
+    /// The cluster's etcd, when its control is there (`[control] etcd`, comma-separated): the
+    /// commit etcd names is the last; newer records are no commits (`list` leaves them out,
+    /// `gc` keeps them).
+    #[arg(long, value_delimiter = ',', value_name = "URLS", global = true, requires = "cluster")]
+    etcd: Vec<String>,
+    /// The cluster's name in etcd (the config file's `cluster`).
+    #[arg(long, global = true, requires = "etcd")]
+    cluster: Option<String>,
+}
+
+impl CheckpointsArgs {
+    /// The newest record that is a commit (`None`: every record in the store is one).
+    fn point(&self, store: &dyn weir_engine::backup::Store, stream: StreamId) -> anyhow::Result<Option<CheckpointId>> {
+        let Some(cluster) = &self.cluster else { return Ok(None) };
+        let etcd = EtcdControl::connect(&self.etcd, std::time::Duration::from_secs(2))
+            .with_context(|| format!("cannot reach etcd at {}", self.etcd.join(",")))?;
+        let book = ControlCommits::reader(std::sync::Arc::new(etcd), &Keys::new(cluster), stream);
+        book.last(store).with_context(|| format!("reading stream {stream}'s commit point in etcd"))?;
+        Ok(book.point())
+    }
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -153,7 +177,9 @@ pub fn run(args: &CheckpointsArgs) -> anyhow::Result<ExitCode> {
     match &args.what {
         What::List => {
             let mut rows = Vec::new();
-            for r in list_commits(store.as_ref(), stream).with_context(|| format!("listing {url}"))? {
+            let point = args.point(store.as_ref(), stream)?;
+            let commits = list_commits(store.as_ref(), stream).with_context(|| format!("listing {url}"))?;
+            for r in commits.into_iter().filter(|r| point.is_none_or(|p| r.id <= p)) {
                 rows.push(checkpoint_info(store.as_ref(), stream, r.id).with_context(|| format!("reading {}", r.id))?);
             }
             if args.json {
@@ -224,7 +250,8 @@ pub fn run(args: &CheckpointsArgs) -> anyhow::Result<ExitCode> {
             return Ok(if v.damage.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) });
         }
         What::Gc { keep, dry_run, stopped } => {
-            let opts = CollectOptions { keep: *keep, dry_run: *dry_run, stopped: *stopped };
+            let upto = args.point(store.as_ref(), stream)?;
+            let opts = CollectOptions { keep: *keep, dry_run: *dry_run, stopped: *stopped, upto };
             let c = Collector::new()
                 .collect_with(store.as_ref(), stream, opts)
                 .with_context(|| format!("collecting {url}"))?;

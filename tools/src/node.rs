@@ -153,6 +153,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 cfg.links = links.clone();
                 cfg.tenure = tenure.flatten();
                 cfg.member_status = control.member_status();
+                cfg.commits = control.commit_book(&spec, held, &read);
                 if let Some(t) = cfg.transport.as_mut() {
                     t.incarnation = incarnation;
                 }

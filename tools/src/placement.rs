@@ -14,10 +14,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use weir_engine::backup::Store;
+use weir_engine::backup::commit_point::{CommitBook, StoreCommits};
 use weir_engine::cluster::{
-    Agent, ControlBook, Keys, Member, MemberStatus, Moved, Mover, PlacementBook, StoreBook, Versioned,
+    Agent, ControlBook, ControlCommits, Fence, Keys, Member, MemberStatus, Moved, Mover, PlacementBook, StoreBook,
+    Versioned,
 };
-use weir_engine::control::EtcdControl;
+use weir_engine::control::{ControlStore, EtcdControl};
 use weir_engine::spec::{Placement, StreamSpec};
 use weir_engine::wire::NodeId;
 use weir_engine::wire::msg::PeerLink;
@@ -43,6 +45,8 @@ pub struct Control {
     book: Option<Arc<dyn PlacementBook>>,
     /// What status says of the membership.
     status: Option<Arc<NodeMember>>,
+    /// The control store and the cluster's keys in it, with etcd.
+    etcd: Option<(Arc<dyn ControlStore>, Keys)>,
 }
 
 /// A node's membership for status: the agent's view, the placement version last read, the
@@ -72,7 +76,7 @@ impl Control {
         let nodes: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
         let Some(c) = &file.control else {
             let book = store.map(|s| Arc::new(StoreBook::new(s)) as Arc<dyn PlacementBook>);
-            return Ok(Self { me, nodes, agent: None, book, status: None });
+            return Ok(Self { me, nodes, agent: None, book, status: None, etcd: None });
         };
         let etcd = EtcdControl::connect(&c.etcd, c.timeout)
             .with_context(|| format!("node {}: cannot reach etcd at {} (control.etcd)", me.0, c.etcd.join(",")))?;
@@ -85,10 +89,20 @@ impl Control {
         while agent.view().stepped.is_none() && t0.elapsed() < c.lease {
             std::thread::sleep(Duration::from_millis(10));
         }
-        let book = Arc::new(ControlBook::new(etcd, keys));
+        let book = Arc::new(ControlBook::new(etcd.clone(), keys.clone()));
         let status = Arc::new(NodeMember { agent: agent.clone(), book: book.clone(), placement: AtomicU32::new(0) });
         let book = Some(book as Arc<dyn PlacementBook>);
-        Ok(Self { me, nodes, agent: Some(agent), book, status: Some(status) })
+        Ok(Self { me, nodes, agent: Some(agent), book, status: Some(status), etcd: Some((etcd, keys)) })
+    }
+
+    /// Where a run under `held`, at the placement read as `read`, keeps the stream's checkpoint
+    /// ids and commit point: with etcd, its key, written only while the run's lease and
+    /// placement stand (`None` without etcd: the remote store alone).
+    pub fn commit_book(&self, spec: &StreamSpec, held: Membership, read: &Versioned) -> Option<Arc<dyn CommitBook>> {
+        let (etcd, keys) = self.etcd.as_ref()?;
+        let Membership::Lease(lease) = held else { return None };
+        let fence = Fence::new(keys, spec.id, self.me, lease, read.revision);
+        Some(Arc::new(ControlCommits::new(etcd.clone(), keys, spec.id, fence)))
     }
 
     /// What the node holds as a member now (`None`: nothing; it must not act as one).
@@ -222,6 +236,16 @@ impl Watch<'_> {
             }
         }
     }
+}
+
+/// Where a client reads stream `stream`'s last commit: the control store's key when the file
+/// has a `[control]` table (etcd names the commit; records above it are none), else the remote
+/// store's records.
+pub fn commit_reader(file: &ClusterFile, stream: weir_engine::wire::StreamId) -> anyhow::Result<Arc<dyn CommitBook>> {
+    let Some(c) = &file.control else { return Ok(Arc::new(StoreCommits::new(stream))) };
+    let etcd = EtcdControl::connect(&c.etcd, c.timeout)
+        .with_context(|| format!("cannot reach etcd at {} (control.etcd)", c.etcd.join(",")))?;
+    Ok(Arc::new(ControlCommits::reader(Arc::new(etcd), &Keys::new(&file.cluster), stream)))
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use util::etcd::Etcd;
 use util::*;
+use weir_engine::backup::Store;
 use weir_engine::cluster::{ControlBook, Keys, PlacementBook};
 use weir_engine::control::{ControlStore, EtcdControl};
 use weir_engine::wire::{NodeId, StreamId};
@@ -89,6 +90,26 @@ fn the_coordinators_node_killed_for_good_has_its_tasks_moved_by_the_elected_node
     assert!(stored.tasks.values().all(|n| *n != NodeId(1)), "{stored:?}");
     let store = weir_engine::backup::LocalDirStore::new(dir.path().join("remote"));
     assert!(weir_engine::backup::placement::latest_placement(&store, StreamId(1)).unwrap().is_none());
+    // So are the checkpoint ids and the commit point: the key names the last commit, which is
+    // the last `weir checkpoints list` shows when it reads etcd; the store holds no id record.
+    let key = etcd().get(&Keys::new(&cluster).checkpoints(StreamId(1))).unwrap().expect("the checkpoints key");
+    let text = String::from_utf8(key.value).unwrap();
+    let point: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("commit ")?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no commit in {text}"));
+    assert!(text.contains("next-id "), "{text}");
+    assert!(store.get_at_most("1/coordinator/ids", 4096).is_err(), "an id record in the store");
+    let remote = format!("file://{}", dir.path().join("remote").display());
+    let out = weir()
+        .args(["checkpoints", "list", "--json", "--remote", &remote, "--cluster", &cluster, "--etcd"])
+        .arg(etcd_endpoint())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<u64> = listed.as_array().unwrap().iter().map(|c| c["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids.last(), Some(&point), "{listed:#}");
     // Status and metrics say who leads, the placement version and each node's lease.
     let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -89,8 +89,41 @@ pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError
 
 /// The last durable commit of `stream` in `store` (the highest id whose record verifies).
 pub fn last_commit(store: &dyn Store, stream: StreamId) -> Result<Option<CommitRecord>, StoreError> {
+    Ok(last_commit_upto(store, stream, None)?.map(|(r, _)| r))
+}
+
+/// The commit a control store names: its id and the checksum of its record's bytes
+/// ([`record_crc`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Point {
+    /// The last commit's id.
+    pub id: CheckpointId,
+    /// CRC32C of its record as stored.
+    pub crc: u32,
+}
+
+/// The checksum a [`Point`] names a record by.
+pub fn record_crc(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
+
+/// The last commit of `stream` at or below `point` (`None`: any record), with its record's
+/// checksum: the record `point` names if it is there as named, else the highest older id whose
+/// record verifies. Records above the point are no commits (a coordinator's whose commit the
+/// control store refused, or one in flight).
+pub fn last_commit_upto(
+    store: &dyn Store,
+    stream: StreamId,
+    point: Option<Point>,
+) -> Result<Option<(CommitRecord, u32)>, StoreError> {
     let keys = store.list(&format!("{}/checkpoints/", stream.0))?;
     for key in keys.iter().rev() {
+        let id = key.rsplit('/').next().and_then(|n| n.strip_suffix(".commit")?.parse().ok()).map(CheckpointId);
+        if let (Some(p), Some(id)) = (point, id)
+            && id > p.id
+        {
+            continue;
+        }
         let bytes = match store.get_at_most(key, super::MAX_RECORD) {
             Ok(b) => b,
             Err(e @ StoreError::TooLarge { .. }) => {
@@ -99,8 +132,14 @@ pub fn last_commit(store: &dyn Store, stream: StreamId) -> Result<Option<CommitR
             }
             Err(e) => return Err(e),
         };
+        if let Some(p) = point.filter(|p| Some(p.id) == id && record_crc(&bytes) != p.crc) {
+            // The record the point names was replaced (or damaged) since: the previous one is
+            // still a restore point.
+            tracing::error!(%key, crc = format!("{:08x}", p.crc), "skipping a commit record that is not the one committed");
+            continue;
+        }
         match decode_commit(key, &bytes) {
-            Ok(r) => return Ok(Some(r)),
+            Ok(r) => return Ok(Some((r, record_crc(&bytes)))),
             // A damaged record is skipped, loudly: the previous one is still a valid restore point.
             Err(e) => tracing::error!(%key, error = %e, "skipping a damaged commit record"),
         }
@@ -113,8 +152,12 @@ pub fn last_commit(store: &dyn Store, stream: StreamId) -> Result<Option<CommitR
 pub enum CommitWrite {
     /// The record is in the store, as written.
     Durable,
-    /// The record is not in the store.
+    /// The record is not in the store, or not committed (retryable: the next checkpoint tries
+    /// again).
     Failed(String),
+    /// The record may not be committed by this coordinator any more (`commit_point`'s fence):
+    /// fatal for its run.
+    Fenced(String),
 }
 
 /// Writes the commit record, and reads it back when the put reports an error: the record may

@@ -18,12 +18,15 @@
 //!
 //! - [`ahead`]: stores a sink's new SST files while results arrive, ahead of the checkpoint.
 //! - [`commit`]: the coordinator's records (commit records, the id record).
+//! - [`commit_point`]: where the last commit and the ids reserved are kept (the store, or a
+//!   control store).
 //! - [`uploader`]: the uploader pool that writes and ships snapshots off the data path.
 //! - [`retention`]: keeps the last K commits and collects the rest.
 //! - [`inspect`]: the committed checkpoints and their verification, for `weir checkpoints`.
 
 pub mod ahead;
 pub mod commit;
+pub mod commit_point;
 pub mod floor;
 mod index;
 pub mod inspect;

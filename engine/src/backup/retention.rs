@@ -37,6 +37,9 @@ pub struct CollectOptions {
     /// The stream is not running (no checkpoint in flight): an SST file no kept checkpoint
     /// names is garbage now, not only at the next pass.
     pub stopped: bool,
+    /// The last commit as the control store names it (`commit_point`): records above it are
+    /// no commits, neither kept nor deleted (`None`: every record counts).
+    pub upto: Option<CheckpointId>,
 }
 
 /// What one pass did.
@@ -88,7 +91,7 @@ impl Collector {
     /// One pass over `stream`, keeping the `keep` newest commits (at least one), beside a
     /// running stream.
     pub fn collect(&mut self, store: &dyn Store, stream: StreamId, keep: usize) -> Result<Collected, StoreError> {
-        self.collect_with(store, stream, CollectOptions { keep, dry_run: false, stopped: false })
+        self.collect_with(store, stream, CollectOptions { keep, dry_run: false, stopped: false, upto: None })
     }
 
     /// One pass with `opts`.
@@ -112,6 +115,9 @@ impl Collector {
         // after a burst of commits would otherwise read every one of them).
         let mut older = Vec::new();
         for key in records.iter().rev() {
+            if opts.upto.is_some_and(|p| decode_id(key).is_none_or(|id| id > p)) {
+                continue; // no commit (yet): whatever it names stays, as a checkpoint in flight's
+            }
             if good.len() == keep {
                 older.push(key.clone());
                 continue;
@@ -340,7 +346,7 @@ mod tests {
         checkpoint(&store, 2, &["b.sst"], true);
         let before = keys(&store);
         let mut c = Collector::new();
-        let dry = CollectOptions { keep: 1, dry_run: true, stopped: true };
+        let dry = CollectOptions { keep: 1, dry_run: true, stopped: true, upto: None };
         let would = c.collect_with(&store, S, dry).unwrap();
         assert_eq!(keys(&store), before, "a dry run deletes nothing");
         assert!(would.deleted.contains(&"1/tasks/0/sst/a.sst".to_string()), "{would:?}");
@@ -360,7 +366,8 @@ mod tests {
         let r = CommitRecord::fallback(CheckpointId(4), CheckpointId(2), 0);
         store.put(&commit_key(S, r.id), encode_commit(&r).as_bytes()).unwrap();
         let mut c = Collector::new();
-        let done = c.collect_with(&store, S, CollectOptions { keep: 1, dry_run: false, stopped: true }).unwrap();
+        let done =
+            c.collect_with(&store, S, CollectOptions { keep: 1, dry_run: false, stopped: true, upto: None }).unwrap();
         assert_eq!(done.kept, vec![CheckpointId(4)]);
         let k = keys(&store);
         assert!(k.iter().any(|k| k.contains("chk-2/MANIFEST.weir")), "{k:?}");
@@ -406,7 +413,7 @@ mod tests {
     fn a_stopped_stream_collects_files_stored_ahead_and_their_record() {
         let dir = tempfile::tempdir().unwrap();
         let (store, record) = stored_ahead(dir.path());
-        let stopped = CollectOptions { keep: 1, dry_run: false, stopped: true };
+        let stopped = CollectOptions { keep: 1, dry_run: false, stopped: true, upto: None };
         let done = Collector::new().collect_with(&store, S, stopped).unwrap();
         assert!(done.deleted.contains(&record), "{done:?}");
         let k = keys(&store);

@@ -14,6 +14,8 @@
 //!   [`Tenure`] of each lease, which the engine reads before it acknowledges an append.
 //! - [`Mover`]: which lost node's tasks move where (never a source away from its log's only
 //!   copy), and the one write that moves them.
+//! - [`ControlCommits`]: a stream's checkpoint ids and commit point in one key, written in
+//!   transactions fenced by the coordinator's lease and the placement its run began under.
 //!
 //! Invariants: a node acts as a member (runs tasks, acknowledges appends) only while
 //! [`Member::holds`]; only the elected leader writes placement, and the store refuses its write
@@ -23,16 +25,20 @@
 mod absence;
 mod agent;
 mod book;
+mod commits;
 mod member;
 mod mover;
 mod tenure;
 
+#[cfg(test)]
+mod commit_tests;
 #[cfg(test)]
 mod tests;
 
 pub use absence::Absence;
 pub use agent::{Agent, AgentView};
 pub use book::{BookError, ControlBook, PlacementBook, StoreBook, Versioned};
+pub use commits::{ControlCommits, Fence};
 pub use member::{Member, MemberView};
 pub use mover::{Moved, Mover, overdue_links};
 pub use tenure::Tenure;
@@ -75,5 +81,10 @@ impl Keys {
     /// Stream `stream`'s placement: the newest version's record.
     pub fn placement(&self, stream: StreamId) -> String {
         format!("{}streams/{}/placement", self.prefix, stream.0)
+    }
+
+    /// Stream `stream`'s checkpoint ids reserved and last commit ([`ControlCommits`]).
+    pub fn checkpoints(&self, stream: StreamId) -> String {
+        format!("{}streams/{}/checkpoints", self.prefix, stream.0)
     }
 }

@@ -68,6 +68,9 @@ pub struct EngineConfig {
     pub tenure: Option<std::sync::Arc<crate::cluster::Tenure>>,
     /// What status says of the node's membership (`None`: the cluster has no control store).
     pub member_status: Option<std::sync::Arc<dyn crate::cluster::MemberStatus>>,
+    /// Where the stream's checkpoint ids and commit point are kept (`None`: the remote store
+    /// alone, [`crate::backup::commit_point::StoreCommits`]).
+    pub commits: Option<std::sync::Arc<dyn crate::backup::commit_point::CommitBook>>,
 }
 
 impl EngineConfig {
@@ -95,6 +98,7 @@ impl EngineConfig {
             ingest_observer: None,
             tenure: None,
             member_status: None,
+            commits: None,
         }
     }
 }

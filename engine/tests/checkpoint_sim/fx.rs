@@ -282,7 +282,7 @@ impl CoordEffects for SimCoordFx<'_> {
         }
         let answer = match outcome {
             CommitWrite::Durable => CoordInput::CommitDurable { id: record.id },
-            CommitWrite::Failed(reason) => {
+            CommitWrite::Failed(reason) | CommitWrite::Fenced(reason) => {
                 w.stats.commit_write_failures += 1;
                 CoordInput::CommitFailed { id: record.id, reason }
             }

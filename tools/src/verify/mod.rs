@@ -354,7 +354,8 @@ fn committed(
         bail!("stream {} is running and its rows come out of order: verify compares it once it has ended", spec.id.0);
     }
     let (url, store) = crate::settings::remote_store(file)?;
-    let record = weir_engine::backup::commit::last_commit(store.as_ref(), spec.id)
+    let record = crate::placement::commit_reader(file, spec.id)?
+        .last(store.as_ref())
         .with_context(|| format!("reading stream {}'s last commit from {url}", spec.id.0))?;
     let Some(record) = record.filter(|r| !r.versions.is_empty()) else {
         bail!("stream {} has no commit with source offsets in {url} yet: if it is running, try again later", spec.id.0)

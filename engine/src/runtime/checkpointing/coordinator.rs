@@ -22,8 +22,9 @@ use super::net::ProtoNet;
 use super::port::EngineClock;
 use super::stats::CheckpointLog;
 use crate::backup::Store;
-use crate::backup::commit::{CommitWrite, write_commit, write_ids};
-use crate::backup::retention::Collector;
+use crate::backup::commit::CommitWrite;
+use crate::backup::commit_point::{CommitBook, PointError};
+use crate::backup::retention::{CollectOptions, Collector};
 use crate::checkpoint::driver::{Clock, CoordDriver, CoordEffects};
 use crate::checkpoint::{CheckpointError, CommitRecord, CoordInput, Coordinator, IdRecord, TaskInput};
 use crate::runtime::control::{Control, ControlHandle};
@@ -106,25 +107,33 @@ impl CoordEffects for EngineCoordFx {
     }
 }
 
-/// Runs the coordinator's store writes one after another; each answer goes to the inbox. After
-/// each durable commit it asks the collector for a pass (`collect`: at most one waits).
-fn store_thread(
+/// What the store thread writes with.
+struct StoreSide {
     store: Arc<dyn Store>,
+    book: Arc<dyn CommitBook>,
     stream: StreamId,
-    jobs: Receiver<StoreJob>,
-    inbox: Sender<CoordInput>,
-    collect: Option<Sender<()>>,
-) {
+    /// Ends the run when the book says this coordinator is fenced.
+    halt: Halt,
+}
+
+/// Runs the coordinator's store writes one after another; each answer goes to the inbox. After
+/// each durable commit it asks the collector for a pass (`collect`: at most one waits). A write
+/// the book refuses as fenced halts the run (a newer coordinator or placement stands).
+fn store_thread(side: StoreSide, jobs: Receiver<StoreJob>, inbox: Sender<CoordInput>, collect: Option<Sender<()>>) {
+    let StoreSide { store, book, stream, halt } = side;
     for job in jobs {
         let answer = match job {
-            StoreJob::Ids(ids) => match write_ids(store.as_ref(), stream, &ids) {
+            StoreJob::Ids(ids) => match book.reserve(store.as_ref(), &ids) {
                 Ok(()) => CoordInput::IdsPersisted(ids),
                 Err(e) => {
-                    tracing::error!(stream = %stream, error = %e, "cannot persist the checkpoint id record");
+                    tracing::error!(stream = %stream, error = %e, "cannot reserve checkpoint ids");
+                    if matches!(e, PointError::Fenced { .. } | PointError::Corrupt { .. }) {
+                        halt(format!("checkpoint ids not reserved: {e}"));
+                    }
                     CoordInput::IdsFailed { reason: e.to_string() }
                 }
             },
-            StoreJob::Commit(record) => match write_commit(store.as_ref(), stream, &record) {
+            StoreJob::Commit(record) => match book.commit(store.as_ref(), &record) {
                 CommitWrite::Durable => {
                     if let Some(c) = &collect {
                         let _ = c.try_send(());
@@ -133,6 +142,11 @@ fn store_thread(
                 }
                 CommitWrite::Failed(reason) => {
                     tracing::warn!(stream = %stream, checkpoint = %record.id, %reason, "cannot write the commit record");
+                    CoordInput::CommitFailed { id: record.id, reason }
+                }
+                CommitWrite::Fenced(reason) => {
+                    tracing::error!(stream = %stream, checkpoint = %record.id, %reason, "commit refused: this coordinator is fenced");
+                    halt(format!("checkpoint {} not committed: {reason}", record.id));
                     CoordInput::CommitFailed { id: record.id, reason }
                 }
             },
@@ -149,6 +163,7 @@ fn store_thread(
 /// the nodes delete what no kept checkpoint reads.
 fn collector_thread(
     store: Arc<dyn Store>,
+    book: Arc<dyn CommitBook>,
     stream: StreamId,
     keep: usize,
     logs: BTreeMap<TaskId, u32>,
@@ -157,7 +172,8 @@ fn collector_thread(
     let mut collector = Collector::new();
     let mut written = BTreeMap::new();
     for () in requests {
-        match collector.collect(store.as_ref(), stream, keep) {
+        let opts = CollectOptions { keep, dry_run: false, stopped: false, upto: book.point() };
+        match collector.collect_with(store.as_ref(), stream, opts) {
             Ok(c) => {
                 tracing::debug!(
                     stream = %stream,
@@ -195,6 +211,7 @@ pub(crate) struct CoordStart {
     pub(crate) peers: Arc<HashMap<TaskId, ControlHandle>>,
     pub(crate) last_commit: Option<CommitRecord>,
     pub(crate) ids: IdRecord,
+    pub(crate) book: Arc<dyn CommitBook>,
     pub(crate) log: Arc<CheckpointLog>,
     pub(crate) net: Option<ProtoNet>,
     pub(crate) store_timeout: Duration,
@@ -219,19 +236,20 @@ impl CoordThread {
         let stop = Arc::new(AtomicBool::new(false));
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
         let (done_tx, store_done) = crossbeam_channel::bounded(1);
-        let (store, stream, inbox_tx) = (s.store.clone(), s.stream, s.inbox.0.clone());
+        let (stream, inbox_tx) = (s.stream, s.inbox.0.clone());
+        let side = StoreSide { store: s.store.clone(), book: s.book.clone(), stream, halt: s.halt.clone() };
         let (collect, collector) = if s.retain > 0 {
             let (tx, rx) = crossbeam_channel::bounded(1);
-            let (store, keep, logs) = (s.store.clone(), s.retain, s.log_partitions);
+            let (store, book, keep, logs) = (s.store.clone(), s.book.clone(), s.retain, s.log_partitions);
             let t = std::thread::Builder::new()
                 .name("weir-retention".into())
-                .spawn(move || collector_thread(store, stream, keep, logs, rx))?;
+                .spawn(move || collector_thread(store, book, stream, keep, logs, rx))?;
             (Some(tx), Some(t))
         } else {
             (None, None)
         };
         std::thread::Builder::new().name("weir-coord-store".into()).spawn(move || {
-            store_thread(store, stream, jobs_rx, inbox_tx, collect);
+            store_thread(side, jobs_rx, inbox_tx, collect);
             // The last pass asked for runs to its end: a stopped engine leaves its store tidy.
             if let Some(t) = collector {
                 let _ = t.join();

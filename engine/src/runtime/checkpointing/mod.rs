@@ -47,7 +47,7 @@ use super::control::ControlHandle;
 use super::error::EngineError;
 use super::task::Task;
 use crate::backup::Store;
-use crate::backup::commit::{last_commit, read_ids};
+use crate::backup::commit_point::{Begin, CommitBook, StoreCommits};
 use crate::backup::uploader::UploaderPool;
 use crate::checkpoint::driver::TaskDriver;
 use crate::checkpoint::{CommitRecord, CoordInput, Coordinator, IdRecord, Role, TaskMachine, TaskSetup};
@@ -90,6 +90,8 @@ pub(crate) struct Setup {
     node_point: NodePoint,
     restored: Arc<OnceLock<(RestoreBasis, Option<CheckpointId>)>>,
     ids: IdRecord,
+    /// Where ids are reserved and commits made.
+    book: Arc<dyn CommitBook>,
     peers: Arc<HashMap<TaskId, ControlHandle>>,
     coord_tx: Sender<CoordInput>,
     coord_rx: Receiver<CoordInput>,
@@ -173,14 +175,22 @@ impl Setup {
         let coord_node = hub.coord_node;
         let store = settings.open_store();
         let restored = Arc::new(OnceLock::new());
-        let last = if cfg.failover && coord_node != cfg.node {
+        let book: Arc<dyn CommitBook> = cfg.commits.clone().unwrap_or_else(|| Arc::new(StoreCommits::new(spec.id)));
+        let begin = if coord_node == cfg.node {
+            // Only the coordinator reserves ids; a record it cannot read must stop it rather
+            // than start again at 1.
+            book.begin(store.as_ref())
+                .map_err(|e| EngineError::Store(format!("the checkpoint ids and last commit: {e}")))?
+        } else if cfg.failover {
             // The coordinator's answer is the point: it reads the record once its own old
             // engine has stopped, so every node of a restart restores the same commit.
             tracing::info!(stream = %spec.id, coordinator = %coord_node, "the tasks take their restore point from the coordinator");
-            None
+            Begin { ids: IdRecord::default(), last: None }
         } else {
-            last_commit(store.as_ref(), spec.id).map_err(|e| EngineError::Store(e.to_string()))?
+            let last = book.last(store.as_ref()).map_err(|e| EngineError::Store(e.to_string()))?;
+            Begin { ids: IdRecord::default(), last }
         };
+        let Begin { ids, last } = begin;
         let local: Vec<TaskId> = topo.tasks.iter().map(|t| t.id).filter(|t| node_of[t] == cfg.node).collect();
         let node_point = match &last {
             Some(r) => verify::check_node(store.as_ref(), spec.id, &cfg.data_dir, &local, r)?,
@@ -208,14 +218,6 @@ impl Setup {
                 "no commit record: the tasks ask the coordinator where to start (the consensus of what they committed, or the beginning)"
             ),
         }
-        // Only the coordinator allocates ids; a record it cannot read must stop it rather than
-        // start again at 1.
-        let ids = if coord_node == cfg.node {
-            read_ids(store.as_ref(), spec.id)
-                .map_err(|e| EngineError::Store(format!("the checkpoint id record: {e}")))?
-        } else {
-            IdRecord::default()
-        };
         let Hub { coord_tx, coord_rx, log, .. } = hub;
         let uploaders = UploaderPool::start(
             settings.uploaders,
@@ -235,6 +237,7 @@ impl Setup {
             node_point,
             restored,
             ids,
+            book,
             peers,
             coord_tx,
             coord_rx,
@@ -363,6 +366,7 @@ impl Setup {
             peers: self.peers,
             last_commit: self.last,
             ids: self.ids,
+            book: self.book,
             log: self.log,
             net,
             store_timeout: Duration::from_millis(self.settings.store_timeout_ms),

@@ -1,0 +1,247 @@
+//! [`ControlCommits`] on the in-process control store and a store directory: the commit point
+//! and ids in one fenced key, what a restart, retention and a reader make of records above it,
+//! and writes whose answers were lost.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use weir_wire::{CheckpointId, NodeId, StreamId, TransId};
+
+use super::{ControlCommits, Fence, Keys};
+use crate::backup::commit::{CommitWrite, commit_key, encode_commit, write_ids};
+use crate::backup::commit_point::{CommitBook, PointError, StoreCommits};
+use crate::backup::retention::{CollectOptions, Collector};
+use crate::backup::{LocalDirStore, Store};
+use crate::checkpoint::{CommitRecord, IdRecord, RecordKind};
+use crate::control::{Compare, ControlError, ControlStore, Entry, LeaseId, MemControl, Op, TxnOutcome};
+
+const S: StreamId = StreamId(1);
+
+fn rec(id: u64) -> CommitRecord {
+    CommitRecord {
+        id: CheckpointId(id),
+        kind: RecordKind::Commit(TransId(id)),
+        versions: Default::default(),
+        manifests: Default::default(),
+        ts: id,
+    }
+}
+
+/// A control store that can lose the replies of applied transactions, and fail reads.
+#[derive(Default)]
+struct Lossy {
+    inner: MemControl,
+    /// Transactions still to apply and then answer with an error.
+    lose_txn: AtomicU32,
+    /// Reads still to fail.
+    fail_get: AtomicU32,
+    /// Transactions still to fail unapplied.
+    cut_txn: AtomicU32,
+}
+
+fn take(n: &AtomicU32) -> bool {
+    n.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1)).is_ok()
+}
+
+fn lost(op: &'static str) -> ControlError {
+    ControlError::Unavailable { endpoint: "test".into(), op, reason: "no reply".into() }
+}
+
+impl ControlStore for Lossy {
+    fn grant(&self, ttl: Duration) -> Result<LeaseId, ControlError> {
+        self.inner.grant(ttl)
+    }
+    fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>, ControlError> {
+        self.inner.keep_alive(lease)
+    }
+    fn revoke(&self, lease: LeaseId) -> Result<(), ControlError> {
+        self.inner.revoke(lease)
+    }
+    fn get(&self, key: &str) -> Result<Option<Entry>, ControlError> {
+        if take(&self.fail_get) { Err(lost("get")) } else { self.inner.get(key) }
+    }
+    fn list(&self, prefix: &str, limit: usize) -> Result<Vec<(String, Entry)>, ControlError> {
+        self.inner.list(prefix, limit)
+    }
+    fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
+        if take(&self.cut_txn) {
+            return Err(lost("txn"));
+        }
+        let out = self.inner.txn(when, then)?;
+        if take(&self.lose_txn) { Err(lost("txn")) } else { Ok(out) }
+    }
+}
+
+/// A cluster: the control store, node 1 a member under a lease, and the stream's store.
+struct World {
+    control: Arc<Lossy>,
+    keys: Keys,
+    lease: LeaseId,
+    _dir: tempfile::TempDir,
+    store: LocalDirStore,
+}
+
+impl World {
+    fn new() -> Self {
+        let control = Arc::new(Lossy::default());
+        let keys = Keys::new("test");
+        let lease = control.grant(Duration::from_secs(10)).unwrap();
+        control.txn(&[], &[Op::Put { key: keys.member(NodeId(1)), value: b"1".to_vec(), lease: Some(lease) }]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirStore::new(dir.path());
+        Self { control, keys, lease, _dir: dir, store }
+    }
+
+    /// Node 1's coordinator at the placement as it stands now.
+    fn coordinator(&self) -> ControlCommits {
+        let placement = self.control.get(&self.keys.placement(S)).unwrap().map_or(0, |e| e.mod_revision);
+        let fence = Fence::new(&self.keys, S, NodeId(1), self.lease, placement);
+        ControlCommits::new(self.control.clone(), &self.keys, S, fence)
+    }
+
+    fn reader(&self) -> ControlCommits {
+        ControlCommits::reader(self.control.clone(), &self.keys, S)
+    }
+
+    fn last(&self) -> Option<CheckpointId> {
+        self.reader().last(&self.store).unwrap().map(|r| r.id)
+    }
+}
+
+fn ids(next: u64) -> IdRecord {
+    IdRecord { next_id: CheckpointId(next), next_trans: TransId(next) }
+}
+
+#[test]
+fn a_commit_moves_the_point_and_a_restart_begins_from_it() {
+    let w = World::new();
+    let c = w.coordinator();
+    let b = c.begin(&w.store).unwrap();
+    assert_eq!((b.ids, b.last), (IdRecord::default(), None), "nothing yet");
+    c.reserve(&w.store, &ids(513)).unwrap();
+    assert_eq!(c.commit(&w.store, &rec(1)), CommitWrite::Durable);
+    assert_eq!(c.commit(&w.store, &rec(2)), CommitWrite::Durable);
+    assert_eq!(c.point(), Some(CheckpointId(2)));
+    let again = w.coordinator().begin(&w.store).unwrap();
+    assert_eq!((again.ids, again.last), (ids(513), Some(rec(2))));
+    assert_eq!(w.last(), Some(CheckpointId(2)));
+    // The ids are in the control store, not in the store's id record.
+    assert!(w.store.list("1/coordinator/").unwrap().is_empty());
+}
+
+#[test]
+fn a_record_above_the_point_is_no_commit_for_a_restart_a_reader_or_retention() {
+    let w = World::new();
+    let c = w.coordinator();
+    c.begin(&w.store).unwrap();
+    assert_eq!(c.commit(&w.store, &rec(1)), CommitWrite::Durable);
+    // A coordinator wrote record 2 and died before its transaction.
+    w.store.put(&commit_key(S, CheckpointId(2)), encode_commit(&rec(2)).as_bytes()).unwrap();
+    assert_eq!(w.coordinator().begin(&w.store).unwrap().last, Some(rec(1)));
+    assert_eq!(w.last(), Some(CheckpointId(1)));
+    assert_eq!(StoreCommits::new(S).last(&w.store).unwrap().map(|r| r.id), Some(CheckpointId(2)), "the store alone");
+    let upto = c.point();
+    let opts = CollectOptions { keep: 1, dry_run: false, stopped: false, upto };
+    let done = Collector::new().collect_with(&w.store, S, opts).unwrap();
+    assert_eq!(done.kept, vec![CheckpointId(1)], "the commit is kept, the record above neither counted ...");
+    assert!(w.store.get(&commit_key(S, CheckpointId(2))).is_ok(), "... nor deleted");
+    // Record 1 replaced behind the point's back: it is not the one committed.
+    let mut other = rec(1);
+    other.ts = 99;
+    w.store.put(&commit_key(S, CheckpointId(1)), encode_commit(&other).as_bytes()).unwrap();
+    assert_eq!(w.last(), None);
+}
+
+#[test]
+fn a_coordinator_whose_placement_changed_commits_nothing() {
+    let w = World::new();
+    let c = w.coordinator();
+    c.begin(&w.store).unwrap();
+    assert_eq!(c.commit(&w.store, &rec(1)), CommitWrite::Durable);
+    // A leader moved tasks: a new placement, a new epoch.
+    w.control.txn(&[], &[Op::Put { key: w.keys.placement(S), value: b"v1".to_vec(), lease: None }]).unwrap();
+    let refused = c.commit(&w.store, &rec(2));
+    assert!(matches!(&refused, CommitWrite::Fenced(why) if why.contains("placement changed")), "{refused:?}");
+    assert!(matches!(c.reserve(&w.store, &ids(1025)), Err(PointError::Fenced { .. })));
+    assert_eq!(w.last(), Some(CheckpointId(1)));
+    // The run at the new placement commits.
+    let next = w.coordinator();
+    next.begin(&w.store).unwrap();
+    assert_eq!(next.commit(&w.store, &rec(3)), CommitWrite::Durable);
+    assert_eq!(w.last(), Some(CheckpointId(3)));
+}
+
+#[test]
+fn a_coordinator_whose_lease_ended_commits_nothing() {
+    let w = World::new();
+    let c = w.coordinator();
+    c.begin(&w.store).unwrap();
+    w.control.revoke(w.lease).unwrap();
+    let refused = c.commit(&w.store, &rec(1));
+    assert!(matches!(&refused, CommitWrite::Fenced(why) if why.contains("lease")), "{refused:?}");
+    assert_eq!(w.last(), None);
+}
+
+#[test]
+fn two_coordinators_of_one_placement_cannot_both_commit() {
+    let w = World::new();
+    let (a, b) = (w.coordinator(), w.coordinator());
+    a.begin(&w.store).unwrap();
+    b.begin(&w.store).unwrap();
+    assert_eq!(b.commit(&w.store, &rec(5)), CommitWrite::Durable);
+    let refused = a.commit(&w.store, &rec(6));
+    assert!(matches!(&refused, CommitWrite::Fenced(why) if why.contains("another coordinator")), "{refused:?}");
+    assert_eq!(w.last(), Some(CheckpointId(5)));
+}
+
+#[test]
+fn a_commit_whose_answer_was_lost_is_read_back_or_found_by_the_next_write() {
+    let w = World::new();
+    let c = w.coordinator();
+    c.begin(&w.store).unwrap();
+    // Applied, its answer lost: the read back finds it.
+    w.control.lose_txn.store(1, Ordering::Release);
+    assert_eq!(c.commit(&w.store, &rec(1)), CommitWrite::Durable);
+    // Applied, its answer lost and the read back failing too: failed as far as it knows ...
+    w.control.lose_txn.store(1, Ordering::Release);
+    w.control.fail_get.store(1, Ordering::Release);
+    assert!(matches!(c.commit(&w.store, &rec(2)), CommitWrite::Failed(_)));
+    assert_eq!(w.last(), Some(CheckpointId(2)), "it landed");
+    // ... and the next write finds its own write there and goes on from it.
+    c.reserve(&w.store, &ids(1025)).unwrap();
+    assert_eq!(c.commit(&w.store, &rec(3)), CommitWrite::Durable);
+    let b = w.coordinator().begin(&w.store).unwrap();
+    assert_eq!((b.ids, b.last.map(|r| r.id)), (ids(1025), Some(CheckpointId(3))));
+    // Not applied at all: failed, and the next try succeeds.
+    w.control.cut_txn.store(1, Ordering::Release);
+    assert!(matches!(c.commit(&w.store, &rec(4)), CommitWrite::Failed(_)));
+    assert_eq!(w.last(), Some(CheckpointId(3)));
+    assert_eq!(c.commit(&w.store, &rec(5)), CommitWrite::Durable);
+    assert_eq!(w.last(), Some(CheckpointId(5)));
+}
+
+#[test]
+fn a_cluster_whose_records_were_in_the_store_alone_takes_them_over_once() {
+    let w = World::new();
+    write_ids(&w.store, S, &ids(513)).unwrap();
+    assert_eq!(StoreCommits::new(S).commit(&w.store, &rec(3)), CommitWrite::Durable);
+    let (a, b) = (w.coordinator(), w.coordinator());
+    let begun = a.begin(&w.store).unwrap();
+    assert_eq!((begun.ids, begun.last.map(|r| r.id)), (ids(513), Some(CheckpointId(3))));
+    assert!(w.control.get(&w.keys.checkpoints(S)).unwrap().is_some(), "taken over before anything else");
+    b.begin(&w.store).unwrap();
+    a.reserve(&w.store, &ids(1025)).unwrap();
+    assert!(matches!(b.reserve(&w.store, &ids(1025)), Err(PointError::Fenced { .. })), "one writer at a time");
+    assert_eq!(w.last(), Some(CheckpointId(3)));
+    assert_eq!(a.commit(&w.store, &rec(4)), CommitWrite::Durable);
+    assert_eq!(w.last(), Some(CheckpointId(4)));
+}
+
+#[test]
+fn a_damaged_key_is_an_error_not_a_fresh_start() {
+    let w = World::new();
+    w.control.txn(&[], &[Op::Put { key: w.keys.checkpoints(S), value: b"next-id 1".to_vec(), lease: None }]).unwrap();
+    assert!(matches!(w.coordinator().begin(&w.store), Err(PointError::Corrupt { .. })));
+    assert!(matches!(w.reader().last(&w.store), Err(PointError::Corrupt { .. })));
+}
