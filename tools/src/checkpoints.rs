@@ -8,8 +8,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use serde_json::json;
+use weir_engine::backup::commit::Point;
 use weir_engine::backup::commit_point::CommitBook;
-use weir_engine::backup::inspect::{CheckpointInfo, checkpoint_info, list_commits, verify_checkpoint};
+use weir_engine::backup::inspect::{CheckpointInfo, checkpoint_info, list_commits_in, verify_checkpoint};
 use weir_engine::backup::retention::{CollectOptions, Collector};
 use weir_engine::checkpoint::{CommitRecord, RecordKind};
 use weir_engine::cluster::{ControlCommits, Keys};
@@ -47,14 +48,19 @@ pub struct CheckpointsArgs {
 }
 
 impl CheckpointsArgs {
-    /// The newest record that is a commit (`None`: every record in the store is one).
-    fn point(&self, store: &dyn weir_engine::backup::Store, stream: StreamId) -> anyhow::Result<Option<CheckpointId>> {
-        let Some(cluster) = &self.cluster else { return Ok(None) };
+    /// The commits etcd lists (`None`: every record in the store is one). Without `--etcd`, a
+    /// stream whose commit point etcd holds is refused: the store alone would count records
+    /// etcd does not.
+    fn listed(&self, store: &dyn weir_engine::backup::Store, stream: StreamId) -> anyhow::Result<Option<Vec<Point>>> {
+        let Some(cluster) = &self.cluster else {
+            let book = weir_engine::backup::commit_point::StoreCommits::new(stream);
+            book.last(store).context("reading the store's commit records")?;
+            return Ok(None);
+        };
         let etcd = EtcdControl::connect(&self.etcd, std::time::Duration::from_secs(2))
             .with_context(|| format!("cannot reach etcd at {}", self.etcd.join(",")))?;
         let book = ControlCommits::reader(std::sync::Arc::new(etcd), &Keys::new(cluster), stream);
-        book.last(store).with_context(|| format!("reading stream {stream}'s commit point in etcd"))?;
-        Ok(book.point())
+        book.commits(store).with_context(|| format!("reading stream {stream}'s commit point in etcd"))
     }
 }
 
@@ -177,9 +183,10 @@ pub fn run(args: &CheckpointsArgs) -> anyhow::Result<ExitCode> {
     match &args.what {
         What::List => {
             let mut rows = Vec::new();
-            let point = args.point(store.as_ref(), stream)?;
-            let commits = list_commits(store.as_ref(), stream).with_context(|| format!("listing {url}"))?;
-            for r in commits.into_iter().filter(|r| point.is_none_or(|p| r.id <= p)) {
+            let listed = args.listed(store.as_ref(), stream)?;
+            let commits =
+                list_commits_in(store.as_ref(), stream, listed.as_deref()).with_context(|| format!("listing {url}"))?;
+            for r in commits {
                 rows.push(checkpoint_info(store.as_ref(), stream, r.id).with_context(|| format!("reading {}", r.id))?);
             }
             if args.json {
@@ -250,8 +257,8 @@ pub fn run(args: &CheckpointsArgs) -> anyhow::Result<ExitCode> {
             return Ok(if v.damage.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) });
         }
         What::Gc { keep, dry_run, stopped } => {
-            let upto = args.point(store.as_ref(), stream)?;
-            let opts = CollectOptions { keep: *keep, dry_run: *dry_run, stopped: *stopped, upto };
+            let listed = args.listed(store.as_ref(), stream)?;
+            let opts = CollectOptions { keep: *keep, dry_run: *dry_run, stopped: *stopped, listed };
             let c = Collector::new()
                 .collect_with(store.as_ref(), stream, opts)
                 .with_context(|| format!("collecting {url}"))?;

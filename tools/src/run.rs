@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::remote::RemoteArgs;
-use weir_engine::backup::commit::last_commit;
+use weir_engine::backup::commit_point::{CommitBook, StoreCommits};
 use weir_engine::operator::window::WindowSpec;
 use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig, Remote};
 use weir_engine::spec::{Placement, SourceKind, StreamSpec};
@@ -119,7 +119,8 @@ fn remote_store(
     };
     let remote = crate::remote::RemoteArgs { scratch_dir: Some(args.data_dir.clone()), ..args.remote.clone() };
     let store = remote.open(url)?;
-    let last = last_commit(store.as_ref(), stream).with_context(|| format!("reading the checkpoints in {url}"))?;
+    let last =
+        StoreCommits::new(stream).last(store.as_ref()).with_context(|| format!("reading the checkpoints in {url}"))?;
     match last {
         // Never wipe a store someone named: a fresh run there would mix two histories.
         Some(c) if !args.resume => anyhow::bail!(

@@ -89,14 +89,14 @@ pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError
 
 /// The last durable commit of `stream` in `store` (the highest id whose record verifies).
 pub fn last_commit(store: &dyn Store, stream: StreamId) -> Result<Option<CommitRecord>, StoreError> {
-    Ok(last_commit_upto(store, stream, None)?.map(|(r, _)| r))
+    Ok(last_commit_in(store, stream, None)?.map(|(r, _)| r))
 }
 
-/// The commit a control store names: its id and the checksum of its record's bytes
+/// A commit a control store lists: its id and the checksum of its record's bytes
 /// ([`record_crc`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Point {
-    /// The last commit's id.
+    /// The commit's id.
     pub id: CheckpointId,
     /// CRC32C of its record as stored.
     pub crc: u32,
@@ -107,40 +107,51 @@ pub fn record_crc(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)
 }
 
-/// The last commit of `stream` at or below `point` (`None`: any record), with its record's
-/// checksum: the record `point` names if it is there as named, else the highest older id whose
-/// record verifies. Records above the point are no commits (a coordinator's whose commit the
-/// control store refused, or one in flight).
-pub fn last_commit_upto(
+/// The id in a commit record's key (`<stream>/checkpoints/<id>.commit`).
+pub fn id_of_key(key: &str) -> Option<CheckpointId> {
+    key.rsplit('/').next()?.strip_suffix(".commit")?.parse().ok().map(CheckpointId)
+}
+
+/// Whether the record `bytes` stored under `key` is one `listed` names (id and checksum).
+pub fn is_listed(listed: &[Point], key: &str, bytes: &[u8]) -> bool {
+    let Some(id) = id_of_key(key) else { return false };
+    listed.iter().any(|p| p.id == id && p.crc == record_crc(bytes))
+}
+
+/// The last commit of `stream` among those `listed` (`None`: every record in the store), with
+/// its record's checksum: the newest listed one whose record is there as listed and decodes.
+/// A record a control store does not list is no commit (one whose commit it refused, one in
+/// flight, or one a deposed coordinator wrote over a listed one).
+pub fn last_commit_in(
     store: &dyn Store,
     stream: StreamId,
-    point: Option<Point>,
+    listed: Option<&[Point]>,
 ) -> Result<Option<(CommitRecord, u32)>, StoreError> {
-    let keys = store.list(&format!("{}/checkpoints/", stream.0))?;
-    for key in keys.iter().rev() {
-        let id = key.rsplit('/').next().and_then(|n| n.strip_suffix(".commit")?.parse().ok()).map(CheckpointId);
-        if let (Some(p), Some(id)) = (point, id)
-            && id > p.id
-        {
-            continue;
-        }
-        let bytes = match store.get_at_most(key, super::MAX_RECORD) {
+    let keys = match listed {
+        Some(l) => l.iter().rev().map(|p| commit_key(stream, p.id)).collect(),
+        None => store.list(&format!("{}/checkpoints/", stream.0))?.into_iter().rev().collect::<Vec<_>>(),
+    };
+    for key in keys {
+        let bytes = match store.get_at_most(&key, super::MAX_RECORD) {
             Ok(b) => b,
             Err(e @ StoreError::TooLarge { .. }) => {
                 tracing::error!(%key, error = %e, "skipping a commit record no Weir wrote");
                 continue;
             }
+            Err(StoreError::NotFound { .. }) if listed.is_some() => {
+                tracing::error!(%key, "a commit record the control store lists is missing: going back to the one before");
+                continue;
+            }
             Err(e) => return Err(e),
         };
-        if let Some(p) = point.filter(|p| Some(p.id) == id && record_crc(&bytes) != p.crc) {
-            // The record the point names was replaced (or damaged) since: the previous one is
-            // still a restore point.
-            tracing::error!(%key, crc = format!("{:08x}", p.crc), "skipping a commit record that is not the one committed");
+        if listed.is_some_and(|l| !is_listed(l, &key, &bytes)) {
+            // Replaced (or damaged) since it was committed: the previous one is still a restore point.
+            tracing::error!(%key, "skipping a commit record that is not the one committed");
             continue;
         }
-        match decode_commit(key, &bytes) {
+        match decode_commit(&key, &bytes) {
             Ok(r) => return Ok(Some((r, record_crc(&bytes)))),
-            // A damaged record is skipped, loudly: the previous one is still a valid restore point.
+            // A damaged record is skipped, loudly: the previous one is still a restore point.
             Err(e) => tracing::error!(%key, error = %e, "skipping a damaged commit record"),
         }
     }
@@ -155,9 +166,9 @@ pub enum CommitWrite {
     /// The record is not in the store, or not committed (retryable: the next checkpoint tries
     /// again).
     Failed(String),
-    /// The record may not be committed by this coordinator any more (`commit_point`'s fence):
-    /// fatal for its run.
-    Fenced(String),
+    /// The record may not be committed by this coordinator (`commit_point`'s fence, or a
+    /// record older than the point): fatal for its run.
+    Refused(String),
 }
 
 /// Writes the commit record, and reads it back when the put reports an error: the record may

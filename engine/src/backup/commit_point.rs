@@ -10,12 +10,14 @@
 //!
 //! Invariants: a commit counts only once [`CommitBook::commit`] answers `Durable`; every reader
 //! of the last commit (a restart, retention, `weir verify`) reads it through the same book, so
-//! they agree on it.
+//! they agree on it. A stream whose point a control store holds says so in the store
+//! ([`control_marker`]), and the store alone then refuses to name its last commit rather than
+//! name one the control store does not.
 
 use weir_wire::{CheckpointId, StreamId};
 
-use super::commit::{CommitWrite, last_commit, read_ids, write_commit, write_ids};
-use super::{Store, StoreError};
+use super::commit::{CommitWrite, Point, last_commit, read_ids, write_commit, write_ids};
+use super::{Store, StoreError, seal, unseal};
 use crate::checkpoint::{CommitRecord, IdRecord};
 use crate::control::ControlError;
 
@@ -38,6 +40,29 @@ pub enum PointError {
         /// What stands instead.
         why: String,
     },
+    /// The stream's commit point is in the control store of cluster `cluster`, which this book
+    /// does not read. Fatal.
+    #[error(
+        "stream {stream}: its commit point is in the control store (etcd) of cluster {cluster}: read it there \
+         (the cluster's config file, or --etcd URLS --cluster {cluster})"
+    )]
+    Elsewhere {
+        /// The stream.
+        stream: StreamId,
+        /// The cluster whose control store holds it.
+        cluster: String,
+    },
+    /// A commit older than the point it would follow: a coordinator out of step with the
+    /// control store (a restore from a record the point does not name). Fatal for the run.
+    #[error("stream {stream}: checkpoint {id} is not newer than the last commit, {point}")]
+    Stale {
+        /// The stream.
+        stream: StreamId,
+        /// The record's id.
+        id: CheckpointId,
+        /// The commit the point names.
+        point: CheckpointId,
+    },
     /// The control store's key holds something no Weir wrote. Fatal.
     #[error("stream {stream}: the checkpoint key {key} is damaged: {reason}")]
     Corrupt {
@@ -56,7 +81,10 @@ impl PointError {
         match self {
             PointError::Store(e) => e.is_retryable(),
             PointError::Control(e) => e.is_retryable(),
-            PointError::Fenced { .. } | PointError::Corrupt { .. } => false,
+            PointError::Fenced { .. }
+            | PointError::Corrupt { .. }
+            | PointError::Elsewhere { .. }
+            | PointError::Stale { .. } => false,
         }
     }
 }
@@ -82,9 +110,40 @@ pub trait CommitBook: Send + Sync + std::fmt::Debug {
     fn commit(&self, store: &dyn Store, record: &CommitRecord) -> CommitWrite;
     /// The last commit, as a reader sees it now.
     fn last(&self, store: &dyn Store) -> Result<Option<CommitRecord>, PointError>;
-    /// The newest commit id this book wrote or read (`None`: it names none, and every record
-    /// in the store counts). Retention keeps no record above it, nor counts one.
-    fn point(&self) -> Option<CheckpointId>;
+    /// The commits as this book last wrote or read them, oldest first (`None`: the store's
+    /// records are the commits). Retention counts a record only as listed, and neither counts
+    /// nor deletes one above the newest.
+    fn listed(&self) -> Option<Vec<Point>>;
+    /// The commits as they stand now (a fresh read; `None` as for [`Self::listed`]): which
+    /// older commits a task may go back to.
+    fn commits(&self, store: &dyn Store) -> Result<Option<Vec<Point>>, PointError>;
+}
+
+/// Key of the record saying a control store holds the stream's commit point.
+pub fn marker_key(stream: StreamId) -> String {
+    format!("{}/coordinator/control", stream.0)
+}
+
+/// Says in the store that cluster `cluster`'s control store holds the stream's commit point.
+pub fn write_control_marker(store: &dyn Store, stream: StreamId, cluster: &str) -> Result<(), StoreError> {
+    store.put(&marker_key(stream), seal(format!("weir-control 1\ncluster {cluster}\n")).as_bytes())
+}
+
+/// The cluster whose control store holds the stream's commit point, if one does.
+pub fn control_marker(store: &dyn Store, stream: StreamId) -> Result<Option<String>, StoreError> {
+    let key = marker_key(stream);
+    let bytes = match store.get_at_most(&key, super::MAX_RECORD) {
+        Ok(b) => b,
+        Err(StoreError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let body = unseal(&key, &bytes)?;
+    let bad = || StoreError::Corrupt { key: key.clone(), reason: "not a control record".into() };
+    let mut lines = body.lines();
+    if lines.next() != Some("weir-control 1") {
+        return Err(bad());
+    }
+    lines.next().and_then(|l| l.strip_prefix("cluster ")).map(|c| Some(c.to_string())).ok_or_else(bad)
 }
 
 /// The ids and commits in the remote store alone.
@@ -100,8 +159,19 @@ impl StoreCommits {
     }
 }
 
+impl StoreCommits {
+    /// Refuses a stream whose commit point a control store holds.
+    fn mine(&self, store: &dyn Store) -> Result<(), PointError> {
+        match control_marker(store, self.stream)? {
+            Some(cluster) => Err(PointError::Elsewhere { stream: self.stream, cluster }),
+            None => Ok(()),
+        }
+    }
+}
+
 impl CommitBook for StoreCommits {
     fn begin(&self, store: &dyn Store) -> Result<Begin, PointError> {
+        self.mine(store)?;
         Ok(Begin { ids: read_ids(store, self.stream)?, last: last_commit(store, self.stream)? })
     }
 
@@ -114,10 +184,16 @@ impl CommitBook for StoreCommits {
     }
 
     fn last(&self, store: &dyn Store) -> Result<Option<CommitRecord>, PointError> {
+        self.mine(store)?;
         Ok(last_commit(store, self.stream)?)
     }
 
-    fn point(&self) -> Option<CheckpointId> {
+    fn listed(&self) -> Option<Vec<Point>> {
         None
+    }
+
+    fn commits(&self, store: &dyn Store) -> Result<Option<Vec<Point>>, PointError> {
+        self.mine(store)?;
+        Ok(None)
     }
 }

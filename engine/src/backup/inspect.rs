@@ -35,9 +35,20 @@ impl CheckpointInfo {
 
 /// The committed checkpoints of `stream`, oldest first (records that do not decode are skipped).
 pub fn list_commits(store: &dyn Store, stream: StreamId) -> Result<Vec<CommitRecord>, StoreError> {
+    list_commits_in(store, stream, None)
+}
+
+/// The committed checkpoints of `stream` a control store lists (`None`: every record in the
+/// store), oldest first: a record counts only as the one listed under its id.
+pub fn list_commits_in(
+    store: &dyn Store,
+    stream: StreamId,
+    listed: Option<&[super::commit::Point]>,
+) -> Result<Vec<CommitRecord>, StoreError> {
     let mut out = Vec::new();
     for key in store.list(&format!("{}/checkpoints/", stream.0))? {
         match store.get_at_most(&key, super::MAX_RECORD) {
+            Ok(b) if listed.is_some_and(|l| !super::commit::is_listed(l, &key, &b)) => {}
             Ok(b) => match decode_commit(&key, &b) {
                 Ok(r) => out.push(r),
                 Err(e) => tracing::warn!(%key, error = %e, "skipping a damaged commit record"),

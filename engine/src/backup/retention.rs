@@ -23,12 +23,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
-use super::commit::decode_commit;
+use super::commit::{Point, decode_commit, is_listed};
 use super::floor::Needs;
 use super::{Manifest, Store, StoreError};
 
 /// How a pass runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CollectOptions {
     /// Commits kept (at least one).
     pub keep: usize,
@@ -37,9 +37,10 @@ pub struct CollectOptions {
     /// The stream is not running (no checkpoint in flight): an SST file no kept checkpoint
     /// names is garbage now, not only at the next pass.
     pub stopped: bool,
-    /// The last commit as the control store names it (`commit_point`): records above it are
-    /// no commits, neither kept nor deleted (`None`: every record counts).
-    pub upto: Option<CheckpointId>,
+    /// The commits a control store lists (`commit_point`; `None`: every record counts): a
+    /// record counts only as listed; records above the newest are neither counted nor deleted
+    /// (in flight), others it does not list go as damaged ones do.
+    pub listed: Option<Vec<Point>>,
 }
 
 /// What one pass did.
@@ -91,7 +92,7 @@ impl Collector {
     /// One pass over `stream`, keeping the `keep` newest commits (at least one), beside a
     /// running stream.
     pub fn collect(&mut self, store: &dyn Store, stream: StreamId, keep: usize) -> Result<Collected, StoreError> {
-        self.collect_with(store, stream, CollectOptions { keep, dry_run: false, stopped: false, upto: None })
+        self.collect_with(store, stream, CollectOptions { keep, dry_run: false, stopped: false, listed: None })
     }
 
     /// One pass with `opts`.
@@ -115,14 +116,22 @@ impl Collector {
         // after a burst of commits would otherwise read every one of them).
         let mut older = Vec::new();
         for key in records.iter().rev() {
-            if opts.upto.is_some_and(|p| decode_id(key).is_none_or(|id| id > p)) {
+            let newest = opts.listed.as_ref().map(|l| l.last().map_or(CheckpointId(0), |p| p.id));
+            if newest.is_some_and(|n| decode_id(key).is_none_or(|id| id > n)) {
                 continue; // no commit (yet): whatever it names stays, as a checkpoint in flight's
             }
             if good.len() == keep {
                 older.push(key.clone());
                 continue;
             }
-            match store.get_at_most(key, super::MAX_RECORD).map(|b| decode_commit(key, &b)) {
+            let bytes = store.get_at_most(key, super::MAX_RECORD);
+            if let (Some(l), Ok(b)) = (&opts.listed, &bytes)
+                && !is_listed(l, key, b)
+            {
+                damaged.push(key.clone()); // never committed, or not as committed
+                continue;
+            }
+            match bytes.map(|b| decode_commit(key, &b)) {
                 Ok(Ok(r)) => {
                     match r.restore_point() {
                         Some(p) => {
@@ -346,8 +355,8 @@ mod tests {
         checkpoint(&store, 2, &["b.sst"], true);
         let before = keys(&store);
         let mut c = Collector::new();
-        let dry = CollectOptions { keep: 1, dry_run: true, stopped: true, upto: None };
-        let would = c.collect_with(&store, S, dry).unwrap();
+        let dry = CollectOptions { keep: 1, dry_run: true, stopped: true, listed: None };
+        let would = c.collect_with(&store, S, dry.clone()).unwrap();
         assert_eq!(keys(&store), before, "a dry run deletes nothing");
         assert!(would.deleted.contains(&"1/tasks/0/sst/a.sst".to_string()), "{would:?}");
         assert_eq!(would.deleted[0], commit_key(S, CheckpointId(1)), "records first");
@@ -367,7 +376,7 @@ mod tests {
         store.put(&commit_key(S, r.id), encode_commit(&r).as_bytes()).unwrap();
         let mut c = Collector::new();
         let done =
-            c.collect_with(&store, S, CollectOptions { keep: 1, dry_run: false, stopped: true, upto: None }).unwrap();
+            c.collect_with(&store, S, CollectOptions { keep: 1, dry_run: false, stopped: true, listed: None }).unwrap();
         assert_eq!(done.kept, vec![CheckpointId(4)]);
         let k = keys(&store);
         assert!(k.iter().any(|k| k.contains("chk-2/MANIFEST.weir")), "{k:?}");
@@ -413,7 +422,7 @@ mod tests {
     fn a_stopped_stream_collects_files_stored_ahead_and_their_record() {
         let dir = tempfile::tempdir().unwrap();
         let (store, record) = stored_ahead(dir.path());
-        let stopped = CollectOptions { keep: 1, dry_run: false, stopped: true, upto: None };
+        let stopped = CollectOptions { keep: 1, dry_run: false, stopped: true, listed: None };
         let done = Collector::new().collect_with(&store, S, stopped).unwrap();
         assert!(done.deleted.contains(&record), "{done:?}");
         let k = keys(&store);

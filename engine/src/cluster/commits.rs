@@ -7,34 +7,47 @@
 //! weir-checkpoints 1
 //! next-id 513
 //! next-trans 600
-//! commit 12 0a1b2c3d     (the last commit's id and its record's CRC32C; absent: none yet)
+//! writer 9f3a…            (the run of the coordinator that wrote it last)
+//! commit 11 5e6f7a8b     (the commits, oldest first, at most [`HISTORY`]: each id and its
+//! commit 12 0a1b2c3d      record's CRC32C; none: no commit yet)
 //! crc …
 //! ```
 //!
+//! A record the key does not list is no commit: not for a restart, a task going back to an
+//! older commit, retention or `weir verify` (a record whose transaction was refused or never
+//! ran, or one a deposed coordinator wrote over a listed one).
+//!
 //! Every write is one transaction that compares the key's revision as this coordinator last read
 //! or wrote it, and the fence of its run ([`Fence`]): its node's member key still lives by the
-//! lease the run began under, and the placement key is at the revision the run read. So a
-//! coordinator whose node lost its lease, whose placement a leader replaced, or beside which
-//! another coordinator wrote, writes nothing: its commit is no commit, and its run ends.
+//! lease the run began under, and the placement key is at the revision the run read. A run claims
+//! the key when it begins (a write naming it), so the runs before it, on this node or another,
+//! can write nothing after; a run whose node lost its lease or whose placement a leader replaced
+//! cannot either. Before a commit writes its record to the store it checks the fence, so a
+//! deposed coordinator does not get as far as the store (but for a pause between the check and
+//! the put: then its record, above or at the point, is no commit, and readers and retention
+//! know the point's record by its checksum).
 //!
 //! Invariants:
 //! - A commit is durable once its record is in the store and the transaction naming it
 //!   succeeded. A transaction whose answer was lost is read back: if the key holds what it
-//!   wrote, it landed; a later write that finds its own lost write there takes it as landed.
+//!   wrote (its run's token in it), it landed; a later write that finds a lost write of its own
+//!   there goes on from it.
+//! - The ids only grow: a commit raises `next-id` past its record's id (a fresh start's or a
+//!   fallback's id is not reserved by the coordinator), and a run begins past the point.
 //! - Without the key (a cluster's first start, or one whose records were in the store alone),
-//!   a coordinator takes the ids and the last commit from the store and writes the key before
-//!   it starts (only if it is still missing): a reader that finds no key reads the store's
-//!   records, as no coordinator has committed through the key yet.
+//!   a coordinator takes the ids and the last commit over from the store's records, writes the
+//!   key before anything else, and marks the store (`commit_point::write_control_marker`), so
+//!   that the store alone no longer names a last commit.
 
 use std::sync::{Arc, Mutex};
 
 use weir_wire::{CheckpointId, StreamId, TransId};
 
 use super::Keys;
-use crate::backup::commit::{CommitWrite, Point, encode_commit, last_commit_upto, read_ids, record_crc, write_commit};
-use crate::backup::commit_point::{Begin, CommitBook, PointError};
+use crate::backup::commit::{CommitWrite, Point, encode_commit, last_commit_in, read_ids, record_crc, write_commit};
+use crate::backup::commit_point::{Begin, CommitBook, PointError, write_control_marker};
 use crate::backup::{Store, seal, unseal};
-use crate::checkpoint::{CommitRecord, IdRecord};
+use crate::checkpoint::{CommitRecord, IdRecord, RecordKind};
 use crate::control::{Compare, ControlStore, LeaseId, Op};
 
 /// What a coordinator's writes compare besides the key's own revision.
@@ -64,16 +77,31 @@ impl Fence {
     }
 }
 
+/// Commits the key lists: the ones a task may go back to when a newer one cannot be restored.
+pub const HISTORY: usize = 32;
+
 /// The key's value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Value {
     ids: IdRecord,
-    point: Option<Point>,
+    /// The run that wrote it last.
+    writer: u64,
+    /// The commits, oldest first.
+    commits: Vec<Point>,
+}
+
+impl Value {
+    fn point(&self) -> Option<Point> {
+        self.commits.last().copied()
+    }
 }
 
 fn encode(v: &Value) -> Vec<u8> {
-    let mut s = format!("weir-checkpoints 1\nnext-id {}\nnext-trans {}\n", v.ids.next_id.0, v.ids.next_trans.0);
-    if let Some(p) = v.point {
+    let mut s = format!(
+        "weir-checkpoints 1\nnext-id {}\nnext-trans {}\nwriter {:016x}\n",
+        v.ids.next_id.0, v.ids.next_trans.0, v.writer
+    );
+    for p in &v.commits {
         s.push_str(&format!("commit {} {:08x}\n", p.id.0, p.crc));
     }
     seal(s).into_bytes()
@@ -85,28 +113,28 @@ fn decode(key: &str, bytes: &[u8]) -> Result<Value, String> {
     if lines.next() != Some("weir-checkpoints 1") {
         return Err("not a checkpoint key Weir wrote".into());
     }
-    let mut field = |name: &str| -> Result<u64, String> {
+    let mut field = |name: &str, radix: u32| -> Result<u64, String> {
         let l = lines.next().ok_or("truncated")?;
-        l.strip_prefix(name).and_then(|v| v.parse().ok()).ok_or_else(|| format!("bad {name}line"))
+        l.strip_prefix(name).and_then(|v| u64::from_str_radix(v, radix).ok()).ok_or_else(|| format!("bad {name}line"))
     };
-    let ids = IdRecord { next_id: CheckpointId(field("next-id ")?), next_trans: TransId(field("next-trans ")?) };
-    let point = match lines.next() {
-        None => None,
-        Some(l) => {
-            let p: Vec<&str> = l.split(' ').collect();
-            match p[..] {
-                ["commit", id, crc] => Some(Point {
-                    id: CheckpointId(id.parse().map_err(|_| "bad commit id")?),
-                    crc: u32::from_str_radix(crc, 16).map_err(|_| "bad commit crc")?,
-                }),
-                _ => return Err("bad commit line".into()),
-            }
+    let ids =
+        IdRecord { next_id: CheckpointId(field("next-id ", 10)?), next_trans: TransId(field("next-trans ", 10)?) };
+    let writer = field("writer ", 16)?;
+    let mut commits: Vec<Point> = Vec::new();
+    for l in lines {
+        let p = match l.split(' ').collect::<Vec<_>>()[..] {
+            ["commit", id, crc] => Point {
+                id: CheckpointId(id.parse().map_err(|_| "bad commit id")?),
+                crc: u32::from_str_radix(crc, 16).map_err(|_| "bad commit crc")?,
+            },
+            _ => return Err("bad commit line".into()),
+        };
+        if commits.len() == HISTORY || commits.last().is_some_and(|q| q.id >= p.id) {
+            return Err("commits out of order or too many".into());
         }
-    };
-    if lines.next().is_some() {
-        return Err("trailing lines".into());
+        commits.push(p);
     }
-    Ok(Value { ids, point })
+    Ok(Value { ids, writer, commits })
 }
 
 /// What the book last read or wrote.
@@ -114,8 +142,8 @@ fn decode(key: &str, bytes: &[u8]) -> Result<Value, String> {
 struct State {
     /// The value and the key's revision (0: missing).
     read: Option<(Value, i64)>,
-    /// A write whose answer was lost and that no read showed landed.
-    lost: Option<Vec<u8>>,
+    /// Writes whose answers were lost and that no read showed landed, or not (the newest last).
+    lost: Vec<Vec<u8>>,
 }
 
 /// A stream's ids and commit point in the control store.
@@ -123,8 +151,11 @@ pub struct ControlCommits {
     control: Arc<dyn ControlStore>,
     stream: StreamId,
     key: String,
+    cluster: String,
     /// `None`: a reader, which writes nothing.
     fence: Option<Fence>,
+    /// This run's token in the values it writes.
+    run: u64,
     state: Mutex<State>,
 }
 
@@ -134,94 +165,107 @@ impl std::fmt::Debug for ControlCommits {
     }
 }
 
+/// A token no other run draws (the clock's nanoseconds and the book's address).
+fn run_token(book: *const ControlCommits) -> u64 {
+    let ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    ns ^ (book as usize as u64).rotate_left(32) ^ u64::from(std::process::id()).rotate_left(48)
+}
+
 impl ControlCommits {
     /// The book of a coordinator whose writes compare `fence`.
     pub fn new(control: Arc<dyn ControlStore>, keys: &Keys, stream: StreamId, fence: Fence) -> Self {
-        Self { control, stream, key: keys.checkpoints(stream), fence: Some(fence), state: Default::default() }
+        let mut b = Self::reader(control, keys, stream);
+        b.fence = Some(fence);
+        b.run = run_token(&b);
+        b
     }
 
-    /// A book that only reads (`weir verify`, status).
+    /// A book that only reads (`weir verify`, `weir checkpoints`).
     pub fn reader(control: Arc<dyn ControlStore>, keys: &Keys, stream: StreamId) -> Self {
-        Self { control, stream, key: keys.checkpoints(stream), fence: None, state: Default::default() }
+        Self {
+            control,
+            stream,
+            key: keys.checkpoints(stream),
+            cluster: keys.cluster().to_string(),
+            fence: None,
+            run: 0,
+            state: Default::default(),
+        }
+    }
+
+    fn corrupt(&self, reason: String) -> PointError {
+        PointError::Corrupt { stream: self.stream, key: self.key.clone(), reason }
+    }
+
+    fn fenced(&self, why: String) -> PointError {
+        PointError::Fenced { stream: self.stream, why }
     }
 
     /// The key's value and revision (`None`: missing).
     fn read(&self) -> Result<Option<(Value, i64)>, PointError> {
         match self.control.get(&self.key)? {
             None => Ok(None),
-            Some(e) => match decode(&self.key, &e.value) {
-                Ok(v) => Ok(Some((v, e.mod_revision))),
-                Err(reason) => Err(PointError::Corrupt { stream: self.stream, key: self.key.clone(), reason }),
-            },
+            Some(e) => Ok(Some((decode(&self.key, &e.value).map_err(|r| self.corrupt(r))?, e.mod_revision))),
         }
     }
 
-    /// Writes `change` of the value as last read, fenced; on a refusal that shows a lost write
-    /// of its own landed, once more after it.
-    fn write(&self, change: impl Fn(Value) -> Result<Value, String>) -> Result<(), PointError> {
-        let Some(fence) = &self.fence else {
-            return Err(PointError::Fenced {
-                stream: self.stream,
-                why: "a reader of the checkpoint key writes nothing".into(),
-            });
-        };
+    /// Writes `change` of the value as last read, fenced (`put: false`: only checks that it
+    /// could). A refusal that shows a lost write of its own landed goes on from it, once.
+    fn write(&self, put: bool, change: impl Fn(Value) -> Result<Value, PointError>) -> Result<(), PointError> {
+        let Some(fence) = &self.fence else { return Err(self.fenced("a reader writes nothing".into())) };
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((mut cur, mut rev)) = st.read else {
-            return Err(PointError::Fenced { stream: self.stream, why: "the checkpoint key was never read".into() });
+        let Some((mut cur, mut rev)) = st.read.clone() else {
+            return Err(self.fenced("the key was never read".into()));
         };
         for _ in 0..2 {
-            let new = change(cur).map_err(|why| PointError::Fenced { stream: self.stream, why })?;
+            let new = Value { writer: self.run, ..change(cur.clone())? };
             let bytes = encode(&new);
             let mut when = fence.compares();
             when.push(Compare::ModRevision(self.key.clone(), rev));
-            let put = Op::Put { key: self.key.clone(), value: bytes.clone(), lease: None };
-            match self.control.txn(&when, &[put]) {
+            let ops =
+                if put { vec![Op::Put { key: self.key.clone(), value: bytes.clone(), lease: None }] } else { vec![] };
+            match self.control.txn(&when, &ops) {
                 Ok(o) if o.succeeded => {
-                    *st = State { read: Some((new, o.revision)), lost: None };
+                    if put {
+                        *st = State { read: Some((new, o.revision)), lost: Vec::new() };
+                    }
                     return Ok(());
                 }
                 Ok(_) => {
                     let stands = self.control.get(&self.key)?;
                     match stands {
-                        Some(e) if st.lost.as_ref() == Some(&e.value) => {
-                            // Its own earlier write landed after all: go on from there.
-                            let v = decode(&self.key, &e.value).map_err(|reason| PointError::Corrupt {
-                                stream: self.stream,
-                                key: self.key.clone(),
-                                reason,
-                            })?;
-                            (cur, rev) = (v, e.mod_revision);
-                            *st = State { read: Some((cur, rev)), lost: None };
+                        Some(e) if st.lost.contains(&e.value) => {
+                            // A write of its own whose answer was lost landed: go on from there.
+                            (cur, rev) = (decode(&self.key, &e.value).map_err(|r| self.corrupt(r))?, e.mod_revision);
+                            *st = State { read: Some((cur.clone(), rev)), lost: Vec::new() };
                         }
                         stands => {
                             let now = stands.map_or(0, |e| e.mod_revision);
-                            return Err(PointError::Fenced {
-                                stream: self.stream,
-                                why: self.why_refused(fence, rev, now),
-                            });
+                            return Err(self.fenced(self.why_refused(fence, rev, now)));
                         }
                     }
                 }
+                Err(e) if !put => return Err(e.into()),
                 Err(e) => {
+                    // It may land later still (a transaction in flight): remembered either way.
+                    st.lost.push(bytes.clone());
                     return match self.control.get(&self.key) {
                         Ok(Some(got)) if got.value == bytes => {
-                            *st = State { read: Some((new, got.mod_revision)), lost: None };
+                            *st = State { read: Some((new, got.mod_revision)), lost: Vec::new() };
                             Ok(())
                         }
                         Ok(got) if got.as_ref().map_or(0, |g| g.mod_revision) == rev => Err(e.into()),
+                        Ok(Some(got)) if st.lost.contains(&got.value) => Err(e.into()),
                         Ok(got) => {
                             let now = got.map_or(0, |g| g.mod_revision);
-                            Err(PointError::Fenced { stream: self.stream, why: self.why_refused(fence, rev, now) })
+                            Err(self.fenced(self.why_refused(fence, rev, now)))
                         }
-                        Err(_) => {
-                            st.lost = Some(bytes);
-                            Err(e.into())
-                        }
+                        Err(_) => Err(e.into()),
                     };
                 }
             }
         }
-        Err(PointError::Fenced { stream: self.stream, why: "the checkpoint key changed twice under its write".into() })
+        Err(self.fenced("the checkpoint key changed twice under its write".into()))
     }
 
     /// Says which part of the fence stopped a write (best effort: the store may fail again).
@@ -249,54 +293,69 @@ impl CommitBook for ControlCommits {
     fn begin(&self, store: &dyn Store) -> Result<Begin, PointError> {
         let (value, rev, last) = match self.read()? {
             Some((v, rev)) => {
-                let last = last_commit_upto(store, self.stream, v.point)?;
-                (v, rev, last.map(|(r, _)| r))
+                let last = last_commit_in(store, self.stream, Some(&v.commits))?.map(|(r, _)| r);
+                (v, rev, last)
             }
             None => {
-                // The store's records, taken over: the key is written before anything else, so
-                // from now on a record the key does not name is no commit.
+                // The store's records, taken over: the last commit is the one listed.
                 let ids = read_ids(store, self.stream)?;
-                let last = last_commit_upto(store, self.stream, None)?;
-                let point = last.as_ref().map(|(r, crc)| Point { id: r.id, crc: *crc });
-                let value = Value { ids, point };
-                self.state.lock().unwrap_or_else(|e| e.into_inner()).read = Some((value, 0));
-                self.write(Ok)?;
-                return Ok(Begin { ids, last: last.map(|(r, _)| r) });
+                let last = last_commit_in(store, self.stream, None)?;
+                let commits = last.iter().map(|(r, crc)| Point { id: r.id, crc: *crc }).collect();
+                (Value { ids, writer: 0, commits }, 0, last.map(|(r, _)| r))
             }
         };
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).read = Some((value, rev));
-        Ok(Begin { ids: value.ids, last })
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).read = Some((value.clone(), rev));
+        // Claimed: the runs before this one write nothing from now on, and a fence that does
+        // not hold stops this one before its tasks restore.
+        self.write(true, Ok)?;
+        write_control_marker(store, self.stream, &self.cluster)?;
+        // Past the point whatever the record says (it may be unreadable).
+        let past = value.point().map_or(CheckpointId(0), |p| p.id.next());
+        Ok(Begin { ids: IdRecord { next_id: value.ids.next_id.max(past), ..value.ids }, last })
     }
 
     fn reserve(&self, _store: &dyn Store, ids: &IdRecord) -> Result<(), PointError> {
         let ids = *ids;
-        self.write(|v| {
-            Ok(Value {
-                ids: IdRecord {
-                    next_id: ids.next_id.max(v.ids.next_id),
-                    next_trans: ids.next_trans.max(v.ids.next_trans),
-                },
-                ..v
-            })
+        self.write(true, |v| {
+            let next =
+                IdRecord { next_id: ids.next_id.max(v.ids.next_id), next_trans: ids.next_trans.max(v.ids.next_trans) };
+            Ok(Value { ids: next, ..v })
         })
     }
 
     fn commit(&self, store: &dyn Store, record: &CommitRecord) -> CommitWrite {
-        match write_commit(store, self.stream, record) {
-            CommitWrite::Durable => {}
-            other => return other,
-        }
         let point = Point { id: record.id, crc: record_crc(encode_commit(record).as_bytes()) };
-        let moved = self.write(|v| match v.point {
+        let outcome = |r: Result<(), PointError>| match r {
+            Ok(()) => CommitWrite::Durable,
+            // A checkpoint in flight across a fallback: the stream went back past it already.
+            Err(e @ PointError::Stale { .. }) => CommitWrite::Failed(e.to_string()),
+            Err(e) if e.is_retryable() => CommitWrite::Failed(e.to_string()),
+            Err(e) => CommitWrite::Refused(e.to_string()),
+        };
+        // A consensus names a checkpoint the tasks hold, at or below the point; every other
+        // record is newer than the point.
+        let step = |v: Value| match v.point() {
             // Its own write of this commit, whose answer was lost, landed.
             Some(p) if p == point => Ok(v),
-            Some(p) if p.id >= point.id => Err(format!("commit {} is not newer than the last, {}", point.id, p.id)),
-            _ => Ok(Value { point: Some(point), ..v }),
-        });
-        match moved {
-            Ok(()) => CommitWrite::Durable,
-            Err(e) if e.is_retryable() => CommitWrite::Failed(e.to_string()),
-            Err(e) => CommitWrite::Fenced(e.to_string()),
+            Some(p) if p.id >= point.id && !matches!(record.kind, RecordKind::Consensus) => {
+                Err(PointError::Stale { stream: self.stream, id: point.id, point: p.id })
+            }
+            _ => {
+                let next_id = v.ids.next_id.max(point.id.next());
+                // A consensus that goes back drops the commits past it.
+                let mut commits: Vec<Point> = v.commits.iter().copied().filter(|p| p.id < point.id).collect();
+                commits.push(point);
+                let commits = commits.split_off(commits.len().saturating_sub(HISTORY));
+                Ok(Value { ids: IdRecord { next_id, ..v.ids }, commits, ..v })
+            }
+        };
+        // Nothing goes to the store from a coordinator the fence already refuses.
+        if let Err(e) = self.write(false, step) {
+            return outcome(Err(e));
+        }
+        match write_commit(store, self.stream, record) {
+            CommitWrite::Durable => outcome(self.write(true, step)),
+            other => other,
         }
     }
 
@@ -304,26 +363,24 @@ impl CommitBook for ControlCommits {
         let read = self.read()?;
         if self.fence.is_none() {
             // A reader's point is what it read last; a writer's stays what its writes compare.
-            self.state.lock().unwrap_or_else(|e| e.into_inner()).read = read;
+            self.state.lock().unwrap_or_else(|e| e.into_inner()).read = read.clone();
         }
-        let point = match read {
-            Some((v, _)) => match v.point {
-                Some(p) => Some(p),
-                None => return Ok(None),
-            },
-            None => None,
-        };
-        Ok(last_commit_upto(store, self.stream, point)?.map(|(r, _)| r))
+        let listed = read.map(|(v, _)| v.commits);
+        Ok(last_commit_in(store, self.stream, listed.as_deref())?.map(|(r, _)| r))
     }
 
-    fn point(&self) -> Option<CheckpointId> {
+    fn listed(&self) -> Option<Vec<Point>> {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        match st.read {
-            Some((v, _)) => Some(v.point.map_or(CheckpointId(0), |p| p.id)),
+        match &st.read {
+            Some((v, _)) => Some(v.commits.clone()),
             // A reader that found no key: the store's records are the commits.
             None if self.fence.is_none() => None,
             // A writer that has not read yet: no record counts.
-            None => Some(CheckpointId(0)),
+            None => Some(Vec::new()),
         }
+    }
+
+    fn commits(&self, _store: &dyn Store) -> Result<Option<Vec<Point>>, PointError> {
+        Ok(self.read()?.map(|(v, _)| v.commits))
     }
 }

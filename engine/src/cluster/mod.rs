@@ -63,6 +63,11 @@ impl Keys {
         Self { prefix: format!("/weir/{cluster}/") }
     }
 
+    /// The cluster's name.
+    pub fn cluster(&self) -> &str {
+        self.prefix.trim_start_matches("/weir/").trim_end_matches('/')
+    }
+
     /// The election of the node that decides placement; its value names the leader.
     pub fn leader(&self) -> String {
         format!("{}leader", self.prefix)

@@ -16,7 +16,10 @@ impl World {
     /// A checkpoint starts only on ids the store has reserved, and never on a pair used before.
     pub fn check_issued(&mut self, id: CheckpointId, trans: TransId) {
         let key = weir_engine::backup::commit::ids_key(STREAM);
-        let rec = self.store.peek(&key).and_then(|b| weir_engine::backup::commit::decode_ids(&key, &b).ok());
+        let rec = match &self.control {
+            Some(c) => c.reserved(),
+            None => self.store.peek(&key).and_then(|b| weir_engine::backup::commit::decode_ids(&key, &b).ok()),
+        };
         let rec = rec.unwrap_or_else(|| panic!("checkpoint {id} started without an id record"));
         assert!(id < rec.next_id && trans < rec.next_trans, "{id} {trans} started beyond the reserved {rec:?}");
         let call = self.coord_call;

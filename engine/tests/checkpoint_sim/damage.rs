@@ -16,7 +16,16 @@ impl World {
     fn records_newest_first(&self) -> Vec<CommitRecord> {
         let mut keys = self.store.keys("1/checkpoints/");
         keys.sort();
-        keys.iter().rev().filter_map(|k| self.store.peek(k).and_then(|b| decode_commit(k, &b).ok())).collect()
+        // With a control store, the records it does not list are no commits.
+        let listed = self.listed();
+        keys.iter()
+            .rev()
+            .filter_map(|k| {
+                let b = self.store.peek(k)?;
+                let listed = listed.as_ref().is_none_or(|l| weir_engine::backup::commit::is_listed(l, k, &b));
+                listed.then(|| decode_commit(k, &b).ok()).flatten()
+            })
+            .collect()
     }
 
     /// The restore point of the last record, if any.

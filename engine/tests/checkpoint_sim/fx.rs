@@ -5,7 +5,8 @@
 use std::cell::RefCell;
 
 use weir_engine::backup::Store;
-use weir_engine::backup::commit::{CommitWrite, last_commit, write_commit, write_ids};
+use weir_engine::backup::commit::CommitWrite;
+use weir_engine::backup::commit_point::PointError;
 use weir_engine::checkpoint::driver::{Clock, CoordEffects, Hold, RestorePoint, TaskEffects, TaskPort, UploadRequest};
 use weir_engine::checkpoint::{CheckpointError, CommitRecord, CoordInput, IdRecord, RecordKind, Role, TaskInput};
 use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats, RestoreBasis};
@@ -235,10 +236,14 @@ impl CoordEffects for SimCoordFx<'_> {
 
     fn persist_ids(&mut self, ids: IdRecord) {
         let mut w = self.w.borrow_mut();
-        let answer = match write_ids(&*w.store, STREAM, &ids) {
+        let reserved = w.book.reserve(&*w.store, &ids);
+        w.note(format!("reserve {ids:?}: {reserved:?}"));
+        let answer = match reserved {
             Ok(()) => CoordInput::IdsPersisted(ids),
             Err(e) => {
                 w.stats.id_record_failures += 1;
+                // No coordinator but the live one writes here: nothing may fence it.
+                assert!(!matches!(e, PointError::Fenced { .. }), "the coordinator fenced: {e}");
                 CoordInput::IdsFailed { reason: e.to_string() }
             }
         };
@@ -268,9 +273,15 @@ impl CoordEffects for SimCoordFx<'_> {
                 w.stats.fallbacks += 1;
             }
         }
-        let outcome = write_commit(&*w.store, STREAM, &record);
-        // What counts is what a restart would read: the record visible in the store.
-        if w.store.peek(&weir_engine::backup::commit::commit_key(STREAM, record.id)).is_some() {
+        let outcome = w.book.commit(&*w.store, &record);
+        w.note(format!("commit {} {:?}: {outcome:?}", record.id, record.kind));
+        // What counts is what a restart would read: the record visible in the store, or with a
+        // control store, the record its point names.
+        let counts = match w.point() {
+            Some(p) => p == record.id,
+            None => w.store.peek(&weir_engine::backup::commit::commit_key(STREAM, record.id)).is_some(),
+        };
+        if counts {
             if record.kind != RecordKind::Fresh {
                 w.check_consistent(&record);
             }
@@ -282,7 +293,8 @@ impl CoordEffects for SimCoordFx<'_> {
         }
         let answer = match outcome {
             CommitWrite::Durable => CoordInput::CommitDurable { id: record.id },
-            CommitWrite::Failed(reason) | CommitWrite::Fenced(reason) => {
+            CommitWrite::Refused(reason) => panic!("the coordinator fenced: {reason}"),
+            CommitWrite::Failed(reason) => {
                 w.stats.commit_write_failures += 1;
                 CoordInput::CommitFailed { id: record.id, reason }
             }
@@ -313,7 +325,6 @@ impl CoordEffects for SimCoordFx<'_> {
 /// The last commit in the store and the id record, as a restarting coordinator reads them
 /// (either read may fail: the coordinator then stays down and tries again).
 pub fn coordinator_start(w: &World) -> Result<(Option<CommitRecord>, IdRecord), String> {
-    let last = last_commit(&*w.store, STREAM).map_err(|e| e.to_string())?;
-    let ids = weir_engine::backup::commit::read_ids(&*w.store, STREAM).map_err(|e| e.to_string())?;
-    Ok((last, ids))
+    let begun = w.book.begin(&*w.store).map_err(|e| e.to_string())?;
+    Ok((begun.last, begun.ids))
 }

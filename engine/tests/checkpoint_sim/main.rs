@@ -9,7 +9,11 @@
 //! from the last commit, as the engine does); crashes of everything, sometimes losing the commit
 //! records (the tasks then restore the consensus); the coordinator crashing alone, also right
 //! after writing a commit record; store puts that fail, that fail after storing, and store calls
-//! that never answer; failed snapshots and uploads; a node partitioned away and back. Topologies
+//! that never answer; failed snapshots and uploads; a node partitioned away and back. Half the
+//! seeds keep the commit point and ids in a control store (the engine's `ControlCommits`, as on
+//! etcd; `control.rs`) whose transactions fail, or land with their answer lost, and whose reads
+//! fail; the coordinator moves to another node now and then, and the deposed one's writes must
+//! be refused. Topologies
 //! mix fixed and shuffle dispatch, levels of one task, and sources that end.
 //!
 //! Invariants, checked as the run goes: every visible commit is a consistent cut; nothing commits
@@ -25,10 +29,13 @@
 //! `WEIR_SIM_SEED=S` replays seed S alone (a failure prints the seed and the steps before it).
 
 mod checks;
+mod control;
 mod cuts;
 mod damage;
+mod faults;
 mod fx;
 mod sim;
+mod store;
 mod world;
 
 use weir_engine::backup::commit::decode_commit;
@@ -60,8 +67,7 @@ fn run(seed: u64) -> Outcome {
     // Faults stop: a checkpoint must commit within bounded simulated time, or the stream end.
     {
         let mut w = sim.w.borrow_mut();
-        w.faults = false;
-        w.store.set_faults(false);
+        w.faults_off();
         w.quiet_since = Some(w.now);
         if w.partition_until.take().is_some() {
             drop(w);
@@ -100,6 +106,9 @@ fn run(seed: u64) -> Outcome {
     let (puts, visible, _) = w.store.counts();
     stats.put_failures = puts;
     stats.visible_despite_error = visible;
+    if let Some(c) = &w.control {
+        (stats.control_txn_cut, stats.control_txn_lost, stats.control_reads_failed) = c.store.counts();
+    }
     stats.ended_streams = 1;
     Outcome { commits: w.commits.len(), stats }
 }
@@ -176,8 +185,7 @@ fn the_checker_catches_an_inconsistent_commit() {
     let mut sim = Sim::new(7);
     {
         let mut w = sim.w.borrow_mut();
-        w.faults = false;
-        w.store.set_faults(false);
+        w.faults_off();
     }
     while sim.w.borrow().commits.is_empty() {
         sim.step();
@@ -234,6 +242,10 @@ fn the_simulation_really_goes_through_faults() {
         ("source refusals", t.refusals),
         ("streams run to their end", t.ended_streams),
         ("inputs cut instead of held", t.cut_inputs),
+        ("control transactions failed unapplied", t.control_txn_cut),
+        ("control transactions applied, their answer lost", t.control_txn_lost),
+        ("control reads failed", t.control_reads_failed),
+        ("deposed coordinators' writes fenced", t.fenced_writes),
         ("rows taken past a cut", t.rows_past_cuts),
     ] {
         assert!(n > 0, "no {what} in 200 seeds: {t:?}");

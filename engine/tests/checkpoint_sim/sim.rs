@@ -14,7 +14,8 @@ use weir_engine::wire::msg::RestoreBasis;
 use weir_engine::wire::{CheckpointId, NodeId, TaskId, Version};
 
 use super::fx::{STREAM, SimCoordFx, SimPort, SimTaskFx, coordinator_start};
-use super::world::{Channel, Ctl, FaultyStore, Item, Model, Rng, SimTask, Stats, Topology, World, snapshot_key};
+use super::store::FaultyStore;
+use super::world::{Channel, Ctl, Item, Model, Rng, SimTask, Stats, Topology, World, snapshot_key};
 use super::{CAP, READY_RESEND, TRIGGER_TIMEOUT};
 
 pub struct Sim {
@@ -86,7 +87,14 @@ impl Sim {
         };
         let store = Arc::new(FaultyStore::new(rng.next()));
         store.set_faults(true);
+        // Half the seeds keep the commit point and ids in a control store, as a cluster on etcd.
+        let control = rng.chance(500).then(|| super::control::Control::new(rng.next()));
+        if let Some(c) = &control {
+            c.set_faults(true);
+        }
         let w = World {
+            book: Arc::new(weir_engine::backup::commit_point::StoreCommits::new(STREAM)),
+            control,
             rng,
             now: 0,
             faults: true,
@@ -196,6 +204,14 @@ impl Sim {
         if self.coord.is_some() || self.now() < self.coord_back_at {
             return;
         }
+        {
+            // With a control store each run of the coordinator has its own book, fenced by its
+            // node's lease and the placement.
+            let mut w = self.w.borrow_mut();
+            if let Some(book) = w.control.as_mut().map(|c| c.start()) {
+                w.book = book;
+            }
+        }
         let start = coordinator_start(&self.w.borrow());
         let (last, ids) = match start {
             Ok(s) => s,
@@ -206,6 +222,9 @@ impl Sim {
                 return;
             }
         };
+        self.w
+            .borrow_mut()
+            .note(format!("coordinator starts: ids {ids:?}, last {:?}", last.as_ref().map(|r| (r.id, r.kind))));
         self.coord = Some(CoordDriver::new(Coordinator::new(self.coord_cfg.clone()), STREAM));
         let now = self.now();
         self.coord_input(CoordInput::Start { now, ids, last_commit: last });
@@ -546,43 +565,6 @@ impl Sim {
             w.note(format!("halted ({reason}): every node restarts"));
             drop(w);
             self.restart();
-        }
-    }
-
-    /// One of the rarer faults, or a tick.
-    pub fn fault(&mut self) {
-        let (faults, r) = {
-            let mut w = self.w.borrow_mut();
-            let r = w.rng.below(1000);
-            (w.faults, r)
-        };
-        match r {
-            _ if !faults => self.tick(),
-            0..=9 => self.restart(),
-            10..=17 => {
-                self.w.borrow_mut().stats.coordinator_crashes += 1;
-                let d = self.w.borrow_mut().rng.below(800);
-                self.w.borrow_mut().note("coordinator crashes".into());
-                self.crash_coordinator(d);
-            }
-            18..=22 => {
-                let started = {
-                    let mut w = self.w.borrow_mut();
-                    let start = w.partition_until.is_none();
-                    if start {
-                        let until = w.now + 200 + w.rng.below(1_500);
-                        w.partition_until = Some(until);
-                        w.stats.partitions += 1;
-                        w.note("node 2 partitioned".into());
-                    }
-                    start
-                };
-                if started {
-                    // The coordinator's transport notices the lost peer.
-                    self.coord_input(CoordInput::NodeLost { node: NodeId(2) });
-                }
-            }
-            _ => self.tick(),
         }
     }
 

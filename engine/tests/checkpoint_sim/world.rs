@@ -4,9 +4,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
-use std::sync::Mutex;
 
-use weir_engine::backup::{Store, StoreError};
+use weir_engine::backup::commit_point::CommitBook;
+
+use super::store::FaultyStore;
 use weir_engine::checkpoint::driver::UploadRequest;
 use weir_engine::checkpoint::driver::{RestorePoint, TaskDriver};
 use weir_engine::checkpoint::{CommitRecord, TaskSetup};
@@ -238,6 +239,10 @@ pub struct Stats {
     pub damaged_snapshots: u64,
     pub fallbacks: u64,
     pub halts: u64,
+    pub fenced_writes: u64,
+    pub control_txn_cut: u64,
+    pub control_txn_lost: u64,
+    pub control_reads_failed: u64,
     pub cut_inputs: u64,
     pub rows_past_cuts: u64,
 }
@@ -278,125 +283,12 @@ impl Stats {
             cut_inputs,
             rows_past_cuts,
             fallbacks,
-            halts
+            halts,
+            fenced_writes,
+            control_txn_cut,
+            control_txn_lost,
+            control_reads_failed
         );
-    }
-}
-
-/// What the store does with one put.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PutFault {
-    None,
-    /// Not stored; an error.
-    Fail,
-    /// Stored, but the answer says it failed.
-    FailAfterWrite,
-}
-
-#[derive(Debug, Default)]
-struct StoreState {
-    objects: BTreeMap<String, Vec<u8>>,
-    rng: u64,
-    faults: bool,
-    put_failures: u64,
-    visible_despite_error: u64,
-    get_failures: u64,
-}
-
-/// An in-memory store that injects faults when asked to: puts that fail, puts that fail after
-/// storing, gets that fail. Deterministic (its own seeded random source).
-#[derive(Debug)]
-pub struct FaultyStore {
-    state: Mutex<StoreState>,
-}
-
-impl FaultyStore {
-    pub fn new(seed: u64) -> Self {
-        Self { state: Mutex::new(StoreState { rng: seed | 1, ..StoreState::default() }) }
-    }
-
-    pub fn set_faults(&self, on: bool) {
-        self.state.lock().unwrap().faults = on;
-    }
-
-    /// The object under `key`, without faults (for the checker).
-    pub fn peek(&self, key: &str) -> Option<Vec<u8>> {
-        self.state.lock().unwrap().objects.get(key).cloned()
-    }
-
-    /// Keys under `prefix`, without faults (for the checker).
-    pub fn keys(&self, prefix: &str) -> Vec<String> {
-        self.state.lock().unwrap().objects.keys().filter(|k| k.starts_with(prefix)).cloned().collect()
-    }
-
-    /// Removes every key under `prefix` (a lost disk).
-    pub fn wipe(&self, prefix: &str) {
-        self.state.lock().unwrap().objects.retain(|k, _| !k.starts_with(prefix));
-    }
-
-    /// (put failures, stored despite an error, get failures) so far.
-    pub fn counts(&self) -> (u64, u64, u64) {
-        let s = self.state.lock().unwrap();
-        (s.put_failures, s.visible_despite_error, s.get_failures)
-    }
-
-    fn roll(s: &mut StoreState, per_mille: u64) -> bool {
-        let mut r = Rng(s.rng);
-        let hit = s.faults && r.chance(per_mille);
-        s.rng = r.0;
-        hit
-    }
-}
-
-impl Store for FaultyStore {
-    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        let mut s = self.state.lock().unwrap();
-        // Commit records are few (most checkpoints of the faulty phase fail earlier): fail
-        // their writes more often, so every seed set sees some.
-        let fail = if key.contains("/checkpoints/") { 150 } else { 30 };
-        let fault = if Self::roll(&mut s, fail) {
-            PutFault::Fail
-        } else if Self::roll(&mut s, 20) {
-            PutFault::FailAfterWrite
-        } else {
-            PutFault::None
-        };
-        if fault != PutFault::Fail {
-            s.objects.insert(key.to_string(), bytes.to_vec());
-        }
-        match fault {
-            PutFault::None => Ok(()),
-            PutFault::Fail => {
-                s.put_failures += 1;
-                Err(StoreError::Unavailable { op: "put", key: key.into(), reason: "injected".into() })
-            }
-            PutFault::FailAfterWrite => {
-                s.visible_despite_error += 1;
-                Err(StoreError::Unavailable { op: "put", key: key.into(), reason: "answer lost".into() })
-            }
-        }
-    }
-
-    fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        let mut s = self.state.lock().unwrap();
-        if Self::roll(&mut s, 50) {
-            s.get_failures += 1;
-            return Err(StoreError::Unavailable { op: "get", key: key.into(), reason: "injected".into() });
-        }
-        s.objects.get(key).cloned().ok_or_else(|| StoreError::NotFound { key: key.into() })
-    }
-
-    fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
-        Ok(self.state.lock().unwrap().objects.get(key).map(|v| v.len() as u64))
-    }
-
-    fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        Ok(self.keys(prefix))
-    }
-
-    fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.state.lock().unwrap().objects.remove(key);
-        Ok(())
     }
 }
 
@@ -427,6 +319,10 @@ pub struct World {
     pub ctl: Vec<(u64, Ctl)>,
     pub uploads: Vec<(u64, usize, UploadRequest<Model>)>,
     pub store: Arc<FaultyStore>,
+    /// Where the coordinator reserves ids and commits: the store alone, or a control store.
+    pub book: Arc<dyn CommitBook>,
+    /// The seed's control store, when its commit point is kept there.
+    pub control: Option<super::control::Control>,
     /// Each task's meta record (survives crashes).
     pub persisted: Vec<Option<(CheckpointId, Version)>>,
     /// The sinks' result store: (source, offset) → value; survives crashes, like the engine's.
@@ -457,6 +353,26 @@ pub struct World {
 }
 
 impl World {
+    /// Faults stop: the scheduler's, the store's and the control store's.
+    pub fn faults_off(&mut self) {
+        self.faults = false;
+        self.store.set_faults(false);
+        if let Some(c) = &self.control {
+            c.set_faults(false);
+        }
+    }
+
+    /// The commits the control store lists (`None`: the store's records are the commits).
+    pub fn listed(&self) -> Option<Vec<weir_engine::backup::commit::Point>> {
+        self.control.as_ref().map(|c| c.listed(&self.store))
+    }
+
+    /// The newest commit id the control store names (`None`: the store's records are the
+    /// commits; id 0: none yet).
+    pub fn point(&self) -> Option<CheckpointId> {
+        self.listed().map(|l| l.last().map_or(CheckpointId(0), |p| p.id))
+    }
+
     pub fn note(&mut self, s: String) {
         if self.trace.len() == 4000 {
             self.trace.pop_front();

@@ -116,19 +116,34 @@ struct StoreSide {
     halt: Halt,
 }
 
+/// Whether a book's refusal ends the coordinator's run (a newer coordinator or placement
+/// stands, or the book cannot be read): not the store's errors, which fail one checkpoint.
+fn ends_run(e: &PointError) -> bool {
+    !matches!(e, PointError::Store(_)) && !e.is_retryable()
+}
+
 /// Runs the coordinator's store writes one after another; each answer goes to the inbox. After
 /// each durable commit it asks the collector for a pass (`collect`: at most one waits). A write
-/// the book refuses as fenced halts the run (a newer coordinator or placement stands).
+/// the book refuses for good halts the run, and nothing more is written.
 fn store_thread(side: StoreSide, jobs: Receiver<StoreJob>, inbox: Sender<CoordInput>, collect: Option<Sender<()>>) {
     let StoreSide { store, book, stream, halt } = side;
+    let mut refused: Option<String> = None;
     for job in jobs {
         let answer = match job {
+            StoreJob::Ids(_) if refused.is_some() => {
+                CoordInput::IdsFailed { reason: refused.clone().unwrap_or_default() }
+            }
+            StoreJob::Commit(r) if refused.is_some() => {
+                CoordInput::CommitFailed { id: r.id, reason: refused.clone().unwrap_or_default() }
+            }
             StoreJob::Ids(ids) => match book.reserve(store.as_ref(), &ids) {
                 Ok(()) => CoordInput::IdsPersisted(ids),
                 Err(e) => {
                     tracing::error!(stream = %stream, error = %e, "cannot reserve checkpoint ids");
-                    if matches!(e, PointError::Fenced { .. } | PointError::Corrupt { .. }) {
-                        halt(format!("checkpoint ids not reserved: {e}"));
+                    if ends_run(&e) {
+                        let why = format!("checkpoint ids not reserved: {e}");
+                        halt(why.clone());
+                        refused = Some(why);
                     }
                     CoordInput::IdsFailed { reason: e.to_string() }
                 }
@@ -144,9 +159,11 @@ fn store_thread(side: StoreSide, jobs: Receiver<StoreJob>, inbox: Sender<CoordIn
                     tracing::warn!(stream = %stream, checkpoint = %record.id, %reason, "cannot write the commit record");
                     CoordInput::CommitFailed { id: record.id, reason }
                 }
-                CommitWrite::Fenced(reason) => {
+                CommitWrite::Refused(reason) => {
                     tracing::error!(stream = %stream, checkpoint = %record.id, %reason, "commit refused: this coordinator is fenced");
-                    halt(format!("checkpoint {} not committed: {reason}", record.id));
+                    let why = format!("checkpoint {} not committed: {reason}", record.id);
+                    halt(why.clone());
+                    refused = Some(why);
                     CoordInput::CommitFailed { id: record.id, reason }
                 }
             },
@@ -172,7 +189,7 @@ fn collector_thread(
     let mut collector = Collector::new();
     let mut written = BTreeMap::new();
     for () in requests {
-        let opts = CollectOptions { keep, dry_run: false, stopped: false, upto: book.point() };
+        let opts = CollectOptions { keep, dry_run: false, stopped: false, listed: book.listed() };
         match collector.collect_with(store.as_ref(), stream, opts) {
             Ok(c) => {
                 tracing::debug!(

@@ -193,7 +193,7 @@ impl Setup {
         let Begin { ids, last } = begin;
         let local: Vec<TaskId> = topo.tasks.iter().map(|t| t.id).filter(|t| node_of[t] == cfg.node).collect();
         let node_point = match &last {
-            Some(r) => verify::check_node(store.as_ref(), spec.id, &cfg.data_dir, &local, r)?,
+            Some(r) => verify::check_node(store.as_ref(), spec.id, &cfg.data_dir, &local, r, book.as_ref())?,
             None => NodePoint::Ready(Default::default()),
         };
         match &last {
@@ -296,6 +296,7 @@ impl Setup {
                 stream: self.stream,
                 data: self.data.clone(),
                 store: self.store.clone(),
+                book: self.book.clone(),
                 index,
                 chain: Default::default(),
                 located: std::cell::RefCell::new(match &self.node_point {

@@ -32,6 +32,8 @@ pub(crate) struct PortCtx {
     pub(crate) stream: StreamId,
     pub(crate) data: PathBuf,
     pub(crate) store: Arc<dyn Store>,
+    /// Which commits there are (for going back to an older one).
+    pub(crate) book: Arc<dyn crate::backup::commit_point::CommitBook>,
     /// What the task's uploads stored (shared with its upload jobs).
     pub(crate) index: Arc<Mutex<UploadIndex>>,
     /// An agg's chain of state files (shared with its upload jobs; unused by other tasks).
@@ -194,6 +196,7 @@ impl TaskPort for EnginePort<'_> {
             Err(CheckpointError::Damaged { task, id, reason, .. }) => {
                 let restorable = super::verify::restorable_below(
                     c.store.as_ref(),
+                    c.book.as_ref(),
                     c.stream,
                     &c.data,
                     &[task],

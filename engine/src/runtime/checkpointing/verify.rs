@@ -13,7 +13,8 @@ use weir_wire::{CheckpointId, StreamId, TaskId};
 
 use super::restore::locate;
 use crate::backup::Store;
-use crate::backup::inspect::list_commits;
+use crate::backup::commit_point::CommitBook;
+use crate::backup::inspect::list_commits_in;
 use crate::checkpoint::driver::RestorePoint;
 use crate::checkpoint::{CheckpointError, CommitRecord, RecordKind};
 use crate::runtime::EngineError;
@@ -87,6 +88,7 @@ pub(crate) fn check_node(
     data: &Path,
     tasks: &[TaskId],
     record: &CommitRecord,
+    book: &dyn CommitBook,
 ) -> Result<NodePoint, EngineError> {
     let Some(id) = record.restore_point() else { return Ok(NodePoint::Ready(Located::new())) };
     let reason = match locate_all(store, stream, data, tasks, record)? {
@@ -94,23 +96,25 @@ pub(crate) fn check_node(
         Err(why) => why.to_string(),
     };
     tracing::warn!(stream = %stream, checkpoint = %id, %reason, "this node cannot restore the last commit; looking for older ones");
-    let restorable = restorable_below(store, stream, data, tasks, record.id, id)?;
+    let restorable = restorable_below(store, book, stream, data, tasks, record.id, id)?;
     Ok(NodePoint::Damaged { id, restorable, reason })
 }
 
 /// The restore points of the commit records older than record `below_record`, and below
 /// checkpoint `below`, that every task in `tasks` can restore, newest first (never past a recorded
 /// start from nothing: what is older belongs to an earlier life of the stream). Each is left whole
-/// as a local snapshot.
+/// as a local snapshot. Only the commits `book` lists count.
 pub(crate) fn restorable_below(
     store: &dyn Store,
+    book: &dyn CommitBook,
     stream: StreamId,
     data: &Path,
     tasks: &[TaskId],
     below_record: CheckpointId,
     below: CheckpointId,
 ) -> Result<Vec<CheckpointId>, EngineError> {
-    let records = list_commits(store, stream).map_err(|e| EngineError::Store(e.to_string()))?;
+    let listed = book.commits(store).map_err(|e| EngineError::Store(e.to_string()))?;
+    let records = list_commits_in(store, stream, listed.as_deref()).map_err(|e| EngineError::Store(e.to_string()))?;
     let mut out = Vec::new();
     for r in records.iter().rev().filter(|r| r.id < below_record) {
         if r.kind == RecordKind::Fresh {
