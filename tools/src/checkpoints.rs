@@ -52,9 +52,17 @@ impl CheckpointsArgs {
     /// stream whose commit point etcd holds is refused: the store alone would count records
     /// etcd does not.
     fn listed(&self, store: &dyn weir_engine::backup::Store, stream: StreamId) -> anyhow::Result<Option<Vec<Point>>> {
+        if let What::Gc { keep, .. } = &self.what
+            && self.cluster.is_some()
+            && *keep > weir_engine::cluster::HISTORY
+        {
+            anyhow::bail!("--keep {keep} with --etcd: etcd lists the last {} commits", weir_engine::cluster::HISTORY);
+        }
         let Some(cluster) = &self.cluster else {
-            let book = weir_engine::backup::commit_point::StoreCommits::new(stream);
-            book.last(store).context("reading the store's commit records")?;
+            if let Some(m) = weir_engine::backup::commit_point::control_marker(store, stream)? {
+                let cluster = m.cluster;
+                return Err(weir_engine::backup::commit_point::PointError::Elsewhere { stream, cluster }.into());
+            }
             return Ok(None);
         };
         let etcd = EtcdControl::connect(&self.etcd, std::time::Duration::from_secs(2))

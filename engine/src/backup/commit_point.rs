@@ -124,13 +124,25 @@ pub fn marker_key(stream: StreamId) -> String {
     format!("{}/coordinator/control", stream.0)
 }
 
-/// Says in the store that cluster `cluster`'s control store holds the stream's commit point.
-pub fn write_control_marker(store: &dyn Store, stream: StreamId, cluster: &str) -> Result<(), StoreError> {
-    store.put(&marker_key(stream), seal(format!("weir-control 1\ncluster {cluster}\n")).as_bytes())
+/// What the store says of the control store that holds the stream's commit point.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Marker {
+    /// The cluster whose control store it is.
+    pub cluster: String,
+    /// The control store's key was written (`false`: a takeover from the store's records began
+    /// and may not have reached the control store).
+    pub held: bool,
 }
 
-/// The cluster whose control store holds the stream's commit point, if one does.
-pub fn control_marker(store: &dyn Store, stream: StreamId) -> Result<Option<String>, StoreError> {
+/// Says in the store that cluster `cluster`'s control store holds (or is taking over) the
+/// stream's commit point.
+pub fn write_control_marker(store: &dyn Store, stream: StreamId, m: &Marker) -> Result<(), StoreError> {
+    let state = if m.held { "held" } else { "taking-over" };
+    store.put(&marker_key(stream), seal(format!("weir-control 2\ncluster {}\n{state}\n", m.cluster)).as_bytes())
+}
+
+/// The control store that holds the stream's commit point, if the store names one.
+pub fn control_marker(store: &dyn Store, stream: StreamId) -> Result<Option<Marker>, StoreError> {
     let key = marker_key(stream);
     let bytes = match store.get_at_most(&key, super::MAX_RECORD) {
         Ok(b) => b,
@@ -140,10 +152,16 @@ pub fn control_marker(store: &dyn Store, stream: StreamId) -> Result<Option<Stri
     let body = unseal(&key, &bytes)?;
     let bad = || StoreError::Corrupt { key: key.clone(), reason: "not a control record".into() };
     let mut lines = body.lines();
-    if lines.next() != Some("weir-control 1") {
+    if lines.next() != Some("weir-control 2") {
         return Err(bad());
     }
-    lines.next().and_then(|l| l.strip_prefix("cluster ")).map(|c| Some(c.to_string())).ok_or_else(bad)
+    let cluster = lines.next().and_then(|l| l.strip_prefix("cluster ")).ok_or_else(bad)?.to_string();
+    let held = match lines.next() {
+        Some("held") => true,
+        Some("taking-over") => false,
+        _ => return Err(bad()),
+    };
+    Ok(Some(Marker { cluster, held }))
 }
 
 /// The ids and commits in the remote store alone.
@@ -163,7 +181,7 @@ impl StoreCommits {
     /// Refuses a stream whose commit point a control store holds.
     fn mine(&self, store: &dyn Store) -> Result<(), PointError> {
         match control_marker(store, self.stream)? {
-            Some(cluster) => Err(PointError::Elsewhere { stream: self.stream, cluster }),
+            Some(m) => Err(PointError::Elsewhere { stream: self.stream, cluster: m.cluster }),
             None => Ok(()),
         }
     }

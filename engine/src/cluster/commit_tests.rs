@@ -39,6 +39,9 @@ struct Lossy {
     fail_get: AtomicU32,
     /// Transactions still to fail unapplied.
     cut_txn: AtomicU32,
+    /// Writes still to pass untouched before the faults above apply (a commit writes twice:
+    /// its id taken, then the commit).
+    pass_writes: AtomicU32,
 }
 
 fn take(n: &AtomicU32) -> bool {
@@ -66,6 +69,9 @@ impl ControlStore for Lossy {
         self.inner.list(prefix, limit)
     }
     fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
+        if !then.is_empty() && take(&self.pass_writes) {
+            return self.inner.txn(when, then);
+        }
         if take(&self.cut_txn) {
             return Err(lost("txn"));
         }
@@ -215,9 +221,11 @@ fn a_commit_whose_answer_was_lost_is_read_back_or_found_by_the_next_write() {
     let c = w.coordinator();
     c.begin(&w.store).unwrap();
     // Applied, its answer lost: the read back finds it.
+    w.control.pass_writes.store(1, Ordering::Release);
     w.control.lose_txn.store(1, Ordering::Release);
     assert_eq!(c.commit(&w.store, &rec(1)), CommitWrite::Durable);
     // Applied, its answer lost and the read back failing too: failed as far as it knows ...
+    w.control.pass_writes.store(1, Ordering::Release);
     w.control.lose_txn.store(1, Ordering::Release);
     w.control.fail_get.store(1, Ordering::Release);
     assert!(matches!(c.commit(&w.store, &rec(2)), CommitWrite::Failed(_)));
@@ -227,6 +235,7 @@ fn a_commit_whose_answer_was_lost_is_read_back_or_found_by_the_next_write() {
     assert_eq!(c.commit(&w.store, &rec(3)), CommitWrite::Durable);
     assert_eq!(w.last(), Some(CheckpointId(3)));
     // Not applied at all: failed, and the next try succeeds.
+    w.control.pass_writes.store(1, Ordering::Release);
     w.control.cut_txn.store(1, Ordering::Release);
     assert!(matches!(c.commit(&w.store, &rec(4)), CommitWrite::Failed(_)));
     assert_eq!(w.last(), Some(CheckpointId(3)));
@@ -338,4 +347,69 @@ fn retention_counts_the_points_id_only_as_the_record_it_names() {
     let done = Collector::new().collect_with(&w.store, S, opts).unwrap();
     assert_eq!(done.kept, vec![CheckpointId(2)], "the restore point readers fall back to stays");
     assert_eq!(w.last(), Some(CheckpointId(2)));
+}
+
+#[test]
+fn a_takeover_that_stopped_before_its_key_was_written_begins_again() {
+    let w = World::new();
+    assert_eq!(StoreCommits::new(S).commit(&w.store, &rec(3)), CommitWrite::Durable);
+    // The store marked, the key's write failing.
+    w.control.cut_txn.store(1, Ordering::Release);
+    assert!(w.coordinator().begin(&w.store).is_err());
+    assert!(matches!(StoreCommits::new(S).last(&w.store), Err(PointError::Elsewhere { .. })), "marked already");
+    assert_eq!(w.coordinator().begin(&w.store).unwrap().last, Some(rec(3)));
+    assert_eq!(w.last(), Some(CheckpointId(3)));
+}
+
+#[test]
+fn a_lost_key_is_an_error_not_a_takeover_from_the_store() {
+    let w = World::new();
+    let c = w.coordinator();
+    c.begin(&w.store).unwrap();
+    assert_eq!(c.commit(&w.store, &rec(1)), CommitWrite::Durable);
+    w.control.txn(&[], &[Op::Delete(w.keys.checkpoints(S))]).unwrap();
+    let lost = w.coordinator().begin(&w.store);
+    assert!(
+        matches!(&lost, Err(PointError::Corrupt { reason, .. }) if reason.contains("must not be deleted")),
+        "{lost:?}"
+    );
+    assert!(matches!(w.reader().last(&w.store), Err(PointError::Corrupt { .. })));
+    // Another cluster's name on the same store is refused too.
+    let other = ControlCommits::reader(w.control.clone(), &Keys::new("other"), S);
+    assert!(matches!(other.last(&w.store), Err(PointError::Corrupt { reason, .. }) if reason.contains("cluster test")));
+}
+
+#[test]
+fn a_takeover_lists_the_stores_newest_commits_so_retention_keeps_them() {
+    let w = World::new();
+    for id in 1..=4 {
+        assert_eq!(StoreCommits::new(S).commit(&w.store, &rec(id)), CommitWrite::Durable);
+    }
+    let c = w.coordinator();
+    assert_eq!(c.begin(&w.store).unwrap().last, Some(rec(4)));
+    assert_eq!(c.listed().unwrap().iter().map(|p| p.id.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    let opts = CollectOptions { keep: 3, dry_run: false, stopped: false, listed: c.listed() };
+    let kept = Collector::new().collect_with(&w.store, S, opts).unwrap().kept;
+    assert_eq!(kept, [CheckpointId(2), CheckpointId(3), CheckpointId(4)]);
+}
+
+#[test]
+fn a_commit_takes_its_id_before_its_record_reaches_the_store() {
+    let w = World::new();
+    let c = w.coordinator();
+    c.begin(&w.store).unwrap();
+    // A start from nothing under an id no reservation covers; its record's write fails after
+    // the id is taken (a run that stopped there, or paused).
+    let failing = crate::backup::test_store::HookedStore::new(LocalDirStore::new(w._dir.path()), |_, key, _| {
+        Err(crate::backup::StoreError::Unavailable { op: "put", key: key.into(), reason: "down".into() })
+    });
+    assert!(matches!(c.commit(&failing, &CommitRecord::fresh(CheckpointId(9), 1)), CommitWrite::Failed(_)));
+    let next = w.coordinator().begin(&w.store).unwrap();
+    assert_eq!((next.last, next.ids.next_id), (None, CheckpointId(10)), "a later run never writes record 9");
+    // An out-of-step record other than a checkpoint in flight is refused, not retried.
+    let c = w.coordinator();
+    c.begin(&w.store).unwrap();
+    assert_eq!(c.commit(&w.store, &rec(12)), CommitWrite::Durable);
+    let out_of_step = c.commit(&w.store, &CommitRecord::fresh(CheckpointId(11), 2));
+    assert!(matches!(&out_of_step, CommitWrite::Refused(why) if why.contains("not newer")), "{out_of_step:?}");
 }

@@ -22,10 +22,10 @@
 //! lease the run began under, and the placement key is at the revision the run read. A run claims
 //! the key when it begins (a write naming it), so the runs before it, on this node or another,
 //! can write nothing after; a run whose node lost its lease or whose placement a leader replaced
-//! cannot either. Before a commit writes its record to the store it checks the fence, so a
-//! deposed coordinator does not get as far as the store (but for a pause between the check and
-//! the put: then its record, above or at the point, is no commit, and readers and retention
-//! know the point's record by its checksum).
+//! cannot either. Before a commit writes its record to the store it takes the record's id in the
+//! key (a fenced write raising `next-id` past it), so a deposed coordinator does not get as far
+//! as the store, and no run that begins later writes a record under that id; a record a deposed
+//! run paused after that write puts in the store is no commit (the key does not list it).
 //!
 //! Invariants:
 //! - A commit is durable once its record is in the store and the transaction naming it
@@ -45,7 +45,7 @@ use weir_wire::{CheckpointId, StreamId, TransId};
 
 use super::Keys;
 use crate::backup::commit::{CommitWrite, Point, encode_commit, last_commit_in, read_ids, record_crc, write_commit};
-use crate::backup::commit_point::{Begin, CommitBook, PointError, write_control_marker};
+use crate::backup::commit_point::{Begin, CommitBook, Marker, PointError, control_marker, write_control_marker};
 use crate::backup::{Store, seal, unseal};
 use crate::checkpoint::{CommitRecord, IdRecord, RecordKind};
 use crate::control::{Compare, ControlStore, LeaseId, Op};
@@ -79,6 +79,15 @@ impl Fence {
 
 /// Commits the key lists: the ones a task may go back to when a newer one cannot be restored.
 pub const HISTORY: usize = 32;
+
+/// Commit lines a key may hold (a later Weir may list more than [`HISTORY`]).
+const MAX_LISTED: usize = 4096;
+
+/// Lost writes remembered (the newest).
+const MAX_LOST: usize = 8;
+
+/// Tries of a read the control store failed to answer, before the error stands.
+const READ_TRIES: u32 = 3;
 
 /// The key's value.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,7 +138,7 @@ fn decode(key: &str, bytes: &[u8]) -> Result<Value, String> {
             },
             _ => return Err("bad commit line".into()),
         };
-        if commits.len() == HISTORY || commits.last().is_some_and(|q| q.id >= p.id) {
+        if commits.len() == MAX_LISTED || commits.last().is_some_and(|q| q.id >= p.id) {
             return Err("commits out of order or too many".into());
         }
         commits.push(p);
@@ -201,12 +210,43 @@ impl ControlCommits {
         PointError::Fenced { stream: self.stream, why }
     }
 
-    /// The key's value and revision (`None`: missing).
+    /// The key's value and revision (`None`: missing), asked again a few times when the store
+    /// does not answer (a restore waits on it).
     fn read(&self) -> Result<Option<(Value, i64)>, PointError> {
-        match self.control.get(&self.key)? {
+        let mut tries = 0;
+        let got = loop {
+            match self.control.get(&self.key) {
+                Ok(got) => break got,
+                // Each call is bounded by the store's timeout already: no pause between tries.
+                Err(e) if e.is_retryable() && tries + 1 < READ_TRIES => tries += 1,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        match got {
             None => Ok(None),
             Some(e) => Ok(Some((decode(&self.key, &e.value).map_err(|r| self.corrupt(r))?, e.mod_revision))),
         }
+    }
+
+    /// The key, or why its absence may not be taken as "no commit through it yet": the store
+    /// says a control store holds the stream's point (the key was lost, or this is another
+    /// cluster's name). A takeover that stopped before its key was written may begin again.
+    fn read_or_marker(&self, store: &dyn Store) -> Result<Option<(Value, i64)>, PointError> {
+        let read = self.read()?;
+        let marker = control_marker(store, self.stream)?;
+        if read.is_none()
+            && let Some(cluster) = marker.filter(|m| m.held || m.cluster != self.cluster).map(|m| m.cluster)
+        {
+            let reason = if cluster == self.cluster {
+                "missing, though the store says this cluster keeps the stream's commits there: \
+                 it must not be deleted (a restart from the store's records alone could reuse ids)"
+                    .to_string()
+            } else {
+                format!("missing: the store says cluster {cluster} keeps the stream's commits (not {})", self.cluster)
+            };
+            return Err(self.corrupt(reason));
+        }
+        Ok(read)
     }
 
     /// Writes `change` of the value as last read, fenced (`put: false`: only checks that it
@@ -248,7 +288,12 @@ impl ControlCommits {
                 Err(e) if !put => return Err(e.into()),
                 Err(e) => {
                     // It may land later still (a transaction in flight): remembered either way.
-                    st.lost.push(bytes.clone());
+                    if !st.lost.contains(&bytes) {
+                        if st.lost.len() == MAX_LOST {
+                            st.lost.remove(0);
+                        }
+                        st.lost.push(bytes.clone());
+                    }
                     return match self.control.get(&self.key) {
                         Ok(Some(got)) if got.value == bytes => {
                             *st = State { read: Some((new, got.mod_revision)), lost: Vec::new() };
@@ -291,24 +336,31 @@ impl ControlCommits {
 
 impl CommitBook for ControlCommits {
     fn begin(&self, store: &dyn Store) -> Result<Begin, PointError> {
-        let (value, rev, last) = match self.read()? {
+        let (value, rev, last) = match self.read_or_marker(store)? {
             Some((v, rev)) => {
                 let last = last_commit_in(store, self.stream, Some(&v.commits))?.map(|(r, _)| r);
                 (v, rev, last)
             }
             None => {
-                // The store's records, taken over: the last commit is the one listed.
+                // The store's records, taken over: its newest commits are listed. The store is
+                // marked first, so that from the moment the key exists the store alone names no
+                // last commit.
                 let ids = read_ids(store, self.stream)?;
-                let last = last_commit_in(store, self.stream, None)?;
-                let commits = last.iter().map(|(r, crc)| Point { id: r.id, crc: *crc }).collect();
-                (Value { ids, writer: 0, commits }, 0, last.map(|(r, _)| r))
+                let commits = newest_records(store, self.stream)?;
+                let last = last_commit_in(store, self.stream, Some(&commits))?.map(|(r, _)| r);
+                let marker = Marker { cluster: self.cluster.clone(), held: false };
+                write_control_marker(store, self.stream, &marker)?;
+                (Value { ids, writer: 0, commits }, 0, last)
             }
         };
         self.state.lock().unwrap_or_else(|e| e.into_inner()).read = Some((value.clone(), rev));
         // Claimed: the runs before this one write nothing from now on, and a fence that does
         // not hold stops this one before its tasks restore.
         self.write(true, Ok)?;
-        write_control_marker(store, self.stream, &self.cluster)?;
+        // The takeover (this one's, or one that stopped before here) is done.
+        if !control_marker(store, self.stream)?.is_some_and(|m| m.held) {
+            write_control_marker(store, self.stream, &Marker { cluster: self.cluster.clone(), held: true })?;
+        }
         // Past the point whatever the record says (it may be unreadable).
         let past = value.point().map_or(CheckpointId(0), |p| p.id.next());
         Ok(Begin { ids: IdRecord { next_id: value.ids.next_id.max(past), ..value.ids }, last })
@@ -327,8 +379,11 @@ impl CommitBook for ControlCommits {
         let point = Point { id: record.id, crc: record_crc(encode_commit(record).as_bytes()) };
         let outcome = |r: Result<(), PointError>| match r {
             Ok(()) => CommitWrite::Durable,
-            // A checkpoint in flight across a fallback: the stream went back past it already.
-            Err(e @ PointError::Stale { .. }) => CommitWrite::Failed(e.to_string()),
+            // A checkpoint in flight across a fallback: the stream went back past it already
+            // (any other record older than the point is a coordinator out of step: refused).
+            Err(e @ PointError::Stale { .. }) if matches!(record.kind, RecordKind::Commit(_)) => {
+                CommitWrite::Failed(e.to_string())
+            }
             Err(e) if e.is_retryable() => CommitWrite::Failed(e.to_string()),
             Err(e) => CommitWrite::Refused(e.to_string()),
         };
@@ -349,8 +404,14 @@ impl CommitBook for ControlCommits {
                 Ok(Value { ids: IdRecord { next_id, ..v.ids }, commits, ..v })
             }
         };
-        // Nothing goes to the store from a coordinator the fence already refuses.
-        if let Err(e) = self.write(false, step) {
+        // Nothing goes to the store from a coordinator the fence already refuses, and the
+        // record's id is taken first (a run that begins after this never uses it again, so no
+        // two runs write one record's key, but for a consensus, which names an id in use).
+        let taken = |v: Value| {
+            step(v.clone())?;
+            Ok(Value { ids: IdRecord { next_id: v.ids.next_id.max(point.id.next()), ..v.ids }, ..v })
+        };
+        if let Err(e) = self.write(true, taken) {
             return outcome(Err(e));
         }
         match write_commit(store, self.stream, record) {
@@ -360,7 +421,7 @@ impl CommitBook for ControlCommits {
     }
 
     fn last(&self, store: &dyn Store) -> Result<Option<CommitRecord>, PointError> {
-        let read = self.read()?;
+        let read = self.read_or_marker(store)?;
         if self.fence.is_none() {
             // A reader's point is what it read last; a writer's stays what its writes compare.
             self.state.lock().unwrap_or_else(|e| e.into_inner()).read = read.clone();
@@ -380,7 +441,27 @@ impl CommitBook for ControlCommits {
         }
     }
 
-    fn commits(&self, _store: &dyn Store) -> Result<Option<Vec<Point>>, PointError> {
-        Ok(self.read()?.map(|(v, _)| v.commits))
+    fn commits(&self, store: &dyn Store) -> Result<Option<Vec<Point>>, PointError> {
+        Ok(self.read_or_marker(store)?.map(|(v, _)| v.commits))
     }
+}
+
+/// The store's newest [`HISTORY`] commit records that decode, oldest first, as points.
+fn newest_records(store: &dyn Store, stream: StreamId) -> Result<Vec<Point>, PointError> {
+    let mut out = Vec::new();
+    for key in store.list(&format!("{}/checkpoints/", stream.0))?.iter().rev() {
+        if out.len() == HISTORY {
+            break;
+        }
+        let bytes = match store.get_at_most(key, crate::backup::MAX_RECORD) {
+            Ok(b) => b,
+            Err(crate::backup::StoreError::NotFound { .. } | crate::backup::StoreError::TooLarge { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if let Ok(r) = crate::backup::commit::decode_commit(key, &bytes) {
+            out.push(Point { id: r.id, crc: record_crc(&bytes) });
+        }
+    }
+    out.reverse();
+    Ok(out)
 }

@@ -38,7 +38,7 @@ mod tests;
 pub use absence::Absence;
 pub use agent::{Agent, AgentView};
 pub use book::{BookError, ControlBook, PlacementBook, StoreBook, Versioned};
-pub use commits::{ControlCommits, Fence};
+pub use commits::{ControlCommits, Fence, HISTORY};
 pub use member::{Member, MemberView};
 pub use mover::{Moved, Mover, overdue_links};
 pub use tenure::Tenure;

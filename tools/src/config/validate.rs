@@ -38,6 +38,14 @@ impl ClusterFile {
                     humantime::format_duration(c.lease)
                 );
             }
+            let history = weir_engine::cluster::HISTORY;
+            if self.checkpoint.retain > history {
+                bail!(
+                    "checkpoint.retain = {} with [control]: etcd lists the last {history} commits, and a record it \
+                     does not list is no commit; keep at most {history}",
+                    self.checkpoint.retain
+                );
+            }
         }
         let lowest = *seen.first().expect("nodes");
         if let Some(c) = self.coordinator {
@@ -80,5 +88,28 @@ impl ClusterFile {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::ClusterFile;
+
+    #[test]
+    fn with_etcd_no_more_commits_are_retained_than_etcd_lists() {
+        let file = |retain: usize, control: bool| -> ClusterFile {
+            let mut t = format!(
+                "[stream]\nid = 1\npartitions = 1\naggs = 1\nsinks = 1\n[checkpoint]\nretain = {retain}\n\
+                 [[nodes]]\nid = 1\naddr = \"127.0.0.1:7101\"\n"
+            );
+            if control {
+                t.push_str("[control]\netcd = [\"http://127.0.0.1:2379\"]\n");
+            }
+            toml::from_str(&t).unwrap()
+        };
+        file(32, true).validate().unwrap();
+        file(33, false).validate().unwrap();
+        let e = file(33, true).validate().unwrap_err().to_string();
+        assert!(e.contains("checkpoint.retain = 33 with [control]") && e.contains("at most 32"), "{e}");
     }
 }
