@@ -13,6 +13,7 @@ mod metrics;
 mod metrics_http;
 mod node;
 mod placement;
+mod probe;
 mod query;
 mod remote;
 mod report;

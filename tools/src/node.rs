@@ -123,8 +123,14 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
             if let Some(b) = &board {
                 b.set_phase(crate::metrics::Phase::Restarting);
             }
-            let mut tick =
-                || (control.holds() || control.fatal().is_some()).then_some(crate::standby::Waited::Restart(None));
+            let after = file.restart.move_after;
+            let mut probe = crate::probe::Probe::new(&file, NodeId(me.id), &links);
+            let mut tick = || {
+                if control.withholding() {
+                    control.check_reach(&probe.links(now_ms()), now_ms(), after);
+                }
+                (control.holds() || control.fatal().is_some()).then_some(crate::standby::Waited::Restart(None))
+            };
             // Nothing ran meanwhile: no newer incarnation of its own (the last stop took one).
             let Some(newer) = standing.wait(incarnation, &restarts, &links, crate::standby::Mode::Fenced, &mut tick)
             else {
@@ -169,6 +175,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                             held,
                             started_ms,
                             board: board.as_deref(),
+                            reach_after: file.restart.move_after,
                         };
                         let ended = supervise(&engine, &how, watch);
                         links = engine.status().peers;
@@ -316,6 +323,9 @@ struct Watching<'a> {
     held: crate::placement::Membership,
     started_ms: u64,
     board: Option<&'a crate::metrics::Board>,
+    /// How long most of the other members may be unreachable before the node gives up its
+    /// membership (`restart.move_after`).
+    reach_after: Duration,
 }
 
 /// Watches the engine until it should stop, and says why: also when the node no longer holds
@@ -323,10 +333,16 @@ struct Watching<'a> {
 /// `watch` moves the tasks of a node lost for too long to the others (which restarts the
 /// stream).
 fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::placement::Watch<'_>>) -> Ended {
-    let Watching { stop, exit_when_done, stream, control, held, started_ms, board } = *how;
+    let Watching { stop, exit_when_done, stream, control, held, started_ms, board, reach_after } = *how;
     let mut ended = false;
     let mut measured: Option<std::time::Instant> = None;
+    let mut reached: Option<std::time::Instant> = None;
     loop {
+        // Whether this node still reaches most of the other members, five times a second.
+        if reached.is_none_or(|r| r.elapsed() >= Duration::from_millis(200)) {
+            reached = Some(std::time::Instant::now());
+            control.check_reach(&engine.status().peers, now_ms(), reach_after);
+        }
         // The metrics' snapshot, twice a second.
         if let Some(b) = board.filter(|_| measured.is_none_or(|m| m.elapsed() >= Duration::from_millis(500))) {
             measured = Some(std::time::Instant::now());

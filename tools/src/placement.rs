@@ -127,6 +127,34 @@ impl Control {
         }
     }
 
+    /// Gives up the node's membership while it reaches etcd but not most of the other members
+    /// (`links` down for `after` or longer), so that it runs nothing and the leader moves its
+    /// tasks; takes it again once it reaches them (`weir_engine::cluster::reach`). Nothing
+    /// without etcd, or with `after` zero (tasks never move).
+    pub fn check_reach(&self, links: &[PeerLink], now_ms: u64, after: Duration) {
+        let Some(agent) = self.agent.as_ref().filter(|_| !after.is_zero()) else { return };
+        let present = agent.view().present;
+        let cut = weir_engine::cluster::reach::cut_off(&present, links, now_ms, after);
+        if cut != agent.withholding() {
+            let gone = weir_engine::cluster::reach::unreachable(&present, links, now_ms, after);
+            let gone: Vec<String> = gone.iter().map(|n| n.0.to_string()).collect();
+            if cut {
+                tracing::warn!(
+                    node = self.me.0, unreachable = %gone.join(","),
+                    "this node reaches etcd but not most of the other members: it gives up its membership, so that its tasks move"
+                );
+            } else {
+                tracing::info!(node = self.me.0, "this node reaches the other members again: it takes a membership");
+            }
+            agent.withhold(cut);
+        }
+    }
+
+    /// Whether the node gave up its membership ([`Self::check_reach`]).
+    pub fn withholding(&self) -> bool {
+        self.agent.as_ref().is_some_and(|a| a.withholding())
+    }
+
     /// What status says of the node's membership (`None` without etcd).
     pub fn member_status(&self) -> Option<Arc<dyn MemberStatus>> {
         self.status.clone().map(|s| s as Arc<dyn MemberStatus>)

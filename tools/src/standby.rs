@@ -120,7 +120,9 @@ pub fn wait(
                 continue;
             }
             Ok(Event::PeerDown { node, reason, .. }) if members.contains(&node) => {
-                links.insert(node, PeerLink { node, up: false, since_ms: now_ms(), reason });
+                // Down since it first went down.
+                let since_ms = links.get(&node).filter(|l| !l.up && l.since_ms > 0).map_or_else(now_ms, |l| l.since_ms);
+                links.insert(node, PeerLink { node, up: false, since_ms, reason });
                 continue;
             }
             _ => continue,

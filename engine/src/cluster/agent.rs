@@ -36,6 +36,10 @@ pub struct AgentView {
     pub leader_node: Option<NodeId>,
     /// While this node leads: the absent nodes and since when.
     pub absent: Absence,
+    /// The other nodes that were members at the last round that saw them.
+    pub present: Vec<NodeId>,
+    /// The node gave up its membership ([`Agent::withhold`]) and takes none until told.
+    pub withheld: bool,
     /// When the last round started (`None`: none yet).
     pub stepped: Option<Instant>,
     /// Why the last round failed, if it did (`ControlError::is_retryable` says whether the
@@ -81,6 +85,7 @@ impl AgentView {
 pub struct Agent {
     view: Arc<Mutex<AgentView>>,
     stop: Arc<AtomicBool>,
+    withheld: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     tenure: Arc<Current>,
 }
@@ -107,10 +112,12 @@ impl Agent {
             was_leader: false,
         };
         let s = stop.clone();
+        let withheld = Arc::new(AtomicBool::new(false));
+        let w = withheld.clone();
         let thread = std::thread::Builder::new().name(name).spawn(move || {
             while !s.load(Ordering::Relaxed) {
                 let started = Instant::now();
-                let ok = run.round(started);
+                let ok = if w.load(Ordering::Acquire) { run.stand_aside() } else { run.round(started) };
                 let wait =
                     if ok { ttl / 3 } else { (ttl / 10).clamp(Duration::from_millis(50), Duration::from_millis(500)) };
                 let until = started + wait;
@@ -121,7 +128,20 @@ impl Agent {
             run.tenure.lock().unwrap_or_else(|p| p.into_inner()).1.set(None);
             let _ = run.member.leave(run.store.as_ref());
         })?;
-        Ok(Agent { view, stop, thread: Some(thread), tenure })
+        Ok(Agent { view, stop, withheld, thread: Some(thread), tenure })
+    }
+
+    /// Gives up the node's membership at the next round and takes none while `on` (a node cut
+    /// off from the others, `super::reach`); `false` takes one again.
+    pub fn withhold(&self, on: bool) {
+        if self.withheld.swap(on, Ordering::AcqRel) != on {
+            lock(&self.view).withheld = on;
+        }
+    }
+
+    /// Whether the node withholds its membership.
+    pub fn withholding(&self) -> bool {
+        self.withheld.load(Ordering::Acquire)
     }
 
     /// What the agent saw last.
@@ -203,6 +223,7 @@ impl Rounds {
                 }
                 v.leader = seen.leader;
                 v.leader_node = seen.leader_node;
+                v.present = seen.present;
                 v.error = None;
                 v.rounds += 1;
             }
@@ -224,6 +245,36 @@ impl Rounds {
         // Again: a new lease holds once the survey has written the member key with it.
         self.publish_hold(None);
         ok
+    }
+
+    /// A round while the node withholds its membership: it ends its lease (its keys go, and
+    /// with them any leadership) and publishes that it holds nothing.
+    fn stand_aside(&mut self) -> bool {
+        if self.member.lease().is_some() {
+            tracing::warn!("this node gives up its membership: it reaches too few of the other members");
+            if let Err(e) = self.member.leave(self.store.as_ref()) {
+                // The lease ends by itself then; the node holds nothing from now on either way.
+                tracing::warn!(error = %e, "cannot end this node's lease now");
+            }
+            self.absence.reset();
+            self.was_leader = false;
+        }
+        self.publish_hold(None);
+        let present = self.member.others_present(self.store.as_ref());
+        let mut v = lock(&self.view);
+        (v.leader, v.fence, v.lease) = (false, None, None);
+        v.absent = Absence::default();
+        match present {
+            Ok(p) => {
+                v.present = p;
+                v.error = None;
+                true
+            }
+            Err(e) => {
+                v.error = Some(Arc::new(e));
+                false
+            }
+        }
     }
 
     /// Publishes the member's bound (into the view and the current lease's tenure), and counts

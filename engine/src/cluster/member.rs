@@ -28,6 +28,8 @@ pub struct MemberView {
     /// The cluster's other nodes without a member key: their lease ended, or they never
     /// started.
     pub absent: Vec<NodeId>,
+    /// The cluster's other nodes with a member key (the live others).
+    pub present: Vec<NodeId>,
     /// This node's lease.
     pub lease: LeaseId,
 }
@@ -99,12 +101,23 @@ impl Member {
             store.txn(&[], &[Op::Put { key, value: self.node.0.to_string().into_bytes(), lease: Some(lease) }])?;
         }
         self.keyed = Some(lease);
-        let absent = self.others.iter().copied().filter(|n| !present.iter().any(|(p, _)| p == n)).collect();
+        let (live, absent): (Vec<NodeId>, Vec<NodeId>) =
+            self.others.iter().copied().partition(|n| present.iter().any(|(p, _)| p == n));
         let (leader, leader_node) = match role {
             Role::Leader { .. } => (true, Some(self.node)),
             Role::Follower { leader } => (false, leader.and_then(|l| l.parse().ok()).map(NodeId)),
         };
-        Ok(MemberView { leader, leader_node, absent, lease })
+        Ok(MemberView { leader, leader_node, absent, present: live, lease })
+    }
+
+    /// The other nodes with a member key now: a read, holding nothing (a node that gave up its
+    /// membership still sees whether the others live).
+    pub fn others_present(&self, store: &dyn ControlStore) -> Result<Vec<NodeId>, ControlError> {
+        let prefix = self.keys.members();
+        let listed = store.list(&prefix, MAX_MEMBERS)?;
+        let named =
+            |k: &str| k.strip_prefix(&prefix).and_then(|r| r.parse::<u32>().ok().filter(|n| n.to_string() == r));
+        Ok(self.others.iter().copied().filter(|n| listed.iter().any(|(k, _)| named(k) == Some(n.0))).collect())
     }
 
     /// A whole round: [`Self::renew`], then [`Self::survey`].

@@ -16,6 +16,8 @@
 //!   copy), and the one write that moves them.
 //! - [`ControlCommits`]: a stream's checkpoint ids and commit point in one key, written in
 //!   transactions fenced by the coordinator's lease and the placement its run began under.
+//! - [`reach`]: whether a node that reaches the control store is cut off from most of the other
+//!   members (it then gives up its membership, [`Agent::withhold`], so that its tasks move).
 //!
 //! Invariants: a node acts as a member (runs tasks, acknowledges appends) only while
 //! [`Member::holds`]; only the elected leader writes placement, and the store refuses its write
@@ -28,8 +30,11 @@ mod book;
 mod commits;
 mod member;
 mod mover;
+pub mod reach;
 mod tenure;
 
+#[cfg(test)]
+mod agent_tests;
 #[cfg(test)]
 mod commit_tests;
 #[cfg(test)]

@@ -88,6 +88,26 @@ impl Net {
     pub fn heal(&self, node: u32) {
         ip(&["link", "set", &self.host_end(node), "up"]);
     }
+
+    /// Cuts node `node` off from the other nodes alone (each side drops what it sends the
+    /// other): the etcd members and clients on the bridge still reach it.
+    pub fn cut_peers(&self, node: u32) {
+        self.peer_routes(node, "add");
+    }
+
+    /// Undoes [`Self::cut_peers`].
+    pub fn heal_peers(&self, node: u32) {
+        self.peer_routes(node, "del");
+    }
+
+    fn peer_routes(&self, node: u32, op: &str) {
+        for other in self.nodes.iter().copied().filter(|n| *n != node) {
+            for (ns, to) in [(node, other), (other, node)] {
+                let to = format!("{}/32", self.addr(to));
+                ip(&["netns", "exec", &self.ns(ns), "ip", "route", op, "blackhole", &to]);
+            }
+        }
+    }
 }
 
 impl Drop for Net {

@@ -1,0 +1,42 @@
+//! The agent thread on the in-process store in real time: a node that gives up its membership
+//! (cut off from the other members) ends its lease, holds nothing and still sees who lives;
+//! told to go on, it takes a new lease.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weir_wire::NodeId;
+
+use super::{Agent, Keys, Member};
+use crate::control::{ControlStore, MemControl};
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "not within 10 s: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_agent_that_withholds_ends_its_lease_holds_nothing_and_takes_a_new_one_when_told() {
+    let store: Arc<dyn ControlStore> = Arc::new(MemControl::new());
+    let keys = Keys::new("agents");
+    let nodes = [NodeId(1), NodeId(2), NodeId(3)];
+    let start = |n: u32| Agent::start(store.clone(), Member::new(keys.clone(), NodeId(n), &nodes, TTL), TTL).unwrap();
+    let (a, _b, _c) = (start(1), start(2), start(3));
+    until("node 1 holds and sees two live others", || {
+        let v = a.view();
+        v.holds(Instant::now()) && v.present.len() == 2
+    });
+    let first = a.view().lease.expect("a lease");
+    a.withhold(true);
+    until("node 1 gives up", || a.holding(Instant::now()).is_none() && a.view().withheld);
+    until("its member key goes", || store.get(&keys.member(NodeId(1))).unwrap().is_none());
+    assert_eq!(a.view().present, [NodeId(2), NodeId(3)], "it still sees who lives");
+    a.withhold(false);
+    until("node 1 holds again", || a.holding(Instant::now()).is_some());
+    assert_ne!(a.view().lease, Some(first), "under a new lease");
+}
