@@ -101,6 +101,14 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     });
     let data_dir = base.data_dir.clone();
     let control = crate::placement::Control::open(&file, NodeId(me.id), store.clone())?;
+    // With etcd, whether this node reaches the others (a node on the smaller side of a split
+    // gives up its membership).
+    let prober = match &file.control {
+        Some(_) if !file.restart.move_after.is_zero() => {
+            Some(crate::probe::Prober::start(&file, NodeId(me.id)).context("starting the probes of the other nodes")?)
+        }
+        _ => None,
+    };
     let member = control.member_status();
     if let (Some(b), Some(m)) = (&board, &member) {
         b.set_member(m.clone());
@@ -124,10 +132,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 b.set_phase(crate::metrics::Phase::Restarting);
             }
             let after = file.restart.move_after;
-            let mut probe = crate::probe::Probe::new(&file, NodeId(me.id), &links);
             let mut tick = || {
-                if control.withholding() {
-                    control.check_reach(&probe.links(now_ms()), now_ms(), after);
+                if let Some(p) = &prober {
+                    control.check_reach(&p.links(), now_ms(), after);
                 }
                 (control.holds() || control.fatal().is_some()).then_some(crate::standby::Waited::Restart(None))
             };
@@ -175,7 +182,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                             held,
                             started_ms,
                             board: board.as_deref(),
-                            reach_after: file.restart.move_after,
+                            reach: prober.as_ref().map(|p| (p, file.restart.move_after)),
                         };
                         let ended = supervise(&engine, &how, watch);
                         links = engine.status().peers;
@@ -323,9 +330,9 @@ struct Watching<'a> {
     held: crate::placement::Membership,
     started_ms: u64,
     board: Option<&'a crate::metrics::Board>,
-    /// How long most of the other members may be unreachable before the node gives up its
-    /// membership (`restart.move_after`).
-    reach_after: Duration,
+    /// The probes of the other nodes, and how long they may be unreachable before the node
+    /// gives up its membership (`restart.move_after`; with etcd).
+    reach: Option<(&'a crate::probe::Prober, Duration)>,
 }
 
 /// Watches the engine until it should stop, and says why: also when the node no longer holds
@@ -333,15 +340,17 @@ struct Watching<'a> {
 /// `watch` moves the tasks of a node lost for too long to the others (which restarts the
 /// stream).
 fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::placement::Watch<'_>>) -> Ended {
-    let Watching { stop, exit_when_done, stream, control, held, started_ms, board, reach_after } = *how;
+    let Watching { stop, exit_when_done, stream, control, held, started_ms, board, reach } = *how;
     let mut ended = false;
     let mut measured: Option<std::time::Instant> = None;
     let mut reached: Option<std::time::Instant> = None;
     loop {
-        // Whether this node still reaches most of the other members, five times a second.
-        if reached.is_none_or(|r| r.elapsed() >= Duration::from_millis(200)) {
+        // Whether this node is on the smaller side of a split, five times a second.
+        if let Some((prober, after)) =
+            reach.filter(|_| reached.is_none_or(|r| r.elapsed() >= Duration::from_millis(200)))
+        {
             reached = Some(std::time::Instant::now());
-            control.check_reach(&engine.status().peers, now_ms(), reach_after);
+            control.check_reach(&prober.links(), now_ms(), after);
         }
         // The metrics' snapshot, twice a second.
         if let Some(b) = board.filter(|_| measured.is_none_or(|m| m.elapsed() >= Duration::from_millis(500))) {

@@ -47,6 +47,8 @@ pub struct Control {
     status: Option<Arc<NodeMember>>,
     /// The control store and the cluster's keys in it, with etcd.
     etcd: Option<(Arc<dyn ControlStore>, Keys)>,
+    /// The lease's TTL (zero without etcd).
+    lease: Duration,
 }
 
 /// A node's membership for status: the agent's view, the placement version last read, the
@@ -76,7 +78,7 @@ impl Control {
         let nodes: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
         let Some(c) = &file.control else {
             let book = store.map(|s| Arc::new(StoreBook::new(s)) as Arc<dyn PlacementBook>);
-            return Ok(Self { me, nodes, agent: None, book, status: None, etcd: None });
+            return Ok(Self { me, nodes, agent: None, book, status: None, etcd: None, lease: Duration::ZERO });
         };
         let etcd = EtcdControl::connect(&c.etcd, c.timeout)
             .with_context(|| format!("node {}: cannot reach etcd at {} (control.etcd)", me.0, c.etcd.join(",")))?;
@@ -92,7 +94,8 @@ impl Control {
         let book = Arc::new(ControlBook::new(etcd.clone(), keys.clone()));
         let status = Arc::new(NodeMember { agent: agent.clone(), book: book.clone(), placement: AtomicU32::new(0) });
         let book = Some(book as Arc<dyn PlacementBook>);
-        Ok(Self { me, nodes, agent: Some(agent), book, status: Some(status), etcd: Some((etcd, keys)) })
+        let lease = c.lease;
+        Ok(Self { me, nodes, agent: Some(agent), book, status: Some(status), etcd: Some((etcd, keys)), lease })
     }
 
     /// Where a run under `held`, at the placement read as `read`, keeps the stream's checkpoint
@@ -127,14 +130,16 @@ impl Control {
         }
     }
 
-    /// Gives up the node's membership while it reaches etcd but not most of the other members
-    /// (`links` down for `after` or longer), so that it runs nothing and the leader moves its
-    /// tasks; takes it again once it reaches them (`weir_engine::cluster::reach`). Nothing
-    /// without etcd, or with `after` zero (tasks never move).
+    /// Gives up the node's membership while it reaches etcd but is on the smaller side of a
+    /// split of the members (`links`, the probes', down for `after` or longer, and at least
+    /// the lease and a third: a node that died keeps its member key that long), so that it
+    /// runs nothing and the leader moves its tasks; takes it again once it is not
+    /// (`weir_engine::cluster::reach`). Nothing without etcd, or with `after` zero.
     pub fn check_reach(&self, links: &[PeerLink], now_ms: u64, after: Duration) {
         let Some(agent) = self.agent.as_ref().filter(|_| !after.is_zero()) else { return };
+        let after = after.max(self.lease + self.lease / 3);
         let present = agent.view().present;
-        let cut = weir_engine::cluster::reach::cut_off(&present, links, now_ms, after);
+        let cut = weir_engine::cluster::reach::cut_off(self.me, &present, links, now_ms, after);
         if cut != agent.withholding() {
             let gone = weir_engine::cluster::reach::unreachable(&present, links, now_ms, after);
             let gone: Vec<String> = gone.iter().map(|n| n.0.to_string()).collect();
@@ -173,6 +178,9 @@ impl Control {
 
     /// Why the node does not hold its membership (the last error talking to etcd).
     pub fn why_not(&self) -> String {
+        if self.withholding() {
+            return format!("node {} gave up its membership: it reaches too few of the other members", self.me.0);
+        }
         let err = self.agent.as_ref().and_then(|a| a.view().error);
         match err {
             Some(e) => format!("node {} holds no lease in etcd: {e}", self.me.0),

@@ -1,10 +1,16 @@
-//! How a node that gave up its membership (cut off from the other members while it reaches
-//! etcd, `weir_engine::cluster::reach`) learns that it reaches them again: it connects to their
-//! transport ports, at most once a second. A TCP handshake is proof enough of a path; its own
-//! transport serves clients only meanwhile, and the others no longer dial a node without tasks.
+//! Whether this node reaches the other nodes: a thread connects to each one's transport port
+//! once a second (a TCP handshake is proof enough of a path, and a node between two runs of
+//! its stream still listens there). The engine's own links say less: a peer whose stream is
+//! restarting, or idle, has no link to this node although the network is whole.
+//!
+//! Invariant: a link is reported up only after two handshakes in a row (a path that flaps does
+//! not end a node's withholding), and down since the first failed one.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use weir_engine::wire::NodeId;
@@ -12,37 +18,63 @@ use weir_engine::wire::msg::PeerLink;
 
 use crate::config::ClusterFile;
 
-/// The links to the other nodes as the last probes found them.
-pub struct Probe {
-    addrs: BTreeMap<NodeId, SocketAddr>,
-    links: BTreeMap<NodeId, PeerLink>,
-    last: Option<Instant>,
+/// The links as the probes found them, and how many handshakes in a row each one made.
+type Found = BTreeMap<NodeId, (PeerLink, u32)>;
+
+/// The probing thread; dropping it stops it.
+pub struct Prober {
+    found: Arc<Mutex<Found>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
 }
 
-impl Probe {
-    /// Probes of the nodes of `file` other than `me`, starting from `links` (the engine's last).
-    pub fn new(file: &ClusterFile, me: NodeId, links: &[PeerLink]) -> Self {
-        let addrs = file.nodes.iter().filter(|n| n.id != me.0).map(|n| (NodeId(n.id), n.addr)).collect();
-        let links = links.iter().map(|l| (l.node, l.clone())).collect();
-        Self { addrs, links, last: None }
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Prober {
+    /// Probes the nodes of `file` other than `me`.
+    pub fn start(file: &ClusterFile, me: NodeId) -> std::io::Result<Self> {
+        let addrs: Vec<(NodeId, SocketAddr)> =
+            file.nodes.iter().filter(|n| n.id != me.0).map(|n| (NodeId(n.id), n.addr)).collect();
+        let found: Arc<Mutex<Found>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (f, s) = (found.clone(), stop.clone());
+        let thread = std::thread::Builder::new().name("weir-probe".into()).spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                for (node, addr) in &addrs {
+                    let ok = TcpStream::connect_timeout(addr, Duration::from_millis(300)).is_ok();
+                    let mut found = f.lock().unwrap_or_else(|e| e.into_inner());
+                    let (link, streak) = found.entry(*node).or_insert_with(|| {
+                        (PeerLink { node: *node, up: false, since_ms: now_ms(), reason: String::new() }, 0)
+                    });
+                    *streak = if ok { *streak + 1 } else { 0 };
+                    let up = *streak >= 2;
+                    if up != link.up {
+                        (link.up, link.since_ms) = (up, now_ms());
+                    }
+                    link.reason = if ok { String::new() } else { format!("no connection to {addr}") };
+                }
+                while !s.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(1) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        })?;
+        Ok(Self { found, stop, thread: Some(thread) })
     }
 
-    /// The links, probing every node again if the last probes are a second old. A link that
-    /// stays down keeps the time it went down.
-    pub fn links(&mut self, now_ms: u64) -> Vec<PeerLink> {
-        if self.last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-            self.last = Some(Instant::now());
-            for (node, addr) in &self.addrs {
-                let up = TcpStream::connect_timeout(addr, Duration::from_millis(300)).is_ok();
-                let was = self.links.get(node);
-                let since_ms = match was {
-                    Some(l) if l.up == up && l.since_ms > 0 => l.since_ms,
-                    _ => now_ms,
-                };
-                let reason = if up { String::new() } else { format!("no connection to {addr}") };
-                self.links.insert(*node, PeerLink { node: *node, up, since_ms, reason });
-            }
+    /// The links as the last probes found them (none before the first).
+    pub fn links(&self) -> Vec<PeerLink> {
+        self.found.lock().unwrap_or_else(|e| e.into_inner()).values().map(|(l, _)| l.clone()).collect()
+    }
+}
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
-        self.links.values().cloned().collect()
     }
 }

@@ -120,9 +120,7 @@ pub fn wait(
                 continue;
             }
             Ok(Event::PeerDown { node, reason, .. }) if members.contains(&node) => {
-                // Down since it first went down.
-                let since_ms = links.get(&node).filter(|l| !l.up && l.since_ms > 0).map_or_else(now_ms, |l| l.since_ms);
-                links.insert(node, PeerLink { node, up: false, since_ms, reason });
+                links.insert(node, PeerLink { node, up: false, since_ms: now_ms(), reason });
                 continue;
             }
             _ => continue,

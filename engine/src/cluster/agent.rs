@@ -252,6 +252,9 @@ impl Rounds {
     fn stand_aside(&mut self) -> bool {
         if self.member.lease().is_some() {
             tracing::warn!("this node gives up its membership: it reaches too few of the other members");
+            // It stops acting first (the tenure ends now), then the store ends its lease.
+            self.member.drop_hold();
+            self.publish_hold(None);
             if let Err(e) = self.member.leave(self.store.as_ref()) {
                 // The lease ends by itself then; the node holds nothing from now on either way.
                 tracing::warn!(error = %e, "cannot end this node's lease now");

@@ -110,6 +110,11 @@ impl Member {
         Ok(MemberView { leader, leader_node, absent, present: live, lease })
     }
 
+    /// Stops holding at once, before the lease ends in the store ([`Self::leave`] ends it).
+    pub fn drop_hold(&mut self) {
+        self.keyed = None;
+    }
+
     /// The other nodes with a member key now: a read, holding nothing (a node that gave up its
     /// membership still sees whether the others live).
     pub fn others_present(&self, store: &dyn ControlStore) -> Result<Vec<NodeId>, ControlError> {

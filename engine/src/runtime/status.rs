@@ -187,19 +187,14 @@ impl StatusBoard {
         }
     }
 
-    /// The link to `node` came up or went down (`reason`). A link that was down already stays
-    /// down since it went down (each failed try to connect says so again).
+    /// The link to `node` came up or went down (`reason`).
     pub(crate) fn link(&self, node: NodeId, up: bool, reason: String) {
         if !self.peers.contains(&node) {
             return; // a client
         }
-        let now_ms =
+        let since_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let mut l = self.links.lock().unwrap_or_else(|e| e.into_inner());
-        let since_ms = match l.get(&node) {
-            Some(was) if was.up == up && was.since_ms > 0 => was.since_ms,
-            _ => now_ms,
-        };
         l.insert(node, PeerLink { node, up, since_ms, reason });
     }
 
