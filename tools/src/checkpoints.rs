@@ -59,11 +59,8 @@ impl CheckpointsArgs {
             anyhow::bail!("--keep {keep} with --etcd: etcd lists the last {} commits", weir_engine::cluster::HISTORY);
         }
         let Some(cluster) = &self.cluster else {
-            if let Some(m) = weir_engine::backup::commit_point::control_marker(store, stream)? {
-                let cluster = m.cluster;
-                return Err(weir_engine::backup::commit_point::PointError::Elsewhere { stream, cluster }.into());
-            }
-            return Ok(None);
+            // The store's records, unless it says etcd holds the stream's commits.
+            return Ok(weir_engine::backup::commit_point::StoreCommits::new(stream).commits(store)?);
         };
         let etcd = EtcdControl::connect(&self.etcd, std::time::Duration::from_secs(2))
             .with_context(|| format!("cannot reach etcd at {}", self.etcd.join(",")))?;

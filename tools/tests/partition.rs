@@ -46,6 +46,32 @@ fn netns_config(dir: &Path, net: &Net, etcd: &Etcd) -> std::path::PathBuf {
     })
 }
 
+/// Three nodes in namespaces of their own on a three-member etcd, taking a load of 900,000 rows
+/// (still running) once they commit.
+struct Loaded {
+    dir: tempfile::TempDir,
+    net: Net,
+    etcd: Etcd,
+    config: std::path::PathBuf,
+    logs: Vec<std::path::PathBuf>,
+    nodes: Nodes,
+    child: Child,
+}
+
+fn under_load() -> Loaded {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Net::new(&[1, 2, 3]);
+    let etcd = Etcd::start_on(dir.path(), 3, &net.host());
+    let config = netns_config(dir.path(), &net, &etcd);
+    let logs: Vec<std::path::PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
+    let nodes = Nodes((1..=3).map(|n| start_in(&net, &config, n, &logs[n as usize - 1])).collect());
+    let args = ["--events", "900k", "--rate", "150k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "90s"];
+    let child = load(&config, &args);
+    line_in(&logs[0], "checkpoint committed", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1500));
+    Loaded { dir, net, etcd, config, logs, nodes, child }
+}
+
 /// The load of 900,000 rows ends, every acknowledged row is in the results exactly once, and
 /// `weir stop` stops the three nodes.
 fn load_ends_exact(child: Child, config: &Path, logs: &[std::path::PathBuf], nodes: &mut Nodes) {
@@ -72,16 +98,7 @@ fn load_ends_exact(child: Child, config: &Path, logs: &[std::path::PathBuf], nod
 /// after the heal node 3 rejoins idle. Every acknowledged row is in the results exactly once.
 #[test]
 fn a_node_cut_off_from_the_others_and_from_etcd_mid_load_loses_no_acknowledged_row() {
-    let dir = tempfile::tempdir().unwrap();
-    let net = Net::new(&[1, 2, 3]);
-    let etcd = Etcd::start_on(dir.path(), 3, &net.host());
-    let config = netns_config(dir.path(), &net, &etcd);
-    let logs: Vec<std::path::PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
-    let mut nodes = Nodes((1..=3).map(|n| start_in(&net, &config, n, &logs[n as usize - 1])).collect());
-    let args = ["--events", "900k", "--rate", "150k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "90s"];
-    let child = load(&config, &args);
-    line_in(&logs[0], "checkpoint committed", Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(1500));
+    let Loaded { dir: _dir, net, etcd, config, logs, mut nodes, child } = under_load();
     net.cut(3);
     let cut = Instant::now();
     line_in(&logs[2], "stopped the stream: this node's lease in etcd may have ended", Duration::from_secs(10));
@@ -104,16 +121,7 @@ fn a_node_cut_off_from_the_others_and_from_etcd_mid_load_loses_no_acknowledged_r
 /// once.
 #[test]
 fn a_node_cut_off_from_the_others_but_not_from_etcd_gives_up_its_membership_and_its_tasks_move() {
-    let dir = tempfile::tempdir().unwrap();
-    let net = Net::new(&[1, 2, 3]);
-    let etcd = Etcd::start_on(dir.path(), 3, &net.host());
-    let config = netns_config(dir.path(), &net, &etcd);
-    let logs: Vec<std::path::PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
-    let mut nodes = Nodes((1..=3).map(|n| start_in(&net, &config, n, &logs[n as usize - 1])).collect());
-    let args = ["--events", "900k", "--rate", "150k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "90s"];
-    let child = load(&config, &args);
-    line_in(&logs[0], "checkpoint committed", Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(1500));
+    let Loaded { dir: _dir, net, etcd, config, logs, mut nodes, child } = under_load();
     net.cut_peers(3);
     let cut = Instant::now();
     let gave_up = line_in(&logs[2], "gives up its membership, so that its tasks move", Duration::from_secs(30));

@@ -116,15 +116,19 @@ fn encode(v: &Value) -> Vec<u8> {
     seal(s).into_bytes()
 }
 
-fn decode(key: &str, bytes: &[u8]) -> Result<Value, String> {
-    let body = unseal(key, bytes).map_err(|e| e.to_string())?;
+/// Decodes and checks the key's value (`Corrupt` naming stream `stream`'s key when it is not one
+/// Weir wrote).
+fn decode(stream: StreamId, key: &str, bytes: &[u8]) -> Result<Value, PointError> {
+    let bad = |reason: String| PointError::Corrupt { stream, key: key.into(), reason };
+    let body = unseal(key, bytes).map_err(|e| bad(e.to_string()))?;
     let mut lines = body.lines();
     if lines.next() != Some("weir-checkpoints 1") {
-        return Err("not a checkpoint key Weir wrote".into());
+        return Err(bad("not a checkpoint key Weir wrote".into()));
     }
-    let mut field = |name: &str, radix: u32| -> Result<u64, String> {
-        let l = lines.next().ok_or("truncated")?;
-        l.strip_prefix(name).and_then(|v| u64::from_str_radix(v, radix).ok()).ok_or_else(|| format!("bad {name}line"))
+    let mut field = |name: &str, radix: u32| -> Result<u64, PointError> {
+        let l = lines.next().ok_or_else(|| bad("truncated".into()))?;
+        let v = l.strip_prefix(name).and_then(|v| u64::from_str_radix(v, radix).ok());
+        v.ok_or_else(|| bad(format!("bad {name}line")))
     };
     let ids =
         IdRecord { next_id: CheckpointId(field("next-id ", 10)?), next_trans: TransId(field("next-trans ", 10)?) };
@@ -133,13 +137,13 @@ fn decode(key: &str, bytes: &[u8]) -> Result<Value, String> {
     for l in lines {
         let p = match l.split(' ').collect::<Vec<_>>()[..] {
             ["commit", id, crc] => Point {
-                id: CheckpointId(id.parse().map_err(|_| "bad commit id")?),
-                crc: u32::from_str_radix(crc, 16).map_err(|_| "bad commit crc")?,
+                id: CheckpointId(id.parse().map_err(|_| bad("bad commit id".into()))?),
+                crc: u32::from_str_radix(crc, 16).map_err(|_| bad("bad commit crc".into()))?,
             },
-            _ => return Err("bad commit line".into()),
+            _ => return Err(bad("bad commit line".into())),
         };
         if commits.len() == MAX_LISTED || commits.last().is_some_and(|q| q.id >= p.id) {
-            return Err("commits out of order or too many".into());
+            return Err(bad("commits out of order or too many".into()));
         }
         commits.push(p);
     }
@@ -224,7 +228,7 @@ impl ControlCommits {
         };
         match got {
             None => Ok(None),
-            Some(e) => Ok(Some((decode(&self.key, &e.value).map_err(|r| self.corrupt(r))?, e.mod_revision))),
+            Some(e) => Ok(Some((decode(self.stream, &self.key, &e.value)?, e.mod_revision))),
         }
     }
 
@@ -276,7 +280,7 @@ impl ControlCommits {
                     match stands {
                         Some(e) if st.lost.contains(&e.value) => {
                             // A write of its own whose answer was lost landed: go on from there.
-                            (cur, rev) = (decode(&self.key, &e.value).map_err(|r| self.corrupt(r))?, e.mod_revision);
+                            (cur, rev) = (decode(self.stream, &self.key, &e.value)?, e.mod_revision);
                             *st = State { read: Some((cur.clone(), rev)), lost: Vec::new() };
                         }
                         stands => {
