@@ -8,12 +8,13 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use weir_engine::backup::ahead::{decode_record, encode_record};
 use weir_engine::backup::commit::{decode_commit, decode_ids, encode_commit, encode_ids};
-use weir_engine::backup::placement::{PlacementRecord, decode_placement, encode_placement, placement_key};
 use weir_engine::backup::*;
 use weir_engine::checkpoint::{CommitRecord, IdRecord};
+use weir_engine::cluster::PlacementRecord;
+use weir_engine::cluster::record::{decode_placement, encode_placement};
 use weir_engine::ingest::segment::{Parsed, encode_entry, parse_entry};
 use weir_engine::ingest::{IngestLog, LogConfig};
-use weir_engine::wire::{Batch, CheckpointId, NodeId, StreamId, TaskId, TransId, Version};
+use weir_engine::wire::{Batch, CheckpointId, NodeId, TaskId, TransId, Version};
 
 /// A valid encoding of each record kind.
 fn samples() -> Vec<(&'static str, Vec<u8>)> {
@@ -63,7 +64,7 @@ fn decode(kind: &str, bytes: &[u8]) -> Result<String, String> {
         "manifest" => shown(Manifest::decode("k", bytes)),
         "commit" => shown(decode_commit("k", bytes)),
         "ids" => shown(decode_ids("k", bytes)),
-        "placement" => shown(decode_placement(&placement_key(StreamId(1), 2), bytes)),
+        "placement" => shown(decode_placement("1/placement", bytes)),
         "ahead" => shown(decode_record("k", bytes)),
         _ => unreachable!(),
     }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use weir_engine::runtime::{Engine, Remote};
+use weir_engine::runtime::Engine;
 use weir_engine::spec::{Placement, StreamSpec};
 use weir_engine::wire::NodeId;
 use weir_engine::wire::msg::RestartInfo;
@@ -95,12 +95,8 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let store = base.checkpoint.as_ref().and_then(|c| match &c.remote {
-        Remote::Store(s) => Some(s.clone()),
-        _ => None,
-    });
     let data_dir = base.data_dir.clone();
-    let control = crate::placement::Control::open(&file, NodeId(me.id), store.clone())?;
+    let control = crate::placement::Control::open(&file, NodeId(me.id))?;
     // With etcd, whether this node reaches the others (a node on the smaller side of a split
     // gives up its membership).
     let prober = match &file.control {
@@ -113,7 +109,6 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     if let (Some(b), Some(m)) = (&board, &member) {
         b.set_member(m.clone());
     }
-    let started_ms = now_ms();
     let mut incarnation = crate::failover::next(crate::failover::last(&data_dir)?, None);
     // The newest incarnation a peer was seen at.
     let mut seen: Option<u64> = None;
@@ -180,7 +175,6 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                             stream: &spec.name,
                             control: &control,
                             held,
-                            started_ms,
                             board: board.as_deref(),
                             reach: prober.as_ref().map(|p| (p, file.restart.move_after)),
                         };
@@ -213,7 +207,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 // An idle leader still moves a lost node's tasks (to itself, maybe).
                 let mut watch = control.watch(&spec, &placement, read, &file);
                 let mut tick = || {
-                    let moved = watch.as_mut()?.check(Vec::new, now_ms(), started_ms)?;
+                    let moved = watch.as_mut()?.check()?;
                     Some(crate::standby::Waited::Restart(Some(moved.incarnation)))
                 };
                 let Some(newer) = standing.wait(at, &restarts, &links, crate::standby::Mode::Idle, &mut tick) else {
@@ -328,7 +322,6 @@ struct Watching<'a> {
     control: &'a crate::placement::Control,
     /// The membership the run started under.
     held: crate::placement::Membership,
-    started_ms: u64,
     board: Option<&'a crate::metrics::Board>,
     /// The probes of the other nodes, and how long they may be unreachable before the node
     /// gives up its membership (`restart.move_after`; with etcd).
@@ -340,7 +333,7 @@ struct Watching<'a> {
 /// `watch` moves the tasks of a node lost for too long to the others (which restarts the
 /// stream).
 fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::placement::Watch<'_>>) -> Ended {
-    let Watching { stop, exit_when_done, stream, control, held, started_ms, board, reach } = *how;
+    let Watching { stop, exit_when_done, stream, control, held, board, reach } = *how;
     let mut ended = false;
     let mut measured: Option<std::time::Instant> = None;
     let mut reached: Option<std::time::Instant> = None;
@@ -379,7 +372,7 @@ fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::place
         }
         // Once the local tasks have ended there is nothing left to move for.
         if let Some(w) = watch.as_mut().filter(|_| !ended)
-            && let Some(moved) = w.check(|| engine.status().peers, now_ms(), started_ms)
+            && let Some(moved) = w.check()
         {
             return Ended::Failed(moved.reason, Some(moved.incarnation));
         }

@@ -3,21 +3,18 @@
 //! moves a lost node's tasks. The decisions are the engine's (`weir_engine::cluster`); this
 //! module opens what they run on and feeds them the node's links and clock.
 //!
-//! With etcd, the elected leader decides moves, for nodes whose membership (lease) has been
-//! gone longer than `restart.move_after`, and a node that cannot renew its lease stops acting
-//! as a member. Without it, the lowest node of the placement decides from its links, and its
-//! own tasks never move.
+//! The elected leader decides moves, for nodes whose membership (lease) has been gone longer
+//! than `restart.move_after`, and a node that cannot renew its lease stops acting as a member.
+//! A node alone (a file of one node, without `[control]`) is always a member and moves nothing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use weir_engine::backup::Store;
 use weir_engine::backup::commit_point::{CommitBook, StoreCommits};
 use weir_engine::cluster::{
-    Agent, ControlBook, ControlCommits, Fence, Keys, Member, MemberStatus, Moved, Mover, PlacementBook, StoreBook,
-    Versioned,
+    Agent, ControlBook, ControlCommits, Fence, Keys, Member, MemberStatus, Moved, Mover, PlacementBook, Versioned,
 };
 use weir_engine::control::{ControlStore, EtcdControl};
 use weir_engine::spec::{Placement, StreamSpec};
@@ -29,7 +26,7 @@ use crate::config::ClusterFile;
 /// What a node holds as a member.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Membership {
-    /// Without etcd: it is a member for as long as it runs.
+    /// A node alone, without etcd: it is a member for as long as it runs.
     Always,
     /// This lease in etcd: a new lease is a new membership (the old one ended, and the
     /// others may have moved its tasks).
@@ -72,17 +69,22 @@ impl MemberStatus for NodeMember {
 }
 
 impl Control {
-    /// Opens the file's control for node `me`: joins etcd's membership (`[control]`), or keeps
-    /// placement records in the checkpoint store `store` (if any).
-    pub fn open(file: &ClusterFile, me: NodeId, store: Option<Arc<dyn Store>>) -> anyhow::Result<Self> {
+    /// Opens the file's control for node `me`: joins etcd's membership (`[control]`; a file of
+    /// several nodes has one, `ClusterFile::validate`), or none for a node alone.
+    pub fn open(file: &ClusterFile, me: NodeId) -> anyhow::Result<Self> {
         let nodes: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
         let Some(c) = &file.control else {
-            let book = store.map(|s| Arc::new(StoreBook::new(s)) as Arc<dyn PlacementBook>);
-            return Ok(Self { me, nodes, agent: None, book, status: None, etcd: None, lease: Duration::ZERO });
+            return Ok(Self { me, nodes, agent: None, book: None, status: None, etcd: None, lease: Duration::ZERO });
         };
         let etcd = EtcdControl::connect(&c.etcd, c.timeout)
             .with_context(|| format!("node {}: cannot reach etcd at {} (control.etcd)", me.0, c.etcd.join(",")))?;
-        let etcd: Arc<dyn weir_engine::control::ControlStore> = Arc::new(etcd);
+        Self::on(file, me, Arc::new(etcd))
+    }
+
+    /// The file's control for node `me` on the control store `etcd` (the file's `[control]`).
+    pub fn on(file: &ClusterFile, me: NodeId, etcd: Arc<dyn ControlStore>) -> anyhow::Result<Self> {
+        let nodes: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
+        let c = file.control.as_ref().context("no [control] table")?;
         let keys = Keys::new(&file.cluster);
         let member = Member::new(keys.clone(), me, &nodes, c.lease);
         let agent = Arc::new(Agent::start(etcd.clone(), member, c.lease).context("starting the membership thread")?);
@@ -203,17 +205,18 @@ impl Control {
         if let Some(n) = p.nodes(&topology).into_iter().find(|n| !self.nodes.contains(n)) {
             anyhow::bail!(
                 "stream {}: placement version {} puts tasks on node {}, which the config file does not list \
-                 (remove the stream's placement records to start from the file's placement)",
+                 (stop the cluster and delete the key {} in etcd to start from the file's placement)",
                 spec.id.0,
                 r.version,
-                n.0
+                n.0,
+                self.etcd.as_ref().map_or(String::new(), |(_, k)| k.placement(spec.id))
             );
         }
         Ok((read, p))
     }
 
     /// The watch that moves lost nodes' tasks for the run at `placement` (read as `read`), or
-    /// `None` when nothing can move (no book, or `move_after` is zero).
+    /// `None` when nothing can move (a node alone, or `move_after` is zero).
     pub fn watch(
         &self,
         spec: &StreamSpec,
@@ -241,36 +244,21 @@ pub struct Watch<'a> {
 }
 
 impl Watch<'_> {
-    /// One check at `now_ms` (wall clock) given the node's links (asked for only when needed), at most every 200 ms: the move
-    /// stored, if this node decided one.
-    pub fn check(&mut self, links: impl FnOnce() -> Vec<PeerLink>, now_ms: u64, started_ms: u64) -> Option<Moved> {
+    /// One check (at most every 200 ms): the move stored, if this node leads and decided one.
+    pub fn check(&mut self) -> Option<Moved> {
         let now = Instant::now();
         if self.checked.is_some_and(|t| now.duration_since(t) < Duration::from_millis(200)) {
             return None;
         }
         self.checked = Some(now);
         let c = self.control;
-        match &c.agent {
-            Some(agent) => {
-                let view = agent.view();
-                if !view.leads(now) {
-                    return None;
-                }
-                let lost = view.absent.overdue(self.after, now);
-                let to: Vec<NodeId> = c.nodes.iter().copied().filter(|n| !view.absent.is_absent(*n)).collect();
-                self.mover.check(self.book, &lost, &to, view.fence.as_ref())
-            }
-            None => {
-                // The lowest node of the placement decides; its own tasks never move.
-                let nodes = self.mover.nodes();
-                if nodes.first() != Some(&c.me) {
-                    return None;
-                }
-                let lost = weir_engine::cluster::overdue_links(&nodes, c.me, &links(), now_ms, self.after, started_ms);
-                let to: Vec<NodeId> = nodes.iter().copied().collect();
-                self.mover.check(self.book, &lost, &to, None)
-            }
+        let view = c.agent.as_ref()?.view();
+        if !view.leads(now) {
+            return None;
         }
+        let lost = view.absent.overdue(self.after, now);
+        let to: Vec<NodeId> = c.nodes.iter().copied().filter(|n| !view.absent.is_absent(*n)).collect();
+        self.mover.check(self.book, &lost, &to, view.fence.as_ref())
     }
 }
 
@@ -287,11 +275,15 @@ pub fn commit_reader(file: &ClusterFile, stream: weir_engine::wire::StreamId) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weir_engine::backup::placement::{PlacementRecord, write_placement};
+    use weir_engine::cluster::PlacementRecord;
+    use weir_engine::control::MemControl;
     use weir_engine::wire::StreamId;
 
     fn file(nodes: &[u32]) -> ClusterFile {
-        let mut text = String::from("[stream]\nid = 1\npartitions = 3\naggs = 3\nsinks = 3\n");
+        let mut text = String::from(
+            "cluster = \"c\"\n[stream]\nid = 1\npartitions = 3\naggs = 3\nsinks = 3\n\
+             [control]\netcd = [\"http://127.0.0.1:1\"]\n",
+        );
         for n in nodes {
             text.push_str(&format!("[[nodes]]\nid = {n}\naddr = \"127.0.0.1:{}\"\n", 7100 + n));
         }
@@ -299,24 +291,25 @@ mod tests {
     }
 
     #[test]
-    fn the_newest_placement_record_wins_and_one_naming_an_unlisted_node_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(weir_engine::backup::LocalDirStore::new(dir.path()));
+    fn the_newest_placement_version_wins_and_one_naming_an_unlisted_node_is_refused() {
+        let etcd: Arc<dyn ControlStore> = Arc::new(MemControl::new());
         let spec = StreamSpec::generator(StreamId(1), 3, 3, 3);
         let t = spec.topology();
         let (n1, n2, n3) = (NodeId(1), NodeId(2), NodeId(3));
-        let three = Control::open(&file(&[1, 2, 3]), n1, Some(store.clone())).unwrap();
+        let three = Control::on(&file(&[1, 2, 3]), n1, etcd.clone()).unwrap();
         let spread = Placement::spread(&t, &[n1, n2, n3]);
         let (v, p) = three.current_placement(&spec, &spread).unwrap();
-        assert_eq!((v.version(), p), (0, spread.clone()), "no record: the file's placement");
+        assert_eq!((v.version(), p), (0, spread.clone()), "no version stored: the file's placement");
         let moved = spread.moved(&t, &[n3], &[n1, n2]);
-        write_placement(store.as_ref(), spec.id, &PlacementRecord::new(1, &t, &moved, vec![n3], "node 3 lost"))
-            .unwrap();
+        let record = PlacementRecord::new(1, &t, &moved, vec![n3], "node 3 lost");
+        let value = weir_engine::cluster::record::encode_placement(&record).into_bytes();
+        let put = weir_engine::control::Op::Put { key: Keys::new("c").placement(spec.id), value, lease: None };
+        etcd.txn(&[], &[put]).unwrap();
         let (v, p) = three.current_placement(&spec, &spread).unwrap();
         assert_eq!((v.version(), p.tasks_of(&t)), (1, moved.tasks_of(&t)));
-        // The file no longer lists node 2, which the record gives tasks.
-        let two = Control::open(&file(&[1, 3]), n1, Some(store)).unwrap();
+        // The file no longer lists node 2, which the stored version gives tasks.
+        let two = Control::on(&file(&[1, 3]), n1, etcd).unwrap();
         let e = two.current_placement(&spec, &spread).unwrap_err().to_string();
-        assert!(e.contains("puts tasks on node 2") && e.contains("remove the stream's placement records"), "{e}");
+        assert!(e.contains("puts tasks on node 2") && e.contains("delete the key /weir/c/streams/1/placement"), "{e}");
     }
 }

@@ -15,12 +15,6 @@ use weir_engine::cluster::{ControlBook, Keys, PlacementBook};
 use weir_engine::control::{ControlStore, EtcdControl};
 use weir_engine::wire::{NodeId, StreamId};
 
-fn etcd_endpoint() -> String {
-    std::env::var("WEIR_TEST_ETCD_ENDPOINT").expect(
-        "WEIR_TEST_ETCD_ENDPOINT is unset: run the tests through scripts/test, or `source scripts/services` first",
-    )
-}
-
 /// The three-node example on etcd, under a cluster name no other test uses (its keys are its
 /// own), with `tune` applied.
 fn on_etcd(dir: &Path, tune: impl FnOnce(&mut toml::Table)) -> (PathBuf, String) {
@@ -83,13 +77,12 @@ fn the_coordinators_node_killed_for_good_has_its_tasks_moved_by_the_elected_node
     assert!(moved.contains("node 1 has been down for") && moved.contains("placement=1"), "{moved}");
     let said = verify_until_ended(&config, Duration::from_secs(120));
     assert!(said.contains("all 10000 window results match") && said.contains("from 2 nodes"), "{said}");
-    // The placement is in etcd, not in the checkpoint store.
+    // The placement is in etcd.
     let book = ControlBook::new(etcd(), Keys::new(&cluster));
     let stored = book.latest(StreamId(1)).unwrap().record.expect("a placement version in etcd");
     assert_eq!((stored.version, stored.moved.clone()), (1, vec![NodeId(1)]));
     assert!(stored.tasks.values().all(|n| *n != NodeId(1)), "{stored:?}");
     let store = weir_engine::backup::LocalDirStore::new(dir.path().join("remote"));
-    assert!(weir_engine::backup::placement::latest_placement(&store, StreamId(1)).unwrap().is_none());
     // So are the checkpoint ids and the commit point: the key names the last commit, which is
     // the last `weir checkpoints list` shows when it reads etcd; the store holds no id record.
     let key = etcd().get(&Keys::new(&cluster).checkpoints(StreamId(1))).unwrap().expect("the checkpoints key");

@@ -63,10 +63,14 @@ fn a_bad_config_is_refused_with_what_is_wrong_and_where() {
     assert!(err.contains("snapshots must be `full` or `replay`, not `some`"), "{err}");
 
     let two = format!("{MINIMAL}[[nodes]]\nid = 2\naddr = \"127.0.0.1:2\"\n").replace("[stream]\n", "") + "[stream]\n";
-    let (code, err) = node_with(&two, &[], &[]);
+    let (code, err) = node_with(&two, &["--node-id", "1"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("lists 2 nodes and no [control] table") && err.contains("WEIR_CONTROL__ETCD"), "{err}");
+    let etcd = [("WEIR_CONTROL__ETCD", "http://127.0.0.1:1")];
+    let (code, err) = node_with(&two, &[], &etcd);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--node-id"), "{err}");
-    let (code, err) = node_with(&two, &["--node-id", "5"], &[]);
+    let (code, err) = node_with(&two, &["--node-id", "5"], &etcd);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("node 5 is not in the config"), "{err}");
 }

@@ -31,7 +31,6 @@ pub mod floor;
 mod index;
 pub mod inspect;
 mod local;
-pub mod placement;
 pub mod retention;
 mod rsync;
 mod s3;

@@ -3,8 +3,6 @@
 //! - [`ControlBook`]: one key of the control store holds the newest version. A write is a
 //!   transaction that compares the leader's fence and the key's revision as it was read, so a
 //!   deposed leader, or one that read a placement another has replaced since, writes nothing.
-//! - [`StoreBook`]: the records in the checkpoint store (`backup::placement`), for a cluster
-//!   without a control store, where the lowest node of the placement decides.
 //!
 //! Invariant: a write whose reply was lost but which landed is found again by its retry (the
 //! same decision: version, tasks and nodes moved) instead of being refused for ever; another
@@ -15,10 +13,8 @@ use std::sync::Arc;
 use weir_wire::StreamId;
 
 use super::Keys;
-use crate::backup::placement::{
-    PlacementRecord, decode_placement_text, encode_placement, latest_placement, write_placement,
-};
-use crate::backup::{Store, StoreError};
+use super::record::{PlacementRecord, decode_placement, encode_placement};
+use crate::backup::StoreError;
 use crate::control::{Compare, ControlError, ControlStore, Op};
 
 /// The newest placement as read, with what a write after it compares.
@@ -121,7 +117,7 @@ impl PlacementBook for ControlBook {
         let key = self.keys.placement(stream);
         match self.store.get(&key)? {
             None => Ok(Versioned { record: None, revision: 0 }),
-            Some(e) => Ok(Versioned { record: Some(decode_placement_text(&key, &e.value)?), revision: e.mod_revision }),
+            Some(e) => Ok(Versioned { record: Some(decode_placement(&key, &e.value)?), revision: e.mod_revision }),
         }
     }
 
@@ -173,33 +169,5 @@ impl PlacementBook for ControlBook {
                 }
             },
         }
-    }
-}
-
-/// Placement records in the checkpoint store (a cluster without a control store).
-pub struct StoreBook {
-    store: Arc<dyn Store>,
-}
-
-impl StoreBook {
-    /// The book in `store`.
-    pub fn new(store: Arc<dyn Store>) -> Self {
-        Self { store }
-    }
-}
-
-impl PlacementBook for StoreBook {
-    fn latest(&self, stream: StreamId) -> Result<Versioned, BookError> {
-        Ok(Versioned { record: latest_placement(self.store.as_ref(), stream)?, revision: 0 })
-    }
-
-    fn write(
-        &self,
-        stream: StreamId,
-        _read: &Versioned,
-        record: &PlacementRecord,
-        _fence: Option<&Compare>,
-    ) -> Result<PlacementRecord, BookError> {
-        Ok(write_placement(self.store.as_ref(), stream, record)?)
     }
 }

@@ -7,9 +7,9 @@
 //!   election of the node that decides placement; it says when the node's own lease may have
 //!   ended, so that the node stops acting before another can take its place.
 //! - [`Absence`]: how long each node has been without a member key, as the leader saw it.
-//! - [`PlacementBook`]: where the placement's versions are kept: guarded writes to one key of
-//!   the control store ([`ControlBook`], fenced by the leader's lease), or records in the
-//!   checkpoint store ([`StoreBook`], for a cluster without a control store).
+//! - [`PlacementBook`]: where the placement's versions ([`PlacementRecord`]) are kept: guarded
+//!   writes to one key of the control store ([`ControlBook`], fenced by the leader's lease).
+//!   A cluster of several nodes has a control store; one node alone has nothing to move.
 //! - [`Agent`]: the thread that steps a node's [`Member`] and publishes what it saw, and the
 //!   [`Tenure`] of each lease, which the engine reads before it acknowledges an append.
 //! - [`Mover`]: which lost node's tasks move where (never a source away from its log's only
@@ -31,6 +31,7 @@ mod commits;
 mod member;
 mod mover;
 pub mod reach;
+pub mod record;
 mod tenure;
 
 #[cfg(test)]
@@ -42,10 +43,11 @@ mod tests;
 
 pub use absence::Absence;
 pub use agent::{Agent, AgentView};
-pub use book::{BookError, ControlBook, PlacementBook, StoreBook, Versioned};
+pub use book::{BookError, ControlBook, PlacementBook, Versioned};
 pub use commits::{ControlCommits, Fence, HISTORY};
 pub use member::{Member, MemberView};
-pub use mover::{Moved, Mover, overdue_links};
+pub use mover::{Moved, Mover};
+pub use record::PlacementRecord;
 pub use tenure::Tenure;
 
 use weir_wire::{NodeId, StreamId};

@@ -1,9 +1,7 @@
 //! Moving a lost node's tasks to the others: the decision, and its one write.
 //!
-//! A node is lost when it has been away longer than `restart.move_after`: without a member key
-//! (a cluster on a control store, as the leader sees it; [`super::Absence`]), or with its link
-//! down ([`overdue_links`], a cluster without one, as the lowest node of the placement sees
-//! it). The decider writes the next placement version ([`super::PlacementBook`]), then fails
+//! A node is lost when it has been without a member key longer than `restart.move_after`, as
+//! the elected leader sees it ([`super::Absence`]). The decider writes the next placement version ([`super::PlacementBook`]), then fails
 //! its stream with the incarnation `version << 32`: the others hear of the newer incarnation,
 //! restart, read the new version and restore the moved tasks from the checkpoint store.
 //!
@@ -14,40 +12,12 @@
 
 use std::time::Duration;
 
-use weir_wire::msg::PeerLink;
 use weir_wire::{NodeId, StreamId};
 
+use super::PlacementRecord;
 use super::{BookError, PlacementBook, Versioned};
-use crate::backup::placement::PlacementRecord;
 use crate::control::Compare;
 use crate::spec::{Placement, StreamSpec, Topology};
-
-/// The nodes of `nodes` (but `me`) whose link has been down for at least `after` at `now_ms`,
-/// with how long. A node never connected counts from `started_ms` (when this node started).
-pub fn overdue_links(
-    nodes: &std::collections::BTreeSet<NodeId>,
-    me: NodeId,
-    links: &[PeerLink],
-    now_ms: u64,
-    after: Duration,
-    started_ms: u64,
-) -> Vec<(NodeId, Duration)> {
-    let after = after.as_millis() as u64;
-    nodes
-        .iter()
-        .filter(|n| **n != me)
-        .filter_map(|n| {
-            let link = links.iter().find(|l| l.node == *n);
-            if link.is_some_and(|l| l.up) {
-                return None;
-            }
-            let since = link.map_or(0, |l| l.since_ms);
-            let since = if since == 0 { started_ms } else { since };
-            let down = now_ms.saturating_sub(since);
-            (down >= after).then_some((*n, Duration::from_millis(down)))
-        })
-        .collect()
-}
 
 /// The placement a stream runs at, and how to move its lost nodes' tasks.
 pub struct Mover {

@@ -4,11 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use weir_wire::msg::PeerLink;
 use weir_wire::{NodeId, StreamId};
 
 use super::*;
-use crate::backup::placement::PlacementRecord;
 use crate::control::{Compare, ControlError, ControlStore, Entry, LeaseId, ManualClock, MemControl, Op, TxnOutcome};
 use crate::spec::{Placement, StreamSpec};
 
@@ -214,23 +212,6 @@ fn a_placement_write_that_landed_but_answered_an_error_is_found_by_its_retry() {
     let later = [(NodeId(3), Duration::from_secs(6))];
     let again = mover.check(&book, &later, &[NodeId(1), NodeId(2)], leader.fence().as_ref()).unwrap();
     assert_eq!(again.reason, moved.reason, "the stored record's reason");
-}
-
-fn link(node: u32, up: bool, since_ms: u64) -> PeerLink {
-    PeerLink { node: NodeId(node), up, since_ms, reason: String::new() }
-}
-
-#[test]
-fn a_node_whose_link_is_down_longer_than_move_after_is_overdue_and_one_up_never_is() {
-    let nodes: std::collections::BTreeSet<NodeId> = [1, 2, 3].map(NodeId).into();
-    let after = Duration::from_secs(30);
-    let links = [link(2, true, 1_000), link(3, false, 10_000)];
-    assert!(overdue_links(&nodes, NodeId(1), &links, 39_999, after, 0).is_empty());
-    assert_eq!(overdue_links(&nodes, NodeId(1), &links, 40_000, after, 0), [(NodeId(3), Duration::from_secs(30))]);
-    // Never connected: counted from this node's start.
-    let never = [link(2, true, 1_000)];
-    assert!(overdue_links(&nodes, NodeId(1), &never, 40_000, after, 20_000).is_empty());
-    assert_eq!(overdue_links(&nodes, NodeId(1), &never, 50_000, after, 20_000), [(NodeId(3), Duration::from_secs(30))]);
 }
 
 #[test]

@@ -28,6 +28,15 @@ impl ClusterFile {
             bail!("workers must be at least 1");
         }
         self.client_roles()?;
+        if self.nodes.len() > 1 && self.control.is_none() {
+            bail!(
+                "this file lists {} nodes and no [control] table: a cluster of several nodes keeps its membership, \
+                 placement and commit point in etcd, so that no node decides alone (docs/cluster.md, \
+                 \"Cluster control on etcd\"); add [control] with etcd = [\"http://HOST:2379\"], or set \
+                 WEIR_CONTROL__ETCD=http://HOST:2379",
+                self.nodes.len()
+            );
+        }
         if let Some(c) = &self.control {
             c.validate()?;
             let after = self.restart.move_after;
@@ -111,5 +120,24 @@ mod tests {
         file(33, false).validate().unwrap();
         let e = file(33, true).validate().unwrap_err().to_string();
         assert!(e.contains("checkpoint.retain = 33 with [control]") && e.contains("at most 32"), "{e}");
+    }
+
+    #[test]
+    fn a_cluster_of_several_nodes_without_etcd_is_refused_and_one_node_runs_without_it() {
+        let file = |nodes: u32, control: bool| -> ClusterFile {
+            let mut t = String::from("[stream]\nid = 1\npartitions = 1\naggs = 1\nsinks = 1\n");
+            for n in 1..=nodes {
+                t.push_str(&format!("[[nodes]]\nid = {n}\naddr = \"127.0.0.1:{}\"\n", 7100 + n));
+            }
+            if control {
+                t.push_str("[control]\netcd = [\"http://127.0.0.1:2379\"]\n");
+            }
+            toml::from_str(&t).unwrap()
+        };
+        file(1, false).validate().unwrap();
+        file(1, true).validate().unwrap();
+        file(3, true).validate().unwrap();
+        let e = file(3, false).validate().unwrap_err().to_string();
+        assert!(e.contains("lists 3 nodes and no [control] table") && e.contains("WEIR_CONTROL__ETCD"), "{e}");
     }
 }

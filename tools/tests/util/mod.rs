@@ -32,9 +32,27 @@ pub fn free_ports(n: usize) -> Vec<u16> {
     held.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
-/// `example` with its nodes on free ports and its data and store under `dir`, written there.
+/// The test etcd's client URL (`scripts/services` starts it).
+pub fn etcd_endpoint() -> String {
+    std::env::var("WEIR_TEST_ETCD_ENDPOINT").expect(
+        "WEIR_TEST_ETCD_ENDPOINT is unset: run the tests through scripts/test, or `source scripts/services` first",
+    )
+}
+
+/// `example` with its nodes on free ports and its data and store under `dir`, written there. A
+/// file of several nodes keeps its control state on the test etcd (leases of 2 s), under a
+/// cluster name no other test uses, so that its keys are its own.
 pub fn adjusted(example: toml::Table, dir: &Path, tune: impl FnOnce(&mut toml::Table)) -> PathBuf {
     let mut t = example;
+    if t["nodes"].as_array().unwrap().len() > 1 {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        t.insert("cluster".into(), format!("test-{}-{nanos}", std::process::id()).into());
+        let mut control = toml::Table::new();
+        control.insert("etcd".into(), toml::Value::Array(vec![etcd_endpoint().into()]));
+        control.insert("lease".into(), "2s".into());
+        control.insert("timeout".into(), "300ms".into());
+        t.insert("control".into(), control.into());
+    }
     let nodes = t["nodes"].as_array_mut().unwrap();
     let ports = free_ports(6);
     for (node, port) in nodes.iter_mut().zip(ports.chunks(2)) {
