@@ -2,7 +2,8 @@
 //! channels (the engine carries them over its transport; the cluster test runs that): an append
 //! is acknowledged once both copies hold it, a follower behind catches up, a copy past its
 //! primary's log (or holding a tail the primary lost) starts afresh, retention deletes both
-//! copies below the floor, and both copies end byte for byte the same.
+//! copies below the floor, both copies end byte for byte the same, and a follower that stops
+//! answering leaves the in-sync set (only once the control store says so) and rejoins.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -60,6 +61,44 @@ fn start(dir: &Path, me: NodeId, net: &Net, ship_to: Option<NodeId>) -> (Service
     start_with(dir, me, net, ship_to, Duration::from_millis(5), LogConfig::default())
 }
 
+/// The control store's side of the in-sync set: every request answered at once with `done`,
+/// and kept.
+#[derive(Clone)]
+struct Set {
+    done: bool,
+    asked: Arc<Mutex<Vec<(u32, bool)>>>,
+    answers: Arc<Mutex<Vec<(u32, u64, bool)>>>,
+}
+
+impl weir_engine::ingest::in_sync::InSyncSet for Set {
+    fn request(&mut self, partition: u32, in_sync: bool, seq: u64) {
+        self.asked.lock().unwrap().push((partition, in_sync));
+        self.answers.lock().unwrap().push((partition, seq, self.done));
+    }
+    fn answer(&mut self) -> Option<(u32, u64, bool)> {
+        self.answers.lock().unwrap().pop()
+    }
+}
+
+/// A primary shipping partition 0 to FOLLOWER, its in-sync set answered by `set`, copies asked
+/// out after `lag`.
+fn start_in_sync(dir: &Path, net: &Net, set: &Set, lag: Duration) -> (Service, Receiver<Appended<u64>>) {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let replication = Replication {
+        stream: StreamId(1),
+        followers: BTreeMap::from([(0, FOLLOWER)]),
+        link: Box::new(Link { me: PRIMARY, net: net.clone() }),
+        in_sync: Some(Box::new(set.clone())),
+        alone: Default::default(),
+        lag,
+    };
+    let policy = SyncPolicy::GroupCommit(Duration::from_millis(5));
+    let svc =
+        IngestService::start_replicated(dir, 1, LogConfig::default(), policy, tx, None, Some(replication)).unwrap();
+    net.inputs.lock().unwrap().insert(PRIMARY, svc.replica_inputs().clone());
+    (svc, rx)
+}
+
 fn start_with(
     dir: &Path,
     me: NodeId,
@@ -73,6 +112,9 @@ fn start_with(
         stream: StreamId(1),
         followers: BTreeMap::from([(0, f)]),
         link: Box::new(Link { me, net: net.clone() }),
+        in_sync: None,
+        alone: Default::default(),
+        lag: Duration::ZERO,
     });
     // Every writer answers the copies it keeps, replicating or not.
     let replication = replication.or_else(|| {
@@ -80,6 +122,9 @@ fn start_with(
             stream: StreamId(1),
             followers: BTreeMap::new(),
             link: Box::new(Link { me, net: net.clone() }),
+            in_sync: None,
+            alone: Default::default(),
+            lag: Duration::ZERO,
         })
     });
     let policy = SyncPolicy::GroupCommit(group_commit);
@@ -169,6 +214,65 @@ fn an_append_is_acknowledged_only_once_its_follower_holds_it() {
     assert_eq!((ff[0].rows, ff[0].batches, ff[0].description.as_slice()), (20_000, 20, &b"{\"seed\":1}"[..]));
     drop((primary, follower));
     assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
+}
+
+#[test]
+fn a_follower_that_stops_answering_leaves_the_in_sync_set_appends_go_on_alone_and_it_rejoins_caught_up() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let net = Net::default();
+    let set = Set { done: true, asked: Default::default(), answers: Default::default() };
+    let lag = Duration::from_millis(300);
+    let (primary, acks) = start_in_sync(a.path(), &net, &set, lag);
+    let (follower, _) = start(b.path(), FOLLOWER, &net, None);
+    append(&primary, 7, 0, rows(0, 1000), true);
+    assert_eq!(acked(&acks, Duration::from_secs(10)), Some((0, Version(0), Version(999))));
+    assert!(set.asked.lock().unwrap().is_empty(), "{:?}", set.asked);
+    net.down.store(true, Ordering::Release);
+    append(&primary, 7, 1, rows(1000, 1000), false);
+    // Waits for the follower up to the lag, then goes on alone once the set says so.
+    assert_eq!(acked(&acks, lag / 2), None);
+    assert_eq!(acked(&acks, Duration::from_secs(10)), Some((1, Version(1000), Version(1999))));
+    assert_eq!(*set.asked.lock().unwrap(), [(0, false)]);
+    let log = primary.log(0).unwrap();
+    assert!(log.alone());
+    // The source reads what only this node holds (the set says no copy has all of it).
+    let mut out = Batch::default();
+    assert_eq!(log.reader(Version(0)).read(10_000, &mut out).unwrap(), 2000);
+    for seq in 2..5 {
+        append(&primary, 7, seq, rows(seq * 1000, 1000), false);
+        assert_eq!(acked(&acks, Duration::from_secs(10)).map(|a| a.0), Some(seq), "acknowledged alone");
+    }
+    // Back: the copy catches up, is asked back in, and appends wait for it again.
+    net.down.store(false, Ordering::Release);
+    wait_for("the copy back in the set", || !log.alone());
+    assert_eq!(*set.asked.lock().unwrap(), [(0, false), (0, true)]);
+    assert!(follower.log(0).unwrap().durable_version() >= Version(5000));
+    net.down.store(true, Ordering::Release);
+    append(&primary, 7, 5, rows(5000, 1000), false);
+    assert_eq!(acked(&acks, lag / 2), None, "in the set again: waits for the copy");
+    net.down.store(false, Ordering::Release);
+    assert_eq!(acked(&acks, Duration::from_secs(10)).map(|a| a.0), Some(5));
+    drop((primary, follower));
+    assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
+}
+
+#[test]
+fn a_follower_the_control_store_does_not_let_out_of_the_set_keeps_every_append_waiting() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let net = Net::default();
+    let set = Set { done: false, asked: Default::default(), answers: Default::default() };
+    let lag = Duration::from_millis(200);
+    let (primary, acks) = start_in_sync(a.path(), &net, &set, lag);
+    let (_follower, _) = start(b.path(), FOLLOWER, &net, None);
+    net.down.store(true, Ordering::Release);
+    append(&primary, 7, 0, rows(0, 1000), true);
+    // Asked out (and again after a refusal), never let out: nothing is acknowledged alone.
+    assert_eq!(acked(&acks, lag * 5), None);
+    let asked = set.asked.lock().unwrap().clone();
+    assert!(asked.len() >= 2 && asked.iter().all(|r| *r == (0, false)), "{asked:?}");
+    assert!(!primary.log(0).unwrap().alone());
+    net.down.store(false, Ordering::Release);
+    assert_eq!(acked(&acks, Duration::from_secs(10)).map(|a| a.0), Some(0));
 }
 
 #[test]

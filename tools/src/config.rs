@@ -155,9 +155,16 @@ pub struct IngestFile {
     #[serde(default = "default_idle_after", deserialize_with = "de_duration")]
     pub idle_after: Duration,
     /// Copies of each partition's log: 1, or 2 (also on the next node in id order; an append is
-    /// acknowledged once durable on both, and a lost node's sources move to their copies).
+    /// acknowledged once durable on every copy in the partition's in-sync set, and a lost node's
+    /// sources move to their copies in the set).
     #[serde(default = "default_replicas")]
     pub replicas: u8,
+    /// With two copies: an append that waited this long for the follower's copy has the primary
+    /// ask etcd to take the copy out of the partition's in-sync set, and appends are then
+    /// acknowledged on the primary alone until the copy catches up (`"0s"`: never; appends
+    /// wait for the copy).
+    #[serde(default = "default_in_sync_lag", deserialize_with = "de_duration")]
+    pub in_sync_lag: Duration,
     /// Size of one log segment file, e.g. `"64M"` (at least 1M): retention deletes whole
     /// segments below what the kept checkpoints read, so a log keeps up to one more.
     #[serde(default = "default_segment", deserialize_with = "de_size")]
@@ -384,6 +391,10 @@ fn default_source() -> String {
 }
 fn default_replicas() -> u8 {
     1
+}
+
+fn default_in_sync_lag() -> Duration {
+    Duration::from_secs(5)
 }
 
 fn default_idle_after() -> Duration {

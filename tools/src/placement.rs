@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use weir_engine::backup::commit_point::{CommitBook, StoreCommits};
 use weir_engine::cluster::{
-    Agent, ControlBook, ControlCommits, Fence, Keys, Member, MemberStatus, Moved, Mover, PlacementBook, Versioned,
+    Agent, ControlBook, ControlCommits, ControlInSync, Fence, Keys, Member, MemberStatus, Moved, Mover, PlacementBook,
+    Versioned,
 };
 use weir_engine::control::{ControlStore, EtcdControl};
 use weir_engine::spec::{Placement, StreamSpec};
@@ -108,6 +109,15 @@ impl Control {
         let Membership::Lease(lease) = held else { return None };
         let fence = Fence::new(keys, spec.id, self.me, lease, read.revision);
         Some(Arc::new(ControlCommits::new(etcd.clone(), keys, spec.id, fence)))
+    }
+
+    /// Where a run under `held`, at the placement read as `read`, writes the in-sync sets of the
+    /// partitions whose primary it is (`None` without etcd).
+    pub fn in_sync(&self, spec: &StreamSpec, held: Membership, read: &Versioned) -> Option<Arc<ControlInSync>> {
+        let (etcd, keys) = self.etcd.as_ref()?;
+        let Membership::Lease(lease) = held else { return None };
+        let fence = Fence::new(keys, spec.id, self.me, lease, read.revision);
+        Some(Arc::new(ControlInSync::new(etcd.clone(), keys, spec.id, fence)))
     }
 
     /// What the node holds as a member now (`None`: nothing; it must not act as one).
@@ -229,7 +239,10 @@ impl Control {
         if after.is_zero() {
             return None;
         }
-        let mover = Mover::new(spec, placement, read, file.stream.ingest.replicas);
+        let mut mover = Mover::new(spec, placement, read, file.stream.ingest.replicas);
+        if let Some((etcd, keys)) = &self.etcd {
+            mover = mover.with_in_sync(ControlInSync::reader(etcd.clone(), keys, spec.id));
+        }
         Some(Watch { control: self, book, mover, after, checked: None })
     }
 }

@@ -120,6 +120,7 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
                     "partition": l.partition, "source": l.source, "first": l.first.0, "end": l.end.0,
                     "readable": l.readable.0, "bytes": l.bytes,
                     "follower": (l.follower.0 != 0).then_some(l.follower.0),
+                    "in_sync": (l.source && l.follower.0 != 0).then_some(!l.alone),
                 })).collect::<Vec<_>>(),
                 "checkpoints": r.checkpoints.iter().map(|c| json!({
                     "stream": c.stream.0, "checkpoint": c.checkpoint.0, "started_at_ms": c.started_at_ms,
@@ -363,6 +364,7 @@ fn logs(out: &mut String, answers: &[(SocketAddr, Answer)]) {
         let copy = match (l.source, l.follower.0) {
             (false, _) => String::new(),
             (true, 0) => "none (one copy)".into(),
+            (true, f) if l.alone => format!("on node {f}, out of the in-sync set (acknowledged on this node alone)"),
             (true, f) if l.readable >= l.end => format!("on node {f}, in sync"),
             (true, f) => format!("on node {f}, {} versions behind", l.end.0 - l.readable.0),
         };

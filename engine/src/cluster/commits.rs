@@ -69,7 +69,7 @@ impl Fence {
         Self { member: keys.member(member), lease, placement: keys.placement(stream), placement_revision: revision }
     }
 
-    fn compares(&self) -> Vec<Compare> {
+    pub(super) fn compares(&self) -> Vec<Compare> {
         vec![
             Compare::LeaseIs(self.member.clone(), self.lease),
             Compare::ModRevision(self.placement.clone(), self.placement_revision),

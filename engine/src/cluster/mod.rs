@@ -16,6 +16,8 @@
 //!   copy), and the one write that moves them.
 //! - [`ControlCommits`]: a stream's checkpoint ids and commit point in one key, written in
 //!   transactions fenced by the coordinator's lease and the placement its run began under.
+//! - [`ControlInSync`]: each ingest partition's in-sync set (whether the follower's copy holds
+//!   every acknowledged row), written by the partition's primary under the same fence.
 //! - [`reach`]: whether a node that reaches the control store is cut off from most of the other
 //!   members (it then gives up its membership, [`Agent::withhold`], so that its tasks move).
 //!
@@ -28,6 +30,7 @@ mod absence;
 mod agent;
 mod book;
 mod commits;
+mod in_sync;
 mod member;
 mod mover;
 pub mod reach;
@@ -45,6 +48,7 @@ pub use absence::Absence;
 pub use agent::{Agent, AgentView};
 pub use book::{BookError, ControlBook, PlacementBook, Versioned};
 pub use commits::{ControlCommits, Fence, HISTORY};
+pub use in_sync::{ControlInSync, InSyncRecord};
 pub use member::{Member, MemberView};
 pub use mover::{Moved, Mover};
 pub use record::PlacementRecord;
@@ -93,6 +97,11 @@ impl Keys {
     /// Stream `stream`'s placement: the newest version's record.
     pub fn placement(&self, stream: StreamId) -> String {
         format!("{}streams/{}/placement", self.prefix, stream.0)
+    }
+
+    /// Stream `stream`'s partition `partition`'s in-sync set ([`ControlInSync`]).
+    pub fn in_sync(&self, stream: StreamId, partition: u32) -> String {
+        format!("{}streams/{}/in-sync/{partition}", self.prefix, stream.0)
     }
 
     /// Stream `stream`'s checkpoint ids reserved and last commit ([`ControlCommits`]).

@@ -7,15 +7,17 @@
 //!
 //! Invariants: the version is stored before any node runs it, and every node starts from the
 //! newest version, so all members of one incarnation run one placement. A source of an ingest
-//! log moves only to a node that keeps a copy of that log (`replicas = 2`); a lost node that
-//! keeps the only copy has nothing moved, and the stream waits for it.
+//! log moves only to a node that keeps a copy of that log (`replicas = 2`) and that the
+//! partition's in-sync set does not name out ([`super::ControlInSync`]: its primary then
+//! acknowledged rows the copy may lack); a lost node that keeps the only copy with every
+//! acknowledged row has nothing moved, and the stream waits for it.
 
 use std::time::Duration;
 
 use weir_wire::{NodeId, StreamId};
 
-use super::PlacementRecord;
 use super::{BookError, PlacementBook, Versioned};
+use super::{ControlInSync, InSyncRecord, PlacementRecord};
 use crate::control::Compare;
 use crate::spec::{Placement, StreamSpec, Topology};
 
@@ -30,6 +32,8 @@ pub struct Mover {
     ingest: bool,
     /// The last failure logged (each different one is logged once).
     warned: Option<String>,
+    /// The partitions' in-sync sets (`None`: a copy always holds every acknowledged row).
+    in_sync: Option<ControlInSync>,
 }
 
 /// A move that was stored: why, and the incarnation the stream restarts at.
@@ -47,14 +51,29 @@ impl Mover {
     pub fn new(spec: &StreamSpec, placement: &Placement, read: Versioned, replicas: u8) -> Self {
         let topology = spec.topology();
         let ingest = matches!(spec.source, crate::spec::SourceKind::IngestLog);
-        Self { stream: spec.id, topology, placement: placement.clone(), read, replicas, ingest, warned: None }
+        Self {
+            stream: spec.id,
+            topology,
+            placement: placement.clone(),
+            read,
+            replicas,
+            ingest,
+            warned: None,
+            in_sync: None,
+        }
     }
 
-    /// The partitions whose ingest log has no copy among `to` once the nodes of `lost` are
-    /// gone, with the node that keeps it: their sources cannot move (a source started on a
-    /// log without its rows would skip them), so nothing moves and the stream waits for the
-    /// node. Empty for a generator stream.
-    pub fn stranded(&self, lost: &[(NodeId, Duration)], to: &[NodeId]) -> Vec<(u32, NodeId)> {
+    /// Reads each partition's in-sync set before a source moves to its copy.
+    pub fn with_in_sync(mut self, in_sync: ControlInSync) -> Self {
+        self.in_sync = Some(in_sync);
+        self
+    }
+
+    /// The partitions whose ingest log has no copy among `to` with every acknowledged row once
+    /// the nodes of `lost` are gone, each with why: their sources cannot move (a source started
+    /// on a log without its rows would skip them), so nothing moves and the stream waits for
+    /// the node. Empty for a generator stream.
+    pub fn stranded(&self, lost: &[(NodeId, Duration)], to: &[NodeId]) -> Vec<(u32, String)> {
         if !self.ingest {
             return Vec::new();
         }
@@ -68,9 +87,23 @@ impl Mover {
                 _ => None,
             })
             .filter(|(_, n)| gone.contains(n))
-            .filter(|(p, _)| {
-                let copy = (self.replicas >= 2).then(|| self.placement.ingest_follower(&self.topology, *p)).flatten();
-                !copy.is_some_and(|c| to.contains(&c))
+            .filter_map(|(p, n)| {
+                let copy = (self.replicas >= 2).then(|| self.placement.ingest_follower(&self.topology, p)).flatten();
+                let Some(c) = copy.filter(|c| to.contains(c)) else {
+                    return Some((p, format!("partition {p}'s ingest log is only on node {}", n.0)));
+                };
+                match self.in_sync.as_ref().map(|s| s.read(p)) {
+                    None => None,
+                    Some(Ok(r)) if !InSyncRecord::strands(r.as_ref(), n, c) => None,
+                    Some(Ok(_)) => Some((
+                        p,
+                        format!(
+                            "partition {p}'s copy on node {} left its in-sync set: node {} acknowledged rows it may lack",
+                            c.0, n.0
+                        ),
+                    )),
+                    Some(Err(e)) => Some((p, format!("partition {p}'s in-sync set cannot be read ({e})"))),
+                }
             })
             .collect()
     }
@@ -122,8 +155,7 @@ impl Mover {
         let record = self.decide(lost, to)?;
         let stranded = self.stranded(lost, to);
         if !stranded.is_empty() {
-            let parts: Vec<String> =
-                stranded.iter().map(|(p, n)| format!("partition {p}'s ingest log is only on node {}", n.0)).collect();
+            let parts: Vec<String> = stranded.into_iter().map(|(_, why)| why).collect();
             let text = format!("{}: nothing moves; the stream waits for the node", parts.join(", "));
             if self.warned.as_ref() != Some(&text) {
                 tracing::warn!(reason = %text, "a lost node keeps the only copy of an ingest log");

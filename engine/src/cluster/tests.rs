@@ -304,7 +304,7 @@ fn a_lost_node_that_keeps_the_only_copy_of_an_ingest_log_has_nothing_moved() {
     let to = [NodeId(1), NodeId(2)];
     // One copy: partition 2's log is on node 3 alone.
     let mut one = Mover::new(&spec, &p, book.latest(spec.id).unwrap(), 1);
-    assert_eq!(one.stranded(&three, &to), [(2, NodeId(3))]);
+    assert_eq!(one.stranded(&three, &to), [(2, "partition 2's ingest log is only on node 3".to_string())]);
     assert_eq!(one.check(&book, &three, &to, leader.fence().as_ref()), None);
     assert_eq!(book.latest(spec.id).unwrap().version(), 0, "nothing moved");
     // Two copies: node 3's partition has its copy on node 1, which lives. With node 1 lost too,
@@ -312,8 +312,41 @@ fn a_lost_node_that_keeps_the_only_copy_of_an_ingest_log_has_nothing_moved() {
     let two = Mover::new(&spec, &p, book.latest(spec.id).unwrap(), 2);
     assert!(two.stranded(&three, &to).is_empty());
     let both = [(NodeId(3), Duration::from_secs(5)), (NodeId(1), Duration::from_secs(5))];
-    assert_eq!(two.stranded(&both, &[NodeId(2)]), [(2, NodeId(3))]);
+    assert_eq!(two.stranded(&both, &[NodeId(2)]).len(), 1);
+    assert_eq!(two.stranded(&both, &[NodeId(2)])[0].0, 2);
     // A generator's sources move anywhere.
     let (gen_spec, _) = three_node();
     assert!(Mover::new(&gen_spec, &p, book.latest(spec.id).unwrap(), 1).stranded(&three, &to).is_empty());
+}
+
+#[test]
+fn a_lost_primary_whose_copy_left_the_in_sync_set_has_nothing_moved() {
+    let w = World::new();
+    let keys = Keys::new("c9");
+    let book = ControlBook::new(w.store.clone(), keys.clone());
+    let mut leader = Member::new(keys.clone(), NodeId(1), &[NodeId(1), NodeId(2), NodeId(3)], TTL);
+    leader.step(&*w.store, w.now()).unwrap();
+    let (mut spec, p) = three_node();
+    spec.source = crate::spec::SourceKind::IngestLog;
+    let three = [(NodeId(3), Duration::from_secs(5))];
+    let to = [NodeId(1), NodeId(2)];
+    let reader = || ControlInSync::reader(w.store.clone(), &keys, spec.id);
+    let mover = || Mover::new(&spec, &p, book.latest(spec.id).unwrap(), 2).with_in_sync(reader());
+    assert!(mover().stranded(&three, &to).is_empty(), "no set written: node 3 waited for its copy on node 1");
+    // Node 3 (partition 2's primary, its copy on node 1) took its copy out of the set.
+    let lease = w.store.grant(TTL).unwrap();
+    let member = Op::Put { key: keys.member(NodeId(3)), value: b"m".to_vec(), lease: Some(lease) };
+    w.store.txn(&[], &[member]).unwrap();
+    let writer = ControlInSync::new(w.store.clone(), &keys, spec.id, Fence::new(&keys, spec.id, NodeId(3), lease, 0));
+    writer.set(2, InSyncRecord { primary: NodeId(3), follower: NodeId(1), in_sync: false }).unwrap();
+    let stranded = mover().stranded(&three, &to);
+    assert_eq!(stranded.len(), 1, "{stranded:?}");
+    assert!(stranded[0].1.contains("copy on node 1 left its in-sync set"), "{stranded:?}");
+    assert_eq!(mover().check(&book, &three, &to, leader.fence().as_ref()), None);
+    assert_eq!(book.latest(spec.id).unwrap().version(), 0, "nothing moved");
+    // Back in the set: the source moves to its copy.
+    writer.set(2, InSyncRecord { primary: NodeId(3), follower: NodeId(1), in_sync: true }).unwrap();
+    assert!(mover().stranded(&three, &to).is_empty());
+    w.store.revoke(lease).unwrap(); // node 3 lost: its member key gone
+    assert!(mover().check(&book, &three, &to, leader.fence().as_ref()).is_some());
 }

@@ -6,7 +6,7 @@
 use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use weir_wire::Version;
 
@@ -22,6 +22,7 @@ pub struct LogHandle {
     pub(super) cfg: LogConfig,
     pub(super) durable: Arc<AtomicU64>,
     pub(super) readable: Arc<AtomicU64>,
+    pub(super) alone: Arc<AtomicBool>,
     pub(super) ledger: Ledger,
 }
 
@@ -46,6 +47,12 @@ impl LogHandle {
     /// primary, on the follower too.
     pub fn readable_version(&self) -> Version {
         Version(self.readable.load(Ordering::Acquire))
+    }
+
+    /// Whether the partition's copy is out of its in-sync set (on its primary: appends are
+    /// acknowledged on this node alone).
+    pub fn alone(&self) -> bool {
+        self.alone.load(Ordering::Acquire)
     }
 
     /// A reader from `from` (a version the log no longer or not yet holds fails on first read).

@@ -22,7 +22,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use weir_wire::{Batch, Version};
 
@@ -151,6 +151,9 @@ pub struct IngestLog {
     /// so no row a source processed can be missing from the copy a moved source reads.
     pub(super) readable: Arc<AtomicU64>,
     pub(super) replicated: bool,
+    /// The follower's copy left the partition's in-sync set (`super::in_sync`): readers see
+    /// what is durable here, and appends are acknowledged on this node's sync alone.
+    pub(super) alone: Arc<AtomicBool>,
     /// Where the follower's copy ends (durably), as it last said.
     pub(super) copy: Version,
     /// A replicated partition's entries written since they were last shipped, as written (the
@@ -342,7 +345,7 @@ impl IngestLog {
         self.durable.store(durable.0, Ordering::Release);
         // A replicated partition's readers see what both copies hold: the follower's answer
         // may have come before this sync (the primary ships before it syncs).
-        let readable = if self.replicated { durable.min(self.copy) } else { durable };
+        let readable = if self.replicated && !self.is_alone() { durable.min(self.copy) } else { durable };
         self.readable.store(readable.0, Ordering::Release);
     }
 
@@ -356,11 +359,24 @@ impl IngestLog {
     }
 
     /// The follower holds every version below `copy` durably: readers may read up to there (and
-    /// never past what is durable here).
+    /// never past what is durable here; while the copy is out of the in-sync set, all of that).
     pub fn publish_replicated(&mut self, copy: Version) {
         self.copy = copy;
-        let v = copy.min(self.durable_version());
+        let v = if self.is_alone() { self.durable_version() } else { copy.min(self.durable_version()) };
         self.readable.store(v.0, Ordering::Release);
+    }
+
+    /// Whether the follower's copy is out of the partition's in-sync set.
+    pub fn is_alone(&self) -> bool {
+        self.alone.load(Ordering::Acquire)
+    }
+
+    /// The follower's copy left the in-sync set (`true`: readers see all that is durable here),
+    /// or is back in it (`false`: readers see what the copy holds, which must then hold all they
+    /// have read: the writer asks back in only once it does).
+    pub fn set_alone(&mut self, alone: bool) {
+        self.alone.store(alone, Ordering::Release);
+        self.publish_replicated(self.copy);
     }
 
     /// A reader of what is durable here, replicated or not (the primary's shipping).
@@ -428,6 +444,7 @@ impl IngestLog {
             cfg: self.cfg,
             durable: self.durable.clone(),
             readable: self.readable.clone(),
+            alone: self.alone.clone(),
             ledger: self.ledger.clone(),
         }
     }

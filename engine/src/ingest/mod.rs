@@ -4,6 +4,7 @@
 //! `handle.rs` for reading, and [`ledger`] for what each producer appended.
 
 mod handle;
+pub mod in_sync;
 pub mod ledger;
 pub mod log;
 mod open;

@@ -25,6 +25,10 @@
 //!   session: answers to an earlier one are ignored. Not caught: a copy whose last entry matches
 //!   byte for byte while rows below it differ, answering only after the primary's writer
 //!   restarted in the same process (a per-entry epoch or chained checksum would).
+//! - With a control store, a copy whose answers lag longer than the in-sync lag leaves the
+//!   partition's in-sync set, and appends are then acknowledged on the primary's sync alone
+//!   (`in_sync.rs`; only once the store says so); caught up, it is asked back in and appends
+//!   wait for it again. Out of the set, the source reads all that is durable here.
 //! - A copy that ends before the primary's log begins (retention deleted the rest) starts again
 //!   where the primary's log begins, taking the producers' counts from the primary's ledger.
 //!
@@ -37,6 +41,7 @@ use std::time::{Duration, Instant};
 use weir_wire::msg::{ReplicaProducer, Replicate, ReplicateAck};
 use weir_wire::{NodeId, StreamId, Version};
 
+use super::in_sync::{InSyncSet, Membership};
 use super::log::{IngestLog, LogError};
 use super::reader::LogReader;
 use super::service::Appended;
@@ -86,6 +91,13 @@ pub struct Replication {
     pub followers: BTreeMap<u32, NodeId>,
     /// The network.
     pub link: Box<dyn ReplicaLink>,
+    /// The partitions' in-sync sets in the control store (`None`: appends always wait for
+    /// the follower).
+    pub in_sync: Option<Box<dyn InSyncSet>>,
+    /// Partitions whose follower the set says is out, for this primary and follower.
+    pub alone: std::collections::BTreeSet<u32>,
+    /// How long an acknowledgement waits for a follower before it is asked out of the set.
+    pub lag: Duration,
 }
 
 impl std::fmt::Debug for Replication {
@@ -122,6 +134,8 @@ struct Shipping<T> {
     facts_sent: Option<(usize, usize)>,
     /// Acknowledgements waiting for the follower: each with the version the copy must pass.
     held: VecDeque<(Appended<T>, Instant, Version)>,
+    /// Its place in the partition's in-sync set.
+    set: Membership,
 }
 
 impl<T> Shipping<T> {
@@ -142,13 +156,17 @@ pub(super) struct Replicator<T> {
     /// Answers a follower owes, sent after the next sync.
     owed: Vec<Answer>,
     buf: Vec<u8>,
+    in_sync: Option<Box<dyn InSyncSet>>,
+    lag: Duration,
+    /// The last in-sync request's number.
+    seq: u64,
 }
 
 impl<T> Replicator<T> {
     pub(super) fn new(replication: Option<Replication>) -> Self {
-        let (stream, link, followers) = match replication {
-            Some(r) => (r.stream, Some(r.link), r.followers),
-            None => (StreamId(0), None, BTreeMap::new()),
+        let (stream, link, followers, in_sync, alone, lag) = match replication {
+            Some(r) => (r.stream, Some(r.link), r.followers, r.in_sync, r.alone, r.lag),
+            None => (StreamId(0), None, BTreeMap::new(), None, Default::default(), Duration::ZERO),
         };
         let shipping = followers
             .into_iter()
@@ -166,11 +184,12 @@ impl<T> Replicator<T> {
                     last_heard: Instant::now(),
                     facts_sent: None,
                     held: VecDeque::new(),
+                    set: Membership::new(in_sync.is_some() && alone.contains(&p)),
                 };
                 (p, s)
             })
             .collect();
-        Self { stream, link, shipping, owed: Vec::new(), buf: Vec::new() }
+        Self { stream, link, shipping, owed: Vec::new(), buf: Vec::new(), in_sync, lag, seq: 0 }
     }
 
     /// Readers of the partitions this writer ships see only what their followers hold.
@@ -178,6 +197,7 @@ impl<T> Replicator<T> {
         for (p, s) in &mut self.shipping {
             if let Some(log) = logs.get_mut(*p as usize) {
                 log.replicate();
+                log.set_alone(!s.set.waits());
                 s.started_at = log.next_version();
             }
         }
@@ -186,7 +206,10 @@ impl<T> Replicator<T> {
     /// Whether timers run: something waits for a follower, or copies are owed an answer.
     pub(super) fn busy(&self) -> bool {
         !self.owed.is_empty()
-            || self.shipping.values().any(|s| s.acked.is_none() || !s.held.is_empty() || !s.in_flight.is_empty())
+            || self
+                .shipping
+                .values()
+                .any(|s| s.acked.is_none() || !s.held.is_empty() || !s.in_flight.is_empty() || s.set.asking())
     }
 
     /// Whether copies kept for other nodes wait for a sync (at the writer's group commit, with
@@ -203,7 +226,7 @@ impl<T> Replicator<T> {
             _ => return Some((a, taken)),
         };
         let Some(s) = self.shipping.get_mut(&a.partition) else { return Some((a, taken)) };
-        if s.acked.is_some_and(|acked| acked > need) && s.held.is_empty() {
+        if !s.set.waits() || s.acked.is_some_and(|acked| acked > need) && s.held.is_empty() {
             return Some((a, taken));
         }
         s.held.push_back((a, taken, need));
@@ -349,10 +372,12 @@ impl<T> Replicator<T> {
         released
     }
 
-    /// Ships what was written since the last call, asks followers that never answered, and
-    /// ships again after a silence.
-    pub(super) fn pump(&mut self, logs: &mut [IngestLog]) {
-        let Some(link) = self.link.as_mut() else { return };
+    /// Ships what was written since the last call, asks followers that never answered, ships
+    /// again after a silence, and moves copies in and out of their in-sync sets; returns the
+    /// acknowledgements a copy leaving its set releases.
+    pub(super) fn pump(&mut self, logs: &mut [IngestLog]) -> Vec<(Appended<T>, Instant)> {
+        let released = self.in_sync_step(logs);
+        let Some(link) = self.link.as_mut() else { return released };
         for (&p, s) in &mut self.shipping {
             let log = &mut logs[p as usize];
             let now = Instant::now();
@@ -451,6 +476,44 @@ impl<T> Replicator<T> {
                 s.last_sent = Some(now);
             }
         }
+        released
+    }
+
+    /// Takes the control store's answers and asks copies out of (or back into) their sets.
+    fn in_sync_step(&mut self, logs: &mut [IngestLog]) -> Vec<(Appended<T>, Instant)> {
+        let mut released = Vec::new();
+        let Some(set) = self.in_sync.as_mut() else { return released };
+        let now = Instant::now();
+        while let Some((p, seq, done)) = set.answer() {
+            let (Some(s), Some(log)) = (self.shipping.get_mut(&p), logs.get_mut(p as usize)) else { continue };
+            match s.set.answered(seq, done, now, self.lag) {
+                Some(true) => {
+                    tracing::warn!(partition = p, follower = %s.follower, lag = ?self.lag,
+                        "the follower's copy left the in-sync set: appends are acknowledged on this node alone until it catches up");
+                    log.set_alone(true);
+                    released.extend(s.held.drain(..).map(|(a, taken, _)| (a, taken)));
+                }
+                Some(false) if done => {
+                    tracing::info!(partition = p, follower = %s.follower, "the follower's copy is back in the in-sync set");
+                }
+                _ => {}
+            }
+        }
+        for (&p, s) in &mut self.shipping {
+            let log = &mut logs[p as usize];
+            let oldest = s.held.front().map(|(_, taken, _)| *taken);
+            let seq = self.seq + 1;
+            if s.set.leave_if_late(oldest, self.lag, now, seq) {
+                set.request(p, false, seq);
+                self.seq = seq;
+            } else if s.set.join_if_caught_up(s.acked.map(|v| v.0), log.durable_version().0, now, seq) {
+                // From here the source reads only what the copy holds, which is all it read.
+                log.set_alone(false);
+                set.request(p, true, seq);
+                self.seq = seq;
+            }
+        }
+        released
     }
 }
 

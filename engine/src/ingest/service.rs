@@ -385,7 +385,9 @@ fn writer<T>(mut logs: Vec<IngestLog>, policy: SyncPolicy, io: Io<'_, T>, mut re
             }
             last_sync = Instant::now();
         }
-        rep.pump(&mut logs);
+        for (a, taken) in rep.pump(&mut logs) {
+            io.release(a, taken);
+        }
         truncate(&mut logs, io.floors, &mut truncate_failed);
     }
     for log in &mut logs {

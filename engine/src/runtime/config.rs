@@ -71,6 +71,10 @@ pub struct EngineConfig {
     /// Where the stream's checkpoint ids and commit point are kept (`None`: the remote store
     /// alone, [`crate::backup::commit_point::StoreCommits`]).
     pub commits: Option<std::sync::Arc<dyn crate::backup::commit_point::CommitBook>>,
+    /// Where the ingest partitions' in-sync sets are kept (`None`: appends of a replicated
+    /// partition always wait for its follower), and how long an acknowledgement waits for a
+    /// follower before this node asks it out of the set.
+    pub in_sync: Option<(std::sync::Arc<crate::cluster::ControlInSync>, Duration)>,
 }
 
 impl EngineConfig {
@@ -99,6 +103,7 @@ impl EngineConfig {
             tenure: None,
             member_status: None,
             commits: None,
+            in_sync: None,
         }
     }
 }

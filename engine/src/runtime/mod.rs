@@ -191,7 +191,7 @@ impl Engine {
                 cfg.sync,
                 ack_tx,
                 cfg.ingest_observer.clone(),
-                replication::of(spec, &topo, placement, me, cfg.ingest_replicas, transport.as_ref()),
+                replication::of(spec, &topo, placement, me, &cfg, transport.as_ref()),
             )?)),
             SourceKind::Generator { .. } => None,
         };

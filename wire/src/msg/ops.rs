@@ -193,6 +193,9 @@ archived! {
         pub bytes: u64,
         /// The node keeping the copy (on the source's node with two copies; 0: none).
         pub follower: NodeId,
+        /// The copy is out of the partition's in-sync set: appends are acknowledged on the
+        /// source's node alone until it catches up.
+        pub alone: bool,
     }
 }
 
