@@ -162,8 +162,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 cfg.tenure = tenure.flatten();
                 cfg.member_status = control.member_status();
                 cfg.commits = control.commit_book(&spec, held, &read);
-                let lag = file.stream.ingest.in_sync_lag;
-                cfg.in_sync = control.in_sync(&spec, held, &read).filter(|_| !lag.is_zero()).map(|s| (s, lag));
+                // A lag of zero: the copy is never written out, and appends always wait for it.
+                let lag = Some(file.stream.ingest.in_sync_lag).filter(|l| !l.is_zero()).unwrap_or(Duration::MAX);
+                cfg.in_sync = control.in_sync(&spec, held, &read).map(|s| (s, lag));
                 if let Some(t) = cfg.transport.as_mut() {
                     t.incarnation = incarnation;
                 }

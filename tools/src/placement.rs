@@ -117,7 +117,7 @@ impl Control {
         let (etcd, keys) = self.etcd.as_ref()?;
         let Membership::Lease(lease) = held else { return None };
         let fence = Fence::new(keys, spec.id, self.me, lease, read.revision);
-        Some(Arc::new(ControlInSync::new(etcd.clone(), keys, spec.id, fence)))
+        Some(Arc::new(ControlInSync::new(etcd.clone(), keys, spec.id, self.me, fence)))
     }
 
     /// What the node holds as a member now (`None`: nothing; it must not act as one).
@@ -239,8 +239,9 @@ impl Control {
         if after.is_zero() {
             return None;
         }
-        let mut mover = Mover::new(spec, placement, read, file.stream.ingest.replicas);
-        if let Some((etcd, keys)) = &self.etcd {
+        let ingest = &file.stream.ingest;
+        let mut mover = Mover::new(spec, placement, read, ingest.replicas);
+        if let Some((etcd, keys)) = self.etcd.as_ref().filter(|_| ingest.replicas >= 2) {
             mover = mover.with_in_sync(ControlInSync::reader(etcd.clone(), keys, spec.id));
         }
         Some(Watch { control: self, book, mover, after, checked: None })

@@ -120,7 +120,13 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
                     "partition": l.partition, "source": l.source, "first": l.first.0, "end": l.end.0,
                     "readable": l.readable.0, "bytes": l.bytes,
                     "follower": (l.follower.0 != 0).then_some(l.follower.0),
-                    "in_sync": (l.source && l.follower.0 != 0).then_some(!l.alone),
+                    "in_sync": match (l.source && l.follower.0 != 0, l.in_sync) {
+                        (true, 1) => Some("in"),
+                        (true, 2) => Some("unknown"),
+                        (true, 3) => Some("out"),
+                        (true, 4) => Some("alone"),
+                        _ => None,
+                    },
                 })).collect::<Vec<_>>(),
                 "checkpoints": r.checkpoints.iter().map(|c| json!({
                     "stream": c.stream.0, "checkpoint": c.checkpoint.0, "started_at_ms": c.started_at_ms,
@@ -364,9 +370,19 @@ fn logs(out: &mut String, answers: &[(SocketAddr, Answer)]) {
         let copy = match (l.source, l.follower.0) {
             (false, _) => String::new(),
             (true, 0) => "none (one copy)".into(),
-            (true, f) if l.alone => format!("on node {f}, out of the in-sync set (acknowledged on this node alone)"),
-            (true, f) if l.readable >= l.end => format!("on node {f}, in sync"),
-            (true, f) => format!("on node {f}, {} versions behind", l.end.0 - l.readable.0),
+            (true, f) => {
+                let behind = match l.end.0.saturating_sub(l.readable.0) {
+                    0 => String::new(),
+                    n => format!(", {n} versions behind"),
+                };
+                match l.in_sync {
+                    4 => format!("on node {f}, out of the in-sync set (appends acknowledged on this node alone)"),
+                    3 => format!("on node {f}, out of the in-sync set{behind}"),
+                    2 => format!("on node {f}, in-sync set not known yet{behind}"),
+                    _ if behind.is_empty() => format!("on node {f}, in sync"),
+                    _ => format!("on node {f}{behind}"),
+                }
+            }
         };
         let line = format!(
             "{:<10} {:<6} {:<7} {:>27} {:>10}  {copy}",

@@ -233,7 +233,7 @@ fn a_lost_node_with_the_only_copy_of_a_partition_has_nothing_moved_and_rejoins()
     line_in(&log(1), "checkpoint committed", Duration::from_secs(60));
     nodes.0[2].kill().unwrap(); // SIGKILL
     nodes.0[2].wait().unwrap();
-    let why = line_in_any(&[&log(1), &log(2)], "keeps the only copy of an ingest log", Duration::from_secs(30));
+    let why = line_in_any(&[&log(1), &log(2)], "has no other copy known to hold all its rows", Duration::from_secs(30));
     assert!(why.contains("partition 2's ingest log is only on node 3") && why.contains("waits for the node"), "{why}");
     std::thread::sleep(Duration::from_secs(2));
     for n in [1, 2] {

@@ -204,7 +204,7 @@ roundtrip! {
         }),
         logs: vec![LogStatus {
             partition: 2, source: true, first: Version(4_800), end: Version(9_000), readable: Version(8_800),
-            bytes: 5 << 20, follower: NodeId(3), alone: true,
+            bytes: 5 << 20, follower: NodeId(3), in_sync: 4,
         }],
     };
 }

@@ -78,13 +78,14 @@ pub trait PlacementBook: Send + Sync {
     /// The newest version of `stream`'s placement.
     fn latest(&self, stream: StreamId) -> Result<Versioned, BookError>;
     /// Stores `record` (the version after `read`'s) if nothing replaced `read` since, writing
-    /// as the leader fenced by `fence`; returns the record that stands for it.
+    /// as the leader fenced by `fence` (its first condition, the leader's own; empty: not the
+    /// leader) and what else it names; returns the record that stands for it.
     fn write(
         &self,
         stream: StreamId,
         read: &Versioned,
         record: &PlacementRecord,
-        fence: Option<&Compare>,
+        fence: &[Compare],
     ) -> Result<PlacementRecord, BookError>;
 }
 
@@ -126,15 +127,18 @@ impl PlacementBook for ControlBook {
         stream: StreamId,
         read: &Versioned,
         record: &PlacementRecord,
-        fence: Option<&Compare>,
+        fence: &[Compare],
     ) -> Result<PlacementRecord, BookError> {
         let version = record.version;
-        let Some(fence) = fence else { return Err(BookError::NotLeader { version }) };
+        if fence.is_empty() {
+            return Err(BookError::NotLeader { version });
+        }
         let key = self.keys.placement(stream);
         let put = Op::Put { key: key.clone(), value: encode_placement(record).into_bytes(), lease: None };
         // The nodes it moves away from must still be absent: one that came back in the meantime
         // may have read the old version and started on it.
-        let mut when = vec![fence.clone(), Compare::ModRevision(key, read.revision)];
+        let mut when = fence.to_vec();
+        when.push(Compare::ModRevision(key, read.revision));
         when.extend(record.moved.iter().map(|n| Compare::ModRevision(self.keys.member(*n), 0)));
         let tried = self.store.txn(&when, &[put]);
         match tried {
@@ -163,7 +167,7 @@ impl PlacementBook for ControlBook {
                     refused();
                     Err(BookError::Refused {
                         version,
-                        why: "this node no longer leads the cluster, or a node it moves is a member again".into(),
+                        why: "this node no longer leads the cluster, a node it moves is a member again, or an in-sync set it read changed".into(),
                         stands: None,
                     })
                 }

@@ -7,10 +7,10 @@
 //!
 //! Invariants: the version is stored before any node runs it, and every node starts from the
 //! newest version, so all members of one incarnation run one placement. A source of an ingest
-//! log moves only to a node that keeps a copy of that log (`replicas = 2`) and that the
-//! partition's in-sync set does not name out ([`super::ControlInSync`]: its primary then
-//! acknowledged rows the copy may lack); a lost node that keeps the only copy with every
-//! acknowledged row has nothing moved, and the stream waits for it.
+//! log moves only to a node that keeps a copy of that log (`replicas = 2`) and, with in-sync
+//! sets ([`super::ControlInSync`]), that the partition's set names in for that very primary
+//! (the move's transaction compares the key as read); a lost node that keeps the only copy
+//! known to hold every acknowledged row has nothing moved, and the stream waits for it.
 
 use std::time::Duration;
 
@@ -74,12 +74,20 @@ impl Mover {
     /// on a log without its rows would skip them), so nothing moves and the stream waits for
     /// the node. Empty for a generator stream.
     pub fn stranded(&self, lost: &[(NodeId, Duration)], to: &[NodeId]) -> Vec<(u32, String)> {
+        self.sources(lost, to).0
+    }
+
+    /// [`Self::stranded`], and what the move's transaction must compare: each in-sync key it
+    /// read, at the revision it read.
+    pub(super) fn sources(&self, lost: &[(NodeId, Duration)], to: &[NodeId]) -> (Vec<(u32, String)>, Vec<Compare>) {
+        let mut read = Vec::new();
         if !self.ingest {
-            return Vec::new();
+            return (Vec::new(), read);
         }
         let gone: Vec<NodeId> = lost.iter().map(|(n, _)| *n).collect();
         let to: Vec<NodeId> = to.iter().copied().filter(|n| !gone.contains(n)).collect();
-        self.topology
+        let stranded = self
+            .topology
             .tasks
             .iter()
             .filter_map(|t| match t.kind {
@@ -92,20 +100,24 @@ impl Mover {
                 let Some(c) = copy.filter(|c| to.contains(c)) else {
                     return Some((p, format!("partition {p}'s ingest log is only on node {}", n.0)));
                 };
-                match self.in_sync.as_ref().map(|s| s.read(p)) {
-                    None => None,
-                    Some(Ok(r)) if !InSyncRecord::strands(r.as_ref(), n, c) => None,
-                    Some(Ok(_)) => Some((
+                let set = self.in_sync.as_ref()?;
+                match set.read(p) {
+                    Ok((r, rev)) if InSyncRecord::holds_all(r.as_ref(), n, c) => {
+                        read.push(Compare::ModRevision(set.key(p), rev));
+                        None
+                    }
+                    Ok(_) => Some((
                         p,
                         format!(
-                            "partition {p}'s copy on node {} left its in-sync set: node {} acknowledged rows it may lack",
+                            "partition {p}'s copy on node {} is not known to hold every row node {} acknowledged (its in-sync set)",
                             c.0, n.0
                         ),
                     )),
-                    Some(Err(e)) => Some((p, format!("partition {p}'s in-sync set cannot be read ({e})"))),
+                    Err(_) => Some((p, format!("partition {p}'s in-sync set cannot be read"))),
                 }
             })
-            .collect()
+            .collect();
+        (stranded, read)
     }
 
     /// The nodes the placement gives tasks.
@@ -153,18 +165,21 @@ impl Mover {
         fence: Option<&Compare>,
     ) -> Option<Moved> {
         let record = self.decide(lost, to)?;
-        let stranded = self.stranded(lost, to);
+        let (stranded, read) = self.sources(lost, to);
         if !stranded.is_empty() {
             let parts: Vec<String> = stranded.into_iter().map(|(_, why)| why).collect();
             let text = format!("{}: nothing moves; the stream waits for the node", parts.join(", "));
             if self.warned.as_ref() != Some(&text) {
-                tracing::warn!(reason = %text, "a lost node keeps the only copy of an ingest log");
+                tracing::warn!(reason = %text, "a lost node's partition has no other copy known to hold all its rows");
                 self.warned = Some(text);
             }
             return None;
         }
         let version = record.version;
-        match book.write(self.stream, &self.read, &record, fence) {
+        let fence = fence?;
+        let mut when = vec![fence.clone()];
+        when.extend(read);
+        match book.write(self.stream, &self.read, &record, &when) {
             // The stored record's reason: an earlier try of this move may have landed unanswered.
             Ok(stored) => {
                 tracing::warn!(placement = version, reason = %stored.reason, "moving the tasks of a lost node");

@@ -173,23 +173,23 @@ fn only_the_leader_writes_placement_and_a_deposed_leader_or_a_stale_read_writes_
     let mover = Mover::new(&spec, &p, read.clone(), 1);
     let record = mover.decide(&lost, &[NodeId(1), NodeId(2)]).unwrap();
     // A follower has no fence.
-    let e = book.write(spec.id, &read, &record, m[1].fence().as_ref()).unwrap_err();
+    let e = book.write(spec.id, &read, &record, m[1].fence().as_slice()).unwrap_err();
     assert!(matches!(e, BookError::NotLeader { version: 1 }), "{e}");
     // The leader's fence, but its lease ended (it stopped renewing): refused by the store.
     let fence = m[0].fence().unwrap();
     w.pass(TTL * 2);
     m[1].step(&*w.store, w.now()).unwrap();
-    let e = book.write(spec.id, &read, &record, Some(&fence)).unwrap_err();
+    let e = book.write(spec.id, &read, &record, std::slice::from_ref(&fence)).unwrap_err();
     assert!(matches!(e, BookError::Refused { version: 1, .. }), "{e}");
     assert_eq!(book.latest(spec.id).unwrap().version(), 0);
     // The new leader writes version 1; a write after the same (now stale) read is refused.
     let new = m[1].fence().expect("node 2 leads");
-    let stored = book.write(spec.id, &read, &record, Some(&new)).unwrap();
+    let stored = book.write(spec.id, &read, &record, std::slice::from_ref(&new)).unwrap();
     assert_eq!(stored.version, 1);
     let after = book.latest(spec.id).unwrap();
     assert_eq!(after.record.as_ref().map(|r| r.tasks.clone()), Some(record.tasks.clone()));
     let other = Mover::new(&spec, &p, read.clone(), 1).decide(&[(NodeId(2), Duration::from_secs(5))], &[NodeId(1)]);
-    let e = book.write(spec.id, &read, &other.unwrap(), Some(&new)).unwrap_err();
+    let e = book.write(spec.id, &read, &other.unwrap(), std::slice::from_ref(&new)).unwrap_err();
     assert!(matches!(e, BookError::Refused { version: 1, stands: Some(1), .. }), "{e}");
     assert!(e.to_string().contains("version 1 stands"), "{e}");
 }
@@ -244,7 +244,7 @@ fn a_node_that_came_back_before_the_leaders_write_keeps_its_tasks() {
     let record =
         Mover::new(&spec, &p, read.clone(), 1).decide(&[(NodeId(3), Duration::from_secs(5))], &[NodeId(1), NodeId(2)]);
     m[2].step(&*w.store, w.now()).unwrap();
-    let e = book.write(spec.id, &read, &record.unwrap(), m[0].fence().as_ref()).unwrap_err();
+    let e = book.write(spec.id, &read, &record.unwrap(), m[0].fence().as_slice()).unwrap_err();
     assert!(matches!(e, BookError::Refused { version: 1, stands: None, .. }), "{e}");
     assert_eq!(book.latest(spec.id).unwrap().version(), 0, "node 3 keeps its tasks");
 }
@@ -281,7 +281,7 @@ fn a_leader_that_finds_a_newer_placement_standing_restarts_at_it() {
     let stale = book.latest(spec.id).unwrap();
     let to = [NodeId(1), NodeId(2)];
     let first = Mover::new(&spec, &p, stale.clone(), 1).decide(&[(NodeId(3), Duration::from_secs(5))], &to).unwrap();
-    book.write(spec.id, &stale, &first, m[0].fence().as_ref()).unwrap();
+    book.write(spec.id, &stale, &first, m[0].fence().as_slice()).unwrap();
     // Another decision after the same stale read (node 2 lost instead): version 1 stands.
     let mut mover = Mover::new(&spec, &p, stale, 1);
     let moved =
@@ -320,7 +320,7 @@ fn a_lost_node_that_keeps_the_only_copy_of_an_ingest_log_has_nothing_moved() {
 }
 
 #[test]
-fn a_lost_primary_whose_copy_left_the_in_sync_set_has_nothing_moved() {
+fn a_lost_primary_whose_copy_is_not_known_in_its_in_sync_set_has_nothing_moved() {
     let w = World::new();
     let keys = Keys::new("c9");
     let book = ControlBook::new(w.store.clone(), keys.clone());
@@ -332,21 +332,53 @@ fn a_lost_primary_whose_copy_left_the_in_sync_set_has_nothing_moved() {
     let to = [NodeId(1), NodeId(2)];
     let reader = || ControlInSync::reader(w.store.clone(), &keys, spec.id);
     let mover = || Mover::new(&spec, &p, book.latest(spec.id).unwrap(), 2).with_in_sync(reader());
-    assert!(mover().stranded(&three, &to).is_empty(), "no set written: node 3 waited for its copy on node 1");
-    // Node 3 (partition 2's primary, its copy on node 1) took its copy out of the set.
+    let why = |m: &Mover| m.stranded(&three, &to).into_iter().map(|(p, why)| format!("{p}: {why}")).collect::<Vec<_>>();
+    assert_eq!(why(&mover()).len(), 1, "nothing written: nothing known of partition 2's copy on node 1");
+    // Node 3 (partition 2's primary, its copy on node 1) writes its sets.
     let lease = w.store.grant(TTL).unwrap();
     let member = Op::Put { key: keys.member(NodeId(3)), value: b"m".to_vec(), lease: Some(lease) };
     w.store.txn(&[], &[member]).unwrap();
-    let writer = ControlInSync::new(w.store.clone(), &keys, spec.id, Fence::new(&keys, spec.id, NodeId(3), lease, 0));
-    writer.set(2, InSyncRecord { primary: NodeId(3), follower: NodeId(1), in_sync: false }).unwrap();
-    let stranded = mover().stranded(&three, &to);
-    assert_eq!(stranded.len(), 1, "{stranded:?}");
-    assert!(stranded[0].1.contains("copy on node 1 left its in-sync set"), "{stranded:?}");
-    assert_eq!(mover().check(&book, &three, &to, leader.fence().as_ref()), None);
-    assert_eq!(book.latest(spec.id).unwrap().version(), 0, "nothing moved");
-    // Back in the set: the source moves to its copy.
-    writer.set(2, InSyncRecord { primary: NodeId(3), follower: NodeId(1), in_sync: true }).unwrap();
-    assert!(mover().stranded(&three, &to).is_empty());
+    let writer =
+        ControlInSync::new(w.store.clone(), &keys, spec.id, NodeId(3), Fence::new(&keys, spec.id, NodeId(3), lease, 0));
+    writer.set(2, NodeId(1), false, 1).unwrap();
+    let stranded = why(&mover());
+    assert!(
+        stranded.len() == 1 && stranded[0].contains("node 1 is not known to hold every row node 3"),
+        "{stranded:?}"
+    );
+    // In for another follower (an older placement's): still nothing known of node 1's copy.
+    writer.set(2, NodeId(2), true, 2).unwrap();
+    assert_eq!(why(&mover()).len(), 1);
+    writer.set(2, NodeId(1), true, 3).unwrap();
+    assert!(why(&mover()).is_empty());
     w.store.revoke(lease).unwrap(); // node 3 lost: its member key gone
+    // The leader read the set; node 3 came back and wrote it out before the move: refused.
+    let decided = mover();
+    let lease = w.store.grant(TTL).unwrap();
+    let again =
+        ControlInSync::new(w.store.clone(), &keys, spec.id, NodeId(3), Fence::new(&keys, spec.id, NodeId(3), lease, 0));
+    let member = Op::Put { key: keys.member(NodeId(3)), value: b"m".to_vec(), lease: Some(lease) };
+    w.store.txn(&[], &[member]).unwrap();
+    assert!(decided.stranded(&three, &to).is_empty());
+    let (_, read) = decided.sources(&three, &to);
+    again.set(2, NodeId(1), false, 1).unwrap();
+    w.store.revoke(lease).unwrap();
+    let record = decided.decide(&three, &to).unwrap();
+    let mut when = leader.fence().into_iter().collect::<Vec<_>>();
+    when.extend(read);
+    assert!(
+        book.write(spec.id, &book.latest(spec.id).unwrap(), &record, &when).is_err(),
+        "the set moved since it was read"
+    );
+    assert_eq!(book.latest(spec.id).unwrap().version(), 0, "nothing moved");
+    assert_eq!(mover().check(&book, &three, &to, leader.fence().as_ref()), None, "out: nothing moves");
+    // Back once more, it writes its copy in and is lost: the move stands.
+    let lease = w.store.grant(TTL).unwrap();
+    let member = Op::Put { key: keys.member(NodeId(3)), value: b"m".to_vec(), lease: Some(lease) };
+    w.store.txn(&[], &[member]).unwrap();
+    let last =
+        ControlInSync::new(w.store.clone(), &keys, spec.id, NodeId(3), Fence::new(&keys, spec.id, NodeId(3), lease, 0));
+    last.set(2, NodeId(1), true, 1).unwrap();
+    w.store.revoke(lease).unwrap();
     assert!(mover().check(&book, &three, &to, leader.fence().as_ref()).is_some());
 }

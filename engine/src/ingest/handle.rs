@@ -6,7 +6,7 @@
 use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use weir_wire::Version;
 
@@ -22,7 +22,7 @@ pub struct LogHandle {
     pub(super) cfg: LogConfig,
     pub(super) durable: Arc<AtomicU64>,
     pub(super) readable: Arc<AtomicU64>,
-    pub(super) alone: Arc<AtomicBool>,
+    pub(super) standing: Arc<AtomicU8>,
     pub(super) ledger: Ledger,
 }
 
@@ -49,10 +49,15 @@ impl LogHandle {
         Version(self.readable.load(Ordering::Acquire))
     }
 
-    /// Whether the partition's copy is out of its in-sync set (on its primary: appends are
-    /// acknowledged on this node alone).
+    /// Where the partition's copy stands in its in-sync set, on its primary
+    /// ([`super::in_sync::Standing`] as a number; 0: no set).
+    pub fn standing(&self) -> u8 {
+        self.standing.load(Ordering::Acquire)
+    }
+
+    /// Whether appends are acknowledged on this node alone (its copy is out of the set).
     pub fn alone(&self) -> bool {
-        self.alone.load(Ordering::Acquire)
+        self.standing() == super::in_sync::Standing::Alone as u8
     }
 
     /// A reader from `from` (a version the log no longer or not yet holds fails on first read).

@@ -22,7 +22,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use weir_wire::{Batch, Version};
 
@@ -151,9 +151,10 @@ pub struct IngestLog {
     /// so no row a source processed can be missing from the copy a moved source reads.
     pub(super) readable: Arc<AtomicU64>,
     pub(super) replicated: bool,
-    /// The follower's copy left the partition's in-sync set (`super::in_sync`): readers see
-    /// what is durable here, and appends are acknowledged on this node's sync alone.
-    pub(super) alone: Arc<AtomicBool>,
+    /// Where the follower's copy stands in the partition's in-sync set
+    /// ([`super::in_sync::Standing`]); `Alone`: readers see what is durable here, and appends
+    /// are acknowledged on this node's sync alone.
+    pub(super) standing: Arc<AtomicU8>,
     /// Where the follower's copy ends (durably), as it last said.
     pub(super) copy: Version,
     /// A replicated partition's entries written since they were last shipped, as written (the
@@ -345,8 +346,13 @@ impl IngestLog {
         self.durable.store(durable.0, Ordering::Release);
         // A replicated partition's readers see what both copies hold: the follower's answer
         // may have come before this sync (the primary ships before it syncs).
-        let readable = if self.replicated && !self.is_alone() { durable.min(self.copy) } else { durable };
-        self.readable.store(readable.0, Ordering::Release);
+        if self.replicated {
+            // Never back: a reader may have read up to there.
+            let readable = if self.is_alone() { durable } else { durable.min(self.copy) };
+            self.readable.fetch_max(readable.0, Ordering::AcqRel);
+        } else {
+            self.readable.store(durable.0, Ordering::Release);
+        }
     }
 
     /// From now on readers see only what [`Self::publish_replicated`] says the follower holds
@@ -363,19 +369,31 @@ impl IngestLog {
     pub fn publish_replicated(&mut self, copy: Version) {
         self.copy = copy;
         let v = if self.is_alone() { self.durable_version() } else { copy.min(self.durable_version()) };
-        self.readable.store(v.0, Ordering::Release);
+        // Never back: a reader may have read up to there (while the copy was out of the set).
+        self.readable.fetch_max(v.0, Ordering::AcqRel);
     }
 
-    /// Whether the follower's copy is out of the partition's in-sync set.
+    /// Where the follower's copy stands ([`super::in_sync::Standing`]).
+    pub fn standing(&self) -> super::in_sync::Standing {
+        use super::in_sync::Standing;
+        match self.standing.load(Ordering::Acquire) {
+            1 => Standing::In,
+            2 => Standing::Unknown,
+            3 => Standing::Out,
+            4 => Standing::Alone,
+            _ => Standing::NoSet,
+        }
+    }
+
+    /// Whether appends are acknowledged on this node alone (the copy is out of the set).
     pub fn is_alone(&self) -> bool {
-        self.alone.load(Ordering::Acquire)
+        self.standing.load(Ordering::Acquire) == super::in_sync::Standing::Alone as u8
     }
 
-    /// The follower's copy left the in-sync set (`true`: readers see all that is durable here),
-    /// or is back in it (`false`: readers see what the copy holds, which must then hold all they
-    /// have read: the writer asks back in only once it does).
-    pub fn set_alone(&mut self, alone: bool) {
-        self.alone.store(alone, Ordering::Release);
+    /// Where the follower's copy stands: `Alone` lets readers see all that is durable here;
+    /// anything else, what the copy holds too (and what they were let see before).
+    pub fn set_standing(&mut self, standing: super::in_sync::Standing) {
+        self.standing.store(standing as u8, Ordering::Release);
         self.publish_replicated(self.copy);
     }
 
@@ -444,7 +462,7 @@ impl IngestLog {
             cfg: self.cfg,
             durable: self.durable.clone(),
             readable: self.readable.clone(),
-            alone: self.alone.clone(),
+            standing: self.standing.clone(),
             ledger: self.ledger.clone(),
         }
     }

@@ -8,7 +8,7 @@
 use std::fs::{self, OpenOptions};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicU8, AtomicU64};
 
 use weir_wire::Version;
 
@@ -66,7 +66,7 @@ impl IngestLog {
             durable: Arc::new(AtomicU64::new(next.0)),
             readable: Arc::new(AtomicU64::new(next.0)),
             replicated: false,
-            alone: Arc::new(AtomicBool::new(false)),
+            standing: Arc::new(AtomicU8::new(0)),
             copy: Version(0),
             unshipped: Default::default(),
             buf: Vec::new(),

@@ -25,10 +25,12 @@
 //!   session: answers to an earlier one are ignored. Not caught: a copy whose last entry matches
 //!   byte for byte while rows below it differ, answering only after the primary's writer
 //!   restarted in the same process (a per-entry epoch or chained checksum would).
-//! - With a control store, a copy whose answers lag longer than the in-sync lag leaves the
-//!   partition's in-sync set, and appends are then acknowledged on the primary's sync alone
-//!   (`in_sync.rs`; only once the store says so); caught up, it is asked back in and appends
-//!   wait for it again. Out of the set, the source reads all that is durable here.
+//! - With a control store, a copy that has not reached what was durable here within the
+//!   in-sync lag is written out of the partition's in-sync set, and appends are then
+//!   acknowledged on the primary's sync alone (`in_sync.rs`: only once the store says so);
+//!   keeping up again, appends wait for it, and once it holds all they were acknowledged or
+//!   read alone it is written back in. A copy that diverged or shrank is written out at once.
+//!   Out of the set, the source reads all that is durable here; `readable` never goes back.
 //! - A copy that ends before the primary's log begins (retention deleted the rest) starts again
 //!   where the primary's log begins, taking the producers' counts from the primary's ledger.
 //!
@@ -41,7 +43,7 @@ use std::time::{Duration, Instant};
 use weir_wire::msg::{ReplicaProducer, Replicate, ReplicateAck};
 use weir_wire::{NodeId, StreamId, Version};
 
-use super::in_sync::{InSyncSet, Membership};
+use super::in_sync::{InSyncSet, Membership, Standing, Step};
 use super::log::{IngestLog, LogError};
 use super::reader::LogReader;
 use super::service::Appended;
@@ -52,6 +54,8 @@ const SHIP_BYTES: usize = 4 << 20;
 const IN_FLIGHT: usize = 32;
 /// Without an answer this long, the primary ships again from the follower's last answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest wait before an in-sync write that failed is tried again.
+const RETRY: Duration = Duration::from_secs(2);
 /// How often a primary asks a follower that has not answered yet where its copy ends.
 const ASK_EVERY: Duration = Duration::from_millis(500);
 
@@ -94,8 +98,6 @@ pub struct Replication {
     /// The partitions' in-sync sets in the control store (`None`: appends always wait for
     /// the follower).
     pub in_sync: Option<Box<dyn InSyncSet>>,
-    /// Partitions whose follower the set says is out, for this primary and follower.
-    pub alone: std::collections::BTreeSet<u32>,
     /// How long an acknowledgement waits for a follower before it is asked out of the set.
     pub lag: Duration,
 }
@@ -164,9 +166,9 @@ pub(super) struct Replicator<T> {
 
 impl<T> Replicator<T> {
     pub(super) fn new(replication: Option<Replication>) -> Self {
-        let (stream, link, followers, in_sync, alone, lag) = match replication {
-            Some(r) => (r.stream, Some(r.link), r.followers, r.in_sync, r.alone, r.lag),
-            None => (StreamId(0), None, BTreeMap::new(), None, Default::default(), Duration::ZERO),
+        let (stream, link, followers, in_sync, lag) = match replication {
+            Some(r) => (r.stream, Some(r.link), r.followers, r.in_sync, r.lag),
+            None => (StreamId(0), None, BTreeMap::new(), None, Duration::ZERO),
         };
         let shipping = followers
             .into_iter()
@@ -184,7 +186,7 @@ impl<T> Replicator<T> {
                     last_heard: Instant::now(),
                     facts_sent: None,
                     held: VecDeque::new(),
-                    set: Membership::new(in_sync.is_some() && alone.contains(&p)),
+                    set: Membership::new(Instant::now()),
                 };
                 (p, s)
             })
@@ -197,7 +199,7 @@ impl<T> Replicator<T> {
         for (p, s) in &mut self.shipping {
             if let Some(log) = logs.get_mut(*p as usize) {
                 log.replicate();
-                log.set_alone(!s.set.waits());
+                log.set_standing(if self.in_sync.is_some() { s.set.standing() } else { Standing::NoSet });
                 s.started_at = log.next_version();
             }
         }
@@ -348,6 +350,9 @@ impl<T> Replicator<T> {
                 tracing::error!(partition = msg.partition, follower = %from, copy = %msg.next, log = %log.next_version(),
                     "the follower's copy holds entries this node's log does not: starting it afresh");
                 s.diverged = true;
+                s.set.copy_lost();
+                // The copy starts afresh: the source reads no further than it already did.
+                log.publish_replicated(log.first_version());
                 s.session = next_session(s.session);
                 return Vec::new();
             }
@@ -362,6 +367,12 @@ impl<T> Replicator<T> {
         }
         while s.in_flight.front().is_some_and(|end| *end <= msg.next) {
             s.in_flight.pop_front();
+        }
+        if s.acked.is_some_and(|acked| msg.next < acked) {
+            // The copy lost what it had durably (its disk): it no longer holds every row.
+            tracing::error!(partition = msg.partition, follower = %from, copy = %msg.next,
+                "the follower's copy is shorter than it was: it leaves the in-sync set");
+            s.set.copy_lost();
         }
         s.acked = Some(msg.next);
         let mut released = Vec::new();
@@ -419,6 +430,8 @@ impl<T> Replicator<T> {
                     "the follower's copy holds more than this node's log: starting it afresh");
                 s.acked = None;
                 s.diverged = true;
+                s.set.copy_lost();
+                log.publish_replicated(log.first_version());
                 s.ship_from(log.first_version());
                 continue;
             }
@@ -479,38 +492,40 @@ impl<T> Replicator<T> {
         released
     }
 
-    /// Takes the control store's answers and asks copies out of (or back into) their sets.
+    /// Takes the control store's answers and moves copies out of (or back into) their sets.
     fn in_sync_step(&mut self, logs: &mut [IngestLog]) -> Vec<(Appended<T>, Instant)> {
         let mut released = Vec::new();
         let Some(set) = self.in_sync.as_mut() else { return released };
         let now = Instant::now();
         while let Some((p, seq, done)) = set.answer() {
-            let (Some(s), Some(log)) = (self.shipping.get_mut(&p), logs.get_mut(p as usize)) else { continue };
-            match s.set.answered(seq, done, now, self.lag) {
-                Some(true) => {
-                    tracing::warn!(partition = p, follower = %s.follower, lag = ?self.lag,
-                        "the follower's copy left the in-sync set: appends are acknowledged on this node alone until it catches up");
-                    log.set_alone(true);
-                    released.extend(s.held.drain(..).map(|(a, taken, _)| (a, taken)));
-                }
-                Some(false) if done => {
-                    tracing::info!(partition = p, follower = %s.follower, "the follower's copy is back in the in-sync set");
-                }
-                _ => {}
+            if let Some(s) = self.shipping.get_mut(&p) {
+                s.set.answered(seq, done, now, self.lag.min(RETRY));
             }
         }
         for (&p, s) in &mut self.shipping {
             let log = &mut logs[p as usize];
-            let oldest = s.held.front().map(|(_, taken, _)| *taken);
             let seq = self.seq + 1;
-            if s.set.leave_if_late(oldest, self.lag, now, seq) {
-                set.request(p, false, seq);
-                self.seq = seq;
-            } else if s.set.join_if_caught_up(s.acked.map(|v| v.0), log.durable_version().0, now, seq) {
-                // From here the source reads only what the copy holds, which is all it read.
-                log.set_alone(false);
-                set.request(p, true, seq);
-                self.seq = seq;
+            match s.set.step(s.acked, log.durable_version(), now, self.lag, seq) {
+                Step::Nothing => {}
+                Step::Request(in_sync) => {
+                    set.request(p, in_sync, seq);
+                    self.seq = seq;
+                }
+                Step::GoAlone => {
+                    tracing::warn!(partition = p, follower = %s.follower, lag = ?self.lag,
+                        "the follower's copy left the in-sync set: appends are acknowledged on this node alone until it catches up");
+                    released.extend(s.held.drain(..).map(|(a, taken, _)| (a, taken)));
+                }
+                Step::Wait => {
+                    tracing::info!(partition = p, follower = %s.follower, "the follower's copy keeps up again: appends wait for it");
+                }
+            }
+            let standing = s.set.standing();
+            if log.standing() != standing {
+                if standing == Standing::In {
+                    tracing::info!(partition = p, follower = %s.follower, "the follower's copy is in the in-sync set");
+                }
+                log.set_standing(standing);
             }
         }
         released

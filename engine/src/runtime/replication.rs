@@ -1,8 +1,9 @@
 //! The engine's side of ingest replication: which partitions this node ships and to whom
 //! ([`crate::spec::Placement::ingest_follower`]), over the node's transport.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use weir_wire::msg::{Message, Replicate, ReplicateAck};
@@ -10,7 +11,7 @@ use weir_wire::transport::{Transport, TransportSender};
 use weir_wire::{FrameEncoder, NodeId};
 
 use super::EngineConfig;
-use crate::cluster::{ControlInSync, InSyncRecord};
+use crate::cluster::ControlInSync;
 use crate::ingest::in_sync::InSyncSet;
 use crate::ingest::replication::{ReplicaLink, Replication};
 use crate::spec::{Placement, StreamSpec, TaskKind, Topology};
@@ -40,50 +41,39 @@ pub(super) fn of(
             _ => None,
         })
         .collect();
-    let (in_sync, alone, lag) = match &cfg.in_sync {
-        Some((book, lag)) => {
-            let alone = starting_alone(book, me, &followers);
-            (Some(InSyncWorker::start(book.clone(), me, followers.clone())), alone, *lag)
-        }
-        None => (None, BTreeSet::new(), Duration::ZERO),
+    let (in_sync, lag) = match &cfg.in_sync {
+        Some((book, lag)) => (Some(InSyncWorker::start(book.clone(), followers.clone())), *lag),
+        None => (None, Duration::ZERO),
     };
-    tracing::info!(stream = %spec.id, followers = ?followers, alone = ?alone, "ingest partitions replicated");
+    tracing::info!(stream = %spec.id, followers = ?followers, in_sync_lag = ?lag, "ingest partitions replicated");
     let link = TransportLink { sender: transport.sender(), encoder: FrameEncoder::new() };
-    Some(Replication { stream: spec.id, followers, link: Box::new(link), in_sync, alone, lag })
-}
-
-/// The partitions whose in-sync set says their follower is out, for this primary and that
-/// follower: they start acknowledging alone. A set that cannot be read counts as in: waiting
-/// for the follower is always safe.
-fn starting_alone(book: &ControlInSync, me: NodeId, followers: &BTreeMap<u32, NodeId>) -> BTreeSet<u32> {
-    followers
-        .iter()
-        .filter(|(p, f)| match book.read(**p) {
-            Ok(r) => InSyncRecord::strands(r.as_ref(), me, **f),
-            Err(e) => {
-                tracing::warn!(partition = **p, error = %e, "cannot read the in-sync set: appends wait for the follower");
-                false
-            }
-        })
-        .map(|(p, _)| *p)
-        .collect()
+    Some(Replication { stream: spec.id, followers, link: Box::new(link), in_sync, lag })
 }
 
 /// Writes in-sync sets on a thread of its own, so the ingest writer never waits for the
-/// control store. It ends when the writer drops its side.
+/// control store. It ends once the writer drops its side (a write under way finishes, and the
+/// next run's first write ends whatever this run's could still land).
 struct InSyncWorker {
-    requests: crossbeam_channel::Sender<(u32, bool, u64)>,
+    requests: Option<crossbeam_channel::Sender<(u32, bool, u64)>>,
     answers: crossbeam_channel::Receiver<(u32, u64, bool)>,
+    stop: Arc<AtomicBool>,
+    /// Requests sent and not answered, answered as failed if the thread is gone.
+    out: Vec<(u32, u64)>,
 }
 
 impl InSyncWorker {
-    fn start(book: Arc<ControlInSync>, me: NodeId, followers: BTreeMap<u32, NodeId>) -> Box<dyn InSyncSet> {
+    fn start(book: Arc<ControlInSync>, followers: BTreeMap<u32, NodeId>) -> Box<dyn InSyncSet> {
         let (requests, rx) = crossbeam_channel::unbounded::<(u32, bool, u64)>();
         let (tx, answers) = crossbeam_channel::unbounded();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
         let spawned = std::thread::Builder::new().name("weir-in-sync".into()).spawn(move || {
             for (p, in_sync, seq) in rx {
+                if stopped.load(Ordering::Acquire) {
+                    break;
+                }
                 let Some(follower) = followers.get(&p).copied() else { continue };
-                let done = match book.set(p, InSyncRecord { primary: me, follower, in_sync }) {
+                let done = match book.set(p, follower, in_sync, seq) {
                     Ok(()) => true,
                     Err(e) => {
                         tracing::warn!(partition = p, in_sync, error = %e, "in-sync set not written");
@@ -95,21 +85,49 @@ impl InSyncWorker {
                 }
             }
         });
-        if let Err(e) = spawned {
-            // Requests then go unanswered: every copy stays in its set, and appends wait for it.
-            tracing::error!(error = %e, "cannot start the in-sync thread");
-        }
-        Box::new(Self { requests, answers })
+        let requests = match spawned {
+            Ok(_) => Some(requests),
+            Err(e) => {
+                // Every request then fails: copies stay unknown, and appends wait for them.
+                tracing::error!(error = %e, "cannot start the in-sync thread: appends wait for every copy");
+                None
+            }
+        };
+        Box::new(Self { requests, answers, stop, out: Vec::new() })
+    }
+}
+
+impl Drop for InSyncWorker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
     }
 }
 
 impl InSyncSet for InSyncWorker {
     fn request(&mut self, partition: u32, in_sync: bool, seq: u64) {
-        let _ = self.requests.send((partition, in_sync, seq));
+        self.out.push((partition, seq));
+        if let Some(r) = &self.requests
+            && r.send((partition, in_sync, seq)).is_err()
+        {
+            self.requests = None;
+        }
     }
 
     fn answer(&mut self) -> Option<(u32, u64, bool)> {
-        self.answers.try_recv().ok()
+        let answer = match self.answers.try_recv() {
+            Ok(a) => Some(a),
+            Err(e) => {
+                if e.is_disconnected() {
+                    self.requests = None;
+                }
+                // The thread is gone: what it owed fails.
+                self.requests.is_none().then(|| self.out.first().map(|(p, seq)| (*p, *seq, false))).flatten()
+            }
+        };
+        if let Some((p, seq, _)) = answer {
+            self.out.retain(|o| *o != (p, seq));
+        }
+        answer
     }
 }
 

@@ -105,7 +105,7 @@ impl PartitionLog {
             readable: self.log.readable_version(),
             bytes,
             follower: self.follower.unwrap_or(NodeId(0)),
-            alone: self.source && self.log.alone(),
+            in_sync: if self.source { self.log.standing() } else { 0 },
         }
     }
 }

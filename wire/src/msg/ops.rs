@@ -193,9 +193,10 @@ archived! {
         pub bytes: u64,
         /// The node keeping the copy (on the source's node with two copies; 0: none).
         pub follower: NodeId,
-        /// The copy is out of the partition's in-sync set: appends are acknowledged on the
-        /// source's node alone until it catches up.
-        pub alone: bool,
+        /// Where the copy stands in the partition's in-sync set, on the source's node: 0 no set
+        /// (appends always wait for it), 1 in, 2 being written or not known (appends wait), 3
+        /// out but waited for, 4 out and appends acknowledged on the source's node alone.
+        pub in_sync: u8,
     }
 }
 
