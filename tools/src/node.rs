@@ -105,6 +105,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         }
         _ => None,
     };
+    if let Some(p) = &prober {
+        control.show_probes(p.view());
+    }
     let member = control.member_status();
     if let (Some(b), Some(m)) = (&board, &member) {
         b.set_member(m.clone());

@@ -55,6 +55,8 @@ struct NodeMember {
     agent: Arc<Agent>,
     book: Arc<ControlBook>,
     placement: AtomicU32,
+    /// The probes of the other nodes, once they run.
+    probes: std::sync::OnceLock<crate::probe::ProbeView>,
 }
 
 impl std::fmt::Debug for NodeMember {
@@ -65,7 +67,13 @@ impl std::fmt::Debug for NodeMember {
 
 impl MemberStatus for NodeMember {
     fn member_info(&self) -> weir_engine::wire::msg::MemberInfo {
-        self.agent.view().info(Instant::now(), self.placement.load(Ordering::Relaxed), self.book.refused())
+        let mut info =
+            self.agent.view().info(Instant::now(), self.placement.load(Ordering::Relaxed), self.book.refused());
+        info.withheld = self.agent.withholding();
+        if let Some(p) = self.probes.get() {
+            info.unreachable = p.links().into_iter().filter(|l| !l.up).map(|l| l.node).collect();
+        }
+        info
     }
 }
 
@@ -95,7 +103,12 @@ impl Control {
             std::thread::sleep(Duration::from_millis(10));
         }
         let book = Arc::new(ControlBook::new(etcd.clone(), keys.clone()));
-        let status = Arc::new(NodeMember { agent: agent.clone(), book: book.clone(), placement: AtomicU32::new(0) });
+        let status = Arc::new(NodeMember {
+            agent: agent.clone(),
+            book: book.clone(),
+            placement: AtomicU32::new(0),
+            probes: std::sync::OnceLock::new(),
+        });
         let book = Some(book as Arc<dyn PlacementBook>);
         let lease = c.lease;
         Ok(Self { me, nodes, agent: Some(agent), book, status: Some(status), etcd: Some((etcd, keys)), lease })
@@ -164,6 +177,13 @@ impl Control {
                 tracing::info!(node = self.me.0, "this node reaches the other members again: it takes a membership");
             }
             agent.withhold(cut);
+        }
+    }
+
+    /// Status shows what `probes` find.
+    pub fn show_probes(&self, probes: crate::probe::ProbeView) {
+        if let Some(s) = &self.status {
+            let _ = s.probes.set(probes);
         }
     }
 

@@ -66,7 +66,23 @@ impl Prober {
 
     /// The links as the last probes found them (none before the first).
     pub fn links(&self) -> Vec<PeerLink> {
-        self.found.lock().unwrap_or_else(|e| e.into_inner()).values().map(|(l, _)| l.clone()).collect()
+        self.view().links()
+    }
+
+    /// What the probes find, readable after this is dropped (for status).
+    pub fn view(&self) -> ProbeView {
+        ProbeView(self.found.clone())
+    }
+}
+
+/// What a [`Prober`] finds, shared.
+#[derive(Clone)]
+pub struct ProbeView(Arc<Mutex<Found>>);
+
+impl ProbeView {
+    /// The links as the last probes found them (none before the first).
+    pub fn links(&self) -> Vec<PeerLink> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).values().map(|(l, _)| l.clone()).collect()
     }
 }
 

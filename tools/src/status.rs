@@ -94,6 +94,7 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
                     "leader": (m.leader.0 != 0).then_some(m.leader.0), "lease_left_ms": m.lease_left_ms,
                     "placement": m.placement, "elections": m.elections, "lease_losses": m.lease_losses,
                     "fenced_writes": m.fenced_writes, "error": (!m.error.is_empty()).then_some(&m.error),
+                    "withheld": m.withheld, "unreachable": m.unreachable.iter().map(|n| n.0).collect::<Vec<_>>(),
                 })),
                 "peers": r.peers.iter().map(|p| json!({
                     "node": p.node.0, "up": p.up, "since_ms": p.since_ms, "reason": p.reason,
@@ -214,6 +215,19 @@ fn control(out: &mut String, answers: &[(SocketAddr, Answer)]) {
         newest.1.placement,
         leases.join(", ")
     );
+    for (n, m) in &members {
+        let unreachable: Vec<String> = m.unreachable.iter().map(|u| u.0.to_string()).collect();
+        let mut said = Vec::new();
+        if m.withheld {
+            said.push("gave up its membership: it reaches etcd but not most of the other nodes".to_string());
+        }
+        if !unreachable.is_empty() {
+            said.push(format!("its probes reach no transport port of node {}", unreachable.join(", ")));
+        }
+        if !said.is_empty() {
+            let _ = writeln!(out, "node {n} {}", said.join("; "));
+        }
+    }
 }
 
 fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {

@@ -133,6 +133,18 @@ fn a_node_cut_off_from_the_others_but_not_from_etcd_gives_up_its_membership_and_
         let text = std::fs::read_to_string(l).unwrap();
         assert!(!text.contains("gives up its membership"), "a node on the majority's side gave up:\n{text}");
     }
+    // Status says so, from node 3's own answer.
+    let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let member = &j["nodes"][2]["member"];
+    assert_eq!(member["withheld"], true, "{j:#}");
+    assert_eq!(member["unreachable"], serde_json::json!([1, 2]), "{j:#}");
+    let out = weir().args(["status", "--config"]).arg(&config).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("node 3 gave up its membership") && text.contains("no transport port of node 1, 2"),
+        "{text}"
+    );
     std::thread::sleep(Duration::from_secs(2));
     net.heal_peers(3);
     line_in(&logs[2], "reaches the other members again", Duration::from_secs(30));

@@ -200,7 +200,7 @@ roundtrip! {
         idle: true,
         member: Some(MemberInfo {
             leader: NodeId(2), lease_left_ms: 2_400, placement: 3, elections: 1, lease_losses: 2, fenced_writes: 1,
-            error: "keep-alive failed".into(),
+            error: "keep-alive failed".into(), withheld: true, unreachable: vec![NodeId(1), NodeId(3)],
         }),
         logs: vec![LogStatus {
             partition: 2, source: true, first: Version(4_800), end: Version(9_000), readable: Version(8_800),

@@ -67,6 +67,8 @@ impl AgentView {
             lease_losses: self.lease_losses,
             fenced_writes,
             error: self.error.as_ref().map(|e| e.to_string()).unwrap_or_default(),
+            withheld: false,
+            unreachable: Vec::new(),
         }
     }
 

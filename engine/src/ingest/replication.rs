@@ -98,7 +98,8 @@ pub struct Replication {
     /// The partitions' in-sync sets in the control store (`None`: appends always wait for
     /// the follower).
     pub in_sync: Option<Box<dyn InSyncSet>>,
-    /// How long an acknowledgement waits for a follower before it is asked out of the set.
+    /// How long a copy may take to reach what was durable here before it is written out of
+    /// the set (`Duration::MAX`: only a lost copy is, and appends always wait for it).
     pub lag: Duration,
 }
 

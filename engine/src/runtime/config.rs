@@ -72,8 +72,9 @@ pub struct EngineConfig {
     /// alone, [`crate::backup::commit_point::StoreCommits`]).
     pub commits: Option<std::sync::Arc<dyn crate::backup::commit_point::CommitBook>>,
     /// Where the ingest partitions' in-sync sets are kept (`None`: appends of a replicated
-    /// partition always wait for its follower), and how long an acknowledgement waits for a
-    /// follower before this node asks it out of the set.
+    /// partition always wait for its follower, and no set is written), and how long a copy may
+    /// take to reach what was durable before this node writes it out (`Duration::MAX`: only a
+    /// lost copy is written out).
     pub in_sync: Option<(std::sync::Arc<crate::cluster::ControlInSync>, Duration)>,
 }
 

@@ -219,6 +219,11 @@ archived! {
         pub fenced_writes: u64,
         /// The last error talking to the store (empty: none).
         pub error: String,
+        /// The node gave up its membership: it reaches the store but not most of the other
+        /// members.
+        pub withheld: bool,
+        /// The other nodes whose transport port this node's probes do not reach now.
+        pub unreachable: Vec<NodeId>,
     }
 }
 
