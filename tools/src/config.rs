@@ -161,8 +161,8 @@ pub struct IngestFile {
     pub replicas: u8,
     /// With two copies: an append that waited this long for the follower's copy has the primary
     /// ask etcd to take the copy out of the partition's in-sync set, and appends are then
-    /// acknowledged on the primary alone until the copy catches up (`"0s"`: never; appends
-    /// wait for the copy).
+    /// acknowledged on the primary alone until the copy catches up (at least 2s; `"0s"`:
+    /// never, appends wait for the copy).
     #[serde(default = "default_in_sync_lag", deserialize_with = "de_duration")]
     pub in_sync_lag: Duration,
     /// Size of one log segment file, e.g. `"64M"` (at least 1M): retention deletes whole

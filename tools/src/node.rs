@@ -167,7 +167,11 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 cfg.commits = control.commit_book(&spec, held, &read);
                 // A lag of zero: the copy is never written out, and appends always wait for it.
                 let lag = Some(file.stream.ingest.in_sync_lag).filter(|l| !l.is_zero()).unwrap_or(Duration::MAX);
-                cfg.in_sync = control.in_sync(&spec, held, &read).map(|s| (s, lag));
+                cfg.in_sync = control.in_sync(&spec, held, &read).map(|book| weir_engine::runtime::InSync {
+                    book,
+                    lag,
+                    may_leave: control.may_leave(),
+                });
                 if let Some(t) = cfg.transport.as_mut() {
                     t.incarnation = incarnation;
                 }

@@ -47,6 +47,9 @@ pub struct Control {
     etcd: Option<(Arc<dyn ControlStore>, Keys)>,
     /// The lease's TTL (zero without etcd).
     lease: Duration,
+    /// Whether this node reaches most of the other members by its probes now (true until the
+    /// probes say otherwise): only then may it write a late copy out of an in-sync set.
+    may_leave: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A node's membership for status: the agent's view, the placement version last read, the
@@ -83,7 +86,16 @@ impl Control {
     pub fn open(file: &ClusterFile, me: NodeId) -> anyhow::Result<Self> {
         let nodes: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
         let Some(c) = &file.control else {
-            return Ok(Self { me, nodes, agent: None, book: None, status: None, etcd: None, lease: Duration::ZERO });
+            return Ok(Self {
+                me,
+                nodes,
+                agent: None,
+                book: None,
+                status: None,
+                etcd: None,
+                lease: Duration::ZERO,
+                may_leave: Arc::new(true.into()),
+            });
         };
         let etcd = EtcdControl::connect(&c.etcd, c.timeout)
             .with_context(|| format!("node {}: cannot reach etcd at {} (control.etcd)", me.0, c.etcd.join(",")))?;
@@ -111,7 +123,16 @@ impl Control {
         });
         let book = Some(book as Arc<dyn PlacementBook>);
         let lease = c.lease;
-        Ok(Self { me, nodes, agent: Some(agent), book, status: Some(status), etcd: Some((etcd, keys)), lease })
+        Ok(Self {
+            me,
+            nodes,
+            agent: Some(agent),
+            book,
+            status: Some(status),
+            etcd: Some((etcd, keys)),
+            lease,
+            may_leave: Arc::new(true.into()),
+        })
     }
 
     /// Where a run under `held`, at the placement read as `read`, keeps the stream's checkpoint
@@ -162,8 +183,11 @@ impl Control {
     /// (`weir_engine::cluster::reach`). Nothing without etcd, or with `after` zero.
     pub fn check_reach(&self, links: &[PeerLink], now_ms: u64, after: Duration) {
         let Some(agent) = self.agent.as_ref().filter(|_| !after.is_zero()) else { return };
-        let after = after.max(self.lease + self.lease / 3);
         let present = agent.view().present;
+        // Cut off by the probes as they are now (no waiting): no late copy is written out.
+        let isolated = weir_engine::cluster::reach::cut_off(self.me, &present, links, now_ms, Duration::ZERO);
+        self.may_leave.store(!isolated, std::sync::atomic::Ordering::Release);
+        let after = after.max(self.lease + self.lease / 3);
         let cut = weir_engine::cluster::reach::cut_off(self.me, &present, links, now_ms, after);
         if cut != agent.withholding() {
             let gone = weir_engine::cluster::reach::unreachable(&present, links, now_ms, after);
@@ -178,6 +202,11 @@ impl Control {
             }
             agent.withhold(cut);
         }
+    }
+
+    /// Whether this node may write a late copy out of an in-sync set now ([`Self::check_reach`]).
+    pub fn may_leave(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.may_leave.clone()
     }
 
     /// Status shows what `probes` find.

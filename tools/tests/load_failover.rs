@@ -55,7 +55,7 @@ fn with_two_copies_a_node_killed_for_good_mid_load_loses_no_acknowledged_row() {
 
 /// Two copies, the sources on nodes 1 and 2 only (partition 1's copy on node 3, which runs an
 /// agg and a sink): node 3 killed mid-load and started again only after the load. Partition 1's
-/// appends wait for its copy for `in_sync_lag` (1 s), then node 2 takes the copy out of the
+/// appends wait for its copy for `in_sync_lag` (2 s), then node 2 takes the copy out of the
 /// partition's in-sync set in etcd and acknowledges them alone, so the load ends long before
 /// `move_after` (120 s, no move); status says so. Back, node 3's copy catches up and rejoins
 /// the set, and every window's result is that of the rows sent.
@@ -66,7 +66,7 @@ fn a_follower_killed_mid_load_leaves_the_in_sync_set_and_the_load_goes_on_withou
         set(t, &["checkpoint", "interval"], "200ms");
         set(t, &["stream", "partitions"], 2i64);
         set(t, &["stream", "ingest", "replicas"], 2i64);
-        set(t, &["stream", "ingest", "in_sync_lag"], "1s");
+        set(t, &["stream", "ingest", "in_sync_lag"], "2s");
         set(t, &["restart", "move_after"], "120s");
         // Sources 0 and 1, aggs 2 to 4, sinks 5 to 7.
         let placement: toml::Table = [(0, 1), (1, 2), (2, 1), (3, 2), (4, 3), (5, 1), (6, 2), (7, 3)]

@@ -24,13 +24,14 @@ fn start_in(net: &Net, config: &Path, id: u32, log: &Path) -> Child {
         .unwrap()
 }
 
-/// The load example for the nodes of `net` (two copies of each partition's log, moves after
-/// 2 s), on `etcd` with leases of 2 s.
+/// The load example for the nodes of `net` (two copies of each partition's log, a copy late by
+/// 2 s written out of its in-sync set, moves after 2 s), on `etcd` with leases of 2 s.
 fn netns_config(dir: &Path, net: &Net, etcd: &Etcd) -> std::path::PathBuf {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     adjusted(example("load-three-node.toml"), dir, |t| {
         set(t, &["checkpoint", "interval"], "200ms");
         set(t, &["stream", "ingest", "replicas"], 2i64);
+        set(t, &["stream", "ingest", "in_sync_lag"], "2s");
         set(t, &["restart", "move_after"], "2s");
         t.insert("cluster".into(), format!("partition-{nanos}").into());
         for (i, node) in t["nodes"].as_array_mut().unwrap().iter_mut().enumerate() {

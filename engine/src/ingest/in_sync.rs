@@ -25,6 +25,12 @@ pub trait InSyncSet: Send {
     /// An answer to a request, if one came: the partition, the request's `seq`, and whether the
     /// key now holds what was asked.
     fn answer(&mut self) -> Option<(u32, u64, bool)>;
+    /// Whether this node may write a late copy out: it reaches most of the other members (a
+    /// primary cut off from its peers but not from the store would otherwise take every copy
+    /// out and acknowledge alone, on the side that is about to give up).
+    fn may_leave(&self) -> bool {
+        true
+    }
 }
 
 /// Where the copy stands, for status.
@@ -130,7 +136,16 @@ impl Membership {
     /// One step at `now`: the copy holds everything below `copy` (`None`: no answer of this
     /// session yet) and everything below `durable` is durable here. With a lag of
     /// `Duration::MAX` the copy is never late: appends always wait for it.
-    pub fn step(&mut self, copy: Option<Version>, durable: Version, now: Instant, lag: Duration, seq: u64) -> Step {
+    /// A late copy is written out only when `may_leave`; a lost one always is.
+    pub fn step(
+        &mut self,
+        copy: Option<Version>,
+        durable: Version,
+        now: Instant,
+        lag: Duration,
+        may_leave: bool,
+        seq: u64,
+    ) -> Step {
         let copy = copy.unwrap_or(Version(0));
         if copy >= self.target {
             self.timely = now.duration_since(self.since) < lag;
@@ -157,7 +172,7 @@ impl Membership {
                 return self.ask(seq, true);
             }
         }
-        if (self.lost || late) && self.confirmed != Some(false) {
+        if (self.lost || late && may_leave) && self.confirmed != Some(false) {
             return self.ask(seq, false);
         }
         if late && self.confirmed == Some(false) {
@@ -209,7 +224,7 @@ mod tests {
     fn started_in(t0: Instant) -> Membership {
         let mut m = Membership::new(t0);
         assert_eq!(m.standing(), Standing::Unknown);
-        assert_eq!(m.step(v(10), Version(10), t0, LAG, 1), Step::Request(true));
+        assert_eq!(m.step(v(10), Version(10), t0, LAG, true, 1), Step::Request(true));
         m.answered(1, true, t0, LAG);
         assert_eq!(m.standing(), Standing::In);
         m
@@ -218,11 +233,11 @@ mod tests {
     /// `m` alone since `t0 + LAG`: its copy stopped at 0 with the log at 10.
     fn gone_alone(t0: Instant) -> Membership {
         let mut m = Membership::new(t0);
-        assert_eq!(m.step(v(0), Version(10), t0, LAG, 1), Step::Nothing, "not yet all it must hold");
-        assert_eq!(m.step(v(0), Version(10), t0 + LAG, LAG, 1), Step::Request(false));
+        assert_eq!(m.step(v(0), Version(10), t0, LAG, true, 1), Step::Nothing, "not yet all it must hold");
+        assert_eq!(m.step(v(0), Version(10), t0 + LAG, LAG, true, 1), Step::Request(false));
         m.answered(1, true, t0 + LAG, LAG);
         assert_eq!(m.standing(), Standing::Out);
-        assert_eq!(m.step(v(0), Version(10), t0 + LAG, LAG, 2), Step::GoAlone);
+        assert_eq!(m.step(v(0), Version(10), t0 + LAG, LAG, true, 2), Step::GoAlone);
         m
     }
 
@@ -233,7 +248,7 @@ mod tests {
         assert!(m.waits());
         for i in 1..100u64 {
             let t = t0 + Duration::from_millis(100 * i);
-            assert_eq!(m.step(v(10 * i), Version(10 * i + 5), t, LAG, 2), Step::Nothing);
+            assert_eq!(m.step(v(10 * i), Version(10 * i + 5), t, LAG, true, 2), Step::Nothing);
         }
     }
 
@@ -241,10 +256,10 @@ mod tests {
     fn a_run_writes_its_copy_in_only_once_it_holds_what_was_durable_at_the_start() {
         let t0 = Instant::now();
         let mut m = Membership::new(t0);
-        assert_eq!(m.step(None, Version(10), t0, LAG, 1), Step::Nothing, "no answer yet");
+        assert_eq!(m.step(None, Version(10), t0, LAG, true, 1), Step::Nothing, "no answer yet");
         // The log grows; the copy reaching the start's end is enough.
-        assert_eq!(m.step(v(8), Version(30), t0, LAG, 1), Step::Nothing);
-        assert_eq!(m.step(v(10), Version(40), t0, LAG, 1), Step::Request(true));
+        assert_eq!(m.step(v(8), Version(30), t0, LAG, true, 1), Step::Nothing);
+        assert_eq!(m.step(v(10), Version(40), t0, LAG, true, 1), Step::Request(true));
     }
 
     #[test]
@@ -252,12 +267,12 @@ mod tests {
         let t0 = Instant::now();
         let mut m = started_in(t0);
         // The copy stops at 10 while the log grows.
-        assert_eq!(m.step(v(10), Version(20), t0, LAG, 2), Step::Nothing);
-        assert_eq!(m.step(v(10), Version(30), t0 + LAG / 2, LAG, 2), Step::Nothing);
-        assert_eq!(m.step(v(10), Version(30), t0 + LAG, LAG, 2), Step::Request(false));
+        assert_eq!(m.step(v(10), Version(20), t0, LAG, true, 2), Step::Nothing);
+        assert_eq!(m.step(v(10), Version(30), t0 + LAG / 2, LAG, true, 2), Step::Nothing);
+        assert_eq!(m.step(v(10), Version(30), t0 + LAG, LAG, true, 2), Step::Request(false));
         assert!(m.waits(), "until the key says it is out");
         m.answered(2, true, t0 + LAG, LAG);
-        assert_eq!(m.step(v(10), Version(30), t0 + LAG, LAG, 3), Step::GoAlone);
+        assert_eq!(m.step(v(10), Version(30), t0 + LAG, LAG, true, 3), Step::GoAlone);
         assert!(!m.waits());
         assert_eq!(m.standing(), Standing::Alone);
     }
@@ -266,16 +281,16 @@ mod tests {
     fn a_failed_write_leaves_the_key_unknown_and_appends_waiting_until_one_lands() {
         let t0 = Instant::now();
         let mut m = started_in(t0);
-        assert_eq!(m.step(v(10), Version(20), t0, LAG, 2), Step::Nothing);
-        assert_eq!(m.step(v(10), Version(20), t0 + LAG, LAG, 2), Step::Request(false));
+        assert_eq!(m.step(v(10), Version(20), t0, LAG, true, 2), Step::Nothing);
+        assert_eq!(m.step(v(10), Version(20), t0 + LAG, LAG, true, 2), Step::Request(false));
         m.answered(2, false, t0 + LAG, LAG);
         assert_eq!(m.standing(), Standing::Unknown);
-        assert_eq!(m.step(v(10), Version(20), t0 + LAG, LAG, 3), Step::Nothing, "not before the retry");
-        assert_eq!(m.step(v(10), Version(20), t0 + LAG * 2, LAG, 3), Step::Request(false));
+        assert_eq!(m.step(v(10), Version(20), t0 + LAG, LAG, true, 3), Step::Nothing, "not before the retry");
+        assert_eq!(m.step(v(10), Version(20), t0 + LAG * 2, LAG, true, 3), Step::Request(false));
         m.answered(2, true, t0 + LAG * 2, LAG);
         assert!(m.waits(), "an answer to an older request counts for nothing");
         m.answered(3, true, t0 + LAG * 2, LAG);
-        assert_eq!(m.step(v(10), Version(20), t0 + LAG * 2, LAG, 4), Step::GoAlone);
+        assert_eq!(m.step(v(10), Version(20), t0 + LAG * 2, LAG, true, 4), Step::GoAlone);
     }
 
     #[test]
@@ -284,17 +299,17 @@ mod tests {
         let mut m = gone_alone(t0);
         // Back after a long while: reaching a target set long ago is not keeping up.
         let t1 = t0 + LAG * 10;
-        assert_eq!(m.step(v(10), Version(50), t1, LAG, 2), Step::Nothing);
+        assert_eq!(m.step(v(10), Version(50), t1, LAG, true, 2), Step::Nothing);
         assert!(!m.waits());
         // It reaches the next one in time: appends wait for it from here.
         let t2 = t1 + Duration::from_secs(1);
-        assert_eq!(m.step(v(50), Version(60), t2, LAG, 2), Step::Wait);
+        assert_eq!(m.step(v(50), Version(60), t2, LAG, true, 2), Step::Wait);
         assert!(m.waits());
-        assert_eq!(m.step(v(55), Version(70), t2, LAG, 2), Step::Nothing, "not yet all it must hold");
-        assert_eq!(m.step(v(60), Version(70), t2, LAG, 2), Step::Request(true));
+        assert_eq!(m.step(v(55), Version(70), t2, LAG, true, 2), Step::Nothing, "not yet all it must hold");
+        assert_eq!(m.step(v(60), Version(70), t2, LAG, true, 2), Step::Request(true));
         m.answered(2, false, t2, LAG);
         assert!(m.waits(), "unknown: appends keep waiting");
-        assert_eq!(m.step(v(70), Version(70), t2 + LAG, LAG, 3), Step::Request(true), "written in again");
+        assert_eq!(m.step(v(70), Version(70), t2 + LAG, LAG, true, 3), Step::Request(true), "written in again");
         m.answered(3, true, t2 + LAG, LAG);
         assert_eq!(m.standing(), Standing::In);
     }
@@ -304,9 +319,9 @@ mod tests {
         let t0 = Instant::now();
         let mut m = gone_alone(t0);
         let t1 = t0 + LAG * 2;
-        m.step(v(10), Version(50), t1, LAG, 2);
-        assert_eq!(m.step(v(50), Version(60), t1, LAG, 2), Step::Wait);
-        assert_eq!(m.step(v(55), Version(80), t1 + LAG, LAG, 2), Step::GoAlone, "the key still says out");
+        m.step(v(10), Version(50), t1, LAG, true, 2);
+        assert_eq!(m.step(v(50), Version(60), t1, LAG, true, 2), Step::Wait);
+        assert_eq!(m.step(v(55), Version(80), t1 + LAG, LAG, true, 2), Step::GoAlone, "the key still says out");
     }
 
     #[test]
@@ -314,10 +329,10 @@ mod tests {
         let t0 = Instant::now();
         let mut m = started_in(t0);
         m.copy_lost();
-        assert_eq!(m.step(None, Version(10), t0, LAG, 2), Step::Request(false));
+        assert_eq!(m.step(None, Version(10), t0, LAG, true, 2), Step::Request(false));
         m.answered(2, true, t0, LAG);
-        assert_eq!(m.step(v(0), Version(10), t0, LAG, 3), Step::Nothing, "waits for the copy, not alone");
-        assert_eq!(m.step(v(10), Version(10), t0, LAG, 3), Step::Request(true));
+        assert_eq!(m.step(v(0), Version(10), t0, LAG, true, 3), Step::Nothing, "waits for the copy, not alone");
+        assert_eq!(m.step(v(10), Version(10), t0, LAG, true, 3), Step::Request(true));
     }
 
     #[test]
@@ -326,10 +341,10 @@ mod tests {
         let mut m = gone_alone(t0);
         m.copy_lost();
         let t1 = t0 + LAG * 2;
-        assert_eq!(m.step(v(0), Version(10), t1, LAG, 2), Step::Nothing);
-        assert_eq!(m.step(v(10), Version(20), t1, LAG, 2), Step::Nothing, "a target set long ago");
-        assert_eq!(m.step(v(20), Version(20), t1, LAG, 2), Step::Wait);
-        assert_eq!(m.step(v(20), Version(20), t1, LAG, 2), Step::Request(true));
+        assert_eq!(m.step(v(0), Version(10), t1, LAG, true, 2), Step::Nothing);
+        assert_eq!(m.step(v(10), Version(20), t1, LAG, true, 2), Step::Nothing, "a target set long ago");
+        assert_eq!(m.step(v(20), Version(20), t1, LAG, true, 2), Step::Wait);
+        assert_eq!(m.step(v(20), Version(20), t1, LAG, true, 2), Step::Request(true));
     }
 
     #[test]
@@ -337,13 +352,24 @@ mod tests {
         let t0 = Instant::now();
         let mut m = Membership::new(t0);
         let never = Duration::MAX;
-        assert_eq!(m.step(v(0), Version(10), t0 + LAG * 100, never, 1), Step::Nothing);
-        assert_eq!(m.step(v(10), Version(10), t0 + LAG * 100, never, 1), Step::Request(true));
+        assert_eq!(m.step(v(0), Version(10), t0 + LAG * 100, never, true, 1), Step::Nothing);
+        assert_eq!(m.step(v(10), Version(10), t0 + LAG * 100, never, true, 1), Step::Request(true));
         m.answered(1, true, t0, never);
         m.copy_lost();
-        assert_eq!(m.step(None, Version(10), t0 + LAG * 200, never, 2), Step::Request(false));
+        assert_eq!(m.step(None, Version(10), t0 + LAG * 200, never, true, 2), Step::Request(false));
         m.answered(2, true, t0, never);
-        assert_eq!(m.step(None, Version(20), t0 + LAG * 300, never, 3), Step::Nothing, "never alone");
+        assert_eq!(m.step(None, Version(20), t0 + LAG * 300, never, true, 3), Step::Nothing, "never alone");
         assert!(m.waits());
+    }
+
+    #[test]
+    fn a_node_that_reaches_too_few_members_writes_no_late_copy_out() {
+        let t0 = Instant::now();
+        let mut m = started_in(t0);
+        assert_eq!(m.step(v(10), Version(20), t0, LAG, false, 2), Step::Nothing);
+        assert_eq!(m.step(v(10), Version(20), t0 + LAG, LAG, false, 2), Step::Nothing, "cut off: appends wait");
+        assert!(m.waits());
+        m.copy_lost();
+        assert_eq!(m.step(v(10), Version(20), t0 + LAG, LAG, false, 2), Step::Request(false), "a lost copy is");
     }
 }

@@ -506,7 +506,7 @@ impl<T> Replicator<T> {
         for (&p, s) in &mut self.shipping {
             let log = &mut logs[p as usize];
             let seq = self.seq + 1;
-            match s.set.step(s.acked, log.durable_version(), now, self.lag, seq) {
+            match s.set.step(s.acked, log.durable_version(), now, self.lag, set.may_leave(), seq) {
                 Step::Nothing => {}
                 Step::Request(in_sync) => {
                     set.request(p, in_sync, seq);

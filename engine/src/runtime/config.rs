@@ -74,8 +74,9 @@ pub struct EngineConfig {
     /// Where the ingest partitions' in-sync sets are kept (`None`: appends of a replicated
     /// partition always wait for its follower, and no set is written), and how long a copy may
     /// take to reach what was durable before this node writes it out (`Duration::MAX`: only a
-    /// lost copy is written out).
-    pub in_sync: Option<(std::sync::Arc<crate::cluster::ControlInSync>, Duration)>,
+    /// lost copy is written out), and whether the node may write a late copy out now (it
+    /// reaches most of the other members).
+    pub in_sync: Option<InSync>,
 }
 
 impl EngineConfig {
@@ -107,4 +108,16 @@ impl EngineConfig {
             in_sync: None,
         }
     }
+}
+
+/// Where the ingest partitions' in-sync sets are kept, and when a copy is written out.
+#[derive(Clone, Debug)]
+pub struct InSync {
+    /// The keys, written by this run.
+    pub book: std::sync::Arc<crate::cluster::ControlInSync>,
+    /// How long a copy may take to reach what was durable before it is written out
+    /// (`Duration::MAX`: only a lost copy is).
+    pub lag: Duration,
+    /// Whether this node may write a late copy out now: it reaches most of the other members.
+    pub may_leave: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }

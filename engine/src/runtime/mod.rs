@@ -44,7 +44,7 @@ use weir_wire::{Batch, FrameEncoder, TaskId};
 pub use channel::{ChannelError, Inputs, Msg, Outputs, Rows};
 use channel::{Input, Link, Net, Output};
 pub use checkpointing::{CheckpointLog, CheckpointSettings, Remote};
-pub use config::EngineConfig;
+pub use config::{EngineConfig, InSync};
 pub use control::Control;
 use control::ControlHandle;
 pub use error::EngineError;

@@ -42,7 +42,7 @@ pub(super) fn of(
         })
         .collect();
     let (in_sync, lag) = match &cfg.in_sync {
-        Some((book, lag)) => (Some(InSyncWorker::start(book.clone(), followers.clone())), *lag),
+        Some(s) => (Some(InSyncWorker::start(s.book.clone(), followers.clone(), s.may_leave.clone())), s.lag),
         None => (None, Duration::ZERO),
     };
     tracing::info!(stream = %spec.id, followers = ?followers, in_sync_lag = ?lag, "ingest partitions replicated");
@@ -59,10 +59,15 @@ struct InSyncWorker {
     stop: Arc<AtomicBool>,
     /// Requests sent and not answered, answered as failed if the thread is gone.
     out: Vec<(u32, u64)>,
+    may_leave: Arc<AtomicBool>,
 }
 
 impl InSyncWorker {
-    fn start(book: Arc<ControlInSync>, followers: BTreeMap<u32, NodeId>) -> Box<dyn InSyncSet> {
+    fn start(
+        book: Arc<ControlInSync>,
+        followers: BTreeMap<u32, NodeId>,
+        may_leave: Arc<AtomicBool>,
+    ) -> Box<dyn InSyncSet> {
         let (requests, rx) = crossbeam_channel::unbounded::<(u32, bool, u64)>();
         let (tx, answers) = crossbeam_channel::unbounded();
         let stop = Arc::new(AtomicBool::new(false));
@@ -93,7 +98,7 @@ impl InSyncWorker {
                 None
             }
         };
-        Box::new(Self { requests, answers, stop, out: Vec::new() })
+        Box::new(Self { requests, answers, stop, out: Vec::new(), may_leave })
     }
 }
 
@@ -111,6 +116,10 @@ impl InSyncSet for InSyncWorker {
         {
             self.requests = None;
         }
+    }
+
+    fn may_leave(&self) -> bool {
+        self.may_leave.load(Ordering::Acquire)
     }
 
     fn answer(&mut self) -> Option<(u32, u64, bool)> {

@@ -77,6 +77,14 @@ impl ClusterFile {
         if self.stream.ingest.segment.is_some_and(|s| s < 1 << 20) {
             bail!("stream.ingest.segment must be at least 1M (a segment file of the ingest log)");
         }
+        let lag = self.stream.ingest.in_sync_lag;
+        if !lag.is_zero() && lag < std::time::Duration::from_secs(2) {
+            bail!(
+                "stream.ingest.in_sync_lag = {}: at least 2s (a node finds it is cut off from the others by probes a \
+                 second apart; before then it must not take its copies out), or \"0s\" (appends always wait for the copy)",
+                humantime::format_duration(lag)
+            );
+        }
         match self.stream.ingest.replicas {
             1 => {}
             2 if seen.len() >= 2 => {}
@@ -139,5 +147,20 @@ mod tests {
         file(3, true).validate().unwrap();
         let e = file(3, false).validate().unwrap_err().to_string();
         assert!(e.contains("lists 3 nodes and no [control] table") && e.contains("WEIR_CONTROL__ETCD"), "{e}");
+    }
+
+    #[test]
+    fn an_in_sync_lag_shorter_than_the_probes_can_tell_is_refused() {
+        let file = |lag: &str| -> ClusterFile {
+            let t = format!(
+                "[stream]\nid = 1\npartitions = 1\naggs = 1\nsinks = 1\n[stream.ingest]\nin_sync_lag = \"{lag}\"\n\
+                 [[nodes]]\nid = 1\naddr = \"127.0.0.1:7101\"\n"
+            );
+            toml::from_str(&t).unwrap()
+        };
+        file("0s").validate().unwrap();
+        file("2s").validate().unwrap();
+        let e = file("1s").validate().unwrap_err().to_string();
+        assert!(e.contains("in_sync_lag = 1s: at least 2s"), "{e}");
     }
 }
