@@ -44,9 +44,12 @@ use weir_wire::msg::{ReplicaProducer, Replicate, ReplicateAck};
 use weir_wire::{NodeId, StreamId, Version};
 
 use super::in_sync::{InSyncSet, Membership, Standing, Step};
-use super::log::{IngestLog, LogError};
+use super::log::IngestLog;
 use super::reader::LogReader;
 use super::service::Appended;
+
+mod follower;
+use follower::Answer;
 
 /// Bytes of entries in one [`Replicate`] at most (a frame holds 16 MiB).
 const SHIP_BYTES: usize = 4 << 20;
@@ -244,71 +247,6 @@ impl<T> Replicator<T> {
                 Vec::new()
             }
             ReplicaInput::Ack { from, msg } => self.answered(from, msg, logs),
-        }
-    }
-
-    /// A follower's side: writes what the primary shipped, answering after the next sync (or
-    /// at once when the entries were refused or there were none).
-    fn copy(&mut self, from: NodeId, msg: Replicate, logs: &mut [IngestLog]) {
-        let p = msg.partition;
-        let to = Answer { primary: from, stream: msg.stream, partition: p, session: msg.session };
-        let Some(log) = logs.get_mut(p as usize) else {
-            let error = format!("no partition {p} on this node ({} partitions)", logs.len());
-            return self.answer_now(to, Version(0), error, None);
-        };
-        let wrote = (|| {
-            if msg.reset {
-                log.restart_at(msg.at.max(msg.log_first))?;
-            } else if log.next_version() < msg.log_first {
-                // The primary's log begins past this copy's end (truncated): the copy starts
-                // again there, and entries shipped from further on are refused until the
-                // primary ships from its start (a copy with a hole would serve a source).
-                log.restart_at(msg.log_first)?;
-            }
-            log.adopt_producers(&msg.producers)?;
-            log.append_entries(msg.at, &msg.entries)
-        })();
-        match wrote {
-            // Where the copy ends, written and synced (a primary's first question compares it
-            // with its own log: unsynced entries here count too).
-            Ok(_) if msg.entries.is_empty() && !msg.reset && log.durable_version() == log.next_version() => {
-                let next = log.durable_version();
-                self.answer_now(to, next, String::new(), Some(log.last_crc));
-            }
-            Ok(_) => {
-                // One answer per primary and partition after the sync, naming the latest session.
-                self.owed.retain(|o| (o.primary, o.stream, o.partition) != (to.primary, to.stream, to.partition));
-                self.owed.push(to);
-            }
-            Err(e) => {
-                if !matches!(e, LogError::Replica { .. }) {
-                    tracing::error!(partition = p, primary = %from, error = %e, "ingest replica cannot write");
-                }
-                let next = log.durable_version().min(log.next_version());
-                self.answer_now(to, next, e.to_string(), None);
-            }
-        }
-    }
-
-    fn answer_now(&mut self, to: Answer, next: Version, error: String, last_crc: Option<u32>) {
-        if let Some(link) = self.link.as_mut() {
-            let Answer { primary, stream, partition, session } = to;
-            link.answer(primary, &ReplicateAck { stream, partition, next, error, session, last_crc });
-        }
-    }
-
-    /// Syncs the copies written since the last call and answers their primaries.
-    pub(super) fn sync_copies(&mut self, logs: &mut [IngestLog]) {
-        for to in std::mem::take(&mut self.owed) {
-            let log = &mut logs[to.partition as usize];
-            let (next, error, crc) = match log.sync() {
-                Ok(next) => (next, String::new(), Some(log.last_crc)),
-                Err(e) => {
-                    tracing::error!(partition = to.partition, error = %e, "ingest replica sync failed");
-                    (log.durable_version(), format!("not durable: {e}"), None)
-                }
-            };
-            self.answer_now(to, next, error, crc);
         }
     }
 
@@ -558,15 +496,6 @@ fn new_session(p: u32) -> u64 {
 /// The session after `s` (a reset of the copy).
 fn next_session(s: u64) -> u64 {
     s.wrapping_add(1)
-}
-
-/// Who a follower answers: the primary, the partition, and the session of its last message.
-#[derive(Clone, Copy, Debug)]
-struct Answer {
-    primary: NodeId,
-    stream: StreamId,
-    partition: u32,
-    session: u64,
 }
 
 fn producer_facts(log: &IngestLog) -> Vec<ReplicaProducer> {
