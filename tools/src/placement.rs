@@ -139,19 +139,28 @@ impl Control {
     /// ids and commit point: with etcd, its key, written only while the run's lease and
     /// placement stand (`None` without etcd: the remote store alone).
     pub fn commit_book(&self, spec: &StreamSpec, held: Membership, read: &Versioned) -> Option<Arc<dyn CommitBook>> {
-        let (etcd, keys) = self.etcd.as_ref()?;
-        let Membership::Lease(lease) = held else { return None };
-        let fence = Fence::new(keys, spec.id, self.me, lease, read.revision);
-        Some(Arc::new(ControlCommits::new(etcd.clone(), keys, spec.id, fence)))
+        let (etcd, keys, fence) = self.fenced(spec, held, read)?;
+        Some(Arc::new(ControlCommits::new(etcd, keys, spec.id, fence)))
     }
 
     /// Where a run under `held`, at the placement read as `read`, writes the in-sync sets of the
     /// partitions whose primary it is (`None` without etcd).
     pub fn in_sync(&self, spec: &StreamSpec, held: Membership, read: &Versioned) -> Option<Arc<ControlInSync>> {
+        let (etcd, keys, fence) = self.fenced(spec, held, read)?;
+        Some(Arc::new(ControlInSync::new(etcd, keys, spec.id, self.me, fence)))
+    }
+
+    /// The store, the keys and the fence of this node's run under `held` at the placement read
+    /// as `read` (`None` without etcd).
+    fn fenced(
+        &self,
+        spec: &StreamSpec,
+        held: Membership,
+        read: &Versioned,
+    ) -> Option<(Arc<dyn ControlStore>, &Keys, Fence)> {
         let (etcd, keys) = self.etcd.as_ref()?;
         let Membership::Lease(lease) = held else { return None };
-        let fence = Fence::new(keys, spec.id, self.me, lease, read.revision);
-        Some(Arc::new(ControlInSync::new(etcd.clone(), keys, spec.id, self.me, fence)))
+        Some((etcd.clone(), keys, Fence::new(keys, spec.id, self.me, lease, read.revision)))
     }
 
     /// What the node holds as a member now (`None`: nothing; it must not act as one).

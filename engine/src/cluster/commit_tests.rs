@@ -3,7 +3,7 @@
 //! and writes whose answers were lost.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use weir_wire::{CheckpointId, NodeId, StreamId, TransId};
@@ -15,7 +15,8 @@ use crate::backup::inspect::list_commits_in;
 use crate::backup::retention::{CollectOptions, Collector};
 use crate::backup::{LocalDirStore, Store};
 use crate::checkpoint::{CommitRecord, IdRecord, RecordKind};
-use crate::control::{Compare, ControlError, ControlStore, Entry, LeaseId, MemControl, Op, TxnOutcome};
+use crate::control::test_store::Lossy;
+use crate::control::{ControlStore, LeaseId, Op};
 
 const S: StreamId = StreamId(1);
 
@@ -26,58 +27,6 @@ fn rec(id: u64) -> CommitRecord {
         versions: Default::default(),
         manifests: Default::default(),
         ts: id,
-    }
-}
-
-/// A control store that can lose the replies of applied transactions, and fail reads.
-#[derive(Default)]
-struct Lossy {
-    inner: MemControl,
-    /// Transactions still to apply and then answer with an error.
-    lose_txn: AtomicU32,
-    /// Reads still to fail.
-    fail_get: AtomicU32,
-    /// Transactions still to fail unapplied.
-    cut_txn: AtomicU32,
-    /// Writes still to pass untouched before the faults above apply (a commit writes twice:
-    /// its id taken, then the commit).
-    pass_writes: AtomicU32,
-}
-
-fn take(n: &AtomicU32) -> bool {
-    n.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1)).is_ok()
-}
-
-fn lost(op: &'static str) -> ControlError {
-    ControlError::Unavailable { endpoint: "test".into(), op, reason: "no reply".into() }
-}
-
-impl ControlStore for Lossy {
-    fn grant(&self, ttl: Duration) -> Result<LeaseId, ControlError> {
-        self.inner.grant(ttl)
-    }
-    fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>, ControlError> {
-        self.inner.keep_alive(lease)
-    }
-    fn revoke(&self, lease: LeaseId) -> Result<(), ControlError> {
-        self.inner.revoke(lease)
-    }
-    fn get(&self, key: &str) -> Result<Option<Entry>, ControlError> {
-        if take(&self.fail_get) { Err(lost("get")) } else { self.inner.get(key) }
-    }
-    fn list(&self, prefix: &str, limit: usize) -> Result<Vec<(String, Entry)>, ControlError> {
-        self.inner.list(prefix, limit)
-    }
-    fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
-        if !then.is_empty() && take(&self.pass_writes) {
-            return self.inner.txn(when, then);
-        }
-        if take(&self.cut_txn) {
-            return Err(lost("txn"));
-        }
-        let out = self.inner.txn(when, then)?;
-        // Only a write's answer: a check that writes nothing has nothing to lose.
-        if !then.is_empty() && take(&self.lose_txn) { Err(lost("txn")) } else { Ok(out) }
     }
 }
 

@@ -247,77 +247,20 @@ impl ControlInSync {
 mod tests {
     use std::time::Duration;
 
+    use std::sync::atomic::Ordering;
+
     use super::*;
-    use crate::control::{ControlError, Entry, LeaseId, MemControl, TxnOutcome};
+    use crate::control::LeaseId;
+    use crate::control::test_store::Lossy;
 
-    /// How the next transaction goes.
-    #[derive(Clone, Copy, PartialEq)]
-    enum Next {
-        Pass,
-        /// Applied, its answer lost.
-        LoseAnswer,
-        /// Kept to apply later (still on its way), answered as lost.
-        Hold,
-    }
-
-    /// A store whose transactions can lose their answer or arrive late.
-    struct Faulty {
-        inner: MemControl,
-        next: Mutex<Next>,
-        held: Mutex<Vec<(Vec<Compare>, Vec<Op>)>>,
-    }
-
-    impl Faulty {
-        fn new() -> Arc<Self> {
-            Arc::new(Self { inner: MemControl::new(), next: Mutex::new(Next::Pass), held: Mutex::default() })
-        }
-        fn next(&self, n: Next) {
-            *self.next.lock().unwrap() = n;
-        }
-        /// Applies the held transactions: whether each landed.
-        fn deliver(&self) -> Vec<bool> {
-            let held = std::mem::take(&mut *self.held.lock().unwrap());
-            held.iter().map(|(w, t)| self.inner.txn(w, t).unwrap().succeeded).collect()
-        }
-    }
-
-    fn lost() -> ControlError {
-        ControlError::Unavailable { endpoint: "mem".into(), op: "txn", reason: "answer lost".into() }
-    }
-
-    impl ControlStore for Faulty {
-        fn grant(&self, ttl: Duration) -> Result<LeaseId, ControlError> {
-            self.inner.grant(ttl)
-        }
-        fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>, ControlError> {
-            self.inner.keep_alive(lease)
-        }
-        fn revoke(&self, lease: LeaseId) -> Result<(), ControlError> {
-            self.inner.revoke(lease)
-        }
-        fn get(&self, key: &str) -> Result<Option<Entry>, ControlError> {
-            self.inner.get(key)
-        }
-        fn list(&self, prefix: &str, limit: usize) -> Result<Vec<(String, Entry)>, ControlError> {
-            self.inner.list(prefix, limit)
-        }
-        fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
-            let next = std::mem::replace(&mut *self.next.lock().unwrap(), Next::Pass);
-            match next {
-                Next::Pass => self.inner.txn(when, then),
-                Next::LoseAnswer => self.inner.txn(when, then).and(Err(lost())),
-                Next::Hold => {
-                    self.held.lock().unwrap().push((when.to_vec(), then.to_vec()));
-                    Err(lost())
-                }
-            }
-        }
+    fn faulty() -> Arc<Lossy> {
+        Arc::new(Lossy::default())
     }
 
     const F: NodeId = NodeId(3);
 
     /// Node 2, a member under a lease, and a run of it writing stream 1's sets.
-    fn primary(store: &Arc<Faulty>) -> (LeaseId, Keys) {
+    fn primary(store: &Arc<Lossy>) -> (LeaseId, Keys) {
         let keys = Keys::new("c");
         let lease = store.grant(Duration::from_secs(5)).unwrap();
         let member = Op::Put { key: keys.member(NodeId(2)), value: b"m".to_vec(), lease: Some(lease) };
@@ -325,7 +268,7 @@ mod tests {
         (lease, keys)
     }
 
-    fn run(store: &Arc<Faulty>, keys: &Keys, lease: LeaseId) -> ControlInSync {
+    fn run(store: &Arc<Lossy>, keys: &Keys, lease: LeaseId) -> ControlInSync {
         let fence = Fence::new(keys, StreamId(1), NodeId(2), lease, 0);
         ControlInSync::new(store.clone(), keys, StreamId(1), NodeId(2), fence)
     }
@@ -360,7 +303,7 @@ mod tests {
 
     #[test]
     fn the_set_is_written_under_the_primarys_fence_and_refused_once_its_lease_ended() {
-        let store = Faulty::new();
+        let store = faulty();
         let (lease, keys) = primary(&store);
         let isr = run(&store, &keys, lease);
         assert_eq!(isr.read(0).unwrap(), (None, 0));
@@ -378,11 +321,11 @@ mod tests {
 
     #[test]
     fn a_write_whose_answer_was_lost_is_found_by_its_run_and_number() {
-        let store = Faulty::new();
+        let store = faulty();
         let (lease, keys) = primary(&store);
         let isr = run(&store, &keys, lease);
         isr.set(0, F, false, 1).unwrap();
-        store.next(Next::LoseAnswer);
+        store.lose_txn.store(1, Ordering::Release);
         isr.set(0, F, true, 2).unwrap();
         assert_eq!(in_sync(&isr), Some(true));
         isr.set(0, F, false, 3).unwrap();
@@ -390,12 +333,12 @@ mod tests {
 
     #[test]
     fn a_write_still_on_its_way_never_lands_after_a_later_write_of_its_run() {
-        let store = Faulty::new();
+        let store = faulty();
         let (lease, keys) = primary(&store);
         let isr = run(&store, &keys, lease);
         isr.set(0, F, false, 1).unwrap();
         // "In", unanswered and not there yet: unknown.
-        store.next(Next::Hold);
+        store.hold_txn.store(1, Ordering::Release);
         assert!(isr.set(0, F, true, 2).is_err());
         // "Out" lands: the writer may now acknowledge alone...
         isr.set(0, F, false, 3).unwrap();
@@ -406,11 +349,11 @@ mod tests {
 
     #[test]
     fn a_late_write_of_this_run_is_found_when_the_next_is_refused() {
-        let store = Faulty::new();
+        let store = faulty();
         let (lease, keys) = primary(&store);
         let isr = run(&store, &keys, lease);
         isr.set(0, F, false, 1).unwrap();
-        store.next(Next::Hold);
+        store.hold_txn.store(1, Ordering::Release);
         assert!(isr.set(0, F, true, 2).is_err());
         assert_eq!(store.deliver(), [true], "it lands after all");
         // The next write follows the one that landed.
@@ -421,11 +364,11 @@ mod tests {
 
     #[test]
     fn a_runs_first_write_ends_every_earlier_runs_writes() {
-        let store = Faulty::new();
+        let store = faulty();
         let (lease, keys) = primary(&store);
         let old = run(&store, &keys, lease);
         old.set(0, F, false, 1).unwrap();
-        store.next(Next::Hold);
+        store.hold_txn.store(1, Ordering::Release);
         assert!(old.set(0, F, true, 2).is_err(), "on its way while the node restarts its stream");
         let new = run(&store, &keys, lease);
         new.set(0, F, false, 1).unwrap();
@@ -437,11 +380,11 @@ mod tests {
 
     #[test]
     fn an_earlier_runs_write_landing_before_a_runs_first_only_moves_where_it_follows() {
-        let store = Faulty::new();
+        let store = faulty();
         let (lease, keys) = primary(&store);
         let old = run(&store, &keys, lease);
         old.set(0, F, false, 1).unwrap();
-        store.next(Next::Hold);
+        store.hold_txn.store(1, Ordering::Release);
         assert!(old.set(0, F, true, 2).is_err());
         let new = run(&store, &keys, lease);
         // The new run reads the key, then the old write lands before the new run's first.
@@ -455,7 +398,7 @@ mod tests {
 
     #[test]
     fn a_key_that_cannot_be_read_is_written_over_and_strands_a_move_until_then() {
-        let store = Faulty::new();
+        let store = faulty();
         let (lease, keys) = primary(&store);
         let isr = run(&store, &keys, lease);
         let garbage = Op::Put { key: isr.key(0), value: b"weir-in-sync 1\nold".to_vec(), lease: None };

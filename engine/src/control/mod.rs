@@ -22,6 +22,8 @@ mod mem;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
+pub(crate) mod test_store;
+#[cfg(test)]
 mod tests;
 
 use std::time::Duration;
