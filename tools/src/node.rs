@@ -108,6 +108,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     if let Some(p) = &prober {
         control.show_probes(p.view());
     }
+    control.show_in_sync(spec.id)?;
     let member = control.member_status();
     if let (Some(b), Some(m)) = (&board, &member) {
         b.set_member(m.clone());
@@ -190,15 +191,30 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                         };
                         let ended = supervise(&engine, &how, watch);
                         links = engine.status().peers;
+                        let asked = engine.stop_request();
                         engine.stop();
                         if let Some(b) = &board {
                             b.engine_ended();
                         }
-                        (ended, engine.wait())
+                        let result = engine.wait();
+                        // A stop that came while the run ended for another reason still stops
+                        // the node: it was answered "stopping".
+                        match ended {
+                            Ended::Failed(..) | Ended::Fenced if asked.asked() => {
+                                if let Err(e) = &result {
+                                    tracing::warn!(error = %e, "the stream failed as it was asked to stop");
+                                }
+                                (Ended::StopRequested, Ok(()))
+                            }
+                            ended => (ended, result),
+                        }
                     }
                     // A restart that cannot start (the store unreachable, say) is one more failure
-                    // for the strategy; the first start's errors are the config's or the machine's.
-                    Err(e) if !restarts.is_empty() => (Ended::Failed(format!("restart failed: {e}"), None), Ok(())),
+                    // for the strategy; the first start's errors are the config's or the machine's,
+                    // except etcd's (busy, or the placement changed as the run began).
+                    Err(e) if !restarts.is_empty() || e.is_control() => {
+                        (Ended::Failed(format!("restart failed: {e}"), None), Ok(()))
+                    }
                     Err(e) => return Err(e).with_context(|| format!("starting node {}", me.id)),
                 }
             }

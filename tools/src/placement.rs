@@ -60,6 +60,8 @@ struct NodeMember {
     placement: AtomicU32,
     /// The probes of the other nodes, once they run.
     probes: std::sync::OnceLock<crate::probe::ProbeView>,
+    /// The stream's in-sync sets as etcd holds them, once read.
+    in_sync: std::sync::OnceLock<weir_engine::cluster::InSyncView>,
 }
 
 impl std::fmt::Debug for NodeMember {
@@ -75,6 +77,9 @@ impl MemberStatus for NodeMember {
         info.withheld = self.agent.withholding();
         if let Some(p) = self.probes.get() {
             info.unreachable = p.links().into_iter().filter(|l| !l.up).map(|l| l.node).collect();
+        }
+        if let Some(v) = self.in_sync.get() {
+            info.in_sync = v.entries();
         }
         info
     }
@@ -120,6 +125,7 @@ impl Control {
             book: book.clone(),
             placement: AtomicU32::new(0),
             probes: std::sync::OnceLock::new(),
+            in_sync: std::sync::OnceLock::new(),
         });
         let book = Some(book as Arc<dyn PlacementBook>);
         let lease = c.lease;
@@ -223,6 +229,17 @@ impl Control {
         if let Some(s) = &self.status {
             let _ = s.probes.set(probes);
         }
+    }
+
+    /// Status shows stream `stream`'s in-sync sets as etcd holds them, read once a second by a
+    /// thread of their own (nothing without etcd).
+    pub fn show_in_sync(&self, stream: weir_engine::wire::StreamId) -> anyhow::Result<()> {
+        if let (Some(s), Some((etcd, keys))) = (&self.status, &self.etcd) {
+            let view = weir_engine::cluster::InSyncView::start(etcd.clone(), keys, stream, Duration::from_secs(1))
+                .context("starting the thread that reads the in-sync sets")?;
+            let _ = s.in_sync.set(view);
+        }
+        Ok(())
     }
 
     /// Whether the node gave up its membership ([`Self::check_reach`]).

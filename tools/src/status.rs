@@ -95,6 +95,9 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
                     "placement": m.placement, "elections": m.elections, "lease_losses": m.lease_losses,
                     "fenced_writes": m.fenced_writes, "error": (!m.error.is_empty()).then_some(&m.error),
                     "withheld": m.withheld, "unreachable": m.unreachable.iter().map(|n| n.0).collect::<Vec<_>>(),
+                    "in_sync": m.in_sync.iter().map(|e| json!({
+                        "partition": e.partition, "primary": e.primary.0, "follower": e.follower.0, "in": e.in_sync,
+                    })).collect::<Vec<_>>(),
                 })),
                 "peers": r.peers.iter().map(|p| json!({
                     "node": p.node.0, "up": p.up, "since_ms": p.since_ms, "reason": p.reason,
@@ -215,6 +218,20 @@ fn control(out: &mut String, answers: &[(SocketAddr, Answer)]) {
         newest.1.placement,
         leases.join(", ")
     );
+    // The sets as etcd holds them: the leader's read, else any node's (all read the same keys).
+    let sets =
+        members.iter().filter(|(_, m)| !m.in_sync.is_empty()).max_by_key(|(n, m)| (leader == Some(*n), m.placement));
+    if let Some((_, m)) = sets {
+        let sets: Vec<String> = m
+            .in_sync
+            .iter()
+            .map(|e| match e.in_sync {
+                true => format!("p{} {}+{}", e.partition, e.primary.0, e.follower.0),
+                false => format!("p{} {} (copy on {} out)", e.partition, e.primary.0, e.follower.0),
+            })
+            .collect();
+        let _ = writeln!(out, "in-sync sets (source node+copy node): {}", sets.join(", "));
+    }
     for (n, m) in &members {
         let unreachable: Vec<String> = m.unreachable.iter().map(|u| u.0.to_string()).collect();
         let mut said = Vec::new();

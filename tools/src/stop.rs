@@ -2,8 +2,11 @@
 //! final committed checkpoint (Flink's stop-with-savepoint), so that the nodes, started again
 //! (an upgrade, say), resume from it.
 //!
-//! The node asked sends the request on to every other node of the stream; each `weir node`
-//! process then stops its tasks and exits 0. Between the final commit and the stop the stream
+//! Every node of the target is asked (a node asked sends the request on to the stream's other
+//! nodes too, which is what `--node` relies on); each `weir node` process then stops its tasks
+//! and exits 0. The command returns once every node that took the request has exited, asking
+//! again any that still answers (a node that was restarting its stream may have missed it), and
+//! exits 1 if one still runs after `--wait`. Between the final commit and the stop the stream
 //! may go on a little: what it writes then is written again, identically, after the restart
 //! (results are upserts of the same blocks).
 
@@ -36,6 +39,10 @@ pub struct StopArgs {
     /// How long the final checkpoint may take, e.g. `2m`.
     #[arg(long, default_value = "60s", value_parser = crate::config::parse_duration)]
     timeout: Duration,
+    /// How long to wait for the nodes to exit once they took the request (exit code 1 if one
+    /// still runs then).
+    #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
+    wait: Duration,
 }
 
 const ASK: Duration = Duration::from_secs(5);
@@ -99,49 +106,108 @@ fn final_checkpoint(t: &Target, stream: StreamId, limit: Duration) -> anyhow::Re
     )
 }
 
-/// Runs `weir stop`.
-#[allow(clippy::print_stdout)]
+/// What a node said to the stop request.
+enum Took {
+    /// It stops (and, asked first, told these peers).
+    Stopping { node: u32, peers: Vec<u32> },
+    /// It could not be reached: down, or cut off from this client.
+    Unreachable(String),
+}
+
+/// Sends the stop to `addr`: a node that runs the stream stops it and exits; asked first, it
+/// tells its peers too (they are asked here as well: a peer between two runs of the stream
+/// would miss the word of mouth).
+fn ask(t: &Target, addr: SocketAddr, stream: StreamId) -> anyhow::Result<Took> {
+    match crate::client::request(t, addr, &StopReq { request: 1, stream, forwarded: false }, ASK) {
+        Ok(f) => {
+            let rsp = f.to_owned::<StopRsp>().context("the node's answer")?;
+            if !rsp.stopping {
+                bail!("{addr} (node {}) does not run stream {}", rsp.node.0, stream.0);
+            }
+            Ok(Took::Stopping { node: rsp.node.0, peers: rsp.peers.iter().map(|p| p.0).collect() })
+        }
+        Err(Failure::Refused(e)) => Err(e),
+        Err(Failure::Unreachable(why)) => Ok(Took::Unreachable(why)),
+    }
+}
+
+/// Runs `weir stop`: asks every node, then waits until each that took the request has exited.
+#[allow(clippy::print_stdout, clippy::print_stderr)]
 pub fn run(args: &StopArgs) -> anyhow::Result<ExitCode> {
     let t = args.cluster.target()?;
     let stream = StreamId(args.stream.or(t.file.as_ref().map(|f| f.stream.id)).unwrap_or(1));
     let last = if args.checkpoint { Some(final_checkpoint(&t, stream, args.timeout)?) } else { None };
-    let mut errors = Vec::new();
+    let mut stopping: Vec<(SocketAddr, u32)> = Vec::new();
+    let mut told: Vec<u32> = Vec::new();
+    let mut unreachable: Vec<(SocketAddr, String)> = Vec::new();
     for addr in &t.nodes {
-        match crate::client::request(&t, *addr, &StopReq { request: 1, stream, forwarded: false }, ASK) {
-            Ok(f) => {
-                let rsp = f.to_owned::<StopRsp>().context("the node's answer")?;
-                if !rsp.stopping {
-                    bail!("{addr} (node {}) does not run stream {}", rsp.node.0, stream.0);
-                }
-                let mut peers: Vec<String> = rsp.peers.iter().map(|p| p.0.to_string()).collect();
-                // The node tells the nodes that run the stream's tasks; the others (idle: their
-                // tasks moved away) are told here, if they answer.
-                let told: Vec<u32> = rsp.peers.iter().map(|p| p.0).chain([rsp.node.0]).collect();
-                let ids = t.node_ids();
-                for other in t.nodes.iter().filter(|a| *a != addr) {
-                    if ids.get(other).is_some_and(|id| told.contains(id)) {
-                        continue;
-                    }
-                    let req = StopReq { request: 1, stream, forwarded: true };
-                    if let Ok(f) = crate::client::request(&t, *other, &req, ASK)
-                        && let Ok(r) = f.to_owned::<StopRsp>()
-                        && r.stopping
-                    {
-                        peers.push(r.node.0.to_string());
-                    }
-                }
-                let after = last.map_or_else(String::new, |c| format!(" after chk-{} committed", c.0));
-                println!(
-                    "stopping stream {} on node {}{}{after}",
-                    stream.0,
-                    rsp.node.0,
-                    if peers.is_empty() { String::new() } else { format!(" and nodes {}", peers.join(", ")) }
-                );
-                return Ok(ExitCode::SUCCESS);
+        match ask(&t, *addr, stream)? {
+            Took::Stopping { node, peers } => {
+                stopping.push((*addr, node));
+                told.extend(peers);
             }
-            Err(Failure::Refused(e)) => return Err(e),
-            Err(Failure::Unreachable(why)) => errors.push(why),
+            Took::Unreachable(why) => unreachable.push((*addr, why)),
         }
     }
-    bail!("no node took the stop request: {}", errors.join("; "))
+    if stopping.is_empty() {
+        let why: Vec<String> = unreachable.iter().map(|(a, w)| format!("{a}: {w}")).collect();
+        bail!("no node took the stop request: {}", why.join("; "));
+    }
+    let after = last.map_or_else(String::new, |c| format!(" after chk-{} committed", c.0));
+    let mut asked: Vec<u32> = stopping.iter().map(|(_, n)| *n).collect();
+    let names = |ids: &[u32]| ids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+    // Peers the nodes told and this client cannot ask itself (`--node`): named, not waited for.
+    told.retain(|p| !asked.contains(p));
+    told.sort_unstable();
+    told.dedup();
+    let also = if told.is_empty() { String::new() } else { format!(" (which told nodes {})", names(&told)) };
+    println!("stopping stream {} on nodes {}{also}{after}", stream.0, names(&asked));
+    for (addr, why) in &unreachable {
+        eprintln!("warning: {addr} could not be reached, so it was not asked to stop: {why}");
+    }
+    let still = wait_for_exit(&t, stream, &stopping, args.wait);
+    if !still.is_empty() {
+        eprintln!("nodes {} still run {} after the stop request", names(&still), humantime::format_duration(args.wait));
+        return Ok(ExitCode::FAILURE);
+    }
+    asked.sort_unstable();
+    println!("stopped: nodes {} have exited", names(&asked));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Waits at most `limit` until every node of `nodes` has exited (it no longer answers, twice in
+/// a row: a node between two runs of the stream is briefly unreachable too); asks again any node
+/// that still answers, once a second (one that restarted its stream meanwhile may have missed the
+/// first request). Returns the nodes that still answer.
+fn wait_for_exit(t: &Target, stream: StreamId, nodes: &[(SocketAddr, u32)], limit: Duration) -> Vec<u32> {
+    const POLL: Duration = Duration::from_millis(200);
+    const AGAIN: Duration = Duration::from_secs(1);
+    let t0 = Instant::now();
+    // Per node: consecutive polls without an answer, and when it was last asked.
+    let mut quiet: Vec<u32> = vec![0; nodes.len()];
+    let mut asked_at: Vec<Instant> = vec![t0; nodes.len()];
+    loop {
+        for (i, (addr, _)) in nodes.iter().enumerate() {
+            if quiet[i] >= 2 {
+                continue;
+            }
+            match crate::client::connect(t, *addr, POLL) {
+                Err(_) => quiet[i] += 1,
+                Ok(c) => {
+                    quiet[i] = 0;
+                    drop(c);
+                    if asked_at[i].elapsed() >= AGAIN {
+                        asked_at[i] = Instant::now();
+                        // Its answer (or none) changes nothing: the next polls tell.
+                        let _ = ask(t, *addr, stream);
+                    }
+                }
+            }
+        }
+        let running: Vec<u32> = nodes.iter().zip(&quiet).filter(|(_, q)| **q < 2).map(|((_, n), _)| *n).collect();
+        if running.is_empty() || t0.elapsed() >= limit {
+            return running;
+        }
+        std::thread::sleep(POLL);
+    }
 }

@@ -58,12 +58,15 @@ fn weir_stop_with_a_checkpoint_stops_every_node_and_a_restart_resumes_from_that_
     let out = weir().args(["stop", "--checkpoint", "--config"]).arg(&config).output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
+    // It returns once every node has exited.
+    assert!(said.contains("stopped: nodes 1, 2, 3 have exited"), "{said}");
     let final_id: u64 = said
         .split_whitespace()
         .find_map(|w| w.strip_prefix("chk-").and_then(|n| n.parse().ok()))
         .unwrap_or_else(|| panic!("which checkpoint: {said}"));
     for (i, c) in nodes.0.iter_mut().enumerate() {
-        let status = exit_within(c, Duration::from_secs(30), &format!("node {} after weir stop", i + 1));
+        let status =
+            exit_within_logged(c, Duration::from_secs(30), &format!("node {} after weir stop", i + 1), &logs[i]);
         let log = std::fs::read_to_string(&logs[i]).unwrap();
         assert!(status.success() && log.contains("reason=\"weir stop\""), "{status}\n{log}");
     }
@@ -86,7 +89,7 @@ fn weir_stop_with_a_checkpoint_stops_every_node_and_a_restart_resumes_from_that_
     let out = weir().args(["stop", "--node", &third, "--config"]).arg(&config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for (i, c) in again.0.iter_mut().enumerate() {
-        assert!(exit_within(c, Duration::from_secs(30), &format!("node {}", i + 1)).success());
+        assert!(exit_within_logged(c, Duration::from_secs(30), &format!("node {}", i + 1), &logs2[i]).success());
     }
 }
 

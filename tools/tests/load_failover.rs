@@ -98,6 +98,21 @@ fn a_follower_killed_mid_load_leaves_the_in_sync_set_and_the_load_goes_on_withou
         Some(logs.iter().find(|l| l["partition"] == 1 && l["source"] == true)?["in_sync"].as_str()?.to_string())
     };
     assert_eq!(in_sync(&status()).as_deref(), Some("alone"), "{:#}", status());
+    // Node 1, which keeps no copy of partition 1, shows its set as etcd holds it.
+    let in_etcd = |j: &serde_json::Value, p: u64| -> Option<serde_json::Value> {
+        j["nodes"][0]["member"]["in_sync"].as_array()?.iter().find(|e| e["partition"] == p).cloned()
+    };
+    let t0 = std::time::Instant::now();
+    while in_etcd(&status(), 1).is_none_or(|e| e["in"] != false) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "node 1 never showed the set: {:#}", status());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (set0, set1) = (in_etcd(&status(), 0).unwrap(), in_etcd(&status(), 1).unwrap());
+    assert_eq!((&set1["primary"], &set1["follower"]), (&2.into(), &3.into()), "{set1}");
+    assert_eq!((&set0["primary"], &set0["follower"], &set0["in"]), (&1.into(), &2.into(), &true.into()), "{set0}");
+    let out = weir().args(["status", "--config"]).arg(&config).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("in-sync sets (source node+copy node): p0 1+2, p1 2 (copy on 3 out)"), "{text}");
     assert_eq!(count_in(&logs[0], "moving the tasks") + count_in(&logs[1], "moving the tasks"), 0);
     // Node 3 back: its copy catches up and rejoins the set; the results are exact.
     nodes.0[2] = start(&config, 3, &dir.path().join("node-3b.log"), &[]);

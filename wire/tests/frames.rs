@@ -201,6 +201,7 @@ roundtrip! {
         member: Some(MemberInfo {
             leader: NodeId(2), lease_left_ms: 2_400, placement: 3, elections: 1, lease_losses: 2, fenced_writes: 1,
             error: "keep-alive failed".into(), withheld: true, unreachable: vec![NodeId(1), NodeId(3)],
+            in_sync: vec![InSyncEntry { partition: 2, primary: NodeId(3), follower: NodeId(1), in_sync: true }],
         }),
         logs: vec![LogStatus {
             partition: 2, source: true, first: Version(4_800), end: Version(9_000), readable: Version(8_800),

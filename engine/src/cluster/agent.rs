@@ -69,6 +69,7 @@ impl AgentView {
             error: self.error.as_ref().map(|e| e.to_string()).unwrap_or_default(),
             withheld: false,
             unreachable: Vec::new(),
+            in_sync: Vec::new(),
         }
     }
 
@@ -119,11 +120,14 @@ impl Agent {
         let thread = std::thread::Builder::new().name(name).spawn(move || {
             while !s.load(Ordering::Relaxed) {
                 let started = Instant::now();
-                let ok = if w.load(Ordering::Acquire) { run.stand_aside() } else { run.round(started) };
+                let withheld = w.load(Ordering::Acquire);
+                let ok = if withheld { run.stand_aside() } else { run.round(started) };
                 let wait =
                     if ok { ttl / 3 } else { (ttl / 10).clamp(Duration::from_millis(50), Duration::from_millis(500)) };
                 let until = started + wait;
-                while !s.load(Ordering::Relaxed) && Instant::now() < until {
+                // A change of `withhold` takes effect at once: a node cut off gives its
+                // membership up now, not up to a third of the lease later.
+                while !s.load(Ordering::Relaxed) && Instant::now() < until && w.load(Ordering::Acquire) == withheld {
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }

@@ -40,3 +40,19 @@ fn an_agent_that_withholds_ends_its_lease_holds_nothing_and_takes_a_new_one_when
     until("node 1 holds again", || a.holding(Instant::now()).is_some());
     assert_ne!(a.view().lease, Some(first), "under a new lease");
 }
+
+#[test]
+fn a_node_told_to_withhold_gives_its_membership_up_at_once_not_at_its_next_round() {
+    // Rounds a third of a long lease apart: 20 s between two.
+    let ttl = Duration::from_secs(60);
+    let store: Arc<dyn ControlStore> = Arc::new(MemControl::new());
+    let keys = Keys::new("agents");
+    let a = Agent::start(store.clone(), Member::new(keys.clone(), NodeId(1), &[NodeId(1)], ttl), ttl).unwrap();
+    until("node 1 holds", || a.holding(Instant::now()).is_some());
+    let asked = Instant::now();
+    a.withhold(true);
+    until("its member key goes", || store.get(&keys.member(NodeId(1))).unwrap().is_none());
+    assert!(asked.elapsed() < Duration::from_secs(10), "gave up only after {:?}", asked.elapsed());
+    a.withhold(false);
+    until("node 1 holds again", || a.holding(Instant::now()).is_some());
+}

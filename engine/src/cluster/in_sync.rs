@@ -64,7 +64,7 @@ impl InSyncRecord {
         ))
     }
 
-    fn decode(key: &str, bytes: &[u8]) -> Result<Self, StoreError> {
+    pub(super) fn decode(key: &str, bytes: &[u8]) -> Result<Self, StoreError> {
         let bad = |why: &str| StoreError::Corrupt { key: key.into(), reason: why.into() };
         let body = unseal(key, bytes)?;
         let mut lines = body.lines();

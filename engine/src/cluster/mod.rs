@@ -31,6 +31,7 @@ mod agent;
 mod book;
 mod commits;
 mod in_sync;
+mod in_sync_view;
 mod member;
 mod mover;
 pub mod reach;
@@ -49,6 +50,7 @@ pub use agent::{Agent, AgentView};
 pub use book::{BookError, ControlBook, PlacementBook, Versioned};
 pub use commits::{ControlCommits, Fence, HISTORY};
 pub use in_sync::{ControlInSync, InSyncRecord};
+pub use in_sync_view::InSyncView;
 pub use member::{Member, MemberView};
 pub use mover::{Moved, Mover};
 pub use record::PlacementRecord;
@@ -101,7 +103,12 @@ impl Keys {
 
     /// Stream `stream`'s partition `partition`'s in-sync set ([`ControlInSync`]).
     pub fn in_sync(&self, stream: StreamId, partition: u32) -> String {
-        format!("{}streams/{}/in-sync/{partition}", self.prefix, stream.0)
+        format!("{}{partition}", self.in_sync_prefix(stream))
+    }
+
+    /// The prefix of stream `stream`'s in-sync keys ([`Self::in_sync`]).
+    pub fn in_sync_prefix(&self, stream: StreamId) -> String {
+        format!("{}streams/{}/in-sync/", self.prefix, stream.0)
     }
 
     /// Stream `stream`'s checkpoint ids reserved and last commit ([`ControlCommits`]).

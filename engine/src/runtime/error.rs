@@ -26,6 +26,11 @@ pub enum EngineError {
     /// The remote store could not be read at start (retryable once it is back).
     #[error("remote store: {0}")]
     Store(String),
+    /// The stream's checkpoint ids and commit point could not be read or claimed (retryable
+    /// when the store says so; [`EngineError::is_control`] says whether the control store
+    /// refused or failed).
+    #[error("the checkpoint ids and last commit: {0}")]
+    Point(#[from] crate::backup::commit_point::PointError),
     /// A checkpoint request could not be served (not the coordinator, no checkpoints).
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
@@ -53,11 +58,19 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// Whether the control store (etcd) failed or refused the run (its lease or placement
+    /// changed as it started): a start that fails so may succeed at once, whatever the config.
+    pub fn is_control(&self) -> bool {
+        use crate::backup::commit_point::PointError;
+        matches!(self, EngineError::Point(PointError::Control(_) | PointError::Fenced { .. }))
+    }
+
     /// Whether restarting may help (it does for I/O; not for configuration or a panic).
     pub fn is_retryable(&self) -> bool {
         match self {
             EngineError::Config(_) | EngineError::Spec(_) | EngineError::WorkerPanicked { .. } => false,
             EngineError::Checkpoint(e) => e.is_retryable(),
+            EngineError::Point(e) => e.is_retryable(),
             EngineError::Task(TaskError::Checkpoint(e)) => e.is_retryable(),
             _ => true,
         }

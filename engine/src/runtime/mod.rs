@@ -48,6 +48,7 @@ pub use config::{EngineConfig, InSync};
 pub use control::Control;
 use control::ControlHandle;
 pub use error::EngineError;
+pub use queries::StopRequest;
 pub use router::IngestToken;
 pub use shared::EngineStats;
 use shared::Shared;

@@ -116,6 +116,23 @@ pub fn exit_within(child: &mut Child, limit: Duration, what: &str) -> ExitStatus
     }
 }
 
+/// [`exit_within`], and on a timeout the last lines of the node's log in the failure.
+pub fn exit_within_logged(child: &mut Child, limit: Duration, what: &str, log: &Path) -> ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if t0.elapsed() >= limit {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+            panic!("{what} still running after {limit:?}; the end of its log:\n{tail}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The stream of `examples/three-node.toml` with `events` per partition.
 pub fn three_node_stream(events: u64) -> StreamSpec {
     let mut s = StreamSpec::generator(StreamId(1), 3, 3, 3);

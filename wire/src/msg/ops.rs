@@ -224,6 +224,23 @@ archived! {
         pub withheld: bool,
         /// The other nodes whose transport port this node's probes do not reach now.
         pub unreachable: Vec<NodeId>,
+        /// The stream's in-sync sets as this node last read them from the store (about once a
+        /// second), in partition order: also those of a partition whose source's node is down.
+        pub in_sync: Vec<InSyncEntry>,
+    }
+}
+
+archived! {
+    /// One ingest partition's in-sync set as the control store holds it, in a [`MemberInfo`].
+    pub struct InSyncEntry {
+        /// The partition.
+        pub partition: u32,
+        /// The node of its source, which wrote the record.
+        pub primary: NodeId,
+        /// The node keeping its copy.
+        pub follower: NodeId,
+        /// Whether the copy is in the set (it holds every row the primary acknowledged).
+        pub in_sync: bool,
     }
 }
 

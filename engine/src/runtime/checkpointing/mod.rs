@@ -179,8 +179,7 @@ impl Setup {
         let begin = if coord_node == cfg.node {
             // Only the coordinator reserves ids; a record it cannot read must stop it rather
             // than start again at 1.
-            book.begin(store.as_ref())
-                .map_err(|e| EngineError::Store(format!("the checkpoint ids and last commit: {e}")))?
+            book.begin(store.as_ref())?
         } else if cfg.failover {
             // The coordinator's answer is the point: it reads the record once its own old
             // engine has stopped, so every node of a restart restores the same commit.
