@@ -263,7 +263,8 @@ pub fn run(args: &CheckpointsArgs) -> anyhow::Result<ExitCode> {
         }
         What::Gc { keep, dry_run, stopped } => {
             let listed = args.listed(store.as_ref(), stream)?;
-            let opts = CollectOptions { keep: *keep, dry_run: *dry_run, stopped: *stopped, listed };
+            let opts =
+                CollectOptions { keep: *keep, dry_run: *dry_run, stopped: *stopped, listed, ahead_runs_below: 0 };
             let c = Collector::new()
                 .collect_with(store.as_ref(), stream, opts)
                 .with_context(|| format!("collecting {url}"))?;

@@ -8,8 +8,8 @@
 //! the checkpoint after the burst uploads its last memtable's file and little else.
 //!
 //! Invariants:
-//! - A file is stored, then the task's ahead record (`<stream>/ahead/<task>.weir`: the keys of
-//!   the files stored ahead) names it, then the index knows it (as ahead): a checkpoint skips
+//! - A file is stored, then the task's ahead record (`<stream>/ahead/<task>/<incarnation>-<node>.weir`:
+//!   the keys of the files stored ahead, one record per run and node) names it, then the index knows it (as ahead): a checkpoint skips
 //!   only files that a record names, so retention keeps them (it reads the records before it
 //!   lists the store) until a stored manifest names them.
 //! - A checkpoint's upload never waits for this thread: it holds the index's lock for its whole
@@ -27,7 +27,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use weir_wire::{StreamId, TaskId};
+use weir_wire::{NodeId, StreamId, TaskId};
 
 use super::index::sst_key;
 use super::snapshot::{file_crc, task_prefix};
@@ -76,9 +76,27 @@ impl LiveSsts for crate::state::ResultStore {
     }
 }
 
-/// The key of task `task`'s ahead record.
-pub fn ahead_record_key(stream: StreamId, task: TaskId) -> String {
-    format!("{}/ahead/{}.weir", stream.0, task.0)
+/// Who writes an ahead record: one run of the stream (its incarnation) on one node. Each writer
+/// has a key of its own, so a run that lost its task without knowing it (paused while the task
+/// moved) cannot overwrite the record of the task's new node, which would let retention delete
+/// files that node's checkpoints skip as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AheadWriter {
+    /// The run's incarnation (every node of a run has the same; a newer run a higher one).
+    pub incarnation: u64,
+    /// The node.
+    pub node: NodeId,
+}
+
+/// The key of task `task`'s ahead record written by `writer`.
+pub fn ahead_record_key(stream: StreamId, task: TaskId, writer: AheadWriter) -> String {
+    format!("{}/ahead/{}/{}-{}.weir", stream.0, task.0, writer.incarnation, writer.node.0)
+}
+
+/// The incarnation of the run that wrote the ahead record at `key` (0 for a key not of that
+/// shape: a record of one key per task, which no running Weir writes).
+pub fn record_incarnation(key: &str) -> u64 {
+    key.rsplit('/').next().and_then(|f| f.split_once('-')).and_then(|(i, _)| i.parse().ok()).unwrap_or(0)
 }
 
 const RECORD_HEAD: &str = "weir ahead 1\n";
@@ -120,6 +138,7 @@ pub struct AheadPass {
 /// One task's files and what is known of them.
 pub struct Watched {
     task: TaskId,
+    writer: AheadWriter,
     live: Arc<dyn LiveSsts>,
     index: Arc<Mutex<UploadIndex>>,
     /// The keys the task's ahead record names (as last written by this thread).
@@ -129,9 +148,9 @@ pub struct Watched {
 }
 
 impl Watched {
-    /// Task `task`'s files from `live`, known to its uploads by `index`.
-    pub fn new(task: TaskId, live: Arc<dyn LiveSsts>, index: Arc<Mutex<UploadIndex>>) -> Self {
-        Self { task, live, index, recorded: Vec::new(), seen: None }
+    /// Task `task`'s files from `live`, known to its uploads by `index`, recorded as `writer`.
+    pub fn new(task: TaskId, writer: AheadWriter, live: Arc<dyn LiveSsts>, index: Arc<Mutex<UploadIndex>>) -> Self {
+        Self { task, writer, live, index, recorded: Vec::new(), seen: None }
     }
 
     /// Stores the finished files the index does not know, each under the index's lock, and keeps
@@ -148,7 +167,7 @@ impl Watched {
             return Ok(AheadPass::default());
         }
         let (task, index, recorded) = (self.task, &self.index, &mut self.recorded);
-        let record_key = ahead_record_key(stream, task);
+        let record_key = ahead_record_key(stream, task, self.writer);
         let mut out = AheadPass::default();
         let mut result = Ok(false);
         let listed = self.live.with_live_ssts(&mut |files| {
@@ -302,6 +321,7 @@ mod tests {
 
     const S: StreamId = StreamId(1);
     const T: TaskId = TaskId(4);
+    const W: AheadWriter = AheadWriter { incarnation: 7, node: NodeId(2) };
 
     /// The `.sst` files of a directory, as finished files.
     struct Dir(PathBuf);
@@ -326,7 +346,7 @@ mod tests {
     }
 
     fn record(store: &dyn Store) -> Vec<String> {
-        let key = ahead_record_key(S, T);
+        let key = ahead_record_key(S, T, W);
         decode_record(&key, &store.get(&key).unwrap()).unwrap()
     }
 
@@ -355,7 +375,7 @@ mod tests {
             results_store.flush().unwrap();
         }
         let index = Arc::new(Mutex::new(UploadIndex::new()));
-        let mut w = Watched::new(T, results_store.clone(), index.clone());
+        let mut w = Watched::new(T, W, results_store.clone(), index.clone());
         let ahead = w.pass(&remote, S, &|| {}).unwrap();
         assert!(ahead.files >= 3 && ahead.bytes > 0, "{ahead:?}");
         let named = record(&remote);
@@ -397,7 +417,7 @@ mod tests {
         std::fs::write(db.join("000007.sst"), vec![7u8; 1000]).unwrap();
         std::fs::write(db.join("000008.sst"), vec![8u8; 2000]).unwrap();
         let index = Arc::new(Mutex::new(UploadIndex::new()));
-        let mut w = Watched::new(T, Arc::new(Dir(db.clone())), index.clone());
+        let mut w = Watched::new(T, W, Arc::new(Dir(db.clone())), index.clone());
         assert_eq!(w.pass(&remote, S, &|| {}).unwrap(), AheadPass { files: 2, bytes: 3000 });
         assert_eq!(record(&remote).len(), 2);
         std::fs::remove_file(db.join("000007.sst")).unwrap(); // compacted away
@@ -415,7 +435,7 @@ mod tests {
         std::fs::create_dir_all(&db).unwrap();
         std::fs::write(db.join("000007.sst"), vec![7u8; 1000]).unwrap();
         let index = Arc::new(Mutex::new(UploadIndex::new()));
-        let mut w = Watched::new(T, Arc::new(Dir(db)), index.clone());
+        let mut w = Watched::new(T, W, Arc::new(Dir(db)), index.clone());
         let held = index.lock().unwrap();
         assert_eq!(w.pass(&remote, S, &|| {}).unwrap(), AheadPass::default());
         assert!(remote.list("1/").unwrap().is_empty(), "nothing stored while a checkpoint uploads");
@@ -445,7 +465,7 @@ mod tests {
         std::fs::write(db.join("000007.sst"), vec![7u8; 100]).unwrap();
         let live = Arc::new(Versioned(Dir(db.clone()), AtomicU64::new(1), AtomicUsize::new(0)));
         let index = Arc::new(Mutex::new(UploadIndex::new()));
-        let mut w = Watched::new(T, live.clone(), index.clone());
+        let mut w = Watched::new(T, W, live.clone(), index.clone());
         let listings = || live.2.load(Ordering::Relaxed);
         // Cut short by a checkpoint's upload: the version is not taken as seen.
         let held = index.lock().unwrap();
@@ -469,7 +489,7 @@ mod tests {
         let remote: Arc<dyn Store> = Arc::new(LocalDirStore::new(dir.path().join("remote")));
         let ahead = AheadUploader::start(remote.clone(), S, Arc::new(AtomicUsize::new(0)), || {}).unwrap();
         let index = Arc::new(Mutex::new(UploadIndex::new()));
-        ahead.watch(Watched::new(T, Arc::new(Dir(db.clone())), index.clone()));
+        ahead.watch(Watched::new(T, W, Arc::new(Dir(db.clone())), index.clone()));
         std::fs::write(db.join("000009.sst"), vec![9u8; 4096]).unwrap();
         let t0 = Instant::now();
         while index.lock().unwrap().get("000009.sst", 4096).is_none() {
@@ -478,6 +498,18 @@ mod tests {
         }
         drop(ahead);
         assert_eq!(record(remote.as_ref()).len(), 1);
+    }
+
+    #[test]
+    fn each_run_and_node_writes_a_record_of_its_own_whose_key_names_its_incarnation() {
+        let old = AheadWriter { incarnation: 3 << 32, node: NodeId(1) };
+        let new = AheadWriter { incarnation: (4 << 32) + 1, node: NodeId(2) };
+        let (a, b) = (ahead_record_key(S, T, old), ahead_record_key(S, T, new));
+        assert_ne!(a, b, "a paused old owner's record is not the new owner's");
+        assert!(a.starts_with("1/ahead/4/") && b.starts_with("1/ahead/4/"), "{a} {b}");
+        assert_eq!(record_incarnation(&a), 3 << 32);
+        assert_eq!(record_incarnation(&b), (4 << 32) + 1);
+        assert_eq!(record_incarnation("1/ahead/4.weir"), 0, "one key per task: the oldest");
     }
 
     #[test]

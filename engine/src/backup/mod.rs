@@ -6,7 +6,7 @@
 //! <stream>/tasks/<task>/chk-<id>/<file>     the small files of one checkpoint
 //! <stream>/tasks/<task>/chk-<id>/MANIFEST.weir   every file with size and CRC32C, and the offset
 //! <stream>/checkpoints/<id>.commit          the commit record, written last
-//! <stream>/ahead/<task>.weir                 SST files a sink stored ahead of its next manifest
+//! <stream>/ahead/<task>/<incarnation>-<node>.weir  SST files a sink stored ahead of its next manifest
 //! ```
 //!
 //! Invariants: a manifest is written only after every file it names is stored; a commit record only

@@ -41,6 +41,10 @@ pub struct CollectOptions {
     /// record counts only as listed; records above the newest are neither counted nor deleted
     /// (in flight), others it does not list go as damaged ones do.
     pub listed: Option<Vec<Point>>,
+    /// The running stream's incarnation: ahead records of older runs go (a run relies only on
+    /// its own; an old run's, rewritten by a node that was paused, goes again at a later pass).
+    /// 0: none goes.
+    pub ahead_runs_below: u64,
 }
 
 /// What one pass did.
@@ -92,7 +96,11 @@ impl Collector {
     /// One pass over `stream`, keeping the `keep` newest commits (at least one), beside a
     /// running stream.
     pub fn collect(&mut self, store: &dyn Store, stream: StreamId, keep: usize) -> Result<Collected, StoreError> {
-        self.collect_with(store, stream, CollectOptions { keep, dry_run: false, stopped: false, listed: None })
+        self.collect_with(
+            store,
+            stream,
+            CollectOptions { keep, dry_run: false, stopped: false, listed: None, ahead_runs_below: 0 },
+        )
     }
 
     /// One pass with `opts`.
@@ -161,7 +169,15 @@ impl Collector {
         // record lets a file go only after a stored manifest names it). A stopped stream's
         // records name nothing that any checkpoint will.
         let mut named = BTreeSet::new();
-        let records_ahead = store.list(&format!("{}/ahead/", stream.0))?;
+        let mut records_ahead = store.list(&format!("{}/ahead/", stream.0))?;
+        let mut old_runs = Vec::new();
+        records_ahead.retain(|k| {
+            let old = super::ahead::record_incarnation(k) < opts.ahead_runs_below;
+            if old {
+                old_runs.push(k.clone());
+            }
+            !old
+        });
         for key in &records_ahead {
             if opts.stopped {
                 break;
@@ -223,6 +239,7 @@ impl Collector {
         if opts.stopped {
             delete.extend(records_ahead.into_iter().map(|k| (k, false)));
         }
+        delete.extend(old_runs.into_iter().map(|k| (k, false)));
         for key in damaged {
             if decode_id(&key).is_some_and(|id| id < oldest) {
                 delete.insert(key, true);
@@ -355,7 +372,7 @@ mod tests {
         checkpoint(&store, 2, &["b.sst"], true);
         let before = keys(&store);
         let mut c = Collector::new();
-        let dry = CollectOptions { keep: 1, dry_run: true, stopped: true, listed: None };
+        let dry = CollectOptions { keep: 1, dry_run: true, stopped: true, listed: None, ahead_runs_below: 0 };
         let would = c.collect_with(&store, S, dry.clone()).unwrap();
         assert_eq!(keys(&store), before, "a dry run deletes nothing");
         assert!(would.deleted.contains(&"1/tasks/0/sst/a.sst".to_string()), "{would:?}");
@@ -375,8 +392,13 @@ mod tests {
         let r = CommitRecord::fallback(CheckpointId(4), CheckpointId(2), 0);
         store.put(&commit_key(S, r.id), encode_commit(&r).as_bytes()).unwrap();
         let mut c = Collector::new();
-        let done =
-            c.collect_with(&store, S, CollectOptions { keep: 1, dry_run: false, stopped: true, listed: None }).unwrap();
+        let done = c
+            .collect_with(
+                &store,
+                S,
+                CollectOptions { keep: 1, dry_run: false, stopped: true, listed: None, ahead_runs_below: 0 },
+            )
+            .unwrap();
         assert_eq!(done.kept, vec![CheckpointId(4)]);
         let k = keys(&store);
         assert!(k.iter().any(|k| k.contains("chk-2/MANIFEST.weir")), "{k:?}");
@@ -384,11 +406,14 @@ mod tests {
         assert!(!k.iter().any(|k| k.contains("chk-1/") || k.contains("chk-3/") || k.ends_with("c.sst")), "{k:?}");
     }
 
-    /// A store with checkpoint 1 committed and `ahead.sst` stored ahead; with its record's key.
+    const OLD_RUN: ahead::AheadWriter = ahead::AheadWriter { incarnation: 5, node: weir_wire::NodeId(1) };
+
+    /// A store with checkpoint 1 committed and `ahead.sst` stored ahead by `OLD_RUN`; with its
+    /// record's key.
     fn stored_ahead(dir: &std::path::Path) -> (LocalDirStore, String) {
         let store = LocalDirStore::new(dir);
         checkpoint(&store, 1, &["a.sst"], true);
-        let record = ahead::ahead_record_key(S, weir_wire::TaskId(0));
+        let record = ahead::ahead_record_key(S, weir_wire::TaskId(0), OLD_RUN);
         store.put("1/tasks/0/sst/ahead.sst", b"x").unwrap();
         store.put(&record, ahead::encode_record(&["1/tasks/0/sst/ahead.sst".into()]).as_bytes()).unwrap();
         (store, record)
@@ -419,10 +444,34 @@ mod tests {
     }
 
     #[test]
+    fn a_record_of_an_older_run_goes_with_its_files_and_a_newer_runs_record_keeps_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        // Task 0's old node was paused while the task moved: its record names ahead.sst; the
+        // new node, at a newer incarnation, stored next.sst ahead.
+        let (store, old) = stored_ahead(dir.path());
+        let new_run = ahead::AheadWriter { incarnation: 6, node: weir_wire::NodeId(2) };
+        let new = ahead::ahead_record_key(S, weir_wire::TaskId(0), new_run);
+        store.put("1/tasks/0/sst/next.sst", b"z").unwrap();
+        store.put(&new, ahead::encode_record(&["1/tasks/0/sst/next.sst".into()]).as_bytes()).unwrap();
+        let running = CollectOptions { keep: 1, dry_run: false, stopped: false, listed: None, ahead_runs_below: 6 };
+        let mut c = Collector::new();
+        let first = c.collect_with(&store, S, running.clone()).unwrap();
+        assert!(first.deleted.contains(&old) && !first.deleted.contains(&new), "{first:?}");
+        assert_eq!(first.pending, 1, "ahead.sst, named by no record now: {first:?}");
+        // The paused node wakes and writes its record again: it goes again.
+        store.put(&old, ahead::encode_record(&["1/tasks/0/sst/ahead.sst".into()]).as_bytes()).unwrap();
+        c.collect_with(&store, S, running.clone()).unwrap();
+        c.collect_with(&store, S, running).unwrap();
+        let k = keys(&store);
+        assert!(!k.contains(&old) && !k.contains(&"1/tasks/0/sst/ahead.sst".to_string()), "{k:?}");
+        assert!(k.contains(&new) && k.contains(&"1/tasks/0/sst/next.sst".to_string()), "{k:?}");
+    }
+
+    #[test]
     fn a_stopped_stream_collects_files_stored_ahead_and_their_record() {
         let dir = tempfile::tempdir().unwrap();
         let (store, record) = stored_ahead(dir.path());
-        let stopped = CollectOptions { keep: 1, dry_run: false, stopped: true, listed: None };
+        let stopped = CollectOptions { keep: 1, dry_run: false, stopped: true, listed: None, ahead_runs_below: 0 };
         let done = Collector::new().collect_with(&store, S, stopped).unwrap();
         assert!(done.deleted.contains(&record), "{done:?}");
         let k = keys(&store);

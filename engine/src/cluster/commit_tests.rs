@@ -103,7 +103,7 @@ fn a_record_the_key_does_not_list_is_no_commit_for_a_restart_a_reader_a_task_goi
     assert_eq!(c.begin(&w.store).unwrap().last, Some(rec(1)));
     assert_eq!(w.last(), Some(CheckpointId(1)));
     assert!(matches!(StoreCommits::new(S).last(&w.store), Err(PointError::Elsewhere { .. })), "the store alone");
-    let opts = CollectOptions { keep: 1, dry_run: false, stopped: false, listed: c.listed() };
+    let opts = CollectOptions { keep: 1, dry_run: false, stopped: false, listed: c.listed(), ahead_runs_below: 0 };
     let done = Collector::new().collect_with(&w.store, S, opts).unwrap();
     assert_eq!(done.kept, vec![CheckpointId(1)], "the commit is kept, the record above neither counted ...");
     assert!(w.store.get(&commit_key(S, CheckpointId(2))).is_ok(), "... nor deleted");
@@ -112,7 +112,7 @@ fn a_record_the_key_does_not_list_is_no_commit_for_a_restart_a_reader_a_task_goi
     let listed = c.commits(&w.store).unwrap();
     let ids: Vec<u64> = list_commits_in(&w.store, S, listed.as_deref()).unwrap().iter().map(|r| r.id.0).collect();
     assert_eq!(ids, [1, 3]);
-    let opts = CollectOptions { keep: 3, dry_run: false, stopped: false, listed: c.listed() };
+    let opts = CollectOptions { keep: 3, dry_run: false, stopped: false, listed: c.listed(), ahead_runs_below: 0 };
     assert_eq!(Collector::new().collect_with(&w.store, S, opts).unwrap().kept, [CheckpointId(1), CheckpointId(3)]);
     // Record 3 replaced behind the point's back: it is not the one committed; 1 is the last.
     let mut other = rec(3);
@@ -244,8 +244,11 @@ fn a_key_that_names_no_commit_restores_nothing_whatever_the_store_holds() {
     assert_eq!(w.last(), None);
     let listed = w.coordinator().commits(&w.store).unwrap();
     assert_eq!(listed, Some(Vec::new()));
-    let done =
-        Collector::new().collect_with(&w.store, S, CollectOptions { keep: 1, dry_run: false, stopped: false, listed });
+    let done = Collector::new().collect_with(
+        &w.store,
+        S,
+        CollectOptions { keep: 1, dry_run: false, stopped: false, listed, ahead_runs_below: 0 },
+    );
     assert!(done.unwrap().kept.is_empty());
 }
 
@@ -292,7 +295,7 @@ fn retention_counts_the_points_id_only_as_the_record_it_names() {
     let mut other = rec(3);
     other.ts = 77;
     w.store.put(&commit_key(S, CheckpointId(3)), encode_commit(&other).as_bytes()).unwrap();
-    let opts = CollectOptions { keep: 1, dry_run: false, stopped: false, listed: c.listed() };
+    let opts = CollectOptions { keep: 1, dry_run: false, stopped: false, listed: c.listed(), ahead_runs_below: 0 };
     let done = Collector::new().collect_with(&w.store, S, opts).unwrap();
     assert_eq!(done.kept, vec![CheckpointId(2)], "the restore point readers fall back to stays");
     assert_eq!(w.last(), Some(CheckpointId(2)));
@@ -337,7 +340,7 @@ fn a_takeover_lists_the_stores_newest_commits_so_retention_keeps_them() {
     let c = w.coordinator();
     assert_eq!(c.begin(&w.store).unwrap().last, Some(rec(4)));
     assert_eq!(c.listed().unwrap().iter().map(|p| p.id.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
-    let opts = CollectOptions { keep: 3, dry_run: false, stopped: false, listed: c.listed() };
+    let opts = CollectOptions { keep: 3, dry_run: false, stopped: false, listed: c.listed(), ahead_runs_below: 0 };
     let kept = Collector::new().collect_with(&w.store, S, opts).unwrap().kept;
     assert_eq!(kept, [CheckpointId(2), CheckpointId(3), CheckpointId(4)]);
 }

@@ -63,7 +63,7 @@ pub fn a_small_change_uploads_only_the_new_files(store: &dyn Store, dir: &Path) 
 /// files stored ahead, and it restores every result from `store`.
 pub fn results_stored_ahead_make_a_checkpoint_that_restores(store: &dyn Store, dir: &Path) {
     use std::sync::{Arc, Mutex};
-    use weir_engine::backup::ahead::{Watched, ahead_record_key, decode_record};
+    use weir_engine::backup::ahead::{AheadWriter, Watched, ahead_record_key, decode_record};
 
     let live = Arc::new(ResultStore::open(&dir.join("live")).unwrap());
     let (s, t) = (StreamId(1), TaskId(4));
@@ -72,10 +72,11 @@ pub fn results_stored_ahead_make_a_checkpoint_that_restores(store: &dyn Store, d
         live.flush().unwrap();
     }
     let index = Arc::new(Mutex::new(UploadIndex::new()));
-    let mut watched = Watched::new(t, live.clone(), index.clone());
+    let writer = AheadWriter { incarnation: 1 << 32, node: weir_engine::wire::NodeId(1) };
+    let mut watched = Watched::new(t, writer, live.clone(), index.clone());
     let ahead = watched.pass(store, s, &|| {}).unwrap();
     assert!(ahead.files >= 3, "{ahead:?}");
-    let record = ahead_record_key(s, t);
+    let record = ahead_record_key(s, t, writer);
     let named = decode_record(&record, &store.get(&record).unwrap()).unwrap();
     assert_eq!(named.len(), ahead.files as usize);
     for key in &named {

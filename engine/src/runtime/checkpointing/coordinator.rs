@@ -174,7 +174,8 @@ fn store_thread(side: StoreSide, jobs: Receiver<StoreJob>, inbox: Sender<CoordIn
     }
 }
 
-/// Collects the stream's garbage in the store, one pass per request, keeping `keep` commits.
+/// Collects the stream's garbage in the store, one pass per request, keeping `keep` commits
+/// (and the records of files stored ahead by runs at incarnation `run` or newer).
 /// It runs beside checkpoints and never holds one up (`backup::retention` says why that is safe).
 /// After a pass it writes the floors of the ingest partitions in `logs` (`backup::floor`), so
 /// the nodes delete what no kept checkpoint reads.
@@ -182,14 +183,15 @@ fn collector_thread(
     store: Arc<dyn Store>,
     book: Arc<dyn CommitBook>,
     stream: StreamId,
-    keep: usize,
+    (keep, run): (usize, u64),
     logs: BTreeMap<TaskId, u32>,
     requests: Receiver<()>,
 ) {
     let mut collector = Collector::new();
     let mut written = BTreeMap::new();
     for () in requests {
-        let opts = CollectOptions { keep, dry_run: false, stopped: false, listed: book.listed() };
+        let opts =
+            CollectOptions { keep, dry_run: false, stopped: false, listed: book.listed(), ahead_runs_below: run };
         match collector.collect_with(store.as_ref(), stream, opts) {
             Ok(c) => {
                 tracing::debug!(
@@ -236,6 +238,8 @@ pub(crate) struct CoordStart {
     pub(crate) retain: usize,
     /// The partition of each source task reading an ingest log: retention writes their floors.
     pub(crate) log_partitions: BTreeMap<TaskId, u32>,
+    /// The run's incarnation: retention deletes older runs' records of files stored ahead.
+    pub(crate) incarnation: u64,
     /// How the stream halts.
     pub(crate) halt: Halt,
 }
@@ -258,9 +262,10 @@ impl CoordThread {
         let (collect, collector) = if s.retain > 0 {
             let (tx, rx) = crossbeam_channel::bounded(1);
             let (store, book, keep, logs) = (s.store.clone(), s.book.clone(), s.retain, s.log_partitions);
+            let run = s.incarnation;
             let t = std::thread::Builder::new()
                 .name("weir-retention".into())
-                .spawn(move || collector_thread(store, book, stream, keep, logs, rx))?;
+                .spawn(move || collector_thread(store, book, stream, (keep, run), logs, rx))?;
             (Some(tx), Some(t))
         } else {
             (None, None)

@@ -101,6 +101,9 @@ pub(crate) struct Setup {
     /// The partition of each source task reading an ingest log (none for a generator stream).
     log_partitions: BTreeMap<TaskId, u32>,
     node: NodeId,
+    /// The run's incarnation (0 without a transport): whose records of files stored ahead the
+    /// sinks write, and below which retention deletes them.
+    incarnation: u64,
     node_of: Arc<HashMap<TaskId, NodeId>>,
     coord_node: NodeId,
     sender: Option<weir_wire::transport::TransportSender>,
@@ -245,6 +248,7 @@ impl Setup {
             topo,
             log_partitions,
             node: cfg.node,
+            incarnation: cfg.transport.as_ref().map_or(0, |t| t.incarnation),
             node_of: Arc::new(node_of),
             coord_node,
             sender,
@@ -270,7 +274,8 @@ impl Setup {
         let index = Arc::new(std::sync::Mutex::new(crate::backup::UploadIndex::new()));
         if let Task::Sink(s) = &*task {
             let live: Arc<dyn crate::backup::ahead::LiveSsts> = s.store.clone();
-            self.uploaders.store_ahead(crate::backup::ahead::Watched::new(t.id, live, index.clone()));
+            let writer = crate::backup::ahead::AheadWriter { incarnation: self.incarnation, node: self.node };
+            self.uploaders.store_ahead(crate::backup::ahead::Watched::new(t.id, writer, live, index.clone()));
         }
         let mut ck = TaskCheckpointing {
             driver: TaskDriver::new(TaskMachine::new(setup), start_token(t.id)),
@@ -372,6 +377,7 @@ impl Setup {
             store_timeout: Duration::from_millis(self.settings.store_timeout_ms),
             retain: self.settings.retain,
             log_partitions: self.log_partitions,
+            incarnation: self.incarnation,
             halt,
         })
         .map_err(EngineError::Thread)?;
