@@ -2,7 +2,7 @@
 //! environment variables, into typed settings the engine takes.
 //!
 //! One file describes the whole cluster (every node reads the same file and picks its own entry
-//! by id): the nodes and their addresses, the coordinator, the stream, checkpoints and the
+//! by id): the nodes and their addresses, the stream, checkpoints and the
 //! remote store. An unknown key is an error naming it and its line; an environment variable
 //! `WEIR_A__B` sets key `b` of table `a` (`WEIR_CHECKPOINT__INTERVAL=2s`), and
 //! `WEIR_CLUSTER_SECRET` the secret (taken raw, never parsed). Variables whose first part names no
@@ -41,8 +41,6 @@ pub struct ClusterFile {
     /// The credential client commands prove instead of the cluster secret, `NAME:KEY` (or
     /// `WEIR_CREDENTIAL`).
     pub credential: Option<Secret>,
-    /// The node that runs the checkpoint coordinator (default: the lowest node id).
-    pub coordinator: Option<u32>,
     /// Where nodes keep their data: `<data_dir>/node-<id>` unless a node names its own (default
     /// `weir-data` beside the file; relative paths are taken from the file's directory).
     #[serde(default = "default_data_dir")]
@@ -187,7 +185,7 @@ impl Default for IngestFile {
 pub enum PlacementFile {
     /// `"spread"`.
     Named(String),
-    /// Task id (as a string key) to node id; tasks not named go to the coordinator's node.
+    /// Task id (as a string key) to node id; tasks not named go to the lowest node.
     Explicit(BTreeMap<String, u32>),
 }
 
@@ -335,7 +333,7 @@ pub struct RestartFile {
     pub window: Duration,
     /// How long a lost node may stay away before its tasks move to the surviving nodes and are
     /// restored there from the remote store (`"0s"`: never; the stream waits for the node).
-    /// The coordinator's node decides; its own tasks never move.
+    /// The elected leader (etcd) decides; any node's tasks move, the coordinator's included.
     #[serde(default = "default_move_after", deserialize_with = "de_duration")]
     pub move_after: Duration,
 }

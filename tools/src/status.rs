@@ -326,7 +326,7 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
     if !answers.iter().any(|(_, a)| matches!(a, Answer::Up(r) if !r.streams.is_empty())) {
         let _ = writeln!(
             out,
-            "\nno node asked coordinates a stream: if the coordinator (the lowest node id) is down, the stream waits \
+            "\nno node asked coordinates a stream: if the coordinator (on the lowest node running tasks) is down, the stream waits \
              for it and nothing commits (the other nodes keep their data; with etcd, until the elected node moves \
              its tasks)"
         );

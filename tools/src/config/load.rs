@@ -16,7 +16,6 @@ const TOP_KEYS: &[&str] = &[
     "cluster_secret",
     "clients",
     "credential",
-    "coordinator",
     "data_dir",
     "workers",
     "pin_workers",
@@ -217,7 +216,7 @@ mod tests {
         assert_eq!((c.etcd, c.lease), (vec!["http://127.0.0.1:2379".to_string()], std::time::Duration::from_secs(5)));
         // The file's tables, as serde sees them: each is a key the environment may name.
         let all = "cluster = \"c\"\ncluster_secret = \"0123456789abcdef\"\nclients = []\ncredential = \"a:b\"\n\
-                   coordinator = 1\ndata_dir = \"d\"\nworkers = 1\npin_workers = false\nstate_budget = \"1M\"\n\
+                   data_dir = \"d\"\nworkers = 1\npin_workers = false\nstate_budget = \"1M\"\n\
                    [[nodes]]\nid = 1\naddr = \"127.0.0.1:1\"\n[stream]\n[checkpoint]\n[restart]\n\
                    [tls]\nca = \"ca\"\n[control]\netcd = \"e\"\n";
         let table: toml::Table = toml::from_str(all).unwrap();

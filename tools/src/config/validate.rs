@@ -1,5 +1,5 @@
-//! Checks of the cluster file that its types cannot make: ids, addresses, the coordinator, the
-//! placement, the control table.
+//! Checks of the cluster file that its types cannot make: ids, addresses, the placement, the
+//! control table.
 
 use anyhow::{Context, bail};
 use weir_engine::wire::role::MAX_MEMBER_ID;
@@ -7,7 +7,7 @@ use weir_engine::wire::role::MAX_MEMBER_ID;
 use super::{ClusterFile, PlacementFile};
 
 impl ClusterFile {
-    /// Checks what the types cannot: ids, addresses, the coordinator, the placement.
+    /// Checks what the types cannot: ids, addresses, the placement.
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.nodes.is_empty() {
             bail!("the config lists no nodes ([[nodes]] with id and addr)");
@@ -54,15 +54,6 @@ impl ClusterFile {
                      does not list is no commit; keep at most {history}",
                     self.checkpoint.retain
                 );
-            }
-        }
-        let lowest = *seen.first().expect("nodes");
-        if let Some(c) = self.coordinator {
-            if !seen.contains(&c) {
-                bail!("coordinator = {c} is not a listed node");
-            }
-            if c != lowest {
-                bail!("coordinator = {c}: the coordinator runs on the lowest node id ({lowest}); renumber the nodes");
             }
         }
         if !["fixed-delay", "exponential-backoff", "none"].contains(&self.restart.strategy.as_str()) {
