@@ -24,11 +24,18 @@ fn start_in(net: &Net, config: &Path, id: u32, log: &Path) -> Child {
         .unwrap()
 }
 
-/// The load example for the nodes of `net` (two copies of each partition's log, a copy late by
-/// 2 s written out of its in-sync set, moves after 2 s), on `etcd` with leases of 2 s.
-fn netns_config(dir: &Path, net: &Net, etcd: &Etcd) -> std::path::PathBuf {
+/// The load example for `count` nodes of `net` (two copies of each partition's log, a copy late
+/// by 2 s written out of its in-sync set, moves after 2 s), on `etcd` with leases of 2 s.
+fn netns_config(dir: &Path, net: &Net, etcd: &Etcd, count: u32) -> std::path::PathBuf {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     adjusted(example("load-three-node.toml"), dir, |t| {
+        let nodes = t["nodes"].as_array_mut().unwrap();
+        while nodes.len() < count as usize {
+            let mut node = nodes[0].as_table().unwrap().clone();
+            node.insert("id".into(), (nodes.len() as i64 + 1).into());
+            nodes.push(node.into());
+        }
+        set(t, &["stream", "partitions"], i64::from(count));
         set(t, &["checkpoint", "interval"], "200ms");
         set(t, &["stream", "ingest", "replicas"], 2i64);
         set(t, &["stream", "ingest", "in_sync_lag"], "2s");
@@ -63,7 +70,7 @@ fn under_load() -> Loaded {
     let dir = tempfile::tempdir().unwrap();
     let net = Net::new(&[1, 2, 3]);
     let etcd = Etcd::start_on(dir.path(), 3, &net.host());
-    let config = netns_config(dir.path(), &net, &etcd);
+    let config = netns_config(dir.path(), &net, &etcd, 3);
     let logs: Vec<std::path::PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
     let nodes = Nodes((1..=3).map(|n| start_in(&net, &config, n, &logs[n as usize - 1])).collect());
     let args = ["--events", "900k", "--rate", "150k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "90s"];
@@ -154,6 +161,59 @@ fn a_node_cut_off_from_the_others_but_not_from_etcd_gives_up_its_membership_and_
     drop(etcd);
 }
 
+/// Four nodes, each the source of one partition with its copy on the next node (node 4's on
+/// node 1), split 2|2 during a load, every node still reaching etcd: of an even split the side
+/// of the lowest node stays, so nodes 3 and 4 give up their memberships and nodes 1 and 2 do
+/// not. Partition 2 has both copies on the side that gave up, so the elected node moves nothing
+/// (a stream runs whole or not at all) and the stream waits for its nodes. After the heal nodes 3
+/// and 4 take memberships again and rejoin with their tasks, the load ends, and every
+/// acknowledged row is in the results exactly once.
+#[test]
+fn an_even_split_of_four_nodes_keeps_the_side_of_the_lowest_node_and_loses_no_acknowledged_row() {
+    const EVENTS: u64 = 1_200_000;
+    let dir = tempfile::tempdir().unwrap();
+    let net = Net::new(&[1, 2, 3, 4]);
+    let etcd = Etcd::start_on(dir.path(), 3, &net.host());
+    let config = netns_config(dir.path(), &net, &etcd, 4);
+    let logs: Vec<std::path::PathBuf> = (1..=4).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
+    let nodes = Nodes((1..=4).map(|n| start_in(&net, &config, n, &logs[n as usize - 1])).collect());
+    let events = EVENTS.to_string();
+    let args = ["--events", &events, "--rate", "150k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "120s"];
+    line_in(&logs[0], "checkpoint committed", Duration::from_secs(30));
+    let child = load(&config, &args);
+    std::thread::sleep(Duration::from_millis(1500));
+    net.split(&[1, 2], &[3, 4]);
+    for l in &logs[2..] {
+        line_in(l, "gives up its membership, so that its tasks move", Duration::from_secs(30));
+    }
+    let waits = line_in_any(&[&logs[0], &logs[1]], "nothing moves; the stream waits", Duration::from_secs(60));
+    assert!(waits.contains("partition 2's ingest log is only on node 3"), "{waits}");
+    std::thread::sleep(Duration::from_secs(3));
+    for l in &logs[..2] {
+        let text = std::fs::read_to_string(l).unwrap();
+        assert!(!text.contains("gives up its membership"), "a node of the lowest node's side gave up:\n{text}");
+        assert!(!text.contains("moving the tasks"), "tasks moved, partition 2's too?\n{text}");
+    }
+    net.heal_split(&[1, 2], &[3, 4]);
+    for l in &logs[2..] {
+        line_in(l, "reaches the other members again", Duration::from_secs(30));
+    }
+    let (code, s, err) = summary_of(child, Duration::from_secs(150));
+    let logs_text =
+        || logs.iter().map(|l| std::fs::read_to_string(l).unwrap_or_default()).collect::<Vec<_>>().join("\n");
+    assert_eq!(code, Some(0), "{s:#} {err}\n{}", logs_text());
+    assert_acknowledged(&s, 4, EVENTS / 4);
+    let want = expected(&s, 4, EVENTS / 4);
+    wait_for_results(&config, want.len(), &logs[0]);
+    let (code, text) = verify_ingest(&config);
+    assert_eq!(code, Some(0), "{text}\n{}", logs_text());
+    assert!(text.contains(&format!("match the {EVENTS} rows of 1 load(s)")), "{text}");
+    let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    drop(nodes);
+    drop(etcd);
+}
+
 /// A soak behind `WEIR_PARTITION_SOAK=N`: during a load into partitions kept on two nodes, N
 /// faults of random nodes (the coordinator's included), one at a time, each once the cluster
 /// has committed again after the last: SIGKILL and a start again after up to 3 s, SIGSTOP for up
@@ -167,7 +227,7 @@ fn soak_random_kills_pauses_and_cuts_lose_no_acknowledged_row() {
     let dir = tempfile::tempdir().unwrap();
     let net = Net::new(&[1, 2, 3]);
     let etcd = Etcd::start_on(dir.path(), 3, &net.host());
-    let config = netns_config(dir.path(), &net, &etcd);
+    let config = netns_config(dir.path(), &net, &etcd, 3);
     let log = |n: u32, round: u64| dir.path().join(format!("node-{n}-{round}.log"));
     let mut nodes = Nodes((1..=3).map(|n| start_in(&net, &config, n, &log(n, 0))).collect());
     let per = 20_000 * (15 * faults + 10);

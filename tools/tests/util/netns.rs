@@ -101,8 +101,24 @@ impl Net {
     }
 
     fn peer_routes(&self, node: u32, op: &str) {
-        for other in self.nodes.iter().copied().filter(|n| *n != node) {
-            for (ns, to) in [(node, other), (other, node)] {
+        let others: Vec<u32> = self.nodes.iter().copied().filter(|n| *n != node).collect();
+        self.routes(&[node], &others, op);
+    }
+
+    /// Splits the nodes into `a` and `b`, which no longer reach each other; the etcd members
+    /// and clients on the bridge still reach all.
+    pub fn split(&self, a: &[u32], b: &[u32]) {
+        self.routes(a, b, "add");
+    }
+
+    /// Undoes [`Self::split`].
+    pub fn heal_split(&self, a: &[u32], b: &[u32]) {
+        self.routes(a, b, "del");
+    }
+
+    fn routes(&self, a: &[u32], b: &[u32], op: &str) {
+        for (x, y) in a.iter().flat_map(|x| b.iter().map(move |y| (*x, *y))) {
+            for (ns, to) in [(x, y), (y, x)] {
                 let to = format!("{}/32", self.addr(to));
                 ip(&["netns", "exec", &self.ns(ns), "ip", "route", op, "blackhole", &to]);
             }
