@@ -299,3 +299,24 @@ fn new_connections_from_one_address_are_limited_per_second() {
     std::thread::sleep(Duration::from_millis(1100));
     BlockingClient::connect(addr, CLUSTER, NodeId(71), SECRET, WAIT).unwrap();
 }
+
+#[test]
+fn a_port_check_is_not_a_stranger_and_a_connection_that_sends_garbage_is() {
+    let a = member_at(1);
+    let strangers = || TransportStats::get(&a.stats().strangers);
+    // Connected and closed without a byte, as a health checker or another node's probe does.
+    for _ in 0..3 {
+        drop(TcpStream::connect(a.local_addr().unwrap()).unwrap());
+    }
+    // Then one that sends garbage: the node hangs up on it, and counts it.
+    let mut raw = TcpStream::connect(a.local_addr().unwrap()).unwrap();
+    raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let _ = frames_until_eof(&mut raw);
+    let t0 = Instant::now();
+    while strangers() == 0 {
+        assert!(t0.elapsed() < WAIT, "the garbage was not counted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Connections end in order on one thread: the port checks, first, were not counted.
+    assert_eq!(strangers(), 1);
+}

@@ -361,6 +361,9 @@ pub struct TransportStats {
     pub over_cap: AtomicU64,
     /// Frames refused because the sender's role may not send their kind.
     pub forbidden: AtomicU64,
+    /// Accepted connections that ended without proving a key (one that closed before sending a
+    /// byte, a port check, is not counted).
+    pub strangers: AtomicU64,
 }
 
 impl TransportStats {

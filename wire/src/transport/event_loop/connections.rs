@@ -120,6 +120,8 @@ impl EventLoop {
                 counted: false,
                 client_slot: false,
                 discarded: 0,
+                heard: false,
+                port_check: false,
             },
         );
         Some(token)

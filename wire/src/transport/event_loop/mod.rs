@@ -135,6 +135,11 @@ struct Conn {
     client_slot: bool,
     /// Bytes read and thrown away since it began closing.
     discarded: usize,
+    /// The peer sent a byte: one that closes before it does only checked the port (a health
+    /// checker, another node's probe), and is not counted as a refused stranger.
+    heard: bool,
+    /// The peer closed without sending a byte.
+    port_check: bool,
 }
 
 #[derive(Debug)]
@@ -379,8 +384,12 @@ impl EventLoop {
                 Some(tls) => conn.decoder.read_from(&mut TlsReader { tls, sock: &mut conn.stream }),
             };
             match got {
-                Ok(0) => return self.end(token, Ending::quiet("peer closed the connection")),
+                Ok(0) => {
+                    conn.port_check = !conn.heard;
+                    return self.end(token, Ending::quiet("peer closed the connection"));
+                }
                 Ok(n) => {
+                    conn.heard = true;
                     conn.last_recv = Instant::now();
                     self.shared.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
                     if !self.drain_frames(token) {

@@ -140,8 +140,9 @@ impl EventLoop {
             Phase::AwaitAuth(a) => Some(a.peer),
             _ => conn.target.or(conn.dialer.filter(|d| *d != node)),
         };
-        // A connection that dialed us and never proved its key: nobody we know.
-        let stranger = conn.counted;
+        // A connection that dialed us and never proved its key: nobody we know (unless it only
+        // checked that the port answers).
+        let stranger = conn.counted && !conn.port_check;
         if was_client {
             // No longer served: its slot is free while its Close goes out.
             self.clients -= 1;
@@ -151,6 +152,7 @@ impl EventLoop {
             // Anyone can cause these, as often as they like: counted, summed into one log line
             // now and then, and nothing for the application.
             self.quiet_refusals += 1;
+            self.shared.stats.strangers.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%node, %addr, code = ?ending.code, reason = %ending.reason, "stranger's connection ended");
         } else if let Some(by_peer) = ending.refused {
             if by_peer {
