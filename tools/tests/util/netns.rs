@@ -1,8 +1,10 @@
 //! Network namespaces for partition tests (needs root and `ip`, from iproute2): each node in
 //! its own namespace, linked by a veth pair to one bridge in the test's namespace, where the
 //! test's etcd members and clients live. Cutting a node takes its link down: it can reach no
-//! other node and no etcd member, and none can reach it, until the link is up again. Everything
-//! is removed when the [`Net`] is dropped.
+//! other node and no etcd member, and none can reach it, until the link is up again. Cutting
+//! nodes from each other alone drops their packets to each other silently (a false hardware
+//! address: this needs no firewall or traffic-control module). Everything is removed when the
+//! [`Net`] is dropped.
 
 use std::process::Command;
 
@@ -49,8 +51,12 @@ impl Net {
         format!("wv{}{node}h", self.tag)
     }
 
+    fn inner_end(&self, node: u32) -> String {
+        format!("wv{}{node}n", self.tag)
+    }
+
     fn add(&mut self, node: u32) {
-        let (ns, host, inner) = (self.ns(node), self.host_end(node), format!("wv{}{node}n", self.tag));
+        let (ns, host, inner) = (self.ns(node), self.host_end(node), self.inner_end(node));
         ip(&["netns", "add", &ns]);
         ip(&["link", "add", &host, "type", "veth", "peer", "name", &inner]);
         ip(&["link", "set", &inner, "netns", &ns]);
@@ -89,8 +95,9 @@ impl Net {
         ip(&["link", "set", &self.host_end(node), "up"]);
     }
 
-    /// Cuts node `node` off from the other nodes alone (each side drops what it sends the
-    /// other): the etcd members and clients on the bridge still reach it.
+    /// Cuts node `node` off from the other nodes alone: the etcd members and clients on the
+    /// bridge still reach it. Packets are dropped silently, as on a lost link: no error and no
+    /// reset, so TCP retransmits until it times out.
     pub fn cut_peers(&self, node: u32) {
         self.peer_routes(node, "add");
     }
@@ -116,11 +123,30 @@ impl Net {
         self.routes(a, b, "del");
     }
 
+    /// Each node of `a` and each of `b` send each other's packets to a hardware address no
+    /// interface has (the bridge drops them); `del` forgets that, so the real one is asked for.
     fn routes(&self, a: &[u32], b: &[u32], op: &str) {
         for (x, y) in a.iter().flat_map(|x| b.iter().map(move |y| (*x, *y))) {
-            for (ns, to) in [(x, y), (y, x)] {
-                let to = format!("{}/32", self.addr(to));
-                ip(&["netns", "exec", &self.ns(ns), "ip", "route", op, "blackhole", &to]);
+            for (from, to) in [(x, y), (y, x)] {
+                let (ns, dev, to) = (self.ns(from), self.inner_end(from), self.addr(to));
+                match op {
+                    "add" => ip(&[
+                        "netns",
+                        "exec",
+                        &ns,
+                        "ip",
+                        "neigh",
+                        "replace",
+                        &to,
+                        "lladdr",
+                        "02:00:00:00:00:01",
+                        "dev",
+                        &dev,
+                        "nud",
+                        "permanent",
+                    ]),
+                    _ => ip(&["netns", "exec", &ns, "ip", "neigh", "del", &to, "dev", &dev]),
+                }
             }
         }
     }
