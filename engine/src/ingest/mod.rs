@@ -5,6 +5,8 @@
 
 mod handle;
 pub mod in_sync;
+#[cfg(test)]
+mod in_sync_sim;
 pub mod ledger;
 pub mod log;
 mod open;
