@@ -108,7 +108,10 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     if let Some(p) = &prober {
         control.show_probes(p.view());
     }
-    control.show_in_sync(spec.id)?;
+    // Only a stream with two copies of each partition has in-sync sets.
+    if file.stream.ingest.replicas >= 2 {
+        control.show_in_sync(spec.id)?;
+    }
     let member = control.member_status();
     if let (Some(b), Some(m)) = (&board, &member) {
         b.set_member(m.clone());
@@ -191,29 +194,18 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                         };
                         let ended = supervise(&engine, &how, watch);
                         links = engine.status().peers;
-                        let asked = engine.stop_request();
                         engine.stop();
                         if let Some(b) = &board {
                             b.engine_ended();
                         }
-                        let result = engine.wait();
-                        // A stop that came while the run ended for another reason still stops
-                        // the node: it was answered "stopping".
-                        match ended {
-                            Ended::Failed(..) | Ended::Fenced if asked.asked() => {
-                                if let Err(e) = &result {
-                                    tracing::warn!(error = %e, "the stream failed as it was asked to stop");
-                                }
-                                (Ended::StopRequested, Ok(()))
-                            }
-                            ended => (ended, result),
-                        }
+                        (ended, engine.wait())
                     }
                     // A restart that cannot start (the store unreachable, say) is one more failure
                     // for the strategy; the first start's errors are the config's or the machine's,
                     // except etcd's (busy, or the placement changed as the run began).
                     Err(e) if !restarts.is_empty() || e.is_control() => {
-                        (Ended::Failed(format!("restart failed: {e}"), None), Ok(()))
+                        let what = if restarts.is_empty() { "start" } else { "restart" };
+                        (Ended::Failed(format!("{what} failed: {e}"), None), Ok(()))
                     }
                     Err(e) => return Err(e).with_context(|| format!("starting node {}", me.id)),
                 }
@@ -245,6 +237,17 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
             }
             Err(e) if !restarts.is_empty() => (Ended::Failed(format!("restart failed: {e:#}"), None), Ok(())),
             Err(e) => return Err(e).with_context(|| format!("starting node {}", me.id)),
+        };
+        // A stop that came while the run ended for another reason, or failed to start, still
+        // stops the node: it was answered "stopping".
+        let (ended, result) = match ended {
+            Ended::Failed(..) | Ended::Fenced if base.stop_requested.load(Ordering::Acquire) => {
+                if let Err(e) = &result {
+                    tracing::warn!(error = %e, "the stream failed as it was asked to stop");
+                }
+                (Ended::StopRequested, Ok(()))
+            }
+            ended => (ended, result),
         };
         let (why, newer) = match ended {
             Ended::Failed(why, newer) => (why, newer),

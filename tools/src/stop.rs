@@ -4,9 +4,9 @@
 //!
 //! Every node of the target is asked (a node asked sends the request on to the stream's other
 //! nodes too, which is what `--node` relies on); each `weir node` process then stops its tasks
-//! and exits 0. The command returns once every node that took the request has exited, asking
-//! again any that still answers (a node that was restarting its stream may have missed it), and
-//! exits 1 if one still runs after `--wait`. Between the final commit and the stop the stream
+//! and exits 0. The command returns once nothing listens on any target node's port, asking again
+//! any node that answers (one that was restarting its stream may have missed the request), and
+//! exits 1 if one still answers, or can neither be reached nor be seen gone, after `--wait`. Between the final commit and the stop the stream
 //! may go on a little: what it writes then is written again, identically, after the restart
 //! (results are upserts of the same blocks).
 
@@ -131,82 +131,134 @@ fn ask(t: &Target, addr: SocketAddr, stream: StreamId) -> anyhow::Result<Took> {
     }
 }
 
-/// Runs `weir stop`: asks every node, then waits until each that took the request has exited.
+/// Runs `weir stop`: asks every node, then waits until none listens any more.
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 pub fn run(args: &StopArgs) -> anyhow::Result<ExitCode> {
     let t = args.cluster.target()?;
     let stream = StreamId(args.stream.or(t.file.as_ref().map(|f| f.stream.id)).unwrap_or(1));
     let last = if args.checkpoint { Some(final_checkpoint(&t, stream, args.timeout)?) } else { None };
-    let mut stopping: Vec<(SocketAddr, u32)> = Vec::new();
+    let ids = t.node_ids();
+    let mut nodes: Vec<Node> = t.nodes.iter().map(|a| Node::new(*a, ids.get(a).copied())).collect();
     let mut told: Vec<u32> = Vec::new();
-    let mut unreachable: Vec<(SocketAddr, String)> = Vec::new();
-    for addr in &t.nodes {
-        match ask(&t, *addr, stream)? {
+    let mut why = Vec::new();
+    for n in &mut nodes {
+        match ask(&t, n.addr, stream)? {
             Took::Stopping { node, peers } => {
-                stopping.push((*addr, node));
+                n.took(node);
                 told.extend(peers);
             }
-            Took::Unreachable(why) => unreachable.push((*addr, why)),
+            Took::Unreachable(w) => why.push(format!("{}: {w}", n.addr)),
         }
     }
-    if stopping.is_empty() {
-        let why: Vec<String> = unreachable.iter().map(|(a, w)| format!("{a}: {w}")).collect();
+    if !nodes.iter().any(|n| n.took) {
         bail!("no node took the stop request: {}", why.join("; "));
     }
-    let after = last.map_or_else(String::new, |c| format!(" after chk-{} committed", c.0));
-    let mut asked: Vec<u32> = stopping.iter().map(|(_, n)| *n).collect();
-    let names = |ids: &[u32]| ids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
-    // Peers the nodes told and this client cannot ask itself (`--node`): named, not waited for.
-    told.retain(|p| !asked.contains(p));
+    let asked: Vec<&Node> = nodes.iter().filter(|n| n.took).collect();
+    let asked = list(&asked);
+    // Peers the nodes told that this client cannot ask itself (`--node`): named, not waited for.
+    let known: Vec<u32> = nodes.iter().filter_map(|n| n.id).collect();
+    told.retain(|p| !known.contains(p));
     told.sort_unstable();
     told.dedup();
-    let also = if told.is_empty() { String::new() } else { format!(" (which told nodes {})", names(&told)) };
-    println!("stopping stream {} on nodes {}{also}{after}", stream.0, names(&asked));
-    for (addr, why) in &unreachable {
-        eprintln!("warning: {addr} could not be reached, so it was not asked to stop: {why}");
+    let also = match told.as_slice() {
+        [] => String::new(),
+        [one] => format!(" (which told node {one})"),
+        many => format!(" (which told nodes {})", many.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),
+    };
+    let after = last.map_or_else(String::new, |c| format!(" after chk-{} committed", c.0));
+    println!("stopping stream {} on {asked}{also}{after}", stream.0);
+    wait_for_exit(&t, stream, &mut nodes, args.wait);
+    let gone: Vec<&Node> = nodes.iter().filter(|n| n.gone && n.took).collect();
+    let idle: Vec<&Node> = nodes.iter().filter(|n| n.gone && !n.took).collect();
+    if !gone.is_empty() {
+        println!("stopped: {} no longer listening (exited)", list(&gone));
     }
-    let still = wait_for_exit(&t, stream, &stopping, args.wait);
-    if !still.is_empty() {
-        eprintln!("nodes {} still run {} after the stop request", names(&still), humantime::format_duration(args.wait));
-        return Ok(ExitCode::FAILURE);
+    if !idle.is_empty() {
+        println!("{} not running (nothing listens on its port)", list(&idle));
     }
-    asked.sort_unstable();
-    println!("stopped: nodes {} have exited", names(&asked));
-    Ok(ExitCode::SUCCESS)
+    let left: Vec<&Node> = nodes.iter().filter(|n| !n.gone).collect();
+    for n in &left {
+        match n.answered {
+            true => {
+                eprintln!("{} still runs {} after the stop request", n.name(), humantime::format_duration(args.wait))
+            }
+            false => eprintln!("{} could not be reached, so it may still run (down, or cut off from here)", n.name()),
+        }
+    }
+    Ok(if left.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-/// Waits at most `limit` until every node of `nodes` has exited (it no longer answers, twice in
-/// a row: a node between two runs of the stream is briefly unreachable too); asks again any node
-/// that still answers, once a second (one that restarted its stream meanwhile may have missed the
-/// first request). Returns the nodes that still answer.
-fn wait_for_exit(t: &Target, stream: StreamId, nodes: &[(SocketAddr, u32)], limit: Duration) -> Vec<u32> {
+/// `nodes 1, 2, 3`, `node 1`, or addresses for nodes whose id is not known.
+fn list(nodes: &[&Node]) -> String {
+    match nodes.iter().map(|n| n.id).collect::<Option<Vec<u32>>>() {
+        Some(ids) if ids.len() == 1 => format!("node {}", ids[0]),
+        Some(ids) => format!("nodes {}", ids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),
+        None => nodes.iter().map(|n| n.name()).collect::<Vec<_>>().join(", "),
+    }
+}
+
+/// One node of the target, as `weir stop` sees it.
+struct Node {
+    addr: SocketAddr,
+    id: Option<u32>,
+    /// It answered that it stops.
+    took: bool,
+    /// It answered a connection at least once since the first request.
+    answered: bool,
+    /// Its port refused connections since then (`None`: it did not at the last poll).
+    refused_since: Option<Instant>,
+    /// Nothing listens on its port any more, for long enough.
+    gone: bool,
+    asked_at: Instant,
+}
+
+impl Node {
+    fn new(addr: SocketAddr, id: Option<u32>) -> Self {
+        Node { addr, id, took: false, answered: false, refused_since: None, gone: false, asked_at: Instant::now() }
+    }
+
+    fn took(&mut self, id: u32) {
+        (self.took, self.answered, self.id) = (true, true, Some(id));
+    }
+
+    fn name(&self) -> String {
+        match self.id {
+            Some(id) => format!("node {id}"),
+            None => self.addr.to_string(),
+        }
+    }
+}
+
+/// Waits at most `limit` until nothing listens on any node's port: its connections are refused
+/// for a second or more (a node between two runs of its stream stops listening for less).
+/// Any node that answers is asked again once a second (one that was restarting its stream, or
+/// could not be reached, may have missed the first request). A port that neither answers nor
+/// refuses (a node down, or cut off from here) is not taken as gone.
+fn wait_for_exit(t: &Target, stream: StreamId, nodes: &mut [Node], limit: Duration) {
     const POLL: Duration = Duration::from_millis(200);
+    const GONE: Duration = Duration::from_secs(1);
     const AGAIN: Duration = Duration::from_secs(1);
     let t0 = Instant::now();
-    // Per node: consecutive polls without an answer, and when it was last asked.
-    let mut quiet: Vec<u32> = vec![0; nodes.len()];
-    let mut asked_at: Vec<Instant> = vec![t0; nodes.len()];
-    loop {
-        for (i, (addr, _)) in nodes.iter().enumerate() {
-            if quiet[i] >= 2 {
-                continue;
-            }
-            match crate::client::connect(t, *addr, POLL) {
-                Err(_) => quiet[i] += 1,
-                Ok(c) => {
-                    quiet[i] = 0;
-                    drop(c);
-                    if asked_at[i].elapsed() >= AGAIN {
-                        asked_at[i] = Instant::now();
-                        // Its answer (or none) changes nothing: the next polls tell.
-                        let _ = ask(t, *addr, stream);
+    while t0.elapsed() < limit && nodes.iter().any(|n| !n.gone) {
+        for n in nodes.iter_mut().filter(|n| !n.gone) {
+            match std::net::TcpStream::connect_timeout(&n.addr, Duration::from_secs(1)) {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    let since = *n.refused_since.get_or_insert_with(Instant::now);
+                    n.gone = since.elapsed() >= GONE;
+                }
+                Err(_) => n.refused_since = None,
+                Ok(probe) => {
+                    drop(probe);
+                    n.refused_since = None;
+                    n.answered = true;
+                    if n.asked_at.elapsed() >= AGAIN {
+                        n.asked_at = Instant::now();
+                        if let Ok(Took::Stopping { node, .. }) = ask(t, n.addr, stream) {
+                            n.took(node);
+                        }
                     }
                 }
             }
-        }
-        let running: Vec<u32> = nodes.iter().zip(&quiet).filter(|(_, q)| **q < 2).map(|((_, n), _)| *n).collect();
-        if running.is_empty() || t0.elapsed() >= limit {
-            return running;
         }
         std::thread::sleep(POLL);
     }

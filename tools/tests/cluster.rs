@@ -59,7 +59,7 @@ fn weir_stop_with_a_checkpoint_stops_every_node_and_a_restart_resumes_from_that_
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
     // It returns once every node has exited.
-    assert!(said.contains("stopped: nodes 1, 2, 3 have exited"), "{said}");
+    assert!(said.contains("stopped: nodes 1, 2, 3 no longer listening (exited)"), "{said}");
     let final_id: u64 = said
         .split_whitespace()
         .find_map(|w| w.strip_prefix("chk-").and_then(|n| n.parse().ok()))

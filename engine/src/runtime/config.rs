@@ -77,6 +77,10 @@ pub struct EngineConfig {
     /// lost copy is written out), and whether the node may write a late copy out now (it
     /// reaches most of the other members).
     pub in_sync: Option<InSync>,
+    /// Set once a client asks for the stream to stop (a `StopReq` to this node or to a peer):
+    /// the node's flag, shared by its engines, so that a request that came while a run ended
+    /// or failed to start is still honoured.
+    pub stop_requested: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl EngineConfig {
@@ -106,6 +110,7 @@ impl EngineConfig {
             member_status: None,
             commits: None,
             in_sync: None,
+            stop_requested: Default::default(),
         }
     }
 }

@@ -58,11 +58,16 @@ pub enum EngineError {
 }
 
 impl EngineError {
-    /// Whether the control store (etcd) failed or refused the run (its lease or placement
-    /// changed as it started): a start that fails so may succeed at once, whatever the config.
+    /// Whether the control store (etcd) failed for a while or refused the run (its lease or
+    /// placement changed as it started): a start that fails so may succeed at once, whatever
+    /// the config.
     pub fn is_control(&self) -> bool {
         use crate::backup::commit_point::PointError;
-        matches!(self, EngineError::Point(PointError::Control(_) | PointError::Fenced { .. }))
+        match self {
+            EngineError::Point(PointError::Fenced { .. }) => true,
+            EngineError::Point(PointError::Control(e)) => e.is_retryable(),
+            _ => false,
+        }
     }
 
     /// Whether restarting may help (it does for I/O; not for configuration or a panic).

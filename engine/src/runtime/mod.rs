@@ -48,7 +48,6 @@ pub use config::{EngineConfig, InSync};
 pub use control::Control;
 use control::ControlHandle;
 pub use error::EngineError;
-pub use queries::StopRequest;
 pub use router::IngestToken;
 pub use shared::EngineStats;
 use shared::Shared;
@@ -241,7 +240,7 @@ impl Engine {
                 p.dedup();
                 p
             },
-            stop_requested: Default::default(),
+            stop_requested: cfg.stop_requested.clone(),
             results: results.clone(),
             incarnation: cfg.transport.as_ref().map_or(0, |t| t.incarnation),
             restarts: cfg.restarts.clone(),

@@ -56,17 +56,10 @@ impl Engine {
     }
 
     /// Whether a client asked for the stream to stop (a `StopReq` to this node or to a peer,
-    /// which sent it on): the engine keeps running until [`Engine::stop`]; `weir node` stops it
-    /// and exits.
+    /// which sent it on; [`super::EngineConfig::stop_requested`]): the engine keeps running
+    /// until [`Engine::stop`]; `weir node` stops it and exits.
     pub fn stop_requested(&self) -> bool {
         self.status.stop_requested.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// A handle that says whether a client asked for the stream to stop, also once the engine
-    /// has been waited for: a request that came while it stopped for another reason (a failure,
-    /// a lost lease) is still one to honour.
-    pub fn stop_request(&self) -> StopRequest {
-        StopRequest(self.status.clone())
     }
 
     /// Why the engine failed (a task's error, lost data on a channel, a halt of the
@@ -114,15 +107,5 @@ impl Engine {
             return Err(EngineError::Failed(format!("task {task} does not take control messages")));
         }
         Ok(())
-    }
-}
-
-/// Whether a client asked an engine's stream to stop ([`Engine::stop_request`]).
-pub struct StopRequest(std::sync::Arc<super::status::StatusBoard>);
-
-impl StopRequest {
-    /// A client asked (a `StopReq` to this node or to a peer, which sent it on).
-    pub fn asked(&self) -> bool {
-        self.0.stop_requested.load(Ordering::Acquire)
     }
 }

@@ -39,7 +39,7 @@ pub(crate) struct StatusBoard {
     /// The other nodes that run tasks of the stream (a stop request goes on to them).
     pub(crate) peers: Vec<NodeId>,
     /// A client asked for the stream to stop (`StopReq`); whoever runs the engine stops it.
-    pub(crate) stop_requested: std::sync::atomic::AtomicBool,
+    pub(crate) stop_requested: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The local sinks' result stores, which clients read page by page (`ResultsReq`).
     pub(crate) results: crate::state::NodeResults,
     /// The incarnation this engine runs at (0: not a cluster member).

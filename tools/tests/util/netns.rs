@@ -124,7 +124,8 @@ impl Net {
     }
 
     /// Each node of `a` and each of `b` send each other's packets to a hardware address no
-    /// interface has (the bridge drops them); `del` forgets that, so the real one is asked for.
+    /// interface has (the bridge floods them and every node drops them: none is theirs); `del`
+    /// forgets that, so the real one is asked for.
     fn routes(&self, a: &[u32], b: &[u32], op: &str) {
         for (x, y) in a.iter().flat_map(|x| b.iter().map(move |y| (*x, *y))) {
             for (from, to) in [(x, y), (y, x)] {
