@@ -80,6 +80,7 @@ impl MemberStatus for NodeMember {
         }
         if let Some(v) = self.in_sync.get() {
             info.in_sync = v.entries();
+            info.in_sync_age_ms = v.age().map_or(0, |a| a.as_millis() as u64);
         }
         info
     }

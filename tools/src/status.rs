@@ -98,6 +98,7 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
                     "in_sync": m.in_sync.iter().map(|e| json!({
                         "partition": e.partition, "primary": e.primary.0, "follower": e.follower.0, "in": e.in_sync,
                     })).collect::<Vec<_>>(),
+                    "in_sync_age_ms": (!m.in_sync.is_empty()).then_some(m.in_sync_age_ms),
                 })),
                 "peers": r.peers.iter().map(|p| json!({
                     "node": p.node.0, "up": p.up, "since_ms": p.since_ms, "reason": p.reason,
@@ -222,15 +223,7 @@ fn control(out: &mut String, answers: &[(SocketAddr, Answer)]) {
     let sets =
         members.iter().filter(|(_, m)| !m.in_sync.is_empty()).max_by_key(|(n, m)| (leader == Some(*n), m.placement));
     if let Some((_, m)) = sets {
-        let sets: Vec<String> = m
-            .in_sync
-            .iter()
-            .map(|e| match e.in_sync {
-                true => format!("p{} {}+{}", e.partition, e.primary.0, e.follower.0),
-                false => format!("p{} {} (copy on {} out)", e.partition, e.primary.0, e.follower.0),
-            })
-            .collect();
-        let _ = writeln!(out, "in-sync sets (source node+copy node): {}", sets.join(", "));
+        let _ = writeln!(out, "{}", in_sync_line(m));
     }
     for (n, m) in &members {
         let unreachable: Vec<String> = m.unreachable.iter().map(|u| u.0.to_string()).collect();
@@ -245,6 +238,23 @@ fn control(out: &mut String, answers: &[(SocketAddr, Answer)]) {
             let _ = writeln!(out, "node {n} {}", said.join("; "));
         }
     }
+}
+
+/// The in-sync sets as node `m` last read them from etcd, and how stale that read is.
+fn in_sync_line(m: &weir_engine::wire::msg::MemberInfo) -> String {
+    let sets: Vec<String> = m
+        .in_sync
+        .iter()
+        .map(|e| match e.in_sync {
+            true => format!("p{} {}+{}", e.partition, e.primary.0, e.follower.0),
+            false => format!("p{} {} (copy on {} out)", e.partition, e.primary.0, e.follower.0),
+        })
+        .collect();
+    let stale = match m.in_sync_age_ms {
+        ms if ms >= 3_000 => format!(" (read {:.0}s ago: etcd has not answered since)", ms as f64 / 1e3),
+        _ => String::new(),
+    };
+    format!("in-sync sets (source node+copy node): {}{stale}", sets.join(", "))
 }
 
 fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
@@ -492,6 +502,38 @@ mod tests {
             replayed,
             replay_ms: ms,
         }
+    }
+
+    #[test]
+    fn the_in_sync_sets_say_which_copy_is_out_and_a_stale_read_says_so() {
+        use weir_engine::wire::NodeId;
+        use weir_engine::wire::msg::{InSyncEntry, MemberInfo};
+        let entry = |partition, primary, follower, in_sync| InSyncEntry {
+            partition,
+            primary: NodeId(primary),
+            follower: NodeId(follower),
+            in_sync,
+        };
+        let mut m = MemberInfo {
+            leader: NodeId(1),
+            lease_left_ms: 2_000,
+            placement: 1,
+            elections: 1,
+            lease_losses: 0,
+            fenced_writes: 0,
+            error: String::new(),
+            withheld: false,
+            unreachable: Vec::new(),
+            in_sync: vec![entry(0, 1, 2, true), entry(1, 2, 3, false)],
+            in_sync_age_ms: 900,
+        };
+        assert_eq!(super::in_sync_line(&m), "in-sync sets (source node+copy node): p0 1+2, p1 2 (copy on 3 out)");
+        m.in_sync_age_ms = 12_300;
+        assert!(
+            super::in_sync_line(&m).ends_with("(read 12s ago: etcd has not answered since)"),
+            "{}",
+            super::in_sync_line(&m)
+        );
     }
 
     #[test]

@@ -202,6 +202,7 @@ roundtrip! {
             leader: NodeId(2), lease_left_ms: 2_400, placement: 3, elections: 1, lease_losses: 2, fenced_writes: 1,
             error: "keep-alive failed".into(), withheld: true, unreachable: vec![NodeId(1), NodeId(3)],
             in_sync: vec![InSyncEntry { partition: 2, primary: NodeId(3), follower: NodeId(1), in_sync: true }],
+            in_sync_age_ms: 1_200,
         }),
         logs: vec![LogStatus {
             partition: 2, source: true, first: Version(4_800), end: Version(9_000), readable: Version(8_800),

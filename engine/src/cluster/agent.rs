@@ -70,6 +70,7 @@ impl AgentView {
             withheld: false,
             unreachable: Vec::new(),
             in_sync: Vec::new(),
+            in_sync_age_ms: 0,
         }
     }
 

@@ -22,7 +22,7 @@ const MAX_KEYS: usize = 4096;
 
 /// The last read of a stream's in-sync keys, refreshed by its thread until dropped.
 pub struct InSyncView {
-    entries: Arc<Mutex<Vec<InSyncEntry>>>,
+    entries: Arc<Mutex<(Vec<InSyncEntry>, Option<Instant>)>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -35,14 +35,14 @@ impl InSyncView {
         stream: StreamId,
         every: Duration,
     ) -> std::io::Result<Self> {
-        let entries = Arc::new(Mutex::new(Vec::new()));
+        let entries = Arc::new(Mutex::new((Vec::new(), None)));
         let stop = Arc::new(AtomicBool::new(false));
         let (e, s, prefix) = (entries.clone(), stop.clone(), keys.in_sync_prefix(stream));
         let thread = std::thread::Builder::new().name("in-sync-view".into()).spawn(move || {
             while !s.load(Ordering::Relaxed) {
                 let started = Instant::now();
                 match read(store.as_ref(), &prefix) {
-                    Ok(found) => *e.lock().unwrap_or_else(|p| p.into_inner()) = found,
+                    Ok(found) => *e.lock().unwrap_or_else(|p| p.into_inner()) = (found, Some(Instant::now())),
                     Err(err) => tracing::debug!(error = %err, "cannot read the in-sync sets for status"),
                 }
                 while !s.load(Ordering::Relaxed) && started.elapsed() < every {
@@ -55,7 +55,12 @@ impl InSyncView {
 
     /// The sets as last read (none before the first read).
     pub fn entries(&self) -> Vec<InSyncEntry> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).0.clone()
+    }
+
+    /// How long ago the last read that succeeded was (`None`: none yet).
+    pub fn age(&self) -> Option<Duration> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).1.map(|t| t.elapsed())
     }
 }
 
@@ -129,5 +134,6 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(view.entries(), want);
+        assert!(view.age().is_some_and(|a| a < Duration::from_secs(60)), "{:?}", view.age());
     }
 }

@@ -227,6 +227,9 @@ archived! {
         /// The stream's in-sync sets as this node last read them from the store (about once a
         /// second), in partition order: also those of a partition whose source's node is down.
         pub in_sync: Vec<InSyncEntry>,
+        /// How long before this answer the node read `in_sync` (ms): more than a few seconds
+        /// when etcd has not answered since.
+        pub in_sync_age_ms: u64,
     }
 }
 
