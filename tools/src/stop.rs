@@ -39,8 +39,8 @@ pub struct StopArgs {
     /// How long the final checkpoint may take, e.g. `2m`.
     #[arg(long, default_value = "60s", value_parser = crate::config::parse_duration)]
     timeout: Duration,
-    /// How long to wait for the nodes to exit once they took the request (exit code 1 if one
-    /// still runs then).
+    /// How long to wait until no node listens any more, e.g. `1m` (exit code 1 if one still
+    /// answers then, or can neither be reached nor be seen gone).
     #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
     wait: Duration,
 }
