@@ -169,15 +169,10 @@ impl Collector {
         // record lets a file go only after a stored manifest names it). A stopped stream's
         // records name nothing that any checkpoint will.
         let mut named = BTreeSet::new();
-        let mut records_ahead = store.list(&format!("{}/ahead/", stream.0))?;
-        let mut old_runs = Vec::new();
-        records_ahead.retain(|k| {
-            let old = super::ahead::record_incarnation(k) < opts.ahead_runs_below;
-            if old {
-                old_runs.push(k.clone());
-            }
-            !old
-        });
+        let (old_runs, records_ahead): (Vec<String>, Vec<String>) = store
+            .list(&format!("{}/ahead/", stream.0))?
+            .into_iter()
+            .partition(|k| super::ahead::record_incarnation(k) < opts.ahead_runs_below);
         for key in &records_ahead {
             if opts.stopped {
                 break;

@@ -273,6 +273,14 @@ mod tests {
         ControlInSync::new(store.clone(), keys, StreamId(1), NodeId(2), fence)
     }
 
+    /// `isr` writes the copy out (its write 1), then asks it in (write 2), a write the store
+    /// holds back: unanswered, and not there yet.
+    fn in_on_its_way(store: &Lossy, isr: &ControlInSync) {
+        isr.set(0, F, false, 1).unwrap();
+        store.hold_txn.store(1, Ordering::Release);
+        assert!(isr.set(0, F, true, 2).is_err());
+    }
+
     fn in_sync(isr: &ControlInSync) -> Option<bool> {
         isr.read(0).unwrap().0.map(|r| r.in_sync)
     }
@@ -336,10 +344,8 @@ mod tests {
         let store = faulty();
         let (lease, keys) = primary(&store);
         let isr = run(&store, &keys, lease);
-        isr.set(0, F, false, 1).unwrap();
         // "In", unanswered and not there yet: unknown.
-        store.hold_txn.store(1, Ordering::Release);
-        assert!(isr.set(0, F, true, 2).is_err());
+        in_on_its_way(&store, &isr);
         // "Out" lands: the writer may now acknowledge alone...
         isr.set(0, F, false, 3).unwrap();
         // ... so the late "in" must not land.
@@ -352,9 +358,7 @@ mod tests {
         let store = faulty();
         let (lease, keys) = primary(&store);
         let isr = run(&store, &keys, lease);
-        isr.set(0, F, false, 1).unwrap();
-        store.hold_txn.store(1, Ordering::Release);
-        assert!(isr.set(0, F, true, 2).is_err());
+        in_on_its_way(&store, &isr);
         assert_eq!(store.deliver(), [true], "it lands after all");
         // The next write follows the one that landed.
         assert!(isr.set(0, F, false, 3).is_err(), "refused: it compared the revision before");
@@ -367,9 +371,8 @@ mod tests {
         let store = faulty();
         let (lease, keys) = primary(&store);
         let old = run(&store, &keys, lease);
-        old.set(0, F, false, 1).unwrap();
-        store.hold_txn.store(1, Ordering::Release);
-        assert!(old.set(0, F, true, 2).is_err(), "on its way while the node restarts its stream");
+        // On its way while the node restarts its stream.
+        in_on_its_way(&store, &old);
         let new = run(&store, &keys, lease);
         new.set(0, F, false, 1).unwrap();
         assert_eq!(store.deliver(), [false], "the old run's write never lands");
@@ -383,9 +386,7 @@ mod tests {
         let store = faulty();
         let (lease, keys) = primary(&store);
         let old = run(&store, &keys, lease);
-        old.set(0, F, false, 1).unwrap();
-        store.hold_txn.store(1, Ordering::Release);
-        assert!(old.set(0, F, true, 2).is_err());
+        in_on_its_way(&store, &old);
         let new = run(&store, &keys, lease);
         // The new run reads the key, then the old write lands before the new run's first.
         let base = new.read(0).unwrap().1;

@@ -174,8 +174,8 @@ fn store_thread(side: StoreSide, jobs: Receiver<StoreJob>, inbox: Sender<CoordIn
     }
 }
 
-/// Collects the stream's garbage in the store, one pass per request, keeping `keep` commits
-/// (and the records of files stored ahead by runs at incarnation `run` or newer).
+/// Collects the stream's garbage in the store, one pass per request, as `base` says (the
+/// commits the book lists are read at each pass).
 /// It runs beside checkpoints and never holds one up (`backup::retention` says why that is safe).
 /// After a pass it writes the floors of the ingest partitions in `logs` (`backup::floor`), so
 /// the nodes delete what no kept checkpoint reads.
@@ -183,15 +183,14 @@ fn collector_thread(
     store: Arc<dyn Store>,
     book: Arc<dyn CommitBook>,
     stream: StreamId,
-    (keep, run): (usize, u64),
+    base: CollectOptions,
     logs: BTreeMap<TaskId, u32>,
     requests: Receiver<()>,
 ) {
     let mut collector = Collector::new();
     let mut written = BTreeMap::new();
     for () in requests {
-        let opts =
-            CollectOptions { keep, dry_run: false, stopped: false, listed: book.listed(), ahead_runs_below: run };
+        let opts = CollectOptions { listed: book.listed(), ..base.clone() };
         match collector.collect_with(store.as_ref(), stream, opts) {
             Ok(c) => {
                 tracing::debug!(
@@ -261,11 +260,18 @@ impl CoordThread {
         let side = StoreSide { store: s.store.clone(), book: s.book.clone(), stream, halt: s.halt.clone() };
         let (collect, collector) = if s.retain > 0 {
             let (tx, rx) = crossbeam_channel::bounded(1);
-            let (store, book, keep, logs) = (s.store.clone(), s.book.clone(), s.retain, s.log_partitions);
-            let run = s.incarnation;
+            let (store, book, logs) = (s.store.clone(), s.book.clone(), s.log_partitions);
+            // Older runs' records of files stored ahead go; this run's stay.
+            let base = CollectOptions {
+                keep: s.retain,
+                dry_run: false,
+                stopped: false,
+                listed: None,
+                ahead_runs_below: s.incarnation,
+            };
             let t = std::thread::Builder::new()
                 .name("weir-retention".into())
-                .spawn(move || collector_thread(store, book, stream, (keep, run), logs, rx))?;
+                .spawn(move || collector_thread(store, book, stream, base, logs, rx))?;
             (Some(tx), Some(t))
         } else {
             (None, None)
