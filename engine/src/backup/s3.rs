@@ -193,8 +193,17 @@ impl S3Store {
 }
 
 fn is_forbidden(e: &object_store::Error) -> bool {
-    let s = e.to_string();
-    s.contains("403") || s.contains("SignatureDoesNotMatch") || s.contains("InvalidAccessKeyId")
+    says_forbidden(&e.to_string())
+}
+
+/// Whether an error's text is a server's refusal of the credentials. `object_store` keeps the
+/// status in a type it does not export, so the text is all there is: the status as its message
+/// prints it or S3's error codes, never a bare "403" (the elapsed time, a port or a key may hold
+/// one).
+fn says_forbidden(s: &str) -> bool {
+    ["status code: 403", "AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId"]
+        .iter()
+        .any(|needle| s.contains(needle))
 }
 
 impl Store for S3Store {
@@ -329,5 +338,24 @@ impl Store for S3Store {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::says_forbidden;
+
+    #[test]
+    fn a_refusal_is_read_from_the_status_or_the_s3_code_not_from_any_403_in_the_text() {
+        assert!(says_forbidden(
+            "Error performing PUT http://127.0.0.1:9000/b/k in 2ms - Server returned non-2xx status code: 403 Forbidden: "
+        ));
+        assert!(says_forbidden("Server returned error response: <Error><Code>SignatureDoesNotMatch</Code></Error>"));
+        assert!(says_forbidden("<Code>InvalidAccessKeyId</Code>"));
+        assert!(says_forbidden("<Code>AccessDenied</Code>"));
+        // A connection that failed, with a 403 in its elapsed time, its port and its key.
+        assert!(!says_forbidden(
+            "Generic S3 error: Error performing PUT https://127.0.0.1:34031/b/p/k403 in 403.447µs - HTTP error: error sending request"
+        ));
     }
 }
