@@ -37,7 +37,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
             ..Default::default()
         }),
     };
-    let mut commit = CommitRecord::consensus(CheckpointId(9), 1234);
+    let mut commit = CommitRecord::consensus(CheckpointId(9), CheckpointId(7), 1234);
     commit.manifests.insert(TaskId(1), 0xfeed);
     let placement = PlacementRecord {
         version: 2,

@@ -119,7 +119,7 @@ fn an_object_larger_than_its_manifest_says_is_refused_before_it_is_read() {
 
 #[test]
 fn a_truncated_or_reshaped_commit_record_is_refused() {
-    let mut r = CommitRecord::consensus(CheckpointId(4), 10);
+    let mut r = CommitRecord::consensus(CheckpointId(4), CheckpointId(3), 10);
     r.manifests.insert(TASK, 0xdead_beef);
     let text = encode_commit(&r);
     assert_eq!(decode_commit("k", text.as_bytes()).unwrap().id, CheckpointId(4));

@@ -118,7 +118,7 @@ fn utc(ms: u64) -> String {
 fn kind(r: &CommitRecord) -> String {
     match r.kind {
         RecordKind::Commit(t) => format!("commit (transaction {})", t.0),
-        RecordKind::Consensus => "consensus point".into(),
+        RecordKind::Consensus(to) => format!("back to {to} (the tasks' consensus: its record was lost)"),
         RecordKind::Fresh => "start from nothing".into(),
         RecordKind::Fallback(to) => format!("back to {to} (damaged after it)"),
     }

@@ -28,13 +28,22 @@ pub fn ids_key(stream: StreamId) -> String {
 pub fn encode_commit(r: &CommitRecord) -> String {
     let kind = match r.kind {
         RecordKind::Commit(t) => format!("trans {}", t.0),
-        RecordKind::Consensus => "consensus".into(),
+        // A consensus of the format 2 days, which took the chosen checkpoint's own id.
+        RecordKind::Consensus(to) if to == r.id => "consensus".into(),
+        RecordKind::Consensus(to) => format!("consensus {}", to.0),
         RecordKind::Fresh => "fresh".into(),
         RecordKind::Fallback(to) => format!("fallback {}", to.0),
     };
-    // Format 3 only where format 2 cannot say it: an older Weir refuses a fallback record
-    // (skipping it loudly as damaged) rather than misreading it, and reads every other record.
-    let format = if matches!(r.kind, RecordKind::Fallback(_)) { 3 } else { 2 };
+    // The oldest format that can say it: an older Weir refuses a record it cannot read (skipping
+    // it loudly as damaged) rather than misreading it, and reads every other record. Format 4
+    // names a consensus's checkpoint apart from the record's id (format 2's consensus record
+    // took the checkpoint's own id).
+    let format = match r.kind {
+        RecordKind::Commit(_) | RecordKind::Fresh => 2,
+        RecordKind::Consensus(to) if to == r.id => 2,
+        RecordKind::Fallback(_) => 3,
+        RecordKind::Consensus(_) => 4,
+    };
     let mut s = format!("weir-commit {format}\nid {}\n{kind}\nts {}\n", r.id.0, r.ts);
     for (t, v) in &r.versions {
         s.push_str(&format!("version {} {}\n", t.0, v.0));
@@ -50,24 +59,35 @@ pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError
     let bad = |why: &str| StoreError::Corrupt { key: key.into(), reason: why.into() };
     let body = unseal(key, bytes)?;
     let mut lines = body.lines();
-    // Format 1 wrote a consensus point's record as transaction 0.
+    // Formats 1 and 2 wrote a consensus under the id of the checkpoint it chose (format 1 as
+    // transaction 0): it reads as a consensus record pointing at its own id.
     let format = match lines.next() {
         Some("weir-commit 1") => 1,
         Some("weir-commit 2") => 2,
         Some("weir-commit 3") => 3,
+        Some("weir-commit 4") => 4,
         _ => return Err(bad("not a commit record")),
     };
     let (mut id, mut kind, mut ts) = (None, None, None);
-    let mut r = CommitRecord::consensus(CheckpointId(1), 0);
+    // The chosen checkpoint of a consensus in format 1 or 2: the record's id, read after.
+    let mut own_point = false;
+    let mut r = CommitRecord::fresh(CheckpointId(1), 0);
     for l in lines {
         let p: Vec<&str> = l.split(' ').collect();
         let n = |i: usize| p.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| bad("bad number"));
         match p[0] {
             "id" => id = Some(CheckpointId(n(1)?)),
             "trans" | "consensus" | "fresh" | "fallback" if kind.is_some() => return Err(bad("two kinds")),
-            "trans" if format == 1 && n(1)? == 0 => kind = Some(RecordKind::Consensus),
+            "trans" if format == 1 && n(1)? == 0 => {
+                own_point = true;
+                kind = Some(RecordKind::Consensus(CheckpointId(0)));
+            }
             "trans" => kind = Some(RecordKind::Commit(TransId(n(1)?))),
-            "consensus" if format >= 2 => kind = Some(RecordKind::Consensus),
+            "consensus" if format == 2 && p.len() == 1 => {
+                own_point = true;
+                kind = Some(RecordKind::Consensus(CheckpointId(0)));
+            }
+            "consensus" if format >= 4 => kind = Some(RecordKind::Consensus(CheckpointId(n(1)?))),
             "fresh" if format >= 2 => kind = Some(RecordKind::Fresh),
             "fallback" if format >= 3 => kind = Some(RecordKind::Fallback(CheckpointId(n(1)?))),
             "ts" => ts = Some(n(1)?),
@@ -82,6 +102,8 @@ pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError
         }
     }
     match (id, kind, ts) {
+        (Some(id), Some(_), Some(ts)) if own_point => Ok(CommitRecord { id, kind: RecordKind::Consensus(id), ts, ..r }),
+        (Some(id), Some(RecordKind::Consensus(to)), Some(_)) if to >= id => Err(bad("a consensus at or above its id")),
         (Some(id), Some(kind), Some(ts)) => Ok(CommitRecord { id, kind, ts, ..r }),
         _ => Err(bad("id, kind or ts missing")),
     }
@@ -258,7 +280,7 @@ mod tests {
         let two_kinds = seal("weir-commit 2\nid 3\ntrans 5\nfresh\nts 1\n".into());
         assert!(decode_commit("k", two_kinds.as_bytes()).is_err(), "a commit and a fresh start at once");
         for r in [
-            CommitRecord::consensus(CheckpointId(3), 9),
+            CommitRecord::consensus(CheckpointId(42), CheckpointId(3), 9),
             CommitRecord::fresh(CheckpointId(40), 9),
             CommitRecord::fallback(CheckpointId(41), CheckpointId(3), 9),
         ] {
@@ -273,8 +295,27 @@ mod tests {
         assert!(encode_commit(&rec(4)).starts_with("weir-commit 2\n"), "what format 2 says stays format 2");
         let in_2 = seal("weir-commit 2\nid 41\nfallback 3\nts 1\n".into());
         assert!(decode_commit("k", in_2.as_bytes()).is_err(), "format 2 has no fallback records");
-        let future = seal("weir-commit 4\nid 41\nts 1\n".into());
+        let future = seal("weir-commit 5\nid 41\nts 1\n".into());
         assert!(decode_commit("k", future.as_bytes()).is_err(), "a newer format is refused, not misread");
+    }
+
+    #[test]
+    fn a_consensus_record_has_an_id_of_its_own_in_format_4_and_an_older_one_points_at_its_id() {
+        let consensus = encode_commit(&CommitRecord::consensus(CheckpointId(42), CheckpointId(3), 9));
+        assert!(consensus.starts_with("weir-commit 4\n"), "format 3 readers would take the id for the point");
+        let in_2 = seal("weir-commit 2\nid 7\nconsensus\nts 1\n".into());
+        let old = CommitRecord::consensus(CheckpointId(7), CheckpointId(7), 1);
+        assert_eq!(decode_commit("k", in_2.as_bytes()).unwrap(), old);
+        assert_eq!(encode_commit(&old), in_2, "an older consensus is written back as it was");
+        for bad in [
+            "weir-commit 2\nid 7\nconsensus 3\nts 1\n",
+            "weir-commit 3\nid 7\nconsensus 3\nts 1\n",
+            "weir-commit 4\nid 7\nconsensus\nts 1\n",
+            "weir-commit 4\nid 7\nconsensus 7\nts 1\n",
+            "weir-commit 4\nid 7\nconsensus 9\nts 1\n",
+        ] {
+            assert!(decode_commit("k", seal(bad.into()).as_bytes()).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -286,7 +327,10 @@ mod tests {
             (CheckpointId(7), RecordKind::Commit(TransId(5)), Some(&Version(10)))
         );
         let consensus = seal("weir-commit 1\nid 7\ntrans 0\nts 1\n".into());
-        assert_eq!(decode_commit("k", consensus.as_bytes()).unwrap(), CommitRecord::consensus(CheckpointId(7), 1));
+        assert_eq!(
+            decode_commit("k", consensus.as_bytes()).unwrap(),
+            CommitRecord::consensus(CheckpointId(7), CheckpointId(7), 1)
+        );
         let fresh_in_1 = seal("weir-commit 1\nid 7\nfresh\nts 1\n".into());
         assert!(decode_commit("k", fresh_in_1.as_bytes()).is_err(), "format 1 has no fresh records");
     }

@@ -66,7 +66,7 @@ fn tasks_of(store: &dyn Store, stream: StreamId, r: &CommitRecord) -> Result<Vec
     match r.kind {
         RecordKind::Commit(_) => Ok(r.manifests.iter().map(|(t, c)| (*t, Some(*c))).collect()),
         RecordKind::Fresh => Ok(Vec::new()),
-        RecordKind::Consensus | RecordKind::Fallback(_) => {
+        RecordKind::Consensus(_) | RecordKind::Fallback(_) => {
             let mut tasks = Vec::new();
             for key in store.list(&format!("{}/tasks/", stream.0))? {
                 let mut parts = key.split('/');

@@ -299,7 +299,7 @@ mod tests {
         };
         store.put(&format!("1/tasks/0/chk-{id}/MANIFEST.weir"), m.encode().as_bytes()).unwrap();
         if committed {
-            let r = CommitRecord::consensus(CheckpointId(id), 0);
+            let r = CommitRecord::consensus(CheckpointId(id), CheckpointId(id), 0);
             store.put(&commit_key(S, CheckpointId(id)), encode_commit(&r).as_bytes()).unwrap();
         }
     }
@@ -352,7 +352,7 @@ mod tests {
         assert!(k.contains(&"1/tasks/0/sst/new.sst".to_string()), "{k:?}");
         assert!(k.iter().any(|k| k.contains("chk-2/MANIFEST.weir")), "a folder above the newest commit stays");
         // It commits: the next pass keeps it and collects 1.
-        let r = CommitRecord::consensus(CheckpointId(2), 0);
+        let r = CommitRecord::consensus(CheckpointId(2), CheckpointId(2), 0);
         store.put(&commit_key(S, CheckpointId(2)), encode_commit(&r).as_bytes()).unwrap();
         let done = c.collect(&store, S, 1).unwrap();
         assert_eq!(done.kept, vec![CheckpointId(2)]);

@@ -253,7 +253,7 @@ fn a_key_that_names_no_commit_restores_nothing_whatever_the_store_holds() {
 }
 
 #[test]
-fn a_consensus_may_name_the_point_again_and_an_older_commit_is_refused() {
+fn a_consensus_takes_an_id_past_the_point_and_an_older_commit_is_refused() {
     let w = World::new();
     let c = w.coordinator();
     c.begin(&w.store).unwrap();
@@ -262,12 +262,19 @@ fn a_consensus_may_name_the_point_again_and_an_older_commit_is_refused() {
     let stale = c.commit(&w.store, &rec(4));
     assert!(matches!(&stale, CommitWrite::Failed(why) if why.contains("not newer")), "{stale:?}");
     assert!(w.store.get(&commit_key(S, CheckpointId(4))).is_err());
-    // The record of 5 is lost; the tasks agree on 5 again: the consensus record takes its place.
+    // The record of 5 is lost; the tasks agree on 5 again: the consensus record goes back to it
+    // under an id of its own. One that reused 5's would write a key a second time: refused.
     w.store.delete(&commit_key(S, CheckpointId(5))).unwrap();
     let again = w.coordinator();
-    assert_eq!(again.begin(&w.store).unwrap().last, None);
-    assert_eq!(again.commit(&w.store, &CommitRecord::consensus(CheckpointId(5), 9)), CommitWrite::Durable);
-    assert_eq!(w.reader().last(&w.store).unwrap(), Some(CommitRecord::consensus(CheckpointId(5), 9)));
+    let begun = again.begin(&w.store).unwrap();
+    assert_eq!(begun.last, None);
+    assert!(begun.ids.next_id > CheckpointId(5), "{begun:?}");
+    let reused = again.commit(&w.store, &CommitRecord::consensus(CheckpointId(5), CheckpointId(5), 9));
+    assert!(matches!(&reused, CommitWrite::Refused(why) if why.contains("not newer")), "{reused:?}");
+    assert!(w.store.get(&commit_key(S, CheckpointId(5))).is_err());
+    let consensus = CommitRecord::consensus(begun.ids.next_id, CheckpointId(5), 9);
+    assert_eq!(again.commit(&w.store, &consensus), CommitWrite::Durable);
+    assert_eq!(w.reader().last(&w.store).unwrap(), Some(consensus));
 }
 
 #[test]

@@ -391,18 +391,15 @@ impl CommitBook for ControlCommits {
             Err(e) if e.is_retryable() => CommitWrite::Failed(e.to_string()),
             Err(e) => CommitWrite::Refused(e.to_string()),
         };
-        // A consensus names a checkpoint the tasks hold, at or below the point; every other
-        // record is newer than the point.
+        // Every record is newer than the point (a consensus or a fallback takes an id of its
+        // own, past the checkpoint it goes back to).
         let step = |v: Value| match v.point() {
             // Its own write of this commit, whose answer was lost, landed.
             Some(p) if p == point => Ok(v),
-            Some(p) if p.id >= point.id && !matches!(record.kind, RecordKind::Consensus) => {
-                Err(PointError::Stale { stream: self.stream, id: point.id, point: p.id })
-            }
+            Some(p) if p.id >= point.id => Err(PointError::Stale { stream: self.stream, id: point.id, point: p.id }),
             _ => {
                 let next_id = v.ids.next_id.max(point.id.next());
-                // A consensus that goes back drops the commits past it.
-                let mut commits: Vec<Point> = v.commits.iter().copied().filter(|p| p.id < point.id).collect();
+                let mut commits = v.commits.clone();
                 commits.push(point);
                 let commits = commits.split_off(commits.len().saturating_sub(HISTORY));
                 Ok(Value { ids: IdRecord { next_id, ..v.ids }, commits, ..v })
@@ -410,7 +407,7 @@ impl CommitBook for ControlCommits {
         };
         // Nothing goes to the store from a coordinator the fence already refuses, and the
         // record's id is taken first (a run that begins after this never uses it again, so no
-        // two runs write one record's key, but for a consensus, which names an id in use).
+        // two runs write one record's key).
         let taken = |v: Value| {
             step(v.clone())?;
             Ok(Value { ids: IdRecord { next_id: v.ids.next_id.max(point.id.next()), ..v.ids }, ..v })

@@ -253,12 +253,12 @@ impl CoordEffects for SimCoordFx<'_> {
     fn write_commit(&mut self, record: CommitRecord) {
         let mut w = self.w.borrow_mut();
         match record.kind {
-            // The consensus point's record, made again: it must name a checkpoint that committed.
-            RecordKind::Consensus => assert!(
-                w.commits.iter().any(|c| c.id == record.id),
-                "consensus record of {}, which never committed",
-                record.id
-            ),
+            // The consensus's choice: a checkpoint that committed, under an id above every
+            // commit's (no record key is written twice).
+            RecordKind::Consensus(to) => {
+                assert!(w.commits.iter().any(|c| c.id == to), "consensus record of {to}, which never committed");
+                assert!(w.commits.iter().all(|c| c.id < record.id), "consensus record {} reuses an id", record.id);
+            }
             // A start from nothing takes an id no checkpoint ever had.
             RecordKind::Fresh => {
                 assert!(w.commits.iter().all(|c| c.id < record.id), "fresh record {} reuses an id", record.id);

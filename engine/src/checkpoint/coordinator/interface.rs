@@ -54,9 +54,10 @@ impl Default for IdRecord {
 pub enum RecordKind {
     /// The checkpoint committed under this transaction.
     Commit(TransId),
-    /// Made again for the checkpoint the tasks' consensus chose (its own record was lost); it
-    /// has no transaction of its own.
-    Consensus,
+    /// The tasks' consensus chose this checkpoint (its own record was lost). Like
+    /// [`RecordKind::Fresh`], the record takes an id of its own, past every id used: no key of
+    /// the store is ever written twice, and the record sorts above every older one.
+    Consensus(CheckpointId),
     /// The tasks' consensus chose to start from nothing. The record takes an id of its own,
     /// which names no state, so that it sorts above every older record: a restarted coordinator
     /// finds the choice and makes it again.
@@ -70,7 +71,8 @@ pub enum RecordKind {
 /// What a commit record holds: enough to restore every task.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CommitRecord {
-    /// Checkpoint (for [`RecordKind::Fresh`], the id of the choice, which names no state).
+    /// Checkpoint (for every kind but [`RecordKind::Commit`], the id of the record, which
+    /// names no state: [`CommitRecord::restore_point`] is the checkpoint).
     pub id: CheckpointId,
     /// Commit, consensus point or start from nothing.
     pub kind: RecordKind,
@@ -83,10 +85,11 @@ pub struct CommitRecord {
 }
 
 impl CommitRecord {
-    /// The record of consensus point `id`, made again at `ts`: it names no offsets or manifest
-    /// checksums (each task's manifest, checked by its own checksum, has them).
-    pub fn consensus(id: CheckpointId, ts: u64) -> Self {
-        CommitRecord { id, kind: RecordKind::Consensus, versions: BTreeMap::new(), manifests: BTreeMap::new(), ts }
+    /// The record of the consensus's choice of checkpoint `to`, under id `id`, at `ts`: it names
+    /// no offsets or manifest checksums (each task's manifest, checked by its own checksum, has
+    /// them).
+    pub fn consensus(id: CheckpointId, to: CheckpointId, ts: u64) -> Self {
+        CommitRecord { id, kind: RecordKind::Consensus(to), versions: BTreeMap::new(), manifests: BTreeMap::new(), ts }
     }
 
     /// The record of the consensus's choice to start from nothing, under id `id`, at `ts`.
@@ -104,8 +107,8 @@ impl CommitRecord {
     pub fn restore_point(&self) -> Option<CheckpointId> {
         match self.kind {
             RecordKind::Fresh => None,
-            RecordKind::Fallback(to) => Some(to),
-            RecordKind::Commit(_) | RecordKind::Consensus => Some(self.id),
+            RecordKind::Fallback(to) | RecordKind::Consensus(to) => Some(to),
+            RecordKind::Commit(_) => Some(self.id),
         }
     }
 
@@ -113,7 +116,7 @@ impl CommitRecord {
     pub fn trans(&self) -> Option<TransId> {
         match self.kind {
             RecordKind::Commit(t) => Some(t),
-            RecordKind::Consensus | RecordKind::Fresh | RecordKind::Fallback(_) => None,
+            RecordKind::Consensus(_) | RecordKind::Fresh | RecordKind::Fallback(_) => None,
         }
     }
 }

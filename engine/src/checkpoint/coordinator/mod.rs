@@ -427,11 +427,11 @@ impl Coordinator {
         let node = self.node_of(task);
         // The report's checkpoint committed, and under which transaction: a consensus point
         // committed too (every task had it), but its record has none of its own.
-        let committed = self.last_commit.as_ref().filter(|c| c.id == report.id).and_then(|c| {
+        let committed = self.last_commit.as_ref().and_then(|c| {
             let trans = match c.kind {
-                RecordKind::Commit(t) => t,
-                RecordKind::Consensus => report.trans,
-                RecordKind::Fresh | RecordKind::Fallback(_) => return None,
+                RecordKind::Commit(t) if c.id == report.id => t,
+                RecordKind::Consensus(to) if to == report.id => report.trans,
+                _ => return None,
             };
             Some((c, trans))
         });
@@ -439,7 +439,7 @@ impl Coordinator {
             Some((c, trans)) => Some(CoordAction::SendUpdate {
                 task,
                 node,
-                id: c.id,
+                id: report.id,
                 trans,
                 version: c.versions.get(&task).copied().unwrap_or(Version(0)),
                 ts: c.ts,

@@ -104,8 +104,11 @@ impl Coordinator {
         // ask again, and stale requests of theirs must not sway it).
         let record = match all.min().flatten() {
             Some(min) => {
-                self.next_id = self.next_id.max(min.next());
-                CommitRecord::consensus(min, self.now)
+                // An id of its own, past every id used (the chosen checkpoint's record may still
+                // be in the store, damaged or unlisted: its key is never written again).
+                let id = self.next_id.max(min.next());
+                self.next_id = id.next();
+                CommitRecord::consensus(id, min, self.now)
             }
             // A stream that never reserved an id, and whose tasks all said so, has nothing
             // anywhere to restore: no later choice can differ, and its first checkpoint keeps id 1.

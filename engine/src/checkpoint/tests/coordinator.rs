@@ -379,11 +379,13 @@ fn restart_without_a_commit_record_uses_the_minimum_of_the_tasks_latest_ids() {
     // The choice is recorded before any task hears of it: a coordinator that restarts before
     // every task restored finds it, instead of choosing again without the restored tasks.
     let out = ask(&mut c, 20, 4);
-    assert_eq!(out, vec![CoordAction::WriteCommit(CommitRecord::consensus(CheckpointId(3), 0))]);
-    assert!(c.handle(CoordInput::CommitFailed { id: CheckpointId(3), reason: "store down".into() }).is_empty());
+    // Under an id of its own, past the chosen checkpoint's: no record key is written twice.
+    let record = CommitRecord::consensus(CheckpointId(4), CheckpointId(3), 0);
+    assert_eq!(out, vec![CoordAction::WriteCommit(record.clone())]);
+    assert!(c.handle(CoordInput::CommitFailed { id: CheckpointId(4), reason: "store down".into() }).is_empty());
     assert!(tick(&mut c, 50).is_empty());
-    assert_eq!(tick(&mut c, 100), vec![CoordAction::WriteCommit(CommitRecord::consensus(CheckpointId(3), 0))]);
-    let out = c.handle(CoordInput::CommitDurable { id: CheckpointId(3) });
+    assert_eq!(tick(&mut c, 100), vec![CoordAction::WriteCommit(record)]);
+    let out = c.handle(CoordInput::CommitDurable { id: CheckpointId(4) });
     assert_eq!(out.len(), 3);
     for (t, node, request) in [(1, 1, 101), (10, 1, 110), (20, 2, 120)] {
         assert!(
@@ -398,7 +400,23 @@ fn restart_without_a_commit_record_uses_the_minimum_of_the_tasks_latest_ids() {
             "{out:?}"
         );
     }
-    assert_eq!(c.last_commit().map(|r| r.id), Some(CheckpointId(3)));
+    let last = c.last_commit().expect("the consensus record");
+    assert_eq!((last.id, last.restore_point()), (CheckpointId(4), Some(CheckpointId(3))));
+    // A task still reporting the chosen checkpoint hears it committed (every task had it), under
+    // that checkpoint's id, not the record's.
+    let out = c.handle(CoordInput::Report { task: TaskId(10), report: ok_report(CheckpointId(3), TransId(3), 0) });
+    assert!(
+        out.iter().any(|a| matches!(
+            a,
+            CoordAction::SendUpdate { task: TaskId(10), id: CheckpointId(3), trans: TransId(3), .. }
+        )),
+        "{out:?}"
+    );
+    let out = trigger(&mut c);
+    assert!(
+        out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: CheckpointId(5), .. })),
+        "the next checkpoint is past the record's id: {out:?}"
+    );
 }
 
 #[test]
@@ -465,7 +483,8 @@ fn a_task_that_asks_again_gets_the_restore_point_already_chosen() {
     for (t, l) in [(1, 4), (10, 3), (20, 4)] {
         ask(&mut c, t, l);
     }
-    c.handle(CoordInput::CommitDurable { id: CheckpointId(3) });
+    // The record of the choice of 3, under an id of its own.
+    c.handle(CoordInput::CommitDurable { id: CheckpointId(4) });
     // Its answer was lost: the task asks again with what it has, and the choice stands.
     let again = CoordInput::Consensus { task: TaskId(10), latest: Some(CheckpointId(3)), request: 7 };
     assert_eq!(
@@ -658,7 +677,7 @@ fn the_consensus_record_is_written_again_while_the_store_does_not_answer() {
     for t in [1, 10, 20] {
         ask(&mut c, t, 4);
     }
-    let again = vec![CoordAction::WriteCommit(CommitRecord::consensus(CheckpointId(4), 0))];
+    let again = vec![CoordAction::WriteCommit(CommitRecord::consensus(CheckpointId(5), CheckpointId(4), 0))];
     assert!(tick(&mut c, 999).is_empty(), "no answer yet: wait the store timeout");
     assert_eq!(tick(&mut c, 1_000), again);
     assert!(tick(&mut c, 1_001).is_empty());
