@@ -83,13 +83,13 @@ roundtrip! {
     };
     roundtrip_end_of_stream: EndOfStream = EndOfStream { stream: StreamId(1), from: TaskId(3), to: TaskId(5), seq: Seq(10) };
     roundtrip_replicate: Replicate = Replicate {
-        stream: StreamId(2), partition: 1, at: Version(4096), log_first: Version(0), reset: false,
+        stream: StreamId(2), partition: 1, at: Version(4096), log_first: Version(0), log_first_chain: 0x0c4a_1234, reset: false,
         entries: vec![1, 2, 3, 4], producers: vec![ReplicaProducer { producer: 0xfeed, description: b"{}".to_vec(), first: Version(0), ended: Some(9), rows: 7, batches: 2 }],
         session: 0x5e55_1011,
     };
     roundtrip_replicate_ack: ReplicateAck = ReplicateAck {
         stream: StreamId(2), partition: 1, next: Version(8192), error: "out of step".into(),
-        session: 0x5e55_1011, last_crc: Some(0xdead_beef),
+        session: 0x5e55_1011, chain: Some(0xdead_beef),
     };
     roundtrip_credit: Credit = Credit { stream: StreamId(1), from: TaskId(3), to: TaskId(5), credits: 16 };
     roundtrip_checkpoint_source_req: CheckpointSourceReq = CheckpointSourceReq {

@@ -17,7 +17,7 @@
 //! partition; a producer past either is refused, so a client cannot grow a ledger without end.
 
 use std::collections::HashMap;
-use std::fs::{self, File};
+use std::fs;
 use std::io::{self, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use weir_wire::Version;
 
 use super::log::{LogError, io_err, sync_dir};
+use super::sealed::write_sealed;
 use super::segment::ProducerSeq;
 
 /// Longest description a producer may give (bytes).
@@ -323,14 +324,7 @@ impl Ledger {
                 encode_record(&mut out, rec);
             }
         }
-        let crc = crc32c::crc32c(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        let tmp = dir.join("ledger.tmp");
-        let path = dir.join(LEDGER_FILE);
-        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(&out).and_then(|()| f.sync_all()).map_err(io_err(&tmp))?;
-        fs::rename(&tmp, &path).map_err(io_err(&path))?;
-        sync_dir(dir)?;
+        write_sealed(dir, LEDGER_FILE, out)?;
         let journal = dir.join(JOURNAL_FILE);
         match fs::remove_file(&journal) {
             Ok(()) => sync_dir(dir),

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use weir_wire::{Batch, Version};
 
+use super::chain::{chained, write_anchor};
 use super::handle::LogHandle;
 use super::ledger::{Ledger, MAX_DESCRIPTION, MAX_LEDGER_BYTES, MAX_PRODUCERS, ProducerRecord};
 pub use super::producers::{AppendOutcome, DEDUP_WINDOW};
@@ -133,6 +134,8 @@ impl Default for LogConfig {
 pub(super) struct Segment {
     pub(super) first: Version,
     pub(super) path: PathBuf,
+    /// The chain before `first` (see `chain.rs`).
+    pub(super) seed: u32,
 }
 
 /// The writing side of one partition's log. Owned by one thread.
@@ -165,9 +168,9 @@ pub struct IngestLog {
     pub(super) producers: Producers,
     /// What each producer appended, shared with the log's handles.
     pub(super) ledger: Ledger,
-    /// The checksum of the entry ending at `next` (0: none, the log is empty): a copy's answer
-    /// carries it, so that its primary can tell whether the copy is a prefix of its log.
-    pub(super) last_crc: u32,
+    /// The chain at `next` (`chain.rs`): a copy's answer carries it, so that its primary can
+    /// tell whether the copy is a prefix of its log.
+    pub(super) chain: u32,
 }
 
 impl IngestLog {
@@ -275,7 +278,7 @@ impl IngestLog {
         self.buf.clear();
         segment::encode_marker(at, watermark_ms, &mut self.buf);
         self.put()?;
-        self.last_crc = segment::entry_crc(&self.buf);
+        self.chain = chained(self.chain, segment::entry_crc(&self.buf));
         self.next = Version(at.0 + 1);
         self.keep_for_follower(at);
         Ok(at)
@@ -318,7 +321,7 @@ impl IngestLog {
         self.buf.clear();
         segment::encode_entry(first, batch, from, &mut self.buf);
         self.put()?;
-        self.last_crc = segment::entry_crc(&self.buf);
+        self.chain = chained(self.chain, segment::entry_crc(&self.buf));
         self.next = Version(first.0 + batch.len() as u64);
         self.keep_for_follower(first);
         Ok(Some((first, Version(self.next.0 - 1))))
@@ -407,7 +410,7 @@ impl IngestLog {
         let path = segment::segment_path(&self.dir, self.next);
         self.active = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err(&path))?;
         self.active_len = 0;
-        self.segments.push(Segment { first: self.next, path });
+        self.segments.push(Segment { first: self.next, path, seed: self.chain });
         sync_dir(&self.dir)
     }
 
@@ -425,6 +428,10 @@ impl IngestLog {
         // segment went is still recognised.
         write_producers(&self.dir, &self.producers)?;
         self.ledger.write(&self.dir)?;
+        // The chain before the new first segment, before anything goes: a crash in between
+        // leaves segments below the anchor, which the next open deletes.
+        let keep = self.segments.iter().rposition(|s| s.first <= version).expect("checked above");
+        write_anchor(&self.dir, self.segments[keep].first, self.segments[keep].seed)?;
         while self.segments.len() > 1 && self.segments[1].first <= version {
             let seg = self.segments.remove(0);
             fs::remove_file(&seg.path).map_err(io_err(&seg.path))?;
@@ -433,17 +440,27 @@ impl IngestLog {
         Ok(self.first_version())
     }
 
-    /// The checksum of this log's entry ending at `end`: `None` when no entry ends there (inside
-    /// an entry, before the log's first version or past its end).
-    pub(super) fn crc_ending_at(&self, end: Version) -> Result<Option<u32>, LogError> {
+    /// The chain before the log's first version.
+    pub fn first_chain(&self) -> u32 {
+        self.segments.first().map_or(self.chain, |s| s.seed)
+    }
+
+    /// The chain at `end`: `None` when no entry ends there (inside an entry, before the log's
+    /// first version or past its end).
+    pub(super) fn chain_ending_at(&self, end: Version) -> Result<Option<u32>, LogError> {
         if end == self.next {
-            return Ok((end > self.first_version()).then_some(self.last_crc));
+            return Ok(Some(self.chain));
         }
-        if end <= self.first_version() || end > self.next {
+        if end == self.first_version() {
+            return Ok(Some(self.first_chain()));
+        }
+        if end < self.first_version() || end > self.next {
             return Ok(None);
         }
+        // The entry ending at `end` holds `end - 1`, in the last segment starting at or below it.
+        let seg = self.segments.iter().rev().find(|s| s.first < end).expect("end is past the first version");
         let mut r = LogReader::new(self.dir.clone(), self.cfg, self.durable.clone(), Version(end.0 - 1));
-        r.crc_of_entry_ending_at(end)
+        r.chain_ending_at(end, seg.seed)
     }
 
     /// A reader starting at `from` that sees rows as they become durable.

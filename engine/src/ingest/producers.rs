@@ -7,13 +7,14 @@
 //! each of which names its producer.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::Path;
 
 use weir_wire::Version;
 
-use super::log::{LogError, io_err, sync_dir};
+use super::log::{LogError, io_err};
+use super::sealed::write_sealed;
 use super::segment::ProducerSeq;
 
 /// Batches per producer whose versions the log remembers: a batch sent again is recognised if it
@@ -70,14 +71,7 @@ pub(super) fn write_producers(dir: &Path, producers: &Producers) -> Result<(), L
             }
         }
     }
-    let crc = crc32c::crc32c(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    let tmp = dir.join("producers.tmp");
-    let path = dir.join(PRODUCERS_FILE);
-    let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-    f.write_all(&out).and_then(|()| f.sync_all()).map_err(io_err(&tmp))?;
-    fs::rename(&tmp, &path).map_err(io_err(&path))?;
-    sync_dir(dir)
+    write_sealed(dir, PRODUCERS_FILE, out)
 }
 
 /// The `producers` file's table, empty when there is none; a damaged file is corruption.

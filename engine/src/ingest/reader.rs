@@ -154,24 +154,19 @@ impl LogReader {
         }
     }
 
-    /// The checksum of the entry ending at `end` (the reader starts at the version before it):
-    /// `None` when no entry ends there (it falls inside one, or past the log's end).
-    pub(super) fn crc_of_entry_ending_at(&mut self, end: Version) -> Result<Option<u32>, LogError> {
+    /// The chain at `end` (`chain.rs`), folded from `seed`, the chain before the segment the
+    /// reader opens (it starts at the version before `end`, in the segment holding the entry
+    /// that ends there): `None` when no entry of that segment ends there.
+    pub(super) fn chain_ending_at(&mut self, end: Version, seed: u32) -> Result<Option<u32>, LogError> {
         let mut buf = Vec::new();
-        let mut ended_at = None;
+        let mut chain = seed;
         loop {
             buf.clear();
-            let Some(e) = self.next_entry(&mut buf)? else {
-                // A segment ended: the next one, unless this one held nothing more (damage).
-                if self.pos >= end || ended_at == Some(self.pos) {
-                    return Ok(None);
-                }
-                ended_at = Some(self.pos);
-                continue;
-            };
+            let Some(e) = self.next_entry(&mut buf)? else { return Ok(None) };
+            chain = super::chain::chained(chain, segment::entry_crc(&buf));
             self.pos = self.pos.max(e.end());
             if e.end() == end {
-                return Ok(Some(segment::entry_crc(&buf)));
+                return Ok(Some(chain));
             }
             if e.end() > end {
                 return Ok(None);

@@ -12,6 +12,7 @@ use std::fs::{self, OpenOptions};
 use weir_wire::Version;
 use weir_wire::msg::ReplicaProducer;
 
+use super::chain::{chained, remove_anchor, write_anchor};
 use super::ledger::ProducerRecord;
 use super::log::{IngestLog, LogError, Segment, io_err, sync_dir};
 use super::producers::remember;
@@ -39,8 +40,8 @@ struct Run {
     end: usize,
     /// The copy's next version once they are.
     next: Version,
-    /// The checksum of the run's last entry.
-    crc: u32,
+    /// The chain after the run's last entry.
+    chain: u32,
     /// Their producers' batches: producer, first version, end, rows.
     counted: Vec<(super::segment::ProducerSeq, Version, Version, u32)>,
 }
@@ -55,7 +56,7 @@ impl IngestLog {
         }
         // Consecutive entries go out in one write (split where a segment ends): a message of
         // many entries costs one system call, not one per entry.
-        let mut run = Run { start: 0, end: 0, next: self.next, crc: self.last_crc, counted: Vec::new() };
+        let mut run = Run { start: 0, end: 0, next: self.next, chain: self.chain, counted: Vec::new() };
         let mut off = 0;
         let mut refused = None;
         while off < bytes.len() {
@@ -90,7 +91,7 @@ impl IngestLog {
             }
             run.end = off;
             run.next = end;
-            run.crc = segment::entry_crc(&bytes[at..]);
+            run.chain = chained(run.chain, segment::entry_crc(&bytes[at..]));
             if let Some(from) = from {
                 run.counted.push((from, first, end, rows));
             }
@@ -110,7 +111,7 @@ impl IngestLog {
         self.put_bytes(&bytes[run.start..run.end])?;
         run.start = run.end;
         self.next = run.next;
-        self.last_crc = run.crc;
+        self.chain = run.chain;
         for (from, first, end, rows) in run.counted.drain(..) {
             remember(&mut self.producers, from, first, Version(end.0 - 1));
             self.ledger.count(from, first, rows as u64);
@@ -152,10 +153,17 @@ impl IngestLog {
         Ok(())
     }
 
-    /// Empties the copy and starts it again at `at` (the primary's copy differs from this one,
-    /// or no longer holds where this one ends).
-    pub fn restart_at(&mut self, at: Version) -> Result<(), LogError> {
+    /// Empties the copy and starts it again at `at`, where the primary's chain is `seed` (the
+    /// primary's copy differs from this one, or no longer holds where this one ends).
+    pub fn restart_at(&mut self, at: Version, seed: u32) -> Result<(), LogError> {
         tracing::warn!(dir = %self.dir.display(), from = %self.next, to = %at, "ingest replica starts afresh");
+        // In an order a crash at any point leaves openable: the anchor first, then the segments
+        // oldest first (what is left is a run of segments without an anchor, whose chain starts
+        // at 0: its primary starts it afresh again), the anchor of the new copy, its segment.
+        remove_anchor(&self.dir)?;
+        for seg in &self.segments {
+            fs::remove_file(&seg.path).map_err(io_err(&seg.path))?;
+        }
         for entry in fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {
             let path = entry.map_err(io_err(&self.dir))?.path();
             if path.is_file() {
@@ -164,12 +172,13 @@ impl IngestLog {
         }
         self.producers.clear();
         self.ledger.clear();
+        write_anchor(&self.dir, at, seed)?;
         let path = segment::segment_path(&self.dir, at);
         self.active = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err(&path))?;
         self.active_len = 0;
-        self.segments = vec![Segment { first: at, path }];
+        self.segments = vec![Segment { first: at, path, seed }];
         self.next = at;
-        self.last_crc = 0;
+        self.chain = seed;
         self.written_unsynced = false;
         self.durable.store(at.0, std::sync::atomic::Ordering::Release);
         self.readable.store(at.0, std::sync::atomic::Ordering::Release);

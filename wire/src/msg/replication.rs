@@ -41,7 +41,11 @@ archived! {
         pub at: Version,
         /// The oldest version the primary holds: a follower behind it starts its copy there.
         pub log_first: Version,
-        /// The follower's copy is not the primary's (it holds more): start it afresh at `at`.
+        /// The primary's chained checksum before `log_first` (`weir_engine::ingest`'s chain): a
+        /// copy started again there starts its chain from it.
+        pub log_first_chain: u32,
+        /// The follower's copy is not the primary's (it holds more): start it afresh, empty, at
+        /// `log_first`.
         pub reset: bool,
         /// Whole log entries in the segment format (`weir_engine::ingest::segment`).
         pub entries: Vec<u8>,
@@ -66,9 +70,9 @@ archived! {
         pub error: String,
         /// The session of the message answered ([`Replicate::session`]).
         pub session: u64,
-        /// The checksum of the copy's entry ending at `next` (0: the copy holds none), when `next`
-        /// is where the copy ends: the primary compares it with its own entry there before it
-        /// counts on the copy.
-        pub last_crc: Option<u32>,
+        /// The copy's chained checksum at `next`, which stands for every entry below it, when
+        /// `next` is where the copy ends: the primary compares it with its own chain there
+        /// before it counts on the copy.
+        pub chain: Option<u32>,
     }
 }

@@ -1,7 +1,7 @@
 //! The follower's side of ingest replication: it writes what a partition's primary ships, as
 //! it is, syncs it with its own appends (at its group commit), and answers where its copy ends
-//! with the checksum of its last entry, so that its primary can tell whether the copy is a
-//! prefix of its log.
+//! with the copy's chain there (`ingest/chain.rs`), so that its primary can tell whether the
+//! copy is a prefix of its log.
 
 use weir_wire::msg::{Replicate, ReplicateAck};
 use weir_wire::{NodeId, StreamId, Version};
@@ -30,12 +30,14 @@ impl<T> Replicator<T> {
         };
         let wrote = (|| {
             if msg.reset {
-                log.restart_at(msg.at.max(msg.log_first))?;
+                // At the primary's first version, whose chain the message names (entries it
+                // ships from further on are refused until it ships from there).
+                log.restart_at(msg.log_first, msg.log_first_chain)?;
             } else if log.next_version() < msg.log_first {
                 // The primary's log begins past this copy's end (truncated): the copy starts
                 // again there, and entries shipped from further on are refused until the
                 // primary ships from its start (a copy with a hole would serve a source).
-                log.restart_at(msg.log_first)?;
+                log.restart_at(msg.log_first, msg.log_first_chain)?;
             }
             log.adopt_producers(&msg.producers)?;
             log.append_entries(msg.at, &msg.entries)
@@ -45,7 +47,7 @@ impl<T> Replicator<T> {
             // with its own log: unsynced entries here count too).
             Ok(_) if msg.entries.is_empty() && !msg.reset && log.durable_version() == log.next_version() => {
                 let next = log.durable_version();
-                self.answer_now(to, next, String::new(), Some(log.last_crc));
+                self.answer_now(to, next, String::new(), Some(log.chain));
             }
             Ok(_) => {
                 // One answer per primary and partition after the sync, naming the latest session.
@@ -62,10 +64,10 @@ impl<T> Replicator<T> {
         }
     }
 
-    fn answer_now(&mut self, to: Answer, next: Version, error: String, last_crc: Option<u32>) {
+    fn answer_now(&mut self, to: Answer, next: Version, error: String, chain: Option<u32>) {
         if let Some(link) = self.link.as_mut() {
             let Answer { primary, stream, partition, session } = to;
-            link.answer(primary, &ReplicateAck { stream, partition, next, error, session, last_crc });
+            link.answer(primary, &ReplicateAck { stream, partition, next, error, session, chain });
         }
     }
 
@@ -73,14 +75,14 @@ impl<T> Replicator<T> {
     pub(in crate::ingest) fn sync_copies(&mut self, logs: &mut [IngestLog]) {
         for to in std::mem::take(&mut self.owed) {
             let log = &mut logs[to.partition as usize];
-            let (next, error, crc) = match log.sync() {
-                Ok(next) => (next, String::new(), Some(log.last_crc)),
+            let (next, error, chain) = match log.sync() {
+                Ok(next) => (next, String::new(), Some(log.chain)),
                 Err(e) => {
                     tracing::error!(partition = to.partition, error = %e, "ingest replica sync failed");
                     (log.durable_version(), format!("not durable: {e}"), None)
                 }
             };
-            self.answer_now(to, next, error, crc);
+            self.answer_now(to, next, error, chain);
         }
     }
 }

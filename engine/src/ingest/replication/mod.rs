@@ -19,12 +19,10 @@
 //!   the loss): nothing counts on a copy (no acknowledgement released, no reader let further)
 //!   until an answer shows it a prefix of the primary's log: it ends no further than this log
 //!   did when the writer started (past that, it holds what an earlier run shipped and this log
-//!   lost, whatever its last entry), and its last entry's checksum equals the primary's entry at
-//!   the same version (an earlier writer run of this process may have written past the copy's
-//!   end; as Raft checks the previous entry's term). Each writer run, and each reset, is a new
-//!   session: answers to an earlier one are ignored. Not caught: a copy whose last entry matches
-//!   byte for byte while rows below it differ, answering only after the primary's writer
-//!   restarted in the same process (a per-entry epoch or chained checksum would).
+//!   lost, whatever its last entry), and its chained checksum there (`ingest/chain.rs`, which
+//!   stands for every entry below) equals the primary's at the same version (an earlier writer
+//!   run may have written past the copy's end; as Raft's log matching). Each writer run, and
+//!   each reset, is a new session: answers to an earlier one are ignored.
 //! - With a control store, a copy that has not reached what was durable here within the
 //!   in-sync lag is written out of the partition's in-sync set, and appends are then
 //!   acknowledged on the primary's sync alone (`in_sync.rs`: only once the store says so);
@@ -120,8 +118,8 @@ struct Shipping<T> {
     /// to another are stale.
     session: u64,
     /// Where this log ended when the writer started: a copy past it at its first answer holds
-    /// entries shipped by an earlier run that this log lost (whatever its last entry's checksum:
-    /// the rows below it may differ).
+    /// entries shipped by an earlier run that this log lost (whatever its chain says: the
+    /// primary's chain there may be that of the lost entries too).
     started_at: Version,
     /// The copy holds what this log does not (see [`Replicator::answered`]): the next message
     /// starts it afresh, under a new session.
@@ -263,22 +261,23 @@ impl<T> Replicator<T> {
         s.last_heard = Instant::now();
         let log = &mut logs[msg.partition as usize];
         if s.acked.is_none() {
-            // Nothing counts on the copy before it shows itself a prefix of this log: its last
-            // entry is this log's entry at the same version, checksum and all. Else it holds
-            // entries this log never had or lost (an earlier run's unsynced tail, in a power
-            // loss; the log of a primary whose copy this one was), none acknowledged, and this
-            // log has, or will have, other rows at those versions: the copy starts afresh.
-            let Some(crc) = msg.last_crc.filter(|_| msg.error.is_empty()) else { return Vec::new() };
+            // Nothing counts on the copy before it shows itself a prefix of this log: its chain
+            // where it ends is this log's chain there (`ingest/chain.rs`), which stands for every
+            // entry below. Else it holds entries this log never had or lost (an earlier run's
+            // unsynced tail, in a power loss; the log of a primary whose copy this one was),
+            // none acknowledged, and this log has, or will have, other rows at those versions:
+            // the copy starts afresh.
+            let Some(chain) = msg.chain.filter(|_| msg.error.is_empty()) else { return Vec::new() };
             let first = log.first_version();
             let prefix = if msg.next < first {
                 true // all below this log: the next message starts the copy again at its start
             } else if msg.next == first {
-                crc == 0 // empty (a copy just started again): else it holds entries below
+                chain == log.first_chain() // empty, started at this log's start, or not
             } else if msg.next > s.started_at {
                 false // shipped by an earlier run, past what this log held when this one began
             } else {
-                match log.crc_ending_at(msg.next) {
-                    Ok(ours) => ours == Some(crc),
+                match log.chain_ending_at(msg.next) {
+                    Ok(ours) => ours == Some(chain),
                     // Cannot tell now: asked again.
                     Err(e) => {
                         tracing::warn!(partition = msg.partition, error = %e, "cannot read the log to check its copy");
@@ -343,6 +342,7 @@ impl<T> Replicator<T> {
                         partition: p,
                         at: first,
                         log_first: first,
+                        log_first_chain: log.first_chain(),
                         reset: true,
                         entries: Vec::new(),
                         producers: producer_facts(log),
@@ -412,6 +412,7 @@ impl<T> Replicator<T> {
                     partition: p,
                     at: s.shipped,
                     log_first: first,
+                    log_first_chain: log.first_chain(),
                     reset: false,
                     entries: std::mem::take(&mut self.buf),
                     producers,
@@ -441,6 +442,7 @@ fn hello(stream: StreamId, p: u32, log: &IngestLog, session: u64) -> Replicate {
         partition: p,
         at: first,
         log_first: first,
+        log_first_chain: log.first_chain(),
         reset: false,
         entries: Vec::new(),
         producers: Vec::new(),

@@ -1,7 +1,7 @@
 //! Ingest replication between two real ingest writers on real logs, their messages carried by
 //! channels (the engine carries them over its transport; the cluster test runs that): an append
 //! is acknowledged once both copies hold it, a follower behind catches up, a copy past its
-//! primary's log (or holding a tail the primary lost) starts afresh, retention deletes both
+//! primary's log (or holding a tail the primary lost: `divergence.rs`) starts afresh, retention deletes both
 //! copies below the floor, both copies end byte for byte the same, and a follower that stops
 //! answering leaves the in-sync set (only once the control store says so) and rejoins.
 
@@ -18,6 +18,8 @@ use weir_engine::ingest::service::partition_dir;
 use weir_engine::ingest::*;
 use weir_engine::wire::msg::{Replicate, ReplicateAck};
 use weir_engine::wire::{Batch, NodeId, StreamId, Version};
+
+mod divergence;
 
 const PRIMARY: NodeId = NodeId(1);
 const FOLLOWER: NodeId = NodeId(2);
@@ -428,95 +430,6 @@ fn both_copies_delete_below_the_floor_and_a_new_follower_copies_from_there_not_f
     assert!(matches!(next, AppendOutcome::New(Some(_))), "{next:?}");
     let old = copy.append_from(ProducerSeq { producer: 3, seq: 5 }, &rows(500, 100));
     assert!(matches!(old, Err(LogError::TooOld { .. })), "{old:?}");
-}
-
-#[test]
-fn a_copy_holding_a_tail_its_primary_lost_is_started_afresh_even_once_the_primary_wrote_past_it() {
-    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let net = Net::default();
-    // Shipped to the copy, then lost by the primary (unsynced, in a power loss): never
-    // acknowledged to their producer.
-    logs_with_a_lost_tail(a.path(), b.path(), 10, &[(2, 0, 7_000), (2, 1, 7_100), (2, 2, 7_200)]);
-    // The primary takes new appends at the versions the copy's lost tail holds, and past them,
-    // before the follower first answers.
-    let (primary, acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
-    for seq in 10..15 {
-        append(&primary, 1, seq, rows(seq * 100, 100), false);
-    }
-    wait_written(&primary, 15 * 100);
-    let (follower, _) = start(b.path(), FOLLOWER, &net, None);
-    for seq in 10..15 {
-        assert_eq!(acked(&acks, Duration::from_secs(10)).map(|a| a.0), Some(seq));
-    }
-    let out = all_rows(&follower);
-    assert!(out == rows(0, 1500), "the copy holds the primary's rows, not the lost tail's");
-    assert_eq!(follower.log(0).unwrap().producers(), primary.log(0).unwrap().producers());
-    drop((primary, follower));
-    assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
-}
-
-#[test]
-fn a_copy_diverged_at_an_entry_boundary_is_found_by_its_checksum_after_the_primary_restarted_without_it() {
-    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let net = Net::default();
-    // Batches 8 and 9 as the primary had shipped them before it lost them: other rows.
-    logs_with_a_lost_tail(a.path(), b.path(), 8, &[(1, 8, 50_800), (1, 9, 50_900)]);
-    // The primary writes batches 8 to 12 (the copy's last entry ends where its batch 9 does)
-    // while the follower is away, and its writer starts again before the follower answers.
-    let (primary, _acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
-    for seq in 8..13 {
-        append(&primary, 1, seq, rows(seq * 100, 100), false);
-    }
-    wait_written(&primary, 13 * 100);
-    drop(primary);
-    let (primary, acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
-    let (follower, _) = start(b.path(), FOLLOWER, &net, None);
-    append(&primary, 1, 13, rows(1300, 100), false);
-    assert_eq!(acked(&acks, Duration::from_secs(10)).map(|a| a.0), Some(13));
-    let out = all_rows(&follower);
-    assert!(out == rows(0, 1400), "the copy holds the primary's rows, not the lost tail's");
-    drop((primary, follower));
-    assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
-}
-
-/// A primary's log in `a` of `shared` batches of producer 1 (100 rows each), and its follower's
-/// copy in `b` of the same and then `lost`: (producer, sequence number, first row) of batches
-/// the primary shipped and lost.
-fn logs_with_a_lost_tail(a: &Path, b: &Path, shared: u64, lost: &[(u64, u64, u64)]) {
-    for (dir, tail) in [(a, &[][..]), (b, lost)] {
-        let mut log = IngestLog::open(&partition_dir(dir, 0), LogConfig::default()).unwrap();
-        log.describe(1, b"{\"seed\":1}").unwrap();
-        for seq in 0..shared {
-            log.append_from(ProducerSeq { producer: 1, seq }, &rows(seq * 100, 100)).unwrap();
-        }
-        for &(producer, seq, first) in tail {
-            if seq == 0 {
-                log.describe(producer, b"{\"seed\":2}").unwrap();
-            }
-            log.append_from(ProducerSeq { producer, seq }, &rows(first, 100)).unwrap();
-        }
-        log.sync().unwrap();
-    }
-}
-
-#[test]
-fn a_copy_whose_last_entry_matches_but_not_the_rows_below_it_is_started_afresh() {
-    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let net = Net::default();
-    // The lost tail: producer 2's batch, then producer 1's batch 8.
-    logs_with_a_lost_tail(a.path(), b.path(), 8, &[(2, 0, 7_000), (1, 8, 800)]);
-    // After the loss, producer 3's batch takes versions 800..900 and producer 1 sends batch 8
-    // again: at 900..1000, byte for byte the entry the copy ends with.
-    let (primary, acks) = start(a.path(), PRIMARY, &net, Some(FOLLOWER));
-    append(&primary, 3, 0, rows(9_000, 100), true);
-    append(&primary, 1, 8, rows(800, 100), false);
-    wait_written(&primary, 10 * 100);
-    let (follower, _) = start(b.path(), FOLLOWER, &net, None);
-    for _ in 0..2 {
-        assert!(acked(&acks, Duration::from_secs(10)).is_some());
-    }
-    drop((primary, follower));
-    assert_eq!(log_bytes(a.path()), log_bytes(b.path()), "the copies differ");
 }
 
 /// Waits until `svc`'s log of partition 0 holds more bytes than `rows` rows take.
