@@ -467,7 +467,10 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
         if let Some(f) = &mut log {
             let mut line = to_json(&answers, &ids);
             line["at_ms"] = serde_json::json!(now_ms());
-            writeln!(f, "{line}").map_err(|e| anyhow::anyhow!("cannot write the status log: {e}"))?;
+            // One write per line (`writeln!` on a file writes piece by piece): a reader or a
+            // kill never sees half a line.
+            let line = format!("{line}\n");
+            f.write_all(line.as_bytes()).map_err(|e| anyhow::anyhow!("cannot write the status log: {e}"))?;
         }
         if args.watch {
             // Home and clear: the table is redrawn in place.
