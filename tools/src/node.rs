@@ -7,7 +7,8 @@
 //! serving status and results (for `weir verify`), or, with `--exit-when-done`, it exits 0.
 //! When the stream fails (a lost peer, a gap, a peer at a newer incarnation) the node stops its
 //! engine and starts it again from the last commit, at a newer incarnation, as the restart
-//! strategy allows (`failover.rs`); when it allows no more, the node exits 2.
+//! strategy allows; when it allows no more, the node exits 2. What to do after a run is
+//! [`Supervisor`]'s to decide; this file starts engines, waits without one and logs.
 //! Every log line names the node.
 
 use std::process::ExitCode;
@@ -16,6 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
+use weir_engine::cluster::supervisor::{Next, Waited};
+use weir_engine::cluster::{RunEnd, Supervisor};
 use weir_engine::runtime::Engine;
 use weir_engine::spec::{Placement, StreamSpec};
 use weir_engine::wire::NodeId;
@@ -52,26 +55,6 @@ pub fn load(args: &NodeArgs) -> anyhow::Result<(ClusterFile, NodeEntry)> {
     Ok((file, me))
 }
 
-/// How one engine's run ended.
-enum Ended {
-    /// SIGTERM or Ctrl-C.
-    Signal,
-    /// `weir stop`.
-    StopRequested,
-    /// A bounded stream ended here and `--exit-when-done` was given.
-    Done,
-    /// The stream failed here (why), maybe because a peer runs a newer incarnation.
-    Failed(String, Option<u64>),
-    /// The node stopped holding its lease in etcd: it must not run tasks until it holds one.
-    Fenced,
-}
-
-/// The incarnations of placement `version` start at `version << 32`: members connect only at
-/// the same incarnation, so they always run the same placement.
-fn placement_floor(version: u32) -> u64 {
-    u64::from(version) << 32
-}
-
 /// Runs the node until a signal, `weir stop`, the end of a bounded stream (`--exit-when-done`),
 /// or a failure the restart strategy gives up on (exit code 2).
 pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
@@ -79,7 +62,6 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let spec = crate::settings::stream_spec(&file)?;
     let file_placement = crate::settings::placement(&file, &spec);
     let info = spec.info();
-    let policy = crate::failover::RestartPolicy::new(&file.restart);
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
@@ -116,11 +98,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     if let (Some(b), Some(m)) = (&board, &member) {
         b.set_member(m.clone());
     }
-    let mut incarnation = crate::failover::next(crate::failover::last(&data_dir)?, None);
-    // The newest incarnation a peer was seen at.
-    let mut seen: Option<u64> = None;
-    let mut restarts: Vec<RestartInfo> = Vec::new();
-    let mut restart_times: Vec<u64> = Vec::new();
+    let mut sup = Supervisor::new(crate::failover::policy(&file.restart), crate::failover::last(&data_dir)?);
     let mut links: Vec<weir_engine::wire::msg::PeerLink> = Vec::new();
     let standing = Standing { base: &base, stop: &stop, spec: &spec, info: &info, member: member.as_deref() };
     loop {
@@ -140,13 +118,11 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 }
                 (control.holds() || control.fatal().is_some()).then_some(crate::standby::Waited::Restart(None))
             };
-            // Nothing ran meanwhile: no newer incarnation of its own (the last stop took one).
-            let Some(newer) = standing.wait(incarnation, &restarts, &links, crate::standby::Mode::Fenced, &mut tick)
-            else {
+            let mode = crate::standby::Mode::Fenced;
+            let Some(newer) = standing.wait(sup.incarnation(), sup.restarts(), &links, mode, &mut tick) else {
                 return Ok(ExitCode::SUCCESS);
             };
-            seen = seen.max(newer);
-            incarnation = incarnation.max(seen.unwrap_or(0));
+            sup.woke(Waited::Lease, newer);
             continue;
         }
         // The membership this run holds, taken before the placement is read: a placement read
@@ -159,12 +135,11 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         }
         let (ended, result) = match current {
             Ok((read, placement)) if placement.nodes(&spec.topology()).contains(&NodeId(me.id)) => {
-                let version = read.version();
-                incarnation = incarnation.max(placement_floor(version));
+                let incarnation = sup.start(read.version());
                 crate::failover::record(&data_dir, incarnation)?;
                 let mut cfg = base.clone();
                 cfg.failover = true;
-                cfg.restarts = restarts.clone();
+                cfg.restarts = sup.restarts().to_vec();
                 cfg.links = links.clone();
                 cfg.tenure = tenure.flatten();
                 cfg.member_status = control.member_status();
@@ -203,9 +178,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                     // A restart that cannot start (the store unreachable, say) is one more failure
                     // for the strategy; the first start's errors are the config's or the machine's,
                     // except etcd's (busy, or the placement changed as the run began).
-                    Err(e) if !restarts.is_empty() || e.is_control() => {
-                        let what = if restarts.is_empty() { "start" } else { "restart" };
-                        (Ended::Failed(format!("{what} failed: {e}"), None), Ok(()))
+                    Err(e) if sup.restarted() || e.is_control() => {
+                        let what = if sup.restarted() { "restart" } else { "start" };
+                        (RunEnd::Failed { why: format!("{what} failed: {e}"), newer: None }, Ok(()))
                     }
                     Err(e) => return Err(e).with_context(|| format!("starting node {}", me.id)),
                 }
@@ -213,7 +188,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
             Ok((read, placement)) => {
                 // Idle: the cluster moved this node's tasks away while it was gone.
                 let version = read.version();
-                let at = seen.unwrap_or(0).max(placement_floor(version));
+                let at = sup.idle_at(version);
                 let runs: Vec<String> = placement.nodes(&spec.topology()).iter().map(|n| n.0.to_string()).collect();
                 tracing::info!(
                     stream = %spec.name, placement = version, incarnation = at, nodes = %runs.join(","),
@@ -228,80 +203,56 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                     let moved = watch.as_mut()?.check()?;
                     Some(crate::standby::Waited::Restart(Some(moved.incarnation)))
                 };
-                let Some(newer) = standing.wait(at, &restarts, &links, crate::standby::Mode::Idle, &mut tick) else {
+                let Some(newer) = standing.wait(at, sup.restarts(), &links, crate::standby::Mode::Idle, &mut tick)
+                else {
                     return Ok(ExitCode::SUCCESS);
                 };
-                seen = seen.max(newer);
-                incarnation = crate::failover::next(incarnation, seen);
+                sup.woke(Waited::Idle, newer);
                 continue;
             }
-            Err(e) if !restarts.is_empty() => (Ended::Failed(format!("restart failed: {e:#}"), None), Ok(())),
+            Err(e) if sup.restarted() => {
+                (RunEnd::Failed { why: format!("restart failed: {e:#}"), newer: None }, Ok(()))
+            }
             Err(e) => return Err(e).with_context(|| format!("starting node {}", me.id)),
         };
         // A stop that came while the run ended for another reason, or failed to start, still
         // stops the node: it was answered "stopping".
-        let (ended, result) = match ended {
-            Ended::Failed(..) | Ended::Fenced if base.stop_requested.load(Ordering::Acquire) => {
-                if let Err(e) = &result {
-                    tracing::warn!(error = %e, "the stream failed as it was asked to stop");
-                }
-                (Ended::StopRequested, Ok(()))
-            }
-            ended => (ended, result),
+        let stop_asked = base.stop_requested.load(Ordering::Acquire);
+        let forced = stop_asked && matches!(ended, RunEnd::Failed { .. } | RunEnd::Fenced { .. });
+        if let (true, Err(e)) = (forced, &result) {
+            tracing::warn!(error = %e, "the stream failed as it was asked to stop");
+        }
+        let why = match &ended {
+            RunEnd::Failed { why, .. } | RunEnd::Fenced { why } => why.clone(),
+            _ => String::new(),
         };
-        let (why, newer) = match ended {
-            Ended::Failed(why, newer) => (why, newer),
-            Ended::Fenced => {
-                // Not a failure of the stream: the next start waits for a lease, at a newer
-                // incarnation, and does not count against the restart strategy.
-                let why = control.why_not();
-                tracing::warn!(stream = %spec.name, reason = %why, "stopped the stream: this node's lease in etcd may have ended");
-                incarnation = crate::failover::next(incarnation, seen);
-                let r = RestartInfo { at_ms: now_ms(), incarnation, reason: format!("lost its lease: {why}") };
-                crate::failover::remember(&mut restarts, r);
-                continue;
-            }
-            ended => {
-                result.with_context(|| format!("node {}", me.id))?;
-                let reason = match ended {
-                    Ended::Signal => "signal",
-                    Ended::StopRequested => "weir stop",
-                    _ => "stream ended",
-                };
+        match sup.ended(ended, stop_asked, now_ms()) {
+            Next::Exit(reason) => {
+                if !forced {
+                    result.with_context(|| format!("node {}", me.id))?;
+                }
                 tracing::info!(stream = %spec.name, reason, "node stopped");
                 return Ok(ExitCode::SUCCESS);
             }
-        };
-        seen = seen.max(newer);
-        let now = now_ms();
-        match policy.next(&restart_times, now) {
-            Ok(delay) => {
-                // A newer incarnation comes from a node that has waited its delay already (or
-                // decided a move after `move_after`): waiting again would only stack the delays.
-                let delay = if newer.is_some() { Duration::ZERO } else { delay };
-                let next = crate::failover::next(incarnation, newer);
+            Next::AwaitLease => {
+                tracing::warn!(stream = %spec.name, reason = %why, "stopped the stream: this node's lease in etcd may have ended");
+            }
+            Next::Restart { delay, incarnation } => {
                 tracing::warn!(
-                    stream = %spec.name, reason = %why, incarnation = next, delay = %humantime::format_duration(delay),
+                    stream = %spec.name, reason = %why, incarnation, delay = %humantime::format_duration(delay),
                     "the stream failed; restarting it from the last commit"
                 );
-                restart_times.push(now);
-                crate::failover::remember(&mut restarts, RestartInfo { at_ms: now, incarnation: next, reason: why });
                 if let Some(b) = &board {
                     b.restarted();
                     b.set_phase(crate::metrics::Phase::Restarting);
                 }
-                incarnation = next;
                 let mode = crate::standby::Mode::Restarting(delay);
-                let Some(newer) = standing.wait(incarnation, &restarts, &links, mode, &mut || None) else {
+                let Some(newer) = standing.wait(incarnation, sup.restarts(), &links, mode, &mut || None) else {
                     return Ok(ExitCode::SUCCESS);
                 };
-                seen = seen.max(newer);
-                incarnation = incarnation.max(newer.unwrap_or(0));
-                if let Some(r) = restarts.last_mut() {
-                    r.incarnation = incarnation;
-                }
+                sup.woke(Waited::Restart, newer);
             }
-            Err(gave_up) => {
+            Next::GiveUp { why, gave_up } => {
                 tracing::error!(stream = %spec.name, reason = %why, "the stream failed and is not restarted: {gave_up}");
                 anyhow::bail!("node {}: the stream failed ({why}) and is not restarted: {gave_up}", me.id);
             }
@@ -361,7 +312,7 @@ struct Watching<'a> {
 /// the membership it started under (it must run nothing then). On the node that decides,
 /// `watch` moves the tasks of a node lost for too long to the others (which restarts the
 /// stream).
-fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::placement::Watch<'_>>) -> Ended {
+fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::placement::Watch<'_>>) -> RunEnd {
     let Watching { stop, exit_when_done, stream, control, held, board, reach } = *how;
     let mut ended = false;
     let mut measured: Option<std::time::Instant> = None;
@@ -380,21 +331,21 @@ fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::place
             b.update(engine.status(), engine.stats());
         }
         if stop.load(Ordering::Relaxed) {
-            return Ended::Signal;
+            return RunEnd::Signal;
         }
         if engine.stop_requested() {
-            return Ended::StopRequested;
+            return RunEnd::StopRequested;
         }
         if control.membership() != Some(held) {
-            return Ended::Fenced;
+            return RunEnd::Fenced { why: control.why_not() };
         }
         if let Some(why) = engine.failure() {
-            return Ended::Failed(why, engine.newer_incarnation());
+            return RunEnd::Failed { why, newer: engine.newer_incarnation() };
         }
         if !ended && engine.is_finished() {
             ended = true;
             if exit_when_done {
-                return Ended::Done;
+                return RunEnd::Done;
             }
             // A bounded stream's results stay readable (`weir verify`, `weir status`).
             tracing::info!(stream, "stream ended on this node; serving status and results until stopped");
@@ -403,7 +354,7 @@ fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::place
         if let Some(w) = watch.as_mut().filter(|_| !ended)
             && let Some(moved) = w.check()
         {
-            return Ended::Failed(moved.reason, Some(moved.incarnation));
+            return RunEnd::Failed { why: moved.reason, newer: Some(moved.incarnation) };
         }
         std::thread::sleep(Duration::from_millis(20));
     }

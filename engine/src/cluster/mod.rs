@@ -20,6 +20,8 @@
 //!   every acknowledged row), written by the partition's primary under the same fence.
 //! - [`reach`]: whether a node that reaches the control store is cut off from most of the other
 //!   members (it then gives up its membership, [`Agent::withhold`], so that its tasks move).
+//! - [`Supervisor`]: what a node does between runs of its stream (restart after the strategy's
+//!   delay, wait for a lease, stop, give up) and its incarnations.
 //!
 //! Invariants: a node acts as a member (runs tasks, acknowledges appends) only while
 //! [`Member::holds`]; only the elected leader writes placement, and the store refuses its write
@@ -36,6 +38,7 @@ mod member;
 mod mover;
 pub mod reach;
 pub mod record;
+pub mod supervisor;
 mod tenure;
 
 #[cfg(test)]
@@ -54,6 +57,7 @@ pub use in_sync_view::InSyncView;
 pub use member::{Member, MemberView};
 pub use mover::{Moved, Mover};
 pub use record::PlacementRecord;
+pub use supervisor::{RestartPolicy, RunEnd, Supervisor};
 pub use tenure::Tenure;
 
 use weir_wire::{NodeId, StreamId};
