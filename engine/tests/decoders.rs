@@ -160,6 +160,39 @@ proptest! {
     }
 
     #[test]
+    fn a_random_or_damaged_chain_anchor_opens_or_is_refused(
+        bytes in prop::collection::vec(any::<u8>(), 0..32),
+        flip in prop::option::of((0usize..16, 1u8..)),
+    ) {
+        // A log truncated to its second segment: its anchor names where it begins.
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = LogConfig { segment_bytes: 1_000, ..LogConfig::default() };
+        let mut log = IngestLog::open(dir.path(), cfg).unwrap();
+        for _ in 0..3 {
+            log.append(&batch(50)).unwrap();
+            log.sync().unwrap();
+        }
+        let first = log.truncate_below(Version(50)).unwrap();
+        drop(log);
+        let path = dir.path().join("chain");
+        let anchor = match flip {
+            // The real anchor with one byte changed: its checksum refuses it.
+            Some((at, x)) => {
+                let mut b = std::fs::read(&path).unwrap();
+                b[at] ^= x;
+                b
+            }
+            None => bytes,
+        };
+        std::fs::write(&path, &anchor).unwrap();
+        match IngestLog::open(dir.path(), cfg) {
+            // Random bytes that pass the checksum name some version: the log opens as it was.
+            Ok(log) => prop_assert_eq!(log.first_version(), first),
+            Err(e) => prop_assert!(e.to_string().contains("chain anchor"), "{}", e),
+        }
+    }
+
+    #[test]
     fn a_damaged_journal_record_is_cut_at_the_tail_or_refused(pos in 0usize..400, val in any::<u8>()) {
         let dir = tempfile::tempdir().unwrap();
         let mut log = IngestLog::open(dir.path(), LogConfig::default()).unwrap();
