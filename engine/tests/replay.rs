@@ -113,15 +113,14 @@ fn switching_between_full_and_replay_snapshots_across_restarts_stays_exact() {
     restart_ends_exact(&spec, with_snapshots(dir.path(), false, None), dir.path());
 }
 
-/// One window longer than the stream, paced sources, run 3 s and stopped: the window is born
+/// One window longer than the stream, paced sources, run 1.5 s and stopped: the window is born
 /// at the start, so a restore of the last commit (returned) replays every row the sources had
-/// sent, at their paced rate, for about as long as they took to send it (long enough for a
-/// loaded machine's checkpoints to commit inside it).
+/// sent, at their paced rate, for about as long as they took to send it.
 fn a_paced_run_with_one_long_window(dir: &std::path::Path) -> (StreamSpec, CheckpointId) {
-    let mut spec = spec_at(90_000, 15_000);
+    let mut spec = spec_at(60_000, 15_000);
     spec.window = WindowSpec::tumbling(1_000_000);
     let engine = Engine::start(&spec, &Placement::single(NodeId(1)), with_snapshots(dir, true, None)).unwrap();
-    std::thread::sleep(Duration::from_millis(3000));
+    std::thread::sleep(Duration::from_millis(1500));
     engine.stop();
     engine.wait().unwrap();
     let first = last_commit(&spec, dir);
@@ -137,7 +136,7 @@ fn owed(store: &LocalDirStore, spec: &StreamSpec, aggs: &[weir_engine::wire::Tas
 #[test]
 fn a_checkpoint_committed_mid_replay_resumes_the_replay_where_it_stood_and_restores_exact() {
     // One window longer than the stream: it is born at the start, so a restore replays every
-    // row the sources had sent, at their paced rate. The replay lasts about 3 s of wall time
+    // row the sources had sent, at their paced rate. The replay lasts about 1.5 s of wall time
     // however fast the machine is (a slower one only makes it longer), and the restarted engine
     // is stopped at a commit inside it that found the replay under way.
     let dir = tempfile::tempdir().unwrap();

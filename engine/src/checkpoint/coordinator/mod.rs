@@ -329,6 +329,29 @@ impl Coordinator {
         self.start(now)
     }
 
+    /// Records `record` before any task hears of it (see [`Phase::Recording`]).
+    pub(super) fn record(
+        &mut self,
+        record: CommitRecord,
+        asking: BTreeMap<TaskId, u64>,
+        halt: Option<String>,
+    ) -> Vec<CoordAction> {
+        let reserved = record.id < self.reserved.next_id;
+        let retry_at = self.now + self.cfg.store_timeout_ms;
+        self.phase = Phase::Recording { record, retry_at, asking, halt, reserved };
+        self.write_record()
+    }
+
+    /// The next write of the record being recorded: its id's reservation, or the record.
+    fn write_record(&self) -> Vec<CoordAction> {
+        let Phase::Recording { record, reserved, .. } = &self.phase else { return Vec::new() };
+        if *reserved {
+            return vec![CoordAction::WriteCommit(record.clone())];
+        }
+        let next_id = self.next_id.max(record.id.next()).max(self.reserved.next_id);
+        vec![CoordAction::PersistIds(IdRecord { next_id, next_trans: self.next_trans.max(self.reserved.next_trans) })]
+    }
+
     /// Whether the next id and transaction are reserved durably.
     fn ids_reserved(&self) -> bool {
         self.next_id < self.reserved.next_id && self.next_trans < self.reserved.next_trans

@@ -1,6 +1,5 @@
 //! The restore point at start: the commit record's, or (without one) the seed's consensus of what
-//! the tasks committed, recorded before any task hears of it; and how a choice (a consensus, a
-//! start from nothing, a fallback) is recorded: under an id of its own, reserved first.
+//! the tasks committed, recorded before any task hears of it.
 
 use std::collections::BTreeMap;
 
@@ -127,29 +126,6 @@ impl Coordinator {
             }
         };
         self.record(record, asking, None)
-    }
-
-    /// Records `record` before any task hears of it (see [`Phase::Recording`]).
-    pub(super) fn record(
-        &mut self,
-        record: CommitRecord,
-        asking: BTreeMap<TaskId, u64>,
-        halt: Option<String>,
-    ) -> Vec<CoordAction> {
-        let reserved = record.id < self.reserved.next_id;
-        let retry_at = self.now + self.cfg.store_timeout_ms;
-        self.phase = Phase::Recording { record, retry_at, asking, halt, reserved };
-        self.write_record()
-    }
-
-    /// The next write of the record being recorded: its id's reservation, or the record.
-    pub(super) fn write_record(&self) -> Vec<CoordAction> {
-        let Phase::Recording { record, reserved, .. } = &self.phase else { return Vec::new() };
-        if *reserved {
-            return vec![CoordAction::WriteCommit(record.clone())];
-        }
-        let next_id = self.next_id.max(record.id.next()).max(self.reserved.next_id);
-        vec![CoordAction::PersistIds(IdRecord { next_id, next_trans: self.next_trans.max(self.reserved.next_trans) })]
     }
 
     /// The consensus point's record is durable: answer the tasks.
