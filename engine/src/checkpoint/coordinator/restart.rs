@@ -122,7 +122,13 @@ impl Coordinator {
                 CommitRecord::fresh(id, self.now)
             }
         };
-        self.record(record, asking, None)
+        self.phase = Phase::Recording {
+            record: record.clone(),
+            retry_at: self.now + self.cfg.store_timeout_ms,
+            asking,
+            halt: None,
+        };
+        vec![CoordAction::WriteCommit(record)]
     }
 
     /// The consensus point's record is durable: answer the tasks.
