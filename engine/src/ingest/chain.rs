@@ -21,7 +21,7 @@ use std::path::Path;
 use weir_wire::Version;
 
 use super::log::{LogError, io_err, sync_dir};
-use super::sealed::write_sealed;
+use super::sealed::{read_sealed, write_sealed};
 
 /// The file that keeps the chain before the log's first version.
 const ANCHOR_FILE: &str = "chain";
@@ -55,22 +55,13 @@ pub(super) fn remove_anchor(dir: &Path) -> Result<(), LogError> {
 
 /// The anchor (first version, seed), `None` when there is none; a damaged one is corruption.
 pub(super) fn read_anchor(dir: &Path) -> Result<Option<(Version, u32)>, LogError> {
-    let path = dir.join(ANCHOR_FILE);
-    let bytes = match fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_err(&path)(e)),
-    };
-    let corrupt = |reason: &str| LogError::Corrupt { path: path.clone(), offset: 0, reason: reason.into() };
-    if bytes.len() != ANCHOR_BYTES {
-        return Err(corrupt("the chain anchor is not 16 bytes"));
+    let Some(body) = read_sealed(dir, ANCHOR_FILE, "the chain anchor")? else { return Ok(None) };
+    if body.len() != ANCHOR_BYTES - 4 {
+        let reason = "the chain anchor is not 16 bytes".into();
+        return Err(LogError::Corrupt { path: dir.join(ANCHOR_FILE), offset: 0, reason });
     }
-    let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
-    if crc32c::crc32c(&bytes[..12]) != word(12) {
-        return Err(corrupt("the chain anchor's checksum does not match"));
-    }
-    let first = Version(u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")));
-    Ok(Some((first, word(8))))
+    let first = Version(u64::from_le_bytes(body[..8].try_into().expect("8 bytes")));
+    Ok(Some((first, u32::from_le_bytes(body[8..12].try_into().expect("4 bytes")))))
 }
 
 #[cfg(test)]

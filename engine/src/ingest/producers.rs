@@ -7,14 +7,12 @@
 //! each of which names its producer.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs;
-use std::io;
 use std::path::Path;
 
 use weir_wire::Version;
 
-use super::log::{LogError, io_err};
-use super::sealed::write_sealed;
+use super::log::LogError;
+use super::sealed::{read_sealed, write_sealed};
 use super::segment::ProducerSeq;
 
 /// Batches per producer whose versions the log remembers: a batch sent again is recognised if it
@@ -77,18 +75,10 @@ pub(super) fn write_producers(dir: &Path, producers: &Producers) -> Result<(), L
 /// The `producers` file's table, empty when there is none; a damaged file is corruption.
 pub(super) fn read_producers(dir: &Path) -> Result<Producers, LogError> {
     let path = dir.join(PRODUCERS_FILE);
-    let bytes = match fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Producers::new()),
-        Err(e) => return Err(io_err(&path)(e)),
-    };
+    let Some(body) = read_sealed(dir, PRODUCERS_FILE, "the producers file")? else { return Ok(Producers::new()) };
     let corrupt = |reason: &str| LogError::Corrupt { path: path.clone(), offset: 0, reason: reason.to_string() };
-    if bytes.len() < 8 {
+    if body.len() < 4 {
         return Err(corrupt("shorter than its header"));
-    }
-    let (body, crc) = bytes.split_at(bytes.len() - 4);
-    if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
-        return Err(corrupt("checksum does not match"));
     }
     let n = u32::from_le_bytes(body[0..4].try_into().expect("4 bytes")) as usize;
     if body.len() != 4 + n * 32 {
