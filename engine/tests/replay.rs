@@ -23,6 +23,13 @@ fn with_snapshots(dir: &std::path::Path, replay: bool, budget: Option<usize>) ->
     cfg
 }
 
+/// Replay snapshots every `interval_ms`.
+fn with_snapshots_every(dir: &std::path::Path, interval_ms: u64) -> EngineConfig {
+    let mut cfg = config(dir, interval_ms);
+    cfg.checkpoint.as_mut().unwrap().replay = true;
+    cfg
+}
+
 /// Runs `spec` once per entry of `replay` (its snapshot kind) with `cfg` of that kind, for
 /// `least` ms plus up to `spread` more (from `seed`), stopping it each time.
 fn runs(
@@ -137,8 +144,10 @@ fn owed(store: &LocalDirStore, spec: &StreamSpec, aggs: &[weir_engine::wire::Tas
 fn a_checkpoint_committed_mid_replay_resumes_the_replay_where_it_stood_and_restores_exact() {
     // One window longer than the stream: it is born at the start, so a restore replays every
     // row the sources had sent, at their paced rate. The replay lasts about 1.5 s of wall time
-    // however fast the machine is (a slower one only makes it longer), and the restarted engine
-    // is stopped at a commit inside it that found the replay under way.
+    // however fast the machine is (a slower one only makes it longer). The restarted engine
+    // takes no checkpoint of its own (a periodic one could be slow enough on a busy machine to
+    // be the only one of the replay, its barrier sent before any row): one is triggered once
+    // every agg has had some rows again and fewer than half, and the engine stops at its commit.
     let dir = tempfile::tempdir().unwrap();
     let (mut spec, first) = a_paced_run_with_one_long_window(dir.path());
     let cfg = || with_snapshots(dir.path(), true, None);
@@ -152,20 +161,28 @@ fn a_checkpoint_committed_mid_replay_resumes_the_replay_where_it_stood_and_resto
     assert!(at_first.iter().all(|o| *o >= 5_000), "the sources had sent rows to replay: {at_first:?}");
     let owed_first = owed(&store, &spec, &aggs, first);
 
-    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg()).unwrap();
+    let engine =
+        Engine::start(&spec, &Placement::single(NodeId(1)), with_snapshots_every(dir.path(), 3_600_000)).unwrap();
     assert_eq!(wait_restored(&engine), (RestoreBasis::Committed, Some(first)));
-    let resumed =
-        |id| aggs.iter().all(|a| fetch_manifest(&store, spec.id, *a, id, None).unwrap().replay.unwrap().resume);
-    let mut n = 1;
-    let mid = loop {
-        wait_for_commits(&engine, n);
-        let id = last_commit(&spec, dir.path());
-        if id > first && resumed(id) && owed(&store, &spec, &aggs, id) < owed_first {
-            break id;
+    let t0 = Instant::now();
+    loop {
+        let now: Vec<_> = engine.status().tasks.into_iter().filter(|t| aggs.contains(&t.task)).collect();
+        if now.len() == aggs.len() && now.iter().all(|t| t.replayed > 0 && t.replayed < t.replay_rows / 2) {
+            break;
         }
-        n += 1;
-        assert!(n < 100, "no commit found the replay under way and advanced");
-    };
+        assert!(
+            now.iter().all(|t| t.replay_rows == 0 || t.replayed < t.replay_rows * 3 / 4),
+            "an agg's replay went past three quarters before every agg's had begun: {now:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(60), "{now:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let before = engine.checkpoints().unwrap().totals().0;
+    engine.trigger_checkpoint().unwrap();
+    wait_for_commits(&engine, before + 1);
+    let mid = last_commit(&spec, dir.path());
+    assert!(mid > first);
+    assert!(owed(&store, &spec, &aggs, mid) < owed_first, "{mid} owes less than {first}");
     engine.stop();
     engine.wait().unwrap();
     // Mid-replay, a source's position is the offset it was restored at (every row below it
@@ -239,8 +256,10 @@ fn a_restore_reports_its_replay_as_it_goes_and_counts_replayed_rows_apart() {
     let sources = tasks(&spec, |k| matches!(k, TaskKind::Source { .. }));
     let sent: u64 = sources.iter().map(|s| fetch_manifest(&store, spec.id, *s, first, None).unwrap().version.0).sum();
 
-    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg()).unwrap();
     let aggs = aggs(&spec);
+    let points: Vec<_> =
+        aggs.iter().map(|a| fetch_manifest(&store, spec.id, *a, first, None).unwrap().replay).collect();
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), cfg()).unwrap();
     let of_aggs =
         |engine: &Engine| -> Vec<_> { engine.status().tasks.into_iter().filter(|t| aggs.contains(&t.task)).collect() };
     let (mut seen_midway, t0) = (false, Instant::now());
@@ -252,7 +271,7 @@ fn a_restore_reports_its_replay_as_it_goes_and_counts_replayed_rows_apart() {
         if rows > 0 && replayed == rows {
             break now;
         }
-        assert!(t0.elapsed() < Duration::from_secs(60), "{now:?}");
+        assert!(t0.elapsed() < Duration::from_secs(60), "{now:?} {points:?}");
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(seen_midway, "the replay showed while it went on");

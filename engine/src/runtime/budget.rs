@@ -7,8 +7,12 @@
 //! replay measured, or before any, at the highest rate of recent checkpoint intervals (a light
 //! load only makes the budget stricter, which costs little: its windows are small).
 //!
-//! Invariants: intervals during a replay are not measured (its rows are not taken rows); a
-//! replay shorter than [`MIN_REPLAY`] does not measure a rate (its start-up dominates).
+//! Invariants: intervals during a replay are not measured (its rows are not taken rows), nor
+//! those without a row (an idle or starved agg says nothing of its rate: a rate of 0 would make
+//! every window born then written for its whole life); a replay shorter than [`MIN_REPLAY`]
+//! does not measure a rate (its start-up dominates). So the rows taken since any checkpoint are
+//! at most the highest rate times the time rows flowed since: a window is written only once it
+//! is older than the budget.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -45,7 +49,7 @@ impl Budget {
     pub(crate) fn observe(&mut self, now: Instant, taken: u64, replaying: bool) {
         let (t0, n0) = self.since;
         let dt = now.saturating_duration_since(t0);
-        if replaying || taken < n0 {
+        if replaying || taken <= n0 {
             self.since = (now, taken);
             return;
         }
@@ -122,5 +126,20 @@ mod tests {
         b.replay_ended(at(6010));
         assert_eq!(b.rate(), Some(3_000_000.0));
         assert_eq!(Budget::new(None).rows(), u64::MAX, "no budget: no bound");
+    }
+
+    #[test]
+    fn an_interval_without_a_row_measures_no_rate() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut b = Budget::new(Some(Duration::from_secs(5)));
+        b.restart(t0, 0);
+        // A stream slow to start: its first checkpoint found no row taken.
+        b.observe(at(100), 0, false);
+        assert_eq!(b.rows(), u64::MAX, "nothing measured yet");
+        b.observe(at(200), 1_000, false);
+        assert_eq!(b.rate(), Some(10_000.0), "the idle interval is not part of the next");
+        b.observe(at(300), 1_000, false);
+        assert_eq!(b.rate(), Some(10_000.0));
     }
 }
