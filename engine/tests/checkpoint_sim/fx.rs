@@ -252,6 +252,9 @@ impl CoordEffects for SimCoordFx<'_> {
 
     fn write_commit(&mut self, record: CommitRecord) {
         let mut w = self.w.borrow_mut();
+        // No key of the store holds two records: a record is written again only as it was.
+        let first = w.written.entry(record.id).or_insert_with(|| record.clone());
+        assert_eq!(*first, record, "two records under id {}", record.id);
         match record.kind {
             // The consensus's choice: a checkpoint that committed, under an id above every
             // commit's (no record key is written twice).

@@ -110,6 +110,7 @@ impl Sim {
             persisted: vec![None; n],
             results: BTreeMap::new(),
             commits: Vec::new(),
+            written: BTreeMap::new(),
             reports: BTreeMap::new(),
             issued: BTreeMap::new(),
             coord_call: 0,

@@ -329,6 +329,8 @@ pub struct World {
     pub results: BTreeMap<(usize, u64), u64>,
     /// Every commit record that became visible in the store.
     pub commits: Vec<CommitRecord>,
+    /// Every record a coordinator wrote (or tried to), by id: one record per id, ever.
+    pub written: BTreeMap<CheckpointId, CommitRecord>,
     /// Reports the coordinator received, by checkpoint: task → ok.
     pub reports: BTreeMap<CheckpointId, BTreeMap<usize, bool>>,
     /// (id, transaction) pairs of started checkpoints, with the coordinator call that started them.

@@ -120,8 +120,8 @@ impl Coordinator {
         let id = self.next_id;
         self.next_id = id.next();
         let record = CommitRecord::fallback(id, to, self.now);
-        self.phase =
-            Phase::Recording { record: record.clone(), retry_at: self.now + self.cfg.store_timeout_ms, asking, halt };
-        vec![CoordAction::FallingBack { from, to: Some(to), reason: found }, CoordAction::WriteCommit(record)]
+        let mut out = vec![CoordAction::FallingBack { from, to: Some(to), reason: found }];
+        out.extend(self.record(record, asking, halt));
+        out
     }
 }

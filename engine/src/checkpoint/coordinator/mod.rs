@@ -66,8 +66,16 @@ enum Phase {
     /// hears of it, so a coordinator that restarts meanwhile chooses the same point (tasks
     /// restored already do not ask again). Written again from `retry_at` until it is durable.
     /// A fallback record is written the same way; with `halt`, the stream halts once it is
-    /// durable instead of answering (some tasks cannot go back with the others).
-    Recording { record: CommitRecord, retry_at: u64, asking: BTreeMap<TaskId, u64>, halt: Option<String> },
+    /// durable instead of answering (some tasks cannot go back with the others). The record's
+    /// id is reserved durably first (`reserved`): a write of an earlier coordinator that lands
+    /// late cannot be under the same key, nor can a later coordinator choose that id again.
+    Recording {
+        record: CommitRecord,
+        retry_at: u64,
+        asking: BTreeMap<TaskId, u64>,
+        halt: Option<String>,
+        reserved: bool,
+    },
     /// A task cannot restore the chosen point `from`: collecting, until every task asked or
     /// `deadline`, the older commits each task's node can restore (none: a task that asks
     /// without finding damage, whose node checked nothing older), and the requests.
@@ -181,6 +189,12 @@ impl Coordinator {
                 // Durable, even when it answers late: everything below it is reserved.
                 self.reserved.next_id = self.reserved.next_id.max(r.next_id);
                 self.reserved.next_trans = self.reserved.next_trans.max(r.next_trans);
+                if let Phase::Recording { record, reserved: reserved @ false, .. } = &mut self.phase
+                    && record.id < self.reserved.next_id
+                {
+                    *reserved = true;
+                    return vec![CoordAction::WriteCommit(record.clone())];
+                }
                 if self.reserving.take().is_none() || !self.ids_reserved() {
                     return Vec::new();
                 }
@@ -265,15 +279,14 @@ impl Coordinator {
                 }
                 return Vec::new();
             }
-            Phase::Recording { record, retry_at, .. } => {
+            Phase::Recording { retry_at, .. } => {
                 if now < *retry_at {
                     return Vec::new();
                 }
-                let record = record.clone();
                 if let Phase::Recording { retry_at, .. } = &mut self.phase {
                     *retry_at = now + self.cfg.store_timeout_ms;
                 }
-                return vec![CoordAction::WriteCommit(record)];
+                return self.write_record();
             }
             Phase::Running => {}
         }
@@ -314,6 +327,29 @@ impl Coordinator {
             return vec![CoordAction::PersistIds(next)];
         }
         self.start(now)
+    }
+
+    /// Records `record` before any task hears of it (see [`Phase::Recording`]).
+    pub(super) fn record(
+        &mut self,
+        record: CommitRecord,
+        asking: BTreeMap<TaskId, u64>,
+        halt: Option<String>,
+    ) -> Vec<CoordAction> {
+        let reserved = record.id < self.reserved.next_id;
+        let retry_at = self.now + self.cfg.store_timeout_ms;
+        self.phase = Phase::Recording { record, retry_at, asking, halt, reserved };
+        self.write_record()
+    }
+
+    /// The next write of the record being recorded: its id's reservation, or the record.
+    fn write_record(&self) -> Vec<CoordAction> {
+        let Phase::Recording { record, reserved, .. } = &self.phase else { return Vec::new() };
+        if *reserved {
+            return vec![CoordAction::WriteCommit(record.clone())];
+        }
+        let next_id = self.next_id.max(record.id.next()).max(self.reserved.next_id);
+        vec![CoordAction::PersistIds(IdRecord { next_id, next_trans: self.next_trans.max(self.reserved.next_trans) })]
     }
 
     /// Whether the next id and transaction are reserved durably.

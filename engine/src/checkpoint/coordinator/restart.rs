@@ -122,13 +122,7 @@ impl Coordinator {
                 CommitRecord::fresh(id, self.now)
             }
         };
-        self.phase = Phase::Recording {
-            record: record.clone(),
-            retry_at: self.now + self.cfg.store_timeout_ms,
-            asking,
-            halt: None,
-        };
-        vec![CoordAction::WriteCommit(record)]
+        self.record(record, asking, None)
     }
 
     /// The consensus point's record is durable: answer the tasks.

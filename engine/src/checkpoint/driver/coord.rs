@@ -96,7 +96,11 @@ impl CoordDriver {
                 self.started.entry(id).or_insert(t0);
                 fx.send_task(task, TaskInput::SourceReq { id, trans, kind, expire_at });
             }
-            CoordAction::WriteCommit(record) => fx.write_commit(record),
+            CoordAction::WriteCommit(record) => {
+                // A record's own reservation (a restart's choice) is no checkpoint's start.
+                self.reserving_since = None;
+                fx.write_commit(record)
+            }
             CoordAction::SendUpdate { task, id, trans, version, ts, .. } => {
                 fx.send_task(task, TaskInput::Update { id, trans, version, ts })
             }

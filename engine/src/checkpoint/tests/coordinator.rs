@@ -364,10 +364,18 @@ fn restart_restores_the_last_commit_and_never_reuses_an_id() {
     );
 }
 
+/// The record `out` writes, once its id's reservation (answered by [`step`]) is durable.
+fn written(out: &[CoordAction]) -> &CommitRecord {
+    match out {
+        [CoordAction::PersistIds(ids), CoordAction::WriteCommit(r)] if r.id < ids.next_id => r,
+        _ => panic!("the choice's id is reserved, then the choice recorded: {out:?}"),
+    }
+}
+
 /// `out` writes the record of the consensus's choice: it becomes durable, and the answers follow.
 fn recorded(c: &mut Coordinator, out: Vec<CoordAction>) -> Vec<CoordAction> {
-    let [CoordAction::WriteCommit(r)] = &out[..] else { panic!("the choice is recorded first: {out:?}") };
-    c.handle(CoordInput::CommitDurable { id: r.id })
+    let id = written(&out).id;
+    c.handle(CoordInput::CommitDurable { id })
 }
 
 #[test]
@@ -379,12 +387,18 @@ fn restart_without_a_commit_record_uses_the_minimum_of_the_tasks_latest_ids() {
     // The choice is recorded before any task hears of it: a coordinator that restarts before
     // every task restored finds it, instead of choosing again without the restored tasks.
     let out = ask(&mut c, 20, 4);
-    // Under an id of its own, past the chosen checkpoint's: no record key is written twice.
+    // Under an id of its own, past the chosen checkpoint's, reserved durably before the record
+    // is written: no record key is written twice (a late write of an earlier coordinator
+    // cannot land under it, nor a later one choose it again).
     let record = CommitRecord::consensus(CheckpointId(4), CheckpointId(3), 0);
-    assert_eq!(out, vec![CoordAction::WriteCommit(record.clone())]);
+    let ids = IdRecord { next_id: CheckpointId(5), next_trans: TransId(1) };
+    assert_eq!(out, vec![CoordAction::PersistIds(ids)]);
+    assert!(c.handle(CoordInput::Tick { now: 999 }).is_empty());
+    assert_eq!(c.handle(CoordInput::Tick { now: 1_000 }), vec![CoordAction::PersistIds(ids)], "asked again");
+    assert_eq!(c.handle(CoordInput::IdsPersisted(ids)), vec![CoordAction::WriteCommit(record.clone())]);
     assert!(c.handle(CoordInput::CommitFailed { id: CheckpointId(4), reason: "store down".into() }).is_empty());
-    assert!(tick(&mut c, 50).is_empty());
-    assert_eq!(tick(&mut c, 100), vec![CoordAction::WriteCommit(record)]);
+    assert!(tick(&mut c, 1_050).is_empty());
+    assert_eq!(tick(&mut c, 1_100), vec![CoordAction::WriteCommit(record)]);
     let out = c.handle(CoordInput::CommitDurable { id: CheckpointId(4) });
     assert_eq!(out.len(), 3);
     for (t, node, request) in [(1, 1, 101), (10, 1, 110), (20, 2, 120)] {
@@ -425,7 +439,7 @@ fn consensus_gives_up_waiting_and_counts_silent_tasks_as_empty() {
     c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
     ask(&mut c, 1, 4);
     let out = tick(&mut c, 2_000);
-    assert_eq!(out, vec![CoordAction::WriteCommit(CommitRecord::fresh(C1, 2_000))], "start from nothing, recorded");
+    assert_eq!(written(&out), &CommitRecord::fresh(C1, 2_000), "start from nothing, recorded");
     let out = recorded(&mut c, out);
     assert!(matches!(out[..], [CoordAction::SendRestore { id: None, request: 101, .. }]), "{out:?}");
     let out = trigger(&mut c);
@@ -456,7 +470,7 @@ fn a_start_from_nothing_is_recorded_and_a_restarted_coordinator_makes_it_again()
     ask(&mut c, 1, 4);
     let out = tick(&mut c, 2_000);
     let fresh = CommitRecord::fresh(CheckpointId(17), 2_000);
-    assert_eq!(out, vec![CoordAction::WriteCommit(fresh.clone())]);
+    assert_eq!(written(&out), &fresh);
     assert_eq!(recorded(&mut c, out).len(), 1, "task 1 starts from nothing");
     // The coordinator dies. The next one reads the record; task 1 does not ask again, but a
     // stale request of it (from before it restored) still says 4, as do the two others.
@@ -679,7 +693,9 @@ fn the_consensus_record_is_written_again_while_the_store_does_not_answer() {
     }
     let again = vec![CoordAction::WriteCommit(CommitRecord::consensus(CheckpointId(5), CheckpointId(4), 0))];
     assert!(tick(&mut c, 999).is_empty(), "no answer yet: wait the store timeout");
-    assert_eq!(tick(&mut c, 1_000), again);
+    // The reservation of its id first (answered at once here), then the record.
+    let ids = CoordAction::PersistIds(IdRecord { next_id: CheckpointId(6), next_trans: TransId(1) });
+    assert_eq!(tick(&mut c, 1_000), [vec![ids], again.clone()].concat());
     assert!(tick(&mut c, 1_001).is_empty());
     assert!(tick(&mut c, 1_999).is_empty());
     assert_eq!(tick(&mut c, 2_000), again);
