@@ -387,19 +387,19 @@ fn restart_without_a_commit_record_uses_the_minimum_of_the_tasks_latest_ids() {
     // The choice is recorded before any task hears of it: a coordinator that restarts before
     // every task restored finds it, instead of choosing again without the restored tasks.
     let out = ask(&mut c, 20, 4);
-    // Under an id of its own, past the chosen checkpoint's, reserved durably before the record
+    // Under an id of its own, past every id a task holds (4), reserved durably before the record
     // is written: no record key is written twice (a late write of an earlier coordinator
     // cannot land under it, nor a later one choose it again).
-    let record = CommitRecord::consensus(CheckpointId(4), CheckpointId(3), 0);
-    let ids = IdRecord { next_id: CheckpointId(5), next_trans: TransId(1) };
+    let record = CommitRecord::consensus(CheckpointId(5), CheckpointId(3), 0);
+    let ids = IdRecord { next_id: CheckpointId(6), next_trans: TransId(1) };
     assert_eq!(out, vec![CoordAction::PersistIds(ids)]);
     assert!(c.handle(CoordInput::Tick { now: 999 }).is_empty());
     assert_eq!(c.handle(CoordInput::Tick { now: 1_000 }), vec![CoordAction::PersistIds(ids)], "asked again");
     assert_eq!(c.handle(CoordInput::IdsPersisted(ids)), vec![CoordAction::WriteCommit(record.clone())]);
-    assert!(c.handle(CoordInput::CommitFailed { id: CheckpointId(4), reason: "store down".into() }).is_empty());
+    assert!(c.handle(CoordInput::CommitFailed { id: CheckpointId(5), reason: "store down".into() }).is_empty());
     assert!(tick(&mut c, 1_050).is_empty());
     assert_eq!(tick(&mut c, 1_100), vec![CoordAction::WriteCommit(record)]);
-    let out = c.handle(CoordInput::CommitDurable { id: CheckpointId(4) });
+    let out = c.handle(CoordInput::CommitDurable { id: CheckpointId(5) });
     assert_eq!(out.len(), 3);
     for (t, node, request) in [(1, 1, 101), (10, 1, 110), (20, 2, 120)] {
         assert!(
@@ -415,7 +415,7 @@ fn restart_without_a_commit_record_uses_the_minimum_of_the_tasks_latest_ids() {
         );
     }
     let last = c.last_commit().expect("the consensus record");
-    assert_eq!((last.id, last.restore_point()), (CheckpointId(4), Some(CheckpointId(3))));
+    assert_eq!((last.id, last.restore_point()), (CheckpointId(5), Some(CheckpointId(3))));
     // A task still reporting the chosen checkpoint hears it committed (every task had it), under
     // that checkpoint's id, not the record's.
     let out = c.handle(CoordInput::Report { task: TaskId(10), report: ok_report(CheckpointId(3), TransId(3), 0) });
@@ -428,7 +428,7 @@ fn restart_without_a_commit_record_uses_the_minimum_of_the_tasks_latest_ids() {
     );
     let out = trigger(&mut c);
     assert!(
-        out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: CheckpointId(5), .. })),
+        out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: CheckpointId(6), .. })),
         "the next checkpoint is past the record's id: {out:?}"
     );
 }
@@ -439,12 +439,14 @@ fn consensus_gives_up_waiting_and_counts_silent_tasks_as_empty() {
     c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
     ask(&mut c, 1, 4);
     let out = tick(&mut c, 2_000);
-    assert_eq!(written(&out), &CommitRecord::fresh(C1, 2_000), "start from nothing, recorded");
+    // Under an id past the 4 task 1 holds, though no id was ever reserved: the next
+    // checkpoints must not take ids its snapshots have.
+    assert_eq!(written(&out), &CommitRecord::fresh(CheckpointId(5), 2_000), "start from nothing, recorded");
     let out = recorded(&mut c, out);
     assert!(matches!(out[..], [CoordAction::SendRestore { id: None, request: 101, .. }]), "{out:?}");
     let out = trigger(&mut c);
     assert!(
-        out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: C2, .. })),
+        out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { id: CheckpointId(6), .. })),
         "past the record's id: {out:?}"
     );
 }
@@ -498,7 +500,7 @@ fn a_task_that_asks_again_gets_the_restore_point_already_chosen() {
         ask(&mut c, t, l);
     }
     // The record of the choice of 3, under an id of its own.
-    c.handle(CoordInput::CommitDurable { id: CheckpointId(4) });
+    c.handle(CoordInput::CommitDurable { id: CheckpointId(5) });
     // Its answer was lost: the task asks again with what it has, and the choice stands.
     let again = CoordInput::Consensus { task: TaskId(10), latest: Some(CheckpointId(3)), request: 7 };
     assert_eq!(
