@@ -101,20 +101,10 @@ fn lock(v: &Mutex<AgentView>) -> std::sync::MutexGuard<'_, AgentView> {
 impl Agent {
     /// Starts the rounds of `member` on `store` with leases of `ttl`.
     pub fn start(store: Arc<dyn ControlStore>, member: Member, ttl: Duration) -> std::io::Result<Agent> {
-        let view = Arc::new(Mutex::new(AgentView::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let tenure: Arc<Current> = Arc::new(Mutex::new((None, Arc::new(Tenure::default()))));
         let name = format!("member-{}", member.node().0);
-        let mut run = Rounds {
-            member,
-            store,
-            ttl,
-            view: view.clone(),
-            tenure: tenure.clone(),
-            absence: Absence::default(),
-            held: false,
-            was_leader: false,
-        };
+        let mut run = Rounds::new(store, member, ttl, Arc::new(Instant::now));
+        let (view, tenure) = (run.view.clone(), run.tenure.clone());
         let s = stop.clone();
         let withheld = Arc::new(AtomicBool::new(false));
         let w = withheld.clone();
@@ -185,8 +175,13 @@ impl Agent {
 /// holds again (a run started under it stops acknowledging for good).
 type Current = Mutex<(Option<LeaseId>, Arc<Tenure>)>;
 
-/// The agent thread's state.
-struct Rounds {
+/// Where an agent's rounds read the time (the agent's thread: the machine's clock; the
+/// simulator: a node's own, running at its rate).
+pub(crate) type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+
+/// The agent thread's state and its rounds, which the simulator steps itself.
+pub(crate) struct Rounds {
+    clock: Clock,
     member: Member,
     store: Arc<dyn ControlStore>,
     ttl: Duration,
@@ -200,8 +195,34 @@ struct Rounds {
 }
 
 impl Rounds {
+    pub(crate) fn new(store: Arc<dyn ControlStore>, member: Member, ttl: Duration, clock: Clock) -> Self {
+        Rounds {
+            clock,
+            member,
+            store,
+            ttl,
+            view: Arc::new(Mutex::new(AgentView::default())),
+            tenure: Arc::new(Mutex::new((None, Arc::new(Tenure::default())))),
+            absence: Absence::default(),
+            held: false,
+            was_leader: false,
+        }
+    }
+
+    /// What the rounds saw last ([`Agent::view`]).
+    #[cfg(test)]
+    pub(crate) fn view(&self) -> AgentView {
+        lock(&self.view).clone()
+    }
+
+    /// The tenure of the lease the node holds now ([`Agent::tenure_for`]).
+    #[cfg(test)]
+    pub(crate) fn tenure(&self) -> Arc<Tenure> {
+        self.tenure.lock().unwrap_or_else(|p| p.into_inner()).1.clone()
+    }
+
     /// One round at `now`; whether it succeeded.
-    fn round(&mut self, now: Instant) -> bool {
+    pub(crate) fn round(&mut self, now: Instant) -> bool {
         // A bound that ran out during the sleep counts as a loss now.
         self.publish_hold(None);
         let lease_before = self.member.lease();
@@ -237,7 +258,7 @@ impl Rounds {
             Err(e) => {
                 // What was observed of absences stands while the node holds its lease; it does
                 // not act as the leader until a round says it leads.
-                if !self.member.holds(Instant::now()) {
+                if !self.member.holds((self.clock)()) {
                     self.absence.reset();
                     self.was_leader = false;
                 }
@@ -256,7 +277,7 @@ impl Rounds {
 
     /// A round while the node withholds its membership: it ends its lease (its keys go, and
     /// with them any leadership) and publishes that it holds nothing.
-    fn stand_aside(&mut self) -> bool {
+    pub(crate) fn stand_aside(&mut self) -> bool {
         if self.member.lease().is_some() {
             tracing::warn!("this node gives up its membership: it reaches too few of the other members");
             // It stops acting first (the tenure ends now), then the store ends its lease.
@@ -291,7 +312,7 @@ impl Rounds {
     /// a loss when the node held at the last publication and no longer does.
     fn publish_hold(&mut self, failed: Option<&ControlError>) {
         let until = self.member.held_until();
-        let holds = until.is_some_and(|t| Instant::now() < t);
+        let holds = until.is_some_and(|t| (self.clock)() < t);
         {
             let mut current = self.tenure.lock().unwrap_or_else(|p| p.into_inner());
             if current.0 != self.member.lease() {

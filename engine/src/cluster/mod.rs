@@ -46,6 +46,8 @@ mod agent_tests;
 #[cfg(test)]
 mod commit_tests;
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;
 
 pub use absence::Absence;

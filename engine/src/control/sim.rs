@@ -5,69 +5,22 @@
 //! candidates act as leader, a fenced write lands only for the candidate the store names, and a
 //! live candidate leads again within a few TTLs of the faults' end.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::test_store::{Link, Linked};
 use super::*;
 
 const TTL: Duration = Duration::from_secs(2);
-
-/// What a candidate's calls meet.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-enum Link {
-    #[default]
-    Up,
-    /// Every call fails, unapplied.
-    Cut,
-    /// Calls are applied, their replies lost.
-    LosesReplies,
-}
-
-/// The store as one candidate reaches it.
-struct View<'a> {
-    store: &'a MemControl,
-    link: Link,
-}
-
-impl View<'_> {
-    fn pass<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T, ControlError>) -> Result<T, ControlError> {
-        let lost = || ControlError::Unavailable { endpoint: "sim".into(), op, reason: "no reply".into() };
-        match self.link {
-            Link::Up => f(),
-            Link::Cut => Err(lost()),
-            Link::LosesReplies => f().and_then(|_| Err(lost())),
-        }
-    }
-}
-
-impl ControlStore for View<'_> {
-    fn grant(&self, ttl: Duration) -> Result<LeaseId, ControlError> {
-        self.pass("grant", || self.store.grant(ttl))
-    }
-    fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>, ControlError> {
-        self.pass("keep-alive", || self.store.keep_alive(lease))
-    }
-    fn revoke(&self, lease: LeaseId) -> Result<(), ControlError> {
-        self.pass("revoke", || self.store.revoke(lease))
-    }
-    fn get(&self, key: &str) -> Result<Option<Entry>, ControlError> {
-        self.pass("get", || self.store.get(key))
-    }
-    fn list(&self, prefix: &str, limit: usize) -> Result<Vec<(String, Entry)>, ControlError> {
-        self.pass("list", || self.store.list(prefix, limit))
-    }
-    fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
-        self.pass("txn", || self.store.txn(when, then))
-    }
-}
 
 struct Candidate {
     election: Election,
     /// Its clock's rate against the store's (within the election's 10 % margin).
     rate: f64,
-    link: Link,
+    link: Arc<Mutex<Link>>,
     paused: bool,
 }
 
@@ -83,14 +36,14 @@ struct Counts {
 fn run(seed: u64, counts: &mut Counts) {
     let mut rng = StdRng::seed_from_u64(seed);
     let clock = ManualClock::default();
-    let store = MemControl::with_clock(clock.clone());
+    let store = Arc::new(MemControl::with_clock(clock.clone()));
     let base = Instant::now();
     let key = "/weir/sim/leader";
     let mut cs: Vec<Candidate> = (0..3)
         .map(|i| Candidate {
             election: Election::new(key, format!("node-{i}"), TTL),
             rate: rng.random_range(0.95..1.05),
-            link: Link::Up,
+            link: Arc::new(Mutex::new(Link::Up)),
             paused: false,
         })
         .collect();
@@ -114,21 +67,26 @@ fn run(seed: u64, counts: &mut Counts) {
                     counts.pauses += u32::from(c.paused);
                 }
                 1 => {
-                    c.link = if c.link == Link::Cut { Link::Up } else { Link::Cut };
-                    counts.cuts += u32::from(c.link == Link::Cut);
+                    let mut l = c.link.lock().unwrap();
+                    *l = if *l == Link::Cut { Link::Up } else { Link::Cut };
+                    counts.cuts += u32::from(*l == Link::Cut);
                 }
                 _ => {
-                    c.link = if c.link == Link::LosesReplies { Link::Up } else { Link::LosesReplies };
-                    counts.lost_replies += u32::from(c.link == Link::LosesReplies);
+                    let mut l = c.link.lock().unwrap();
+                    *l = if *l == Link::LosesReplies { Link::Up } else { Link::LosesReplies };
+                    counts.lost_replies += u32::from(*l == Link::LosesReplies);
                 }
             }
         }
         if faults_over {
-            cs.iter_mut().for_each(|c| (c.paused, c.link) = (false, Link::Up));
+            cs.iter_mut().for_each(|c| {
+                c.paused = false;
+                *c.link.lock().unwrap() = Link::Up;
+            });
         }
         if !cs[i].paused {
             let now = local(&cs[i], elapsed);
-            let view = View { store: &store, link: cs[i].link };
+            let view = Linked::new(store.clone(), cs[i].link.clone());
             let _ = cs[i].election.step(&view, now);
         }
         // At most one acts as leader now, each by its own clock.

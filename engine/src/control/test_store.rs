@@ -1,6 +1,8 @@
-//! A test double for the cluster code's unit tests: the in-process store whose transactions can
-//! fail unapplied, be applied with their answer lost, or be held back and delivered later (still
-//! on their way), and whose reads can fail. Each fault is a count of the next calls it hits.
+//! Test doubles for the cluster code's unit tests and simulators: the in-process store whose
+//! transactions can fail unapplied, be applied with their answer lost, or be held back and
+//! delivered later (still on their way), and whose reads can fail, each fault a count of the
+//! next calls it hits ([`Lossy`]); and the store as one node reaches it through a link that is
+//! up, cut, or loses replies ([`Linked`]).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -71,5 +73,58 @@ impl ControlStore for Lossy {
         let out = self.inner.txn(when, then)?;
         // Only a write's answer: a check that writes nothing has nothing to lose.
         if !then.is_empty() && take(&self.lose_txn) { Err(lost("txn")) } else { Ok(out) }
+    }
+}
+
+/// What a node's calls to the store meet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Link {
+    #[default]
+    Up,
+    /// Every call fails, unapplied.
+    Cut,
+    /// Calls are applied, their replies lost.
+    LosesReplies,
+}
+
+/// The in-process store as one node reaches it, through a link the simulator changes.
+pub(crate) struct Linked {
+    store: std::sync::Arc<MemControl>,
+    link: std::sync::Arc<Mutex<Link>>,
+}
+
+impl Linked {
+    pub(crate) fn new(store: std::sync::Arc<MemControl>, link: std::sync::Arc<Mutex<Link>>) -> Self {
+        Self { store, link }
+    }
+
+    fn pass<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T, ControlError>) -> Result<T, ControlError> {
+        let link = *self.link.lock().unwrap_or_else(|p| p.into_inner());
+        match link {
+            Link::Up => f(),
+            Link::Cut => Err(lost(op)),
+            Link::LosesReplies => f().and_then(|_| Err(lost(op))),
+        }
+    }
+}
+
+impl ControlStore for Linked {
+    fn grant(&self, ttl: Duration) -> Result<LeaseId, ControlError> {
+        self.pass("grant", || self.store.grant(ttl))
+    }
+    fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>, ControlError> {
+        self.pass("keep-alive", || self.store.keep_alive(lease))
+    }
+    fn revoke(&self, lease: LeaseId) -> Result<(), ControlError> {
+        self.pass("revoke", || self.store.revoke(lease))
+    }
+    fn get(&self, key: &str) -> Result<Option<Entry>, ControlError> {
+        self.pass("get", || self.store.get(key))
+    }
+    fn list(&self, prefix: &str, limit: usize) -> Result<Vec<(String, Entry)>, ControlError> {
+        self.pass("list", || self.store.list(prefix, limit))
+    }
+    fn txn(&self, when: &[Compare], then: &[Op]) -> Result<TxnOutcome, ControlError> {
+        self.pass("txn", || self.store.txn(when, then))
     }
 }
