@@ -210,8 +210,12 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 sup.woke(Waited::Idle, newer);
                 continue;
             }
-            Err(e) if sup.restarted() => {
-                (RunEnd::Failed { why: format!("restart failed: {e:#}"), newer: None }, Ok(()))
+            // A placement etcd did not answer for (busy, or a new leader of its own) is read
+            // again after the strategy's delay, at the first start too; one that cannot be
+            // used (it names a node the file does not list) stops the node at its first start.
+            Err(e) if sup.restarted() || unanswered(&e) => {
+                let what = if sup.restarted() { "restart" } else { "start" };
+                (RunEnd::Failed { why: format!("{what} failed: {e:#}"), newer: None }, Ok(()))
             }
             Err(e) => return Err(e).with_context(|| format!("starting node {}", me.id)),
         };
@@ -358,6 +362,11 @@ fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::place
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Whether reading the placement failed because etcd did not answer (retryable).
+fn unanswered(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<weir_engine::cluster::BookError>().is_some_and(weir_engine::cluster::BookError::is_retryable)
 }
 
 fn now_ms() -> u64 {

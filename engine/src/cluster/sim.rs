@@ -259,15 +259,10 @@ impl World {
         };
         let read = match book.latest(self.spec.id) {
             Ok(read) => read,
-            Err(_) if !n.sup.restarted() => {
-                // `weir node` exits with the error at its first start.
-                n.rounds = None;
-                n.run = Run::Down;
-                return;
-            }
-            Err(_) => {
-                // ... and counts a restart that cannot read the placement as a failure.
-                let end = RunEnd::Failed { why: "restart failed".into(), newer: None };
+            Err(e) => {
+                // `weir node` counts a start that etcd did not answer as a failed run.
+                assert!(e.is_retryable(), "{e}");
+                let end = RunEnd::Failed { why: "start failed".into(), newer: None };
                 if let Next::Restart { delay, .. } = n.sup.ended(end, false, self.elapsed.as_millis() as u64) {
                     n.run = Run::Restarting { until: now + delay };
                 }
