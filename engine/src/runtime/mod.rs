@@ -14,6 +14,7 @@ mod alignment;
 mod batch_pool;
 mod board;
 mod budget;
+mod build;
 mod channel;
 mod checkpointing;
 mod config;
@@ -21,6 +22,7 @@ mod control;
 mod error;
 mod log_feed;
 mod log_floors;
+mod plan;
 mod protocol_wire;
 mod queries;
 mod replay;
@@ -39,7 +41,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_utils::sync::{Parker, Unparker};
 use weir_wire::transport::Transport;
-use weir_wire::{Batch, FrameEncoder, TaskId};
+use weir_wire::{FrameEncoder, TaskId};
 
 pub use channel::{ChannelError, Inputs, Msg, Outputs, Rows};
 use channel::{Input, Link, Net, Output};
@@ -51,13 +53,10 @@ pub use error::EngineError;
 pub use router::IngestToken;
 pub use shared::EngineStats;
 use shared::Shared;
-use task::{AggTask, Feed, SinkTask, SourceTask, Task};
 pub use task::{Poll, Polled, TaskError};
 use worker::Cell;
 
 use crate::ingest::IngestService;
-use crate::operator::generator::Generator;
-use crate::operator::window::WindowAgg;
 use crate::spec::{Placement, SourceKind, StreamSpec, TaskKind};
 use crate::state::{NodeResults, ResultStore, result_store_dir};
 
@@ -109,19 +108,16 @@ impl Engine {
             .map_err(|source| EngineError::DataDir { path: cfg.data_dir.clone(), source })?;
         let topo = spec.topology();
         let me = cfg.node;
-        let local: Vec<_> = topo.tasks.iter().filter(|t| placement.node_of(t.id) == me).collect();
+        let plan = plan::Plan::of(&topo, placement, me, cfg.workers, spec.partitions);
+        let local = &plan.local;
         if local.is_empty() {
             return Err(EngineError::Config(format!("no task of stream {} is placed on node {me}", spec.id)));
         }
-        let needs_net = topo
-            .tasks
-            .iter()
-            .any(|t| t.downstreams.iter().any(|d| (placement.node_of(t.id) == me) != (placement.node_of(*d) == me)));
         let boards: HashMap<TaskId, Arc<board::TaskBoard>> =
             local.iter().map(|t| (t.id, board::TaskBoard::new(t.id, cfg.checkpoint.is_some()))).collect();
         // A configured transport always starts: besides remote channels it serves clients
         // (`weir load` ingest, status). Its heartbeats carry the local tasks' checkpoint summary.
-        let transport = match (&cfg.transport, needs_net) {
+        let transport = match (&cfg.transport, plan.needs_net()) {
             (Some(tc), _) => {
                 let mut tc = tc.clone();
                 let (mine, stream): (Vec<_>, _) = (local.iter().map(|t| boards[&t.id].clone()).collect(), spec.id);
@@ -136,8 +132,7 @@ impl Engine {
         // Workers and their wake-up handles.
         let parkers: Vec<Parker> = (0..cfg.workers).map(|_| Parker::new()).collect();
         let unparkers: Vec<Unparker> = parkers.iter().map(|p| p.unparker().clone()).collect();
-        let worker_of: HashMap<TaskId, usize> =
-            local.iter().enumerate().map(|(i, t)| (t.id, i % cfg.workers)).collect();
+        let worker_of = &plan.worker_of;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             aligning: Arc::new(AtomicUsize::new(0)),
@@ -149,7 +144,7 @@ impl Engine {
         let stats = Arc::new(EngineStats::default());
         // One result store per local sink: its share of the results is part of its checkpoints.
         let mut sink_stores = Vec::new();
-        for t in &local {
+        for t in local {
             if matches!(t.kind, TaskKind::Sink { .. }) {
                 sink_stores.push((t.id, Arc::new(ResultStore::open(&result_store_dir(&cfg.data_dir, t.id))?)));
             }
@@ -161,24 +156,25 @@ impl Engine {
         let mut tx_of = HashMap::new();
         let mut router_in = HashMap::new();
         let mut router_credits = HashMap::new();
-        for t in &topo.tasks {
-            for d in &t.downstreams {
-                let (from_local, to_local) = (placement.node_of(t.id) == me, placement.node_of(*d) == me);
-                if to_local {
-                    let room = if from_local { cfg.queue_capacity } else { cfg.remote_credits };
+        for &((from, to), kind) in &plan.edges {
+            match kind {
+                plan::EdgeKind::Local | plan::EdgeKind::FromNetwork { .. } => {
+                    let local_from = kind == plan::EdgeKind::Local;
+                    let room = if local_from { cfg.queue_capacity } else { cfg.remote_credits };
                     let (tx, rx) = crossbeam_channel::bounded(room);
-                    rx_of.insert((t.id, *d), rx);
-                    if from_local {
-                        tx_of.insert((t.id, *d), Edge::Local(tx));
+                    rx_of.insert((from, to), rx);
+                    if local_from {
+                        tx_of.insert((from, to), Edge::Local(tx));
                     } else {
-                        router_in.insert((t.id, *d), (tx, unparkers[worker_of[d]].clone()));
+                        router_in.insert((from, to), (tx, unparkers[worker_of[&to]].clone()));
                     }
-                } else if from_local {
+                }
+                plan::EdgeKind::ToNetwork { .. } => {
                     // No credit until the receiving task grants its window (its node's
                     // `remote_credits`): the receiver alone decides how much it can hold.
                     let credits = Arc::new(AtomicU32::new(0));
-                    router_credits.insert((t.id, *d), (credits.clone(), unparkers[worker_of[&t.id]].clone()));
-                    tx_of.insert((t.id, *d), Edge::Remote(credits));
+                    router_credits.insert((from, to), (credits.clone(), unparkers[worker_of[&from]].clone()));
+                    tx_of.insert((from, to), Edge::Remote(credits));
                 }
             }
         }
@@ -209,7 +205,7 @@ impl Engine {
         let mut control_rx = HashMap::new();
         let mut controls = HashMap::new();
         let attention: Vec<Arc<AtomicBool>> = (0..cfg.workers).map(|_| Arc::new(AtomicBool::new(false))).collect();
-        for t in &local {
+        for t in local {
             // Room for protocol traffic (ready messages, acknowledgements) of a few checkpoints.
             let (tx, rx) = crossbeam_channel::bounded(1024);
             let w = worker_of[&t.id];
@@ -233,13 +229,7 @@ impl Engine {
             interval_ms: cfg.checkpoint.as_ref().map_or(0, |c| c.interval_ms),
             trigger,
             peer_tasks: Default::default(),
-            peers: {
-                let mut p: Vec<weir_wire::NodeId> =
-                    topo.tasks.iter().map(|t| placement.node_of(t.id)).filter(|n| *n != me).collect();
-                p.sort();
-                p.dedup();
-                p
-            },
+            peers: plan.peers.clone(),
             stop_requested: cfg.stop_requested.clone(),
             results: results.clone(),
             incarnation: cfg.transport.as_ref().map_or(0, |t| t.incarnation),
@@ -259,9 +249,7 @@ impl Engine {
         // reads the acknowledgements from `Engine::ingest_acks`.
         let (router, ingest_acks) = match transport {
             Some(t) => {
-                let owners =
-                    (0..spec.partitions).map(|p| topo.source_of(p).map_or(me, |t| placement.node_of(t))).collect();
-                let ing = ingest.clone().map(|s| (s, ack_rx, owners));
+                let ing = ingest.clone().map(|s| (s, ack_rx, plan.owners.clone()));
                 let proto = (peers.clone(), coord_inbox);
                 let r =
                     router::Router::start(t, router_in, router_credits, shared.clone(), ing, proto, status.clone())?;
@@ -285,7 +273,7 @@ impl Engine {
             _ => None,
         };
         let aggs_here = local.iter().filter(|t| matches!(t.kind, TaskKind::Agg { .. })).count();
-        for t in &local {
+        for t in local {
             let outs: Vec<Output> = t
                 .downstreams
                 .iter()
@@ -326,88 +314,16 @@ impl Engine {
             let remote_in = ins.iter().any(|i| i.remote.is_some());
             let inp =
                 Inputs::new(spec.id, t.id, ins, cfg.remote_credits, sender.as_ref().filter(|_| remote_in).map(net));
-            let task = match t.kind {
-                TaskKind::Source { partition } => {
-                    let feed = match &spec.source {
-                        SourceKind::Generator { spec: g, limit, rate } => Feed::Generator {
-                            generator: Generator::new(*g, partition),
-                            limit: *limit,
-                            rate: *rate,
-                            started: None,
-                        },
-                        SourceKind::IngestLog => {
-                            let svc = ingest.as_ref().expect("ingest service");
-                            let log = svc.log(partition).expect("partition log");
-                            let idle = cfg.idle_after.map(|after| log_feed::IdleTimer {
-                                after,
-                                requests: svc.requests().clone(),
-                                stream: spec.id,
-                                partition,
-                                last_data: std::time::Instant::now(),
-                                last_marker: None,
-                            });
-                            Feed::Log(log_feed::LogFeed {
-                                reader: log.reader(weir_wire::Version(0)),
-                                log: log.clone(),
-                                partition,
-                                idle,
-                            })
-                        }
-                    };
-                    let n = t.downstreams.len();
-                    Task::Source(Box::new(SourceTask {
-                        id: t.id,
-                        feed,
-                        offset: 0,
-                        batch_rows: spec.batch_rows,
-                        dispatch: t.dispatch,
-                        out,
-                        builders: (0..n).map(|_| Batch::with_capacity(spec.batch_rows / n + 16)).collect(),
-                        max_ts: i64::MIN,
-                        scratch: Batch::default(),
-                        ended: false,
-                        stats: stats.clone(),
-                        board: boards[&t.id].clone(),
-                        queued_trigger: None,
-                        replay: Default::default(),
-                    }))
-                }
-                TaskKind::Agg { .. } => Task::Agg(Box::new(AggTask {
-                    agg: WindowAgg::new(spec.window, spec.watermark_delay_ms, t.upstreams.len()),
-                    spill: None,
-                    spill_budget: cfg.state_budget.map(|b| b / aggs_here.max(1)),
-                    spill_root: checkpointing::restore::task_dir(&cfg.data_dir, t.id).join("spill"),
-                    inp,
-                    builders: vec![Vec::new(); t.downstreams.len()],
-                    dispatch: t.dispatch,
-                    out,
-                    ended: false,
-                    stats: stats.clone(),
-                    board: boards[&t.id].clone(),
-                    replay: replay::AggReplay::new(
-                        cfg.checkpoint.as_ref().is_some_and(|c| c.replay),
-                        t.upstreams.len(),
-                        cfg.checkpoint.as_ref().and_then(|c| c.recovery_budget),
-                    ),
-                    cuts: unaligned::Cuts::new(t.upstreams.len()),
-                    align: alignment::Alignment::new(t.upstreams.len(), alignment::drift_for(spec.window.slide_ms)),
-                })),
-                TaskKind::Sink { .. } => Task::Sink(Box::new(SinkTask {
-                    id: t.id,
-                    stream: spec.id,
-                    store: sink_stores
-                        .iter()
-                        .find(|(id, _)| *id == t.id)
-                        .map(|(_, s)| s.clone())
-                        .expect("opened above"),
-                    inp,
-                    throttle: cfg.sink_throttle,
-                    stats: stats.clone(),
-                    board: boards[&t.id].clone(),
-                    held: None,
-                })),
+            let parts = build::Parts {
+                spec,
+                cfg: &cfg,
+                ingest: ingest.as_ref(),
+                stats: &stats,
+                board: &boards[&t.id],
+                sink_store: sink_stores.iter().find(|(id, _)| *id == t.id).map(|(_, s)| s.clone()),
+                aggs_here,
             };
-            let mut task = task;
+            let mut task = build::task(t, &parts, inp, out);
             let ck = match &ckpt {
                 Some(setup) => Some(Box::new(setup.task(t, &mut task)?)),
                 None => None,
