@@ -62,6 +62,9 @@ impl Coordinator {
                 return self.fallback_if_complete();
             }
             Phase::Consensus { .. } => {
+                // The damaged checkpoint's id is used too: the choice's record, and later
+                // checkpoints, take ids past it (its record may still be in the store).
+                self.next_id = self.next_id.max(id.next());
                 let latest = restorable.last().copied();
                 return self.handle(super::CoordInput::Consensus { task, latest, request });
             }

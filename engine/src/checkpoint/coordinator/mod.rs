@@ -20,6 +20,7 @@
 
 mod fallback;
 mod interface;
+mod reserve;
 mod restart;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -102,6 +103,8 @@ pub struct Coordinator {
     next_trans: TransId,
     /// Ids and transactions below these are reserved durably.
     reserved: IdRecord,
+    /// The highest id record a `PersistIds` asked for ([`Self::persist`]).
+    asked: IdRecord,
     /// Since when a `PersistIds` is waiting for its answer (no checkpoint starts meanwhile).
     reserving: Option<u64>,
     /// A commit whose write did not answer in time: it may still become visible, so a late
@@ -136,6 +139,7 @@ impl Coordinator {
             next_id: CheckpointId(1),
             next_trans: TransId(1),
             reserved: IdRecord::default(),
+            asked: IdRecord::default(),
             reserving: None,
             unknown: None,
             flight: None,
@@ -185,23 +189,13 @@ impl Coordinator {
                 self.tick(self.now)
             }
             CoordInput::Report { task, report } => self.report(task, report),
-            CoordInput::IdsPersisted(r) => {
-                // Durable, even when it answers late: everything below it is reserved.
-                self.reserved.next_id = self.reserved.next_id.max(r.next_id);
-                self.reserved.next_trans = self.reserved.next_trans.max(r.next_trans);
-                if let Phase::Recording { record, reserved: reserved @ false, .. } = &mut self.phase
-                    && record.id < self.reserved.next_id
-                {
-                    *reserved = true;
-                    return vec![CoordAction::WriteCommit(record.clone())];
-                }
-                if self.reserving.take().is_none() || !self.ids_reserved() {
-                    return Vec::new();
-                }
-                self.start(self.now)
-            }
+            CoordInput::IdsPersisted(r) => self.ids_persisted(r),
             CoordInput::IdsFailed { reason } => {
-                if self.reserving.take().is_none() {
+                if let Phase::Recording { retry_at, reserved: false, .. } = &mut self.phase {
+                    // The record's reservation is tried again shortly, as its write is.
+                    *retry_at = (*retry_at).min(self.now + 100);
+                }
+                if self.reserving.take().is_none() || !matches!(self.phase, Phase::Running) {
                     return Vec::new();
                 }
                 self.ids_failed(reason)
@@ -324,37 +318,9 @@ impl Coordinator {
                 next_id: CheckpointId(self.next_id.0 + ID_BLOCK),
                 next_trans: TransId(self.next_trans.0 + ID_BLOCK),
             };
-            return vec![CoordAction::PersistIds(next)];
+            return vec![self.persist(next)];
         }
         self.start(now)
-    }
-
-    /// Records `record` before any task hears of it (see [`Phase::Recording`]).
-    pub(super) fn record(
-        &mut self,
-        record: CommitRecord,
-        asking: BTreeMap<TaskId, u64>,
-        halt: Option<String>,
-    ) -> Vec<CoordAction> {
-        let reserved = record.id < self.reserved.next_id;
-        let retry_at = self.now + self.cfg.store_timeout_ms;
-        self.phase = Phase::Recording { record, retry_at, asking, halt, reserved };
-        self.write_record()
-    }
-
-    /// The next write of the record being recorded: its id's reservation, or the record.
-    fn write_record(&self) -> Vec<CoordAction> {
-        let Phase::Recording { record, reserved, .. } = &self.phase else { return Vec::new() };
-        if *reserved {
-            return vec![CoordAction::WriteCommit(record.clone())];
-        }
-        let next_id = self.next_id.max(record.id.next()).max(self.reserved.next_id);
-        vec![CoordAction::PersistIds(IdRecord { next_id, next_trans: self.next_trans.max(self.reserved.next_trans) })]
-    }
-
-    /// Whether the next id and transaction are reserved durably.
-    fn ids_reserved(&self) -> bool {
-        self.next_id < self.reserved.next_id && self.next_trans < self.reserved.next_trans
     }
 
     /// No checkpoint could start: it counts as a failure for the stream's health, and the next

@@ -18,6 +18,7 @@ impl Coordinator {
             .next_trans
             .max(last_commit.as_ref().and_then(CommitRecord::trans).map_or(TransId(1), |t| TransId(t.0 + 1)));
         self.reserved = IdRecord { next_id: self.next_id, next_trans: self.next_trans };
+        self.asked = self.reserved;
         self.reserving = None;
         self.flight = None;
         self.earliest_first = now + self.cfg.first_delay_ms;

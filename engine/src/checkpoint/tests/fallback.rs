@@ -26,16 +26,17 @@ fn restarted_at_7() -> Coordinator {
 
 /// Task `t` cannot restore `id`; its node can restore `restorable`.
 fn cannot(c: &mut Coordinator, t: u32, id: u64, restorable: &[u64]) -> Vec<CoordAction> {
-    step(
-        c,
-        CoordInput::CannotRestore {
-            task: TaskId(t),
-            id: CheckpointId(id),
-            restorable: restorable.iter().map(|r| CheckpointId(*r)).collect(),
-            reason: format!("corrupt object of t{t}"),
-            request: 100 + u64::from(t),
-        },
-    )
+    step(c, cannot_input(t, id, restorable))
+}
+
+fn cannot_input(t: u32, id: u64, restorable: &[u64]) -> CoordInput {
+    CoordInput::CannotRestore {
+        task: TaskId(t),
+        id: CheckpointId(id),
+        restorable: restorable.iter().map(|r| CheckpointId(*r)).collect(),
+        reason: format!("corrupt object of t{t}"),
+        request: 100 + u64::from(t),
+    }
 }
 
 fn restores(out: &[CoordAction]) -> Vec<(TaskId, Option<CheckpointId>, RestoreBasis)> {
@@ -193,4 +194,49 @@ fn a_task_told_the_damaged_point_already_cannot_go_back_with_the_others_even_whe
     let out = step(&mut c, CoordInput::CommitDurable { id: record.id });
     assert!(restores(&out).is_empty(), "{out:?}");
     assert!(out.iter().any(|a| matches!(a, CoordAction::Halt { reason } if reason.contains("t20"))), "{out:?}");
+}
+
+#[test]
+fn a_fallback_while_a_block_of_ids_is_on_its_way_neither_moves_the_id_record_back_nor_starts_a_checkpoint_early() {
+    let mut c = restarted_at_7();
+    // A checkpoint is due: its block of ids is asked for, and the answer has not come yet.
+    let out = c.handle(CoordInput::Tick { now: 300 });
+    let Some(CoordAction::PersistIds(block)) = out.first().cloned() else { panic!("{out:?}") };
+    // Meanwhile every task finds 7 damaged: the fallback record's id is reserved first.
+    assert!(c.handle(cannot_input(1, 7, &[5])).is_empty());
+    assert!(c.handle(cannot_input(10, 7, &[5])).is_empty());
+    let out = c.handle(cannot_input(20, 7, &[5]));
+    let asked = out.iter().find_map(|a| if let CoordAction::PersistIds(r) = a { Some(*r) } else { None });
+    let asked = asked.expect("the fallback's id is reserved before its record is written");
+    // Written after the block (the store writes in order, each write replacing the last): it
+    // asks for at least as much, or a restarted coordinator would reuse the block's ids.
+    assert!(asked.next_id >= block.next_id && asked.next_trans >= block.next_trans, "{asked:?} after {block:?}");
+    // The block's answer comes while the fallback is being recorded: no checkpoint starts
+    // (and the record, whose id the block covers, may be written already).
+    let mut out = c.handle(CoordInput::IdsPersisted(block));
+    assert!(!out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { .. })), "{out:?}");
+    out.extend(c.handle(CoordInput::IdsPersisted(asked)));
+    assert!(!out.iter().any(|a| matches!(a, CoordAction::SendSourceReq { .. })), "{out:?}");
+    let record = written(&out).expect("then the record");
+    let out = step(&mut c, CoordInput::CommitDurable { id: record.id });
+    assert_eq!(restores(&out).len(), TASKS.len());
+    // Once the tasks heard it, the next checkpoint starts, above the record's id.
+    let out = tick(&mut c, 2_000);
+    let first = out.iter().find_map(|a| if let CoordAction::SendSourceReq { id, .. } = a { Some(*id) } else { None });
+    assert!(first.is_some_and(|id| id > record.id), "{out:?}");
+}
+
+#[test]
+fn a_task_that_cannot_restore_during_a_consensus_keeps_the_damaged_checkpoints_id_from_being_taken_again() {
+    // No commit record and no id record: the tasks say what they hold.
+    let mut c = Coordinator::new(coord_cfg());
+    assert!(c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None }).is_empty());
+    assert!(c.handle(cannot_input(1, 9, &[5])).is_empty());
+    assert!(
+        c.handle(CoordInput::Consensus { task: TaskId(10), latest: Some(CheckpointId(5)), request: 110 }).is_empty()
+    );
+    let out = step(&mut c, CoordInput::Consensus { task: TaskId(20), latest: Some(CheckpointId(5)), request: 120 });
+    let record = written(&out).expect("the consensus is recorded");
+    assert_eq!(record.restore_point(), Some(CheckpointId(5)));
+    assert!(record.id > CheckpointId(9), "not under the damaged checkpoint's key: {record:?}");
 }

@@ -1,0 +1,72 @@
+//! The coordinator's id reservations: blocks of ids for checkpoints, and the id of a record
+//! of its own (a consensus, a start from nothing, a fallback) before that record is written.
+//!
+//! Invariants: every `PersistIds` asks for at least what any earlier one asked for, so the
+//! store's id record, which each write replaces and which the store thread writes in order,
+//! never goes back (a fallback's reservation while a block's is on its way included); and a
+//! checkpoint starts on a reservation's answer only while the coordinator is running.
+
+use std::collections::BTreeMap;
+
+use weir_wire::TaskId;
+
+use super::{CommitRecord, CoordAction, Coordinator, IdRecord, Phase};
+
+impl Coordinator {
+    /// The write of an id record asking for at least `want`, and for at least what any earlier
+    /// write asked for.
+    pub(super) fn persist(&mut self, want: IdRecord) -> CoordAction {
+        self.asked = IdRecord {
+            next_id: self.asked.next_id.max(want.next_id),
+            next_trans: self.asked.next_trans.max(want.next_trans),
+        };
+        CoordAction::PersistIds(self.asked)
+    }
+
+    /// An id record is durable (even one that answers late): everything below it is reserved.
+    pub(super) fn ids_persisted(&mut self, r: IdRecord) -> Vec<CoordAction> {
+        self.reserved.next_id = self.reserved.next_id.max(r.next_id);
+        self.reserved.next_trans = self.reserved.next_trans.max(r.next_trans);
+        if let Phase::Recording { record, reserved: reserved @ false, .. } = &mut self.phase
+            && record.id < self.reserved.next_id
+        {
+            *reserved = true;
+            return vec![CoordAction::WriteCommit(record.clone())];
+        }
+        // A block's answer starts the checkpoint it was for, unless a restart's or fallback's
+        // record came meanwhile (the next tick starts one once that is done).
+        if self.reserving.take().is_none() || !matches!(self.phase, Phase::Running) || !self.ids_reserved() {
+            return Vec::new();
+        }
+        self.start(self.now)
+    }
+
+    /// Records `record` before any task hears of it (see [`Phase::Recording`]).
+    pub(super) fn record(
+        &mut self,
+        record: CommitRecord,
+        asking: BTreeMap<TaskId, u64>,
+        halt: Option<String>,
+    ) -> Vec<CoordAction> {
+        let reserved = record.id < self.reserved.next_id;
+        let retry_at = self.now + self.cfg.store_timeout_ms;
+        self.phase = Phase::Recording { record, retry_at, asking, halt, reserved };
+        self.write_record()
+    }
+
+    /// The next write of the record being recorded: its id's reservation, or the record.
+    pub(super) fn write_record(&mut self) -> Vec<CoordAction> {
+        let Phase::Recording { record, reserved, .. } = &self.phase else { return Vec::new() };
+        if *reserved {
+            return vec![CoordAction::WriteCommit(record.clone())];
+        }
+        let next_id = self.next_id.max(record.id.next()).max(self.reserved.next_id);
+        let next_trans = self.next_trans.max(self.reserved.next_trans);
+        vec![self.persist(IdRecord { next_id, next_trans })]
+    }
+
+    /// Whether the next id and transaction are reserved durably.
+    pub(super) fn ids_reserved(&self) -> bool {
+        self.next_id < self.reserved.next_id && self.next_trans < self.reserved.next_trans
+    }
+}
