@@ -100,6 +100,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     }
     let mut sup = Supervisor::new(crate::failover::policy(&file.restart), crate::failover::last(&data_dir)?);
     let mut links: Vec<weir_engine::wire::msg::PeerLink> = Vec::new();
+    // Whether an engine of the stream has started on this node: until one has, an error
+    // starting it is the config's or the machine's, and stops the node.
+    let mut ran = false;
     let standing = Standing { base: &base, stop: &stop, spec: &spec, info: &info, member: member.as_deref() };
     loop {
         if let Some(fatal) = control.fatal() {
@@ -156,6 +159,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 }
                 match Engine::start(&spec, &placement, cfg) {
                     Ok(engine) => {
+                        ran = true;
                         log_start(&spec, &placement, &me, &engine, &data_dir, incarnation);
                         let watch = control.watch(&spec, &placement, read, &file);
                         let how = Watching {
@@ -178,8 +182,8 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                     // A restart that cannot start (the store unreachable, say) is one more failure
                     // for the strategy; the first start's errors are the config's or the machine's,
                     // except etcd's (busy, or the placement changed as the run began).
-                    Err(e) if sup.restarted() || e.is_control() => {
-                        let what = if sup.restarted() { "restart" } else { "start" };
+                    Err(e) if ran || e.is_control() => {
+                        let what = if ran { "restart" } else { "start" };
                         (RunEnd::Failed { why: format!("{what} failed: {e}"), newer: None }, Ok(()))
                     }
                     Err(e) => return Err(e).with_context(|| format!("starting node {}", me.id)),
@@ -211,10 +215,11 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
             // A placement etcd did not answer for (busy, or a new leader of its own) is read
-            // again after the strategy's delay, at the first start too; one that cannot be
-            // used (it names a node the file does not list) stops the node at its first start.
-            Err(e) if sup.restarted() || unanswered(&e) => {
-                let what = if sup.restarted() { "restart" } else { "start" };
+            // again after the strategy's delay, before the first start too; one that cannot
+            // be used (it names a node the file does not list) stops the node until an engine
+            // has started.
+            Err(e) if ran || unanswered(&e) => {
+                let what = if ran { "restart" } else { "start" };
                 (RunEnd::Failed { why: format!("{what} failed: {e:#}"), newer: None }, Ok(()))
             }
             Err(e) => return Err(e).with_context(|| format!("starting node {}", me.id)),

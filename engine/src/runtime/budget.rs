@@ -10,9 +10,10 @@
 //! Invariants: intervals during a replay are not measured (its rows are not taken rows), nor
 //! those without a row (an idle or starved agg says nothing of its rate: a rate of 0 would make
 //! every window born then written for its whole life); a replay shorter than [`MIN_REPLAY`]
-//! does not measure a rate (its start-up dominates). So the rows taken since any checkpoint are
-//! at most the highest rate times the time rows flowed since: a window is written only once it
-//! is older than the budget.
+//! does not measure a rate (its start-up dominates). So an idle start cannot make the budget
+//! 0 rows. A window can still be written younger than the budget (a rate measured low after a
+//! replay, or its fast intervals no longer among the kept ones): the safe direction, which
+//! costs a larger snapshot, not a longer restore.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

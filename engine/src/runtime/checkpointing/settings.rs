@@ -18,7 +18,7 @@ pub enum Remote {
 /// Checkpoint settings of an engine.
 #[derive(Clone, Debug)]
 pub struct CheckpointSettings {
-    /// Time between checkpoint starts (ms).
+    /// Time between checkpoint starts (ms; 0: none but those triggered by hand).
     pub interval_ms: u64,
     /// Minimum pause between the end of one checkpoint and the next start (ms).
     pub min_pause_ms: u64,
