@@ -119,7 +119,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 if let Some(p) = &prober {
                     control.check_reach(&p.links(), now_ms(), after);
                 }
-                (control.holds() || control.fatal().is_some()).then_some(crate::standby::Waited::Restart(None))
+                (control.holds() || control.fatal().is_some()).then_some(crate::standby::WaitEnd::Restart(None))
             };
             let mode = crate::standby::Mode::Fenced;
             let Some(newer) = standing.wait(sup.incarnation(), sup.restarts(), &links, mode, &mut tick) else {
@@ -205,7 +205,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 let mut watch = control.watch(&spec, &placement, read, &file);
                 let mut tick = || {
                     let moved = watch.as_mut()?.check()?;
-                    Some(crate::standby::Waited::Restart(Some(moved.incarnation)))
+                    Some(crate::standby::WaitEnd::Restart(Some(moved.incarnation)))
                 };
                 let Some(newer) = standing.wait(at, sup.restarts(), &links, crate::standby::Mode::Idle, &mut tick)
                 else {
@@ -287,15 +287,15 @@ impl Standing<'_> {
         restarts: &[RestartInfo],
         links: &[weir_engine::wire::msg::PeerLink],
         mode: crate::standby::Mode,
-        tick: &mut dyn FnMut() -> Option<crate::standby::Waited>,
+        tick: &mut dyn FnMut() -> Option<crate::standby::WaitEnd>,
     ) -> Option<Option<u64>> {
         let mut transport = self.base.transport.clone().expect("a node has a transport");
         transport.incarnation = incarnation;
         let me =
             crate::standby::Standby { stream: self.spec.id, restarts, links, info: self.info, member: self.member };
         match crate::standby::wait(transport, &me, mode, self.stop, tick) {
-            crate::standby::Waited::Restart(newer) => Some(newer),
-            crate::standby::Waited::Stopped(reason) => {
+            crate::standby::WaitEnd::Restart(newer) => Some(newer),
+            crate::standby::WaitEnd::Stopped(reason) => {
                 tracing::info!(stream = %self.spec.name, reason, "node stopped");
                 None
             }

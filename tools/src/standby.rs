@@ -31,7 +31,7 @@ pub enum Mode {
 }
 
 /// How a wait ended.
-pub enum Waited {
+pub enum WaitEnd {
     /// Start the stream (at least at the incarnation a peer was seen at): the delay is over, or
     /// (idle) a peer runs a newer incarnation.
     Restart(Option<u64>),
@@ -65,8 +65,8 @@ pub fn wait(
     me: &Standby<'_>,
     mode: Mode,
     stop: &AtomicBool,
-    tick: &mut dyn FnMut() -> Option<Waited>,
-) -> Waited {
+    tick: &mut dyn FnMut() -> Option<WaitEnd>,
+) -> WaitEnd {
     let idle = matches!(mode, Mode::Idle);
     if !idle {
         cfg.clients_only = true;
@@ -96,11 +96,11 @@ pub fn wait(
     let started = Instant::now();
     let waited = loop {
         if stop.load(Ordering::Relaxed) {
-            break Waited::Stopped("signal");
+            break WaitEnd::Stopped("signal");
         }
         let left = until.map_or(Duration::from_millis(20), |u| u.saturating_duration_since(Instant::now()));
         if left.is_zero() || (idle && newer.is_some()) {
-            break Waited::Restart(newer);
+            break WaitEnd::Restart(newer);
         }
         if let Some(w) = tick() {
             break w;
@@ -171,7 +171,7 @@ pub fn wait(
                     if let Ok(f) = enc.encode(&rsp) {
                         let _ = t.sender().send_timeout(from, f, Duration::from_secs(1));
                     }
-                    break Waited::Stopped("weir stop");
+                    break WaitEnd::Stopped("weir stop");
                 }
                 _ => None,
             },

@@ -36,6 +36,9 @@ impl Coordinator {
         if !self.cfg.tasks.iter().any(|(t, _, _)| *t == task) {
             return Vec::new();
         }
+        // The damaged checkpoint's id is used, whenever this comes: the records and the
+        // checkpoints after it take ids past it (its record may still be in the store).
+        self.next_id = self.next_id.max(id.next());
         // Only below what it cannot restore.
         let restorable: BTreeSet<CheckpointId> = restorable.into_iter().filter(|b| *b < id).collect();
         let mut out = Vec::new();
@@ -62,9 +65,8 @@ impl Coordinator {
                 return self.fallback_if_complete();
             }
             Phase::Consensus { .. } => {
-                // The damaged checkpoint's id is used too: the choice's record, and later
-                // checkpoints, take ids past it (its record may still be in the store).
-                self.next_id = self.next_id.max(id.next());
+                // Something was committed: not a new stream, even if nothing is restorable.
+                self.new_stream = false;
                 let latest = restorable.last().copied();
                 return self.handle(super::CoordInput::Consensus { task, latest, request });
             }

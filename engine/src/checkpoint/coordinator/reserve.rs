@@ -27,10 +27,15 @@ impl Coordinator {
     pub(super) fn ids_persisted(&mut self, r: IdRecord) -> Vec<CoordAction> {
         self.reserved.next_id = self.reserved.next_id.max(r.next_id);
         self.reserved.next_trans = self.reserved.next_trans.max(r.next_trans);
+        self.asked.next_id = self.asked.next_id.max(r.next_id);
+        self.asked.next_trans = self.asked.next_trans.max(r.next_trans);
         if let Phase::Recording { record, reserved: reserved @ false, .. } = &mut self.phase
             && record.id < self.reserved.next_id
         {
             *reserved = true;
+            // The answers come in the order of the asks: one for a block asked before the
+            // record is this one, and no checkpoint waits for it any more.
+            self.reserving = None;
             return vec![CoordAction::WriteCommit(record.clone())];
         }
         // A block's answer starts the checkpoint it was for, unless a restart's or fallback's

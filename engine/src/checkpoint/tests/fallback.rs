@@ -240,3 +240,21 @@ fn a_task_that_cannot_restore_during_a_consensus_keeps_the_damaged_checkpoints_i
     assert_eq!(record.restore_point(), Some(CheckpointId(5)));
     assert!(record.id > CheckpointId(9), "not under the damaged checkpoint's key: {record:?}");
 }
+
+#[test]
+fn a_damaged_checkpoint_heard_of_while_the_consensus_is_recorded_is_never_taken_by_a_later_checkpoint() {
+    let mut c = Coordinator::new(coord_cfg());
+    assert!(c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None }).is_empty());
+    for t in [10, 20] {
+        let _ = c.handle(CoordInput::Consensus { task: TaskId(t), latest: Some(CheckpointId(5)), request: 100 });
+    }
+    // Task 1 is silent: at the deadline the choice (from nothing) is recorded.
+    let out = tick(&mut c, 2_000);
+    let record = written(&out).expect("the choice is recorded");
+    // Task 1 then says it cannot restore its checkpoint 9 (the id record was behind).
+    let _ = c.handle(cannot_input(1, 9, &[5]));
+    let _ = step(&mut c, CoordInput::CommitDurable { id: record.id });
+    let out = step(&mut c, CoordInput::Trigger);
+    let first = out.iter().find_map(|a| if let CoordAction::SendSourceReq { id, .. } = a { Some(*id) } else { None });
+    assert!(first.is_some_and(|id| id > CheckpointId(9)), "{out:?}");
+}

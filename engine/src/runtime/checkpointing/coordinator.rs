@@ -114,6 +114,9 @@ struct StoreSide {
     stream: StreamId,
     /// Ends the run when the book says this coordinator is fenced.
     halt: Halt,
+    /// The coordinator stopped: queued writes are not made (a later run of the stream may be
+    /// writing already, and an id record written after its own would take its ids back).
+    stopped: Arc<AtomicBool>,
 }
 
 /// Whether a book's refusal ends the coordinator's run (a newer coordinator or placement
@@ -126,9 +129,12 @@ fn ends_run(e: &PointError) -> bool {
 /// each durable commit it asks the collector for a pass (`collect`: at most one waits). A write
 /// the book refuses for good halts the run, and nothing more is written.
 fn store_thread(side: StoreSide, jobs: Receiver<StoreJob>, inbox: Sender<CoordInput>, collect: Option<Sender<()>>) {
-    let StoreSide { store, book, stream, halt } = side;
+    let StoreSide { store, book, stream, halt, stopped } = side;
     let mut refused: Option<String> = None;
     for job in jobs {
+        if stopped.load(Ordering::Acquire) {
+            break;
+        }
         let answer = match job {
             StoreJob::Ids(_) if refused.is_some() => {
                 CoordInput::IdsFailed { reason: refused.clone().unwrap_or_default() }
@@ -257,7 +263,13 @@ impl CoordThread {
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
         let (done_tx, store_done) = crossbeam_channel::bounded(1);
         let (stream, inbox_tx) = (s.stream, s.inbox.0.clone());
-        let side = StoreSide { store: s.store.clone(), book: s.book.clone(), stream, halt: s.halt.clone() };
+        let side = StoreSide {
+            store: s.store.clone(),
+            book: s.book.clone(),
+            stream,
+            halt: s.halt.clone(),
+            stopped: stop.clone(),
+        };
         let (collect, collector) = if s.retain > 0 {
             let (tx, rx) = crossbeam_channel::bounded(1);
             let (store, book, logs) = (s.store.clone(), s.book.clone(), s.log_partitions);
@@ -318,7 +330,8 @@ impl CoordThread {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
             // The coordinator dropped the job queue: the store thread ends after the write in
-            // flight and the retention pass asked for, unless the store hangs.
+            // flight (it makes none of those queued) and the retention pass asked for, unless
+            // the store hangs.
             if self.store_done.recv_timeout(self.store_timeout).is_err() {
                 tracing::warn!("the coordinator's store write did not finish; not waiting for it");
             }
