@@ -15,12 +15,7 @@ use super::world::{Model, World, snapshot_key};
 impl World {
     /// A checkpoint starts only on ids the store has reserved, and never on a pair used before.
     pub fn check_issued(&mut self, id: CheckpointId, trans: TransId) {
-        let key = weir_engine::backup::commit::ids_key(STREAM);
-        let rec = match &self.control {
-            Some(c) => c.reserved(),
-            None => self.store.peek(&key).and_then(|b| weir_engine::backup::commit::decode_ids(&key, &b).ok()),
-        };
-        let rec = rec.unwrap_or_else(|| panic!("checkpoint {id} started without an id record"));
+        let rec = self.stored_ids().unwrap_or_else(|| panic!("checkpoint {id} started without an id record"));
         assert!(id < rec.next_id && trans < rec.next_trans, "{id} {trans} started beyond the reserved {rec:?}");
         let call = self.coord_call;
         match self.issued.get(&(id, trans)) {
@@ -28,9 +23,41 @@ impl World {
             None => {
                 let highest = self.issued.keys().map(|k| k.0).max();
                 assert!(highest.is_none_or(|h| id > h), "checkpoint id went down: {id} after {highest:?}");
+                let trans_high = self.issued.keys().map(|k| k.1).max();
+                assert!(trans_high.is_none_or(|h| trans > h), "transaction id went down: {trans} after {trans_high:?}");
                 self.issued.insert((id, trans), call);
             }
         }
+    }
+
+    /// The id record as the store (or the control store) holds it.
+    pub fn stored_ids(&self) -> Option<weir_engine::checkpoint::IdRecord> {
+        let key = weir_engine::backup::commit::ids_key(STREAM);
+        match &self.control {
+            Some(c) => c.reserved(),
+            None => self.store.peek(&key).and_then(|b| weir_engine::backup::commit::decode_ids(&key, &b).ok()),
+        }
+    }
+
+    /// After a reservation: the id record never goes back (a restarted coordinator would reuse
+    /// ids and transactions).
+    pub fn check_ids_grow(&mut self) {
+        let now = self.stored_ids();
+        if let (Some(before), Some(now)) = (self.ids_seen, now) {
+            assert!(
+                now.next_id >= before.next_id && now.next_trans >= before.next_trans,
+                "the id record went back: {now:?} after {before:?}"
+            );
+        }
+        self.ids_seen = now.or(self.ids_seen);
+    }
+
+    /// A record with an id of its own is written only under an id reserved durably, and no
+    /// checkpoint ever started under.
+    pub fn check_own_id(&self, r: &CommitRecord) {
+        let rec = self.stored_ids().unwrap_or_else(|| panic!("record {} written without an id record", r.id));
+        assert!(r.id < rec.next_id, "record {} written beyond the reserved {rec:?}", r.id);
+        assert!(!self.issued.keys().any(|(i, _)| *i == r.id), "record {} under a checkpoint's id", r.id);
     }
 
     /// Nothing commits without a successful report from every task.

@@ -238,6 +238,7 @@ impl CoordEffects for SimCoordFx<'_> {
         let mut w = self.w.borrow_mut();
         let reserved = w.book.reserve(&*w.store, &ids);
         w.note(format!("reserve {ids:?}: {reserved:?}"));
+        w.check_ids_grow();
         let answer = match reserved {
             Ok(()) => CoordInput::IdsPersisted(ids),
             Err(e) => {
@@ -255,6 +256,9 @@ impl CoordEffects for SimCoordFx<'_> {
         // No key of the store holds two records: a record is written again only as it was.
         let first = w.written.entry(record.id).or_insert_with(|| record.clone());
         assert_eq!(*first, record, "two records under id {}", record.id);
+        if !matches!(record.kind, RecordKind::Commit(_)) {
+            w.check_own_id(&record);
+        }
         match record.kind {
             // The consensus's choice: a checkpoint that committed, under an id above every
             // commit's (no record key is written twice).

@@ -113,6 +113,7 @@ impl Sim {
             written: BTreeMap::new(),
             reports: BTreeMap::new(),
             issued: BTreeMap::new(),
+            ids_seen: None,
             coord_call: 0,
             coord_incarnation: 0,
             crash_coordinator: false,

@@ -335,6 +335,8 @@ pub struct World {
     pub reports: BTreeMap<CheckpointId, BTreeMap<usize, bool>>,
     /// (id, transaction) pairs of started checkpoints, with the coordinator call that started them.
     pub issued: BTreeMap<(CheckpointId, TransId), u64>,
+    /// The id record as last seen after a reservation: it never goes back.
+    pub ids_seen: Option<weir_engine::checkpoint::IdRecord>,
     pub coord_call: u64,
     pub coord_incarnation: u64,
     pub crash_coordinator: bool,
