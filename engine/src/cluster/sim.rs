@@ -283,8 +283,9 @@ impl World {
                 // `weir node` counts a start that etcd did not answer as a failed run.
                 assert!(e.is_retryable(), "{e}");
                 let end = RunEnd::Failed { why: "start failed".into(), newer: None };
-                if let Next::Restart { delay, .. } = n.sup.ended(end, false, self.elapsed.as_millis() as u64) {
-                    n.run = Run::Restarting { until: now + delay };
+                match n.sup.ended(end, false, self.elapsed.as_millis() as u64) {
+                    Next::Restart { delay, .. } => n.run = Run::Restarting { until: now + delay },
+                    other => panic!("node {}: {other:?}", n.id.0),
                 }
                 return;
             }
