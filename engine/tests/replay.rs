@@ -23,13 +23,6 @@ fn with_snapshots(dir: &std::path::Path, replay: bool, budget: Option<usize>) ->
     cfg
 }
 
-/// Replay snapshots every `interval_ms` (0: only those triggered).
-fn with_snapshots_every(dir: &std::path::Path, interval_ms: u64) -> EngineConfig {
-    let mut cfg = config(dir, interval_ms);
-    cfg.checkpoint.as_mut().unwrap().replay = true;
-    cfg
-}
-
 /// Runs `spec` once per entry of `replay` (its snapshot kind) with `cfg` of that kind, for
 /// `least` ms plus up to `spread` more (from `seed`), stopping it each time.
 fn runs(
@@ -162,7 +155,9 @@ fn a_checkpoint_committed_mid_replay_resumes_the_replay_where_it_stood_and_resto
     assert!(at_first.iter().all(|o| *o >= 5_000), "the sources had sent rows to replay: {at_first:?}");
     let owed_first = owed(&store, &spec, &aggs, first);
 
-    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), with_snapshots_every(dir.path(), 0)).unwrap();
+    let mut triggered_only = cfg();
+    triggered_only.checkpoint.as_mut().unwrap().interval_ms = 0;
+    let engine = Engine::start(&spec, &Placement::single(NodeId(1)), triggered_only).unwrap();
     assert_eq!(wait_restored(&engine), (RestoreBasis::Committed, Some(first)));
     let t0 = Instant::now();
     loop {

@@ -372,11 +372,7 @@ impl CommitBook for ControlCommits {
 
     fn reserve(&self, _store: &dyn Store, ids: &IdRecord) -> Result<(), PointError> {
         let ids = *ids;
-        self.write(true, |v| {
-            let next =
-                IdRecord { next_id: ids.next_id.max(v.ids.next_id), next_trans: ids.next_trans.max(v.ids.next_trans) };
-            Ok(Value { ids: next, ..v })
-        })
+        self.write(true, |v| Ok(Value { ids: ids.max(v.ids), ..v }))
     }
 
     fn commit(&self, store: &dyn Store, record: &CommitRecord) -> CommitWrite {

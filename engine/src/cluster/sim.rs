@@ -122,10 +122,10 @@ impl World {
             nodes: Vec::new(),
             outage: false,
         };
-        for id in ids {
+        for (i, id) in ids.into_iter().enumerate() {
             // Within the election's margin (a tenth of the lease).
             let rate = rng.random_range(0.91..1.09);
-            let mut n = Node {
+            w.nodes.push(Node {
                 id,
                 rounds: None,
                 local: Arc::new(Mutex::new(base)),
@@ -137,15 +137,15 @@ impl World {
                 disk: 0,
                 run: Run::Down,
                 next_round: base,
-            };
-            w.boot(&mut n, false);
-            w.nodes.push(n);
+            });
+            w.boot(i, false);
         }
         w
     }
 
     /// Starts node `n`'s process (its data directory lost or not).
-    fn boot(&self, n: &mut Node, lost_disk: bool) {
+    fn boot(&mut self, i: usize, lost_disk: bool) {
+        let n = &mut self.nodes[i];
         if lost_disk {
             n.disk = 0;
         }
@@ -232,9 +232,7 @@ impl World {
                 None
             }
             Run::Idle { version, mut mover } => {
-                let moved = leads(&view, now)
-                    .then(|| mover.check(&book, &lost(&view, now), &present(&view), view.fence.as_ref()))
-                    .flatten();
+                let moved = watch(&mut mover, &book, &view, now);
                 if moved.is_none() && seen.is_none() {
                     n.run = Run::Idle { version, mover };
                     return;
@@ -249,10 +247,7 @@ impl World {
                     Some(RunEnd::Fenced { why: "lease".into() })
                 } else if let Some(newer) = seen {
                     Some(RunEnd::Failed { why: "a peer runs a newer incarnation".into(), newer: Some(newer) })
-                } else if let Some(moved) = leads(&view, now)
-                    .then(|| mover.check(&book, &lost(&view, now), &present(&view), view.fence.as_ref()))
-                    .flatten()
-                {
+                } else if let Some(moved) = watch(&mut mover, &book, &view, now) {
                     counts.moves += 1;
                     Some(RunEnd::Failed { why: moved.reason, newer: Some(moved.incarnation) })
                 } else {
@@ -332,16 +327,14 @@ impl World {
     }
 }
 
-fn leads(view: &super::AgentView, now: Instant) -> bool {
-    view.leads(now)
-}
-
-fn lost(view: &super::AgentView, now: Instant) -> Vec<(NodeId, Duration)> {
-    view.absent.overdue(MOVE_AFTER, now)
-}
-
-fn present(view: &super::AgentView) -> Vec<NodeId> {
-    (1..=NODES).map(NodeId).filter(|n| !view.absent.is_absent(*n)).collect()
+/// The leader's check for a lost node's tasks to move (`weir node`'s `Watch::check`).
+fn watch(mover: &mut Mover, book: &ControlBook, view: &super::AgentView, now: Instant) -> Option<super::Moved> {
+    if !view.leads(now) {
+        return None;
+    }
+    let lost = view.absent.overdue(MOVE_AFTER, now);
+    let present: Vec<NodeId> = (1..=NODES).map(NodeId).filter(|n| !view.absent.is_absent(*n)).collect();
+    mover.check(book, &lost, &present, view.fence.as_ref())
 }
 
 fn run(seed: u64, counts: &mut Counts) {
@@ -361,10 +354,7 @@ fn run(seed: u64, counts: &mut Counts) {
                 w.nodes[i].own = Link::Up;
                 w.nodes[i].paused = false;
                 if matches!(w.nodes[i].run, Run::Down) {
-                    let d = dummy(&w);
-                    let mut n = std::mem::replace(&mut w.nodes[i], d);
-                    w.boot(&mut n, false);
-                    w.nodes[i] = n;
+                    w.boot(i, false);
                 }
             }
             w.relink();
@@ -399,23 +389,6 @@ fn run(seed: u64, counts: &mut Counts) {
     assert!(settled >= 40, "seed {seed}: the cluster did not settle with every task running once after the faults");
 }
 
-/// A placeholder while a node is rebooted in place.
-fn dummy(w: &World) -> Node {
-    Node {
-        id: NodeId(0),
-        rounds: None,
-        local: Arc::new(Mutex::new(w.base)),
-        rate: 1.0,
-        link: Arc::new(Mutex::new(Link::Up)),
-        own: Link::Up,
-        paused: false,
-        sup: Supervisor::new(policy(), 0),
-        disk: 0,
-        run: Run::Down,
-        next_round: w.base,
-    }
-}
-
 /// Starts or ends one fault.
 fn fault(w: &mut World, rng: &mut StdRng, counts: &mut Counts) {
     let i = rng.random_range(0..w.nodes.len());
@@ -440,21 +413,18 @@ fn fault(w: &mut World, rng: &mut StdRng, counts: &mut Counts) {
             w.outage = !w.outage;
             counts.outages += u32::from(w.outage);
         }
+        _ if matches!(w.nodes[i].run, Run::Down) => {
+            let lost_disk = rng.random_bool(0.3);
+            counts.lost_disks += u32::from(lost_disk);
+            w.boot(i, lost_disk);
+        }
         _ => {
-            let d = dummy(w);
-            let mut n = std::mem::replace(&mut w.nodes[i], d);
-            if matches!(n.run, Run::Down) {
-                let lost_disk = rng.random_bool(0.3);
-                counts.lost_disks += u32::from(lost_disk);
-                w.boot(&mut n, lost_disk);
-            } else {
-                // kill -9: the process goes; its lease ends by itself in the store.
-                counts.kills += 1;
-                n.rounds = None;
-                n.run = Run::Down;
-                n.paused = false;
-            }
-            w.nodes[i] = n;
+            // kill -9: the process goes; its lease ends by itself in the store.
+            counts.kills += 1;
+            let n = &mut w.nodes[i];
+            n.rounds = None;
+            n.run = Run::Down;
+            n.paused = false;
         }
     }
     w.relink();

@@ -49,6 +49,13 @@ impl Default for IdRecord {
     }
 }
 
+impl IdRecord {
+    /// The record reserving everything either of the two reserves.
+    pub fn max(self, other: IdRecord) -> IdRecord {
+        IdRecord { next_id: self.next_id.max(other.next_id), next_trans: self.next_trans.max(other.next_trans) }
+    }
+}
+
 /// What a commit record stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecordKind {

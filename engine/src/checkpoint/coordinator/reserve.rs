@@ -16,19 +16,14 @@ impl Coordinator {
     /// The write of an id record asking for at least `want`, and for at least what any earlier
     /// write asked for.
     pub(super) fn persist(&mut self, want: IdRecord) -> CoordAction {
-        self.asked = IdRecord {
-            next_id: self.asked.next_id.max(want.next_id),
-            next_trans: self.asked.next_trans.max(want.next_trans),
-        };
+        self.asked = self.asked.max(want);
         CoordAction::PersistIds(self.asked)
     }
 
     /// An id record is durable (even one that answers late): everything below it is reserved.
     pub(super) fn ids_persisted(&mut self, r: IdRecord) -> Vec<CoordAction> {
-        self.reserved.next_id = self.reserved.next_id.max(r.next_id);
-        self.reserved.next_trans = self.reserved.next_trans.max(r.next_trans);
-        self.asked.next_id = self.asked.next_id.max(r.next_id);
-        self.asked.next_trans = self.asked.next_trans.max(r.next_trans);
+        self.reserved = self.reserved.max(r);
+        self.asked = self.asked.max(r);
         if let Phase::Recording { record, reserved: reserved @ false, .. } = &mut self.phase
             && record.id < self.reserved.next_id
         {
@@ -65,9 +60,9 @@ impl Coordinator {
         if *reserved {
             return vec![CoordAction::WriteCommit(record.clone())];
         }
-        let next_id = self.next_id.max(record.id.next()).max(self.reserved.next_id);
-        let next_trans = self.next_trans.max(self.reserved.next_trans);
-        vec![self.persist(IdRecord { next_id, next_trans })]
+        // At least what is reserved already: `persist` asks past every earlier ask.
+        let want = IdRecord { next_id: self.next_id.max(record.id.next()), next_trans: self.next_trans };
+        vec![self.persist(want)]
     }
 
     /// Whether the next id and transaction are reserved durably.

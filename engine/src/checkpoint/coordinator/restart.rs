@@ -105,17 +105,15 @@ impl Coordinator {
         // The seed's rule: the minimum of what every task has; a task that did not answer counts
         // as having nothing (and nothing is below every checkpoint).
         let all = self.cfg.tasks.iter().map(|(t, _, _)| latest.get(t).copied().flatten());
-        // Past every id a task says it holds too: an id record that is behind (or gone) must not
-        // make a later checkpoint take an id some task's snapshots have.
-        let past = latest.values().flatten().max().map_or(self.next_id, |top| self.next_id.max(top.next()));
         // The choice is recorded before any task hears it, a start from nothing too: a
         // coordinator that restarts meanwhile makes the same one (the tasks that restored do not
         // ask again, and stale requests of theirs must not sway it).
         let record = match all.min().flatten() {
             Some(min) => {
                 // An id of its own, past every id used (the chosen checkpoint's record may still
-                // be in the store, damaged or unlisted: its key is never written again).
-                let id = past;
+                // be in the store, damaged or unlisted: its key is never written again), a task's
+                // included ([`Self::consensus`] raised the next id past each).
+                let id = self.next_id;
                 self.next_id = id.next();
                 CommitRecord::consensus(id, min, self.now)
             }
@@ -126,7 +124,7 @@ impl Coordinator {
             }
             None => {
                 // An id of its own, past every id used, so the record sorts above older ones.
-                let id = past;
+                let id = self.next_id;
                 self.next_id = id.next();
                 CommitRecord::fresh(id, self.now)
             }
