@@ -15,7 +15,7 @@ use weir_engine::spec::Placement;
 use weir_engine::wire::NodeId;
 use weir_engine::wire::msg::CheckpointOutcome;
 
-use util::ckpt::{config, spec, wait_for_commits};
+use util::ckpt::{config, spec, spec_at, wait_for_commits};
 
 /// A local-directory store whose commit-record writes hang while `hang` is set (as a store that
 /// accepts the connection and never answers).
@@ -63,7 +63,9 @@ fn a_hung_store_fails_checkpoints_on_time_while_status_and_manual_triggers_are_s
     let ck = cfg.checkpoint.as_mut().unwrap();
     ck.remote = Remote::Store(store.clone());
     ck.store_timeout_ms = 300;
-    let engine = Engine::start(&spec(1_000_000), &Placement::single(NodeId(1)), cfg).unwrap();
+    // About 20 s of stream: it must outlive the first commit, the hang and the commit after it
+    // on a loaded machine (a finished stream takes no more checkpoints).
+    let engine = Engine::start(&spec_at(1_000_000, 50_000), &Placement::single(NodeId(1)), cfg).unwrap();
     wait_for_commits(&engine, 1);
     store.hang.store(true, Ordering::Release);
     let log = engine.checkpoints().unwrap();
@@ -88,6 +90,7 @@ fn a_hung_store_fails_checkpoints_on_time_while_status_and_manual_triggers_are_s
     );
     // The store answers again: checkpoints commit again.
     store.hang.store(false, Ordering::Release);
+    assert!(!engine.is_finished(), "the stream ended before the store answered again");
     wait_for_commits(&engine, committed + 1);
     engine.stop();
     engine.wait().unwrap();
