@@ -192,12 +192,6 @@ impl Supervisor {
         &self.restarts
     }
 
-    /// Whether the stream ran (or tried to) before: an error starting it counts as a failure
-    /// then, where at the first start it is the config's or the machine's.
-    pub fn restarted(&self) -> bool {
-        !self.restarts.is_empty()
-    }
-
     /// A run starts under placement `version`: the incarnation it runs at (to record before it
     /// starts).
     pub fn start(&mut self, version: u32) -> u64 {

@@ -64,7 +64,7 @@ fn a_failure_restarts_after_the_delay_at_a_newer_incarnation_and_is_listed() {
     s.start(0);
     let next = s.ended(failed("peer 2 lost"), false, 10_000);
     assert_eq!(next, Next::Restart { delay: Duration::from_secs(1), incarnation: 2 });
-    assert!(s.restarted());
+    assert!(!s.restarts().is_empty());
     assert_eq!(s.restarts(), [RestartInfo { at_ms: 10_000, incarnation: 2, reason: "peer 2 lost".into() }]);
 }
 
@@ -120,7 +120,7 @@ fn a_stop_asked_for_stops_the_node_whatever_else_ended_the_run() {
     for end in [failed("lost"), RunEnd::Fenced { why: "lease".into() }, RunEnd::StopRequested] {
         let mut s = Supervisor::new(fixed(3), 0);
         assert_eq!(s.ended(end, true, 0), Next::Exit("weir stop"));
-        assert!(!s.restarted());
+        assert!(s.restarts().is_empty());
     }
     let mut s = Supervisor::new(fixed(3), 0);
     assert_eq!(s.ended(RunEnd::Signal, false, 0), Next::Exit("signal"));

@@ -36,9 +36,7 @@ impl Coordinator {
         if !self.cfg.tasks.iter().any(|(t, _, _)| *t == task) {
             return Vec::new();
         }
-        // The damaged checkpoint's id is used, whenever this comes: the records and the
-        // checkpoints after it take ids past it (its record may still be in the store).
-        self.next_id = self.next_id.max(id.next());
+        self.used(id);
         // Only below what it cannot restore.
         let restorable: BTreeSet<CheckpointId> = restorable.into_iter().filter(|b| *b < id).collect();
         let mut out = Vec::new();

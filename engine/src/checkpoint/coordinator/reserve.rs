@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use weir_wire::TaskId;
+use weir_wire::{CheckpointId, TaskId};
 
 use super::{CommitRecord, CoordAction, Coordinator, IdRecord, Phase};
 
@@ -63,6 +63,13 @@ impl Coordinator {
         // At least what is reserved already: `persist` asks past every earlier ask.
         let want = IdRecord { next_id: self.next_id.max(record.id.next()), next_trans: self.next_trans };
         vec![self.persist(want)]
+    }
+
+    /// `id` is in use (a task holds it, or cannot restore it), whenever that is heard of: no
+    /// later record or checkpoint takes it (the id record may be behind or gone, and a damaged
+    /// checkpoint's record may still be in the store).
+    pub(super) fn used(&mut self, id: CheckpointId) {
+        self.next_id = self.next_id.max(id.next());
     }
 
     /// Whether the next id and transaction are reserved durably.

@@ -72,10 +72,8 @@ impl Coordinator {
         if !self.cfg.tasks.iter().any(|(t, _, _)| *t == task) {
             return Vec::new();
         }
-        // Whenever it comes, an id a task holds is never taken again (the id record may be
-        // behind or gone).
         if let Some(l) = latest {
-            self.next_id = self.next_id.max(l.next());
+            self.used(l);
         }
         let done = match &mut self.phase {
             Phase::Consensus { latest: l, asking, .. } => {
