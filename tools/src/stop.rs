@@ -153,6 +153,10 @@ pub fn run(args: &StopArgs) -> anyhow::Result<ExitCode> {
     if !nodes.iter().any(|n| n.took) {
         bail!("no node took the stop request: {}", why.join("; "));
     }
+    // A node that a peer told stops as if asked: it may be gone before this client asks it.
+    for n in nodes.iter_mut().filter(|n| !n.took && n.id.is_some_and(|id| told.contains(&id))) {
+        n.took = true;
+    }
     let asked: Vec<&Node> = nodes.iter().filter(|n| n.took).collect();
     let asked = list(&asked);
     // Peers the nodes told that this client cannot ask itself (`--node`): named, not waited for.

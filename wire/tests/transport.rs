@@ -239,6 +239,50 @@ fn frames_queued_while_the_peer_is_down_are_delivered_after_it_connects() {
     }
 }
 
+/// A frame queued just before shutdown for a peer that is not connected (a node that sends a
+/// stop on and exits, its peer just started) still reaches it: the shutting transport dials at
+/// once, whatever its backoff, or waits for the peer to dial it.
+#[test]
+fn frames_queued_for_an_unconnected_peer_are_delivered_while_the_transport_shuts_down() {
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    // Node 2 dials node 1, which is not up yet; its next try would come only after a minute.
+    let one = free();
+    let mut cfg = config(2);
+    cfg.listen = None;
+    cfg.reconnect_min = Duration::from_secs(60);
+    cfg.reconnect_max = Duration::from_secs(60);
+    cfg.shutdown_drain = WAIT;
+    cfg.peers.push(PeerConfig { node: NodeId(1), addr: Some(one) });
+    let dialer = Transport::start(cfg).unwrap();
+    thread::sleep(Duration::from_millis(200)); // its first dial is refused
+    let mut enc = FrameEncoder::new();
+    dialer.sender().try_send(NodeId(1), enc.encode(&util::data(7, 1)).unwrap()).unwrap();
+    let mut cfg = config(1);
+    cfg.listen = Some(one);
+    cfg.peers.push(PeerConfig { node: NodeId(2), addr: None });
+    let listener = Transport::start(cfg).unwrap();
+    let stopping = thread::spawn(move || dialer.shutdown());
+    let (from, frame) = recv_data(&listener);
+    assert_eq!((from, frame.access::<Data>().unwrap().seq.get()), (NodeId(2), Seq(7)));
+    stopping.join().unwrap();
+    // Node 1 waits for node 2 to dial it.
+    let mut cfg = config(1);
+    cfg.shutdown_drain = WAIT;
+    cfg.peers.push(PeerConfig { node: NodeId(2), addr: None });
+    let waiting = Transport::start(cfg).unwrap();
+    let addr = waiting.local_addr();
+    waiting.sender().try_send(NodeId(2), enc.encode(&util::data(8, 1)).unwrap()).unwrap();
+    let stopping = thread::spawn(move || waiting.shutdown());
+    thread::sleep(Duration::from_millis(200)); // node 1 is draining before node 2 starts
+    let mut cfg = config(2);
+    cfg.listen = None;
+    cfg.peers.push(PeerConfig { node: NodeId(1), addr });
+    let late = Transport::start(cfg).unwrap();
+    let (from, frame) = recv_data(&late);
+    assert_eq!((from, frame.access::<Data>().unwrap().seq.get()), (NodeId(1), Seq(8)));
+    stopping.join().unwrap();
+}
+
 #[test]
 fn wrong_secret_is_refused_on_both_sides() {
     let mut a_cfg = config(1);

@@ -111,6 +111,11 @@ pub struct TransportConfig {
     pub max_accepts_per_addr_per_sec: u32,
     /// TLS 1.3 on every link ([`tls::TlsConfig::member`]); `None` (the default): plain TCP.
     pub tls: Option<tls::TlsConfig>,
+    /// At shutdown, how long frames already queued may still take to reach their peers
+    /// (default 2 s). A configured peer that is not connected then is dialed at once (or
+    /// awaited, if it dials us): a stop a node sends on just before it exits reaches a peer
+    /// that has only just started.
+    pub shutdown_drain: Duration,
 }
 
 /// Reads this node's task summaries when a heartbeat goes out (called on the transport's thread:
@@ -142,6 +147,7 @@ impl std::fmt::Debug for TransportConfig {
             .field("max_clients", &self.max_clients)
             .field("max_accepts_per_addr_per_sec", &self.max_accepts_per_addr_per_sec)
             .field("tls", &self.tls)
+            .field("shutdown_drain", &self.shutdown_drain)
             .finish()
     }
 }
@@ -172,6 +178,7 @@ impl TransportConfig {
             max_clients: 1024,
             max_accepts_per_addr_per_sec: 256,
             tls: None,
+            shutdown_drain: Duration::from_secs(2),
         }
     }
 
@@ -392,8 +399,9 @@ impl Shared {
     }
 }
 
-/// A running transport. Dropping it delivers what is queued for connected peers (for up to a
-/// second), closes every connection (with a `Shutdown` reason) and joins the network thread.
+/// A running transport. Dropping it delivers what is queued for configured peers and connected
+/// clients (for up to [`TransportConfig::shutdown_drain`]), closes every connection (with a
+/// `Shutdown` reason) and joins the network thread.
 pub struct Transport {
     shared: Arc<Shared>,
     events: Receiver<Event>,

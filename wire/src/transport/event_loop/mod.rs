@@ -266,12 +266,17 @@ impl EventLoop {
         let mut events = Events::with_capacity(256);
         let tick = (self.cfg.heartbeat_interval / 4).clamp(Duration::from_millis(1), Duration::from_millis(50));
         let mut next_timers = Instant::now();
+        // Set once the application shuts the transport down: until then, queued frames still go.
+        let mut drain_until: Option<Instant> = None;
         loop {
-            let timeout = match (self.backlog.is_empty(), self.again.is_empty()) {
+            let mut timeout = match (self.backlog.is_empty(), self.again.is_empty()) {
                 (true, true) => tick,
                 (true, false) => Duration::ZERO,
                 (false, _) => Duration::from_millis(1),
             };
+            if drain_until.is_some() {
+                timeout = timeout.min(Duration::from_millis(5));
+            }
             if let Err(e) = self.poll.poll(&mut events, Some(timeout))
                 && e.kind() != io::ErrorKind::Interrupted
             {
@@ -279,7 +284,16 @@ impl EventLoop {
                 break;
             }
             if self.shared.shutdown.load(Ordering::Acquire) {
-                break;
+                let now = Instant::now();
+                let until = *drain_until.get_or_insert_with(|| {
+                    self.dial_queued_now(now);
+                    next_timers = now;
+                    now + self.cfg.shutdown_drain
+                });
+                self.flush_established();
+                if now >= until || !self.queued() {
+                    break;
+                }
             }
             let mut woken = false;
             for ev in events.iter() {

@@ -72,6 +72,8 @@ impl EventLoop {
             .peers
             .iter()
             .filter(|(_, p)| p.conn.is_none() && p.dialing.is_none() && p.next_dial <= now)
+            // Shutting down, only a peer that still has frames to receive is worth a connection.
+            .filter(|(_, p)| !self.shared.shutdown.load(Ordering::Acquire) || !p.rx.is_empty())
             .filter_map(|(n, p)| p.addr.map(|a| (*n, a)))
             .collect();
         for (n, a) in due {
@@ -247,23 +249,30 @@ impl EventLoop {
         }
     }
 
-    pub(super) fn close_all(&mut self) {
-        // First deliver what is queued for connected peers (bounded in time), then say goodbye.
-        let deadline = Instant::now() + Duration::from_secs(1);
-        let mut events = Events::with_capacity(64);
-        loop {
-            self.flush_established();
-            let queued = self.peers.values().filter(|p| p.conn.is_some()).any(|p| {
-                !p.rx.is_empty()
-                    || p.conn.and_then(|t| self.conns.get(&t)).is_some_and(|c| {
-                        !c.out.is_empty() || !c.control.is_empty() || c.tls.as_ref().is_some_and(|t| t.wants_write())
-                    })
-            });
-            if !queued || Instant::now() >= deadline {
-                break;
-            }
-            let _ = self.poll.poll(&mut events, Some(Duration::from_millis(5)));
+    /// Whether a frame still waits for a peer that may yet take it: a connected one, or a
+    /// configured one (dialed, or expected to dial us). A client's queue goes with its connection.
+    pub(super) fn queued(&self) -> bool {
+        self.peers.values().any(|p| {
+            let conn = p.conn.and_then(|t| self.conns.get(&t));
+            let pending = !p.rx.is_empty()
+                || conn.is_some_and(|c| {
+                    !c.out.is_empty() || !c.control.is_empty() || c.tls.as_ref().is_some_and(|t| t.wants_write())
+                });
+            pending && (conn.is_some() || p.configured)
+        })
+    }
+
+    /// At shutdown: every configured peer we dial that has frames queued and no connection is
+    /// dialed on the next timer pass, its backoff forgotten.
+    pub(super) fn dial_queued_now(&mut self, now: Instant) {
+        for p in self.peers.values_mut().filter(|p| p.conn.is_none() && p.addr.is_some() && !p.rx.is_empty()) {
+            p.next_dial = now;
+            p.backoff = self.cfg.reconnect_min;
         }
+    }
+
+    /// Says goodbye on every connection (what was queued had its chance: [`Self::queued`]).
+    pub(super) fn close_all(&mut self) {
         let tokens: Vec<Token> = self.conns.keys().copied().collect();
         for t in tokens {
             let handshaking = self.conns.get(&t).is_some_and(|c| !matches!(c.phase, Phase::Closing { .. }));
