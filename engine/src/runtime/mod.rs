@@ -22,6 +22,7 @@ mod control;
 mod error;
 mod log_feed;
 mod log_floors;
+mod node;
 mod plan;
 mod protocol_wire;
 mod queries;
@@ -40,7 +41,6 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
 use crossbeam_utils::sync::{Parker, Unparker};
-use weir_wire::transport::Transport;
 use weir_wire::{FrameEncoder, TaskId};
 
 pub use channel::{ChannelError, Inputs, Msg, Outputs, Rows};
@@ -50,6 +50,8 @@ pub use config::{EngineConfig, InSync};
 pub use control::Control;
 use control::ControlHandle;
 pub use error::EngineError;
+pub use node::Node;
+use node::NodeUse;
 pub use router::IngestToken;
 pub use shared::EngineStats;
 use shared::Shared;
@@ -66,28 +68,17 @@ pub struct Engine {
     stats: Arc<EngineStats>,
     results: NodeResults,
     workers: Vec<JoinHandle<Result<(), TaskError>>>,
-    router: Option<router::Router>,
+    /// The node the stream runs on, while attached to it (see [`Node`]).
+    node: Option<NodeUse>,
     /// Before `ingest`: its thread holds the service and stops first.
     log_floors: Option<log_floors::FloorWatch>,
     ingest: Option<Arc<IngestService<IngestToken>>>,
     ingest_acks: Option<crossbeam_channel::Receiver<crate::ingest::Appended<router::IngestToken>>>,
-    transport_addr: Option<std::net::SocketAddr>,
     controls: HashMap<TaskId, ControlHandle>,
     coordinator: Option<checkpointing::Running>,
     status: Arc<status::StatusBoard>,
     /// Each worker's kernel thread id, once it runs (0 until then, or where there is none).
     worker_tids: Arc<[AtomicU32]>,
-}
-
-/// Stops the router (and frees the transport's address) when a start fails after it started.
-struct RouterGuard(Option<router::Router>);
-
-impl Drop for RouterGuard {
-    fn drop(&mut self) {
-        if let Some(r) = self.0.take() {
-            r.stop();
-        }
-    }
 }
 
 impl std::fmt::Debug for Engine {
@@ -97,8 +88,49 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Starts this node's share of `spec`.
+    /// Starts this node's share of `spec`, on a node of its own when `cfg` has a transport (the
+    /// engine's end stops it).
     pub fn start(spec: &StreamSpec, placement: &Placement, cfg: EngineConfig) -> Result<Engine, EngineError> {
+        spec.validate()?;
+        let node = match &cfg.transport {
+            Some(tc) => Some(Arc::new(Node::start_with(tc.clone(), true)?)),
+            None => None,
+        };
+        Self::launch(spec, placement, cfg, node, true)
+    }
+
+    /// Starts this node's share of `spec` on `node`, beside the other streams it runs: the
+    /// node's transport carries its channels, status and clients (`cfg.transport` must be
+    /// unset), and the engine's end detaches the stream and leaves the node running. Each
+    /// stream on a node needs a data directory of its own.
+    pub fn start_on(
+        node: &Arc<Node>,
+        spec: &StreamSpec,
+        placement: &Placement,
+        mut cfg: EngineConfig,
+    ) -> Result<Engine, EngineError> {
+        if cfg.transport.is_some() {
+            return Err(EngineError::Config("a stream on a shared node uses the node's transport".into()));
+        }
+        if cfg.node != node.id() {
+            return Err(EngineError::Config(format!("stream for node {} on node {}", cfg.node, node.id())));
+        }
+        cfg.transport = Some(node.transport_config().clone());
+        Self::launch(spec, placement, cfg, Some(node.clone()), false)
+    }
+
+    fn launch(
+        spec: &StreamSpec,
+        placement: &Placement,
+        cfg: EngineConfig,
+        node: Option<Arc<Node>>,
+        owned: bool,
+    ) -> Result<Engine, EngineError> {
+        let mut node = node.map(|node| NodeUse { node, stream: spec.id, reserved: false, attached: false, owned });
+        if let Some(n) = node.as_mut() {
+            n.node.reserve(spec.id)?;
+            n.reserved = true;
+        }
         spec.validate()?;
         if cfg.workers == 0 || cfg.queue_capacity < 2 || cfg.remote_credits < 2 {
             return Err(EngineError::Config("workers must be >= 1, queue_capacity and remote_credits >= 2".into()));
@@ -115,19 +147,11 @@ impl Engine {
         }
         let boards: HashMap<TaskId, Arc<board::TaskBoard>> =
             local.iter().map(|t| (t.id, board::TaskBoard::new(t.id, cfg.checkpoint.is_some()))).collect();
-        // A configured transport always starts: besides remote channels it serves clients
+        // A node always has its transport running: besides remote channels it serves clients
         // (`weir load` ingest, status). Its heartbeats carry the local tasks' checkpoint summary.
-        let transport = match (&cfg.transport, plan.needs_net()) {
-            (Some(tc), _) => {
-                let mut tc = tc.clone();
-                let (mine, stream): (Vec<_>, _) = (local.iter().map(|t| boards[&t.id].clone()).collect(), spec.id);
-                tc.heartbeat_tasks = Some(Arc::new(move || mine.iter().map(|b| b.heartbeat(stream)).collect()));
-                Some(Transport::start(tc)?)
-            }
-            (None, true) => return Err(EngineError::Config("tasks on other nodes need a transport config".into())),
-            (None, false) => None,
-        };
-        let transport_addr = transport.as_ref().and_then(Transport::local_addr);
+        if node.is_none() && plan.needs_net() {
+            return Err(EngineError::Config("tasks on other nodes need a transport config".into()));
+        }
 
         // Workers and their wake-up handles.
         let parkers: Vec<Parker> = (0..cfg.workers).map(|_| Parker::new()).collect();
@@ -178,7 +202,16 @@ impl Engine {
                 }
             }
         }
-        let (ack_tx, ack_rx) = crossbeam_channel::unbounded();
+        // With a node, its router acknowledges appends to their clients; without one, whoever
+        // appends locally reads the acknowledgements from `Engine::ingest_acks`.
+        let (ack_tx, ingest_acks) = match node.as_ref().and_then(|n| n.node.ack_sender()) {
+            Some(tx) => (tx, None),
+            None => {
+                let (tx, rx) = crossbeam_channel::unbounded();
+                (tx, Some(rx))
+            }
+        };
+        let sender = node.as_ref().map(|n| n.node.sender().clone());
         let ingest = match spec.source {
             SourceKind::IngestLog => Some(Arc::new(IngestService::start_replicated(
                 &cfg.data_dir.join("ingest"),
@@ -187,7 +220,7 @@ impl Engine {
                 cfg.sync,
                 ack_tx,
                 cfg.ingest_observer.clone(),
-                replication::of(spec, &topo, placement, me, &cfg, transport.as_ref()),
+                replication::of(spec, &topo, placement, me, &cfg, sender.as_ref()),
             )?)),
             SourceKind::Generator { .. } => None,
         };
@@ -198,7 +231,6 @@ impl Engine {
             _ => None,
         };
 
-        let sender = transport.as_ref().map(Transport::sender);
         let net = |s: &weir_wire::transport::TransportSender| Net { sender: s.clone(), encoder: FrameEncoder::new() };
         let mut per_worker: Vec<Vec<Cell>> = (0..cfg.workers).map(|_| Vec::new()).collect();
         // Control queues first: the checkpoint side of every task needs its peers' queues.
@@ -242,21 +274,22 @@ impl Engine {
                 .map_or_else(Vec::new, |i| status::PartitionLog::all(i, &topo, placement, me, cfg.ingest_replicas)),
         });
 
-        // The router starts before the tasks restore (seconds from a remote store, for a large
-        // state): the node answers status meanwhile (its tasks `waiting`), and what peers send
-        // waits in the tasks' queues and the coordinator's inbox. With a transport, the router
-        // acknowledges ingest requests to their clients; without one, whoever appends locally
-        // reads the acknowledgements from `Engine::ingest_acks`.
-        let (router, ingest_acks) = match transport {
-            Some(t) => {
-                let ing = ingest.clone().map(|s| (s, ack_rx, plan.owners.clone()));
-                let proto = (peers.clone(), coord_inbox);
-                let r =
-                    router::Router::start(t, router_in, router_credits, shared.clone(), ing, proto, status.clone())?;
-                (Some(RouterGuard(Some(r))), None)
-            }
-            None => (None, ingest.as_ref().map(|_| ack_rx)),
-        };
+        // The stream attaches to its node before the tasks restore (seconds from a remote store,
+        // for a large state): the node answers status meanwhile (its tasks `waiting`), and what
+        // peers send waits in the tasks' queues and the coordinator's inbox.
+        if let Some(n) = node.as_mut() {
+            let side = router::StreamSide {
+                inputs: router_in,
+                credits: router_credits,
+                shared: shared.clone(),
+                ingest: ingest.clone().map(|s| (s, plan.owners.clone())),
+                proto: (peers.clone(), coord_inbox),
+                status: status.clone(),
+            };
+            n.node.attach(spec.id, side, local.iter().map(|t| boards[&t.id].clone()).collect())?;
+            n.attached = true;
+        }
+        let ingest_acks = ingest.as_ref().and(ingest_acks);
         // Locating the restore point reads (and, without local files, downloads) every local
         // task's snapshot: after the router, so status is served meanwhile.
         let ckpt = match (&cfg.checkpoint, hub) {
@@ -335,7 +368,6 @@ impl Engine {
         let halt_shared = shared.clone();
         let halt: checkpointing::coordinator::Halt = Arc::new(move |why| halt_shared.fail(why));
         let coordinator = ckpt.map(|c| c.start_coordinator(halt)).transpose()?;
-        let router = router.and_then(|mut g| g.0.take());
         let cores = if cfg.pin_workers { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
         let worker_tids: Arc<[AtomicU32]> = (0..cfg.workers).map(|_| AtomicU32::new(0)).collect();
         let mut workers = Vec::new();
@@ -370,11 +402,10 @@ impl Engine {
             stats,
             results,
             workers,
-            router,
+            node,
             log_floors,
             ingest,
             ingest_acks,
-            transport_addr,
             controls,
             coordinator,
             status,
@@ -411,8 +442,8 @@ impl Engine {
             // The workers are gone, so the job queue is closed: uploads in flight finish.
             c.stop();
         }
-        if let Some(r) = self.router.take() {
-            r.stop();
+        if let Some(mut n) = self.node.take() {
+            n.release();
         }
         drop(self.log_floors.take());
         if let Some(e) = first_err {
@@ -434,8 +465,8 @@ impl Drop for Engine {
         if let Some(c) = self.coordinator.take() {
             c.stop();
         }
-        if let Some(r) = self.router.take() {
-            r.stop();
+        if let Some(mut n) = self.node.take() {
+            n.release();
         }
     }
 }

@@ -170,20 +170,24 @@ pub(crate) fn encode_restore(
     enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a restore message")).ok()
 }
 
-/// Decodes a protocol frame (validated by `Frame::to_owned`). `None` for other kinds.
-pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
+/// Decodes a protocol frame (validated by `Frame::to_owned`) into its stream and where it goes.
+/// `None` for other kinds.
+pub(crate) fn decode(frame: &Frame) -> Option<(StreamId, Routed)> {
     let routed = match frame.kind() {
         Kind::CheckpointReady => {
             let m = frame.to_owned::<CheckpointReady>().ok()?;
-            Routed::ToTask(m.upstream, TaskInput::Ready { from: m.downstream, id: m.checkpoint, trans: m.trans })
+            (
+                m.stream,
+                Routed::ToTask(m.upstream, TaskInput::Ready { from: m.downstream, id: m.checkpoint, trans: m.trans }),
+            )
         }
         Kind::CheckpointReadyRsp => {
             let m = frame.to_owned::<CheckpointReadyRsp>().ok()?;
-            Routed::ToTask(m.downstream, TaskInput::ReadyRsp { from: m.upstream, id: m.checkpoint })
+            (m.stream, Routed::ToTask(m.downstream, TaskInput::ReadyRsp { from: m.upstream, id: m.checkpoint }))
         }
         Kind::RetrieveTriggerReq => {
             let m = frame.to_owned::<RetrieveTriggerReq>().ok()?;
-            Routed::ToTask(m.upstream, TaskInput::RetrieveTrigger { from: m.downstream, id: m.checkpoint })
+            (m.stream, Routed::ToTask(m.upstream, TaskInput::RetrieveTrigger { from: m.downstream, id: m.checkpoint }))
         }
         Kind::TriggerRsp => {
             let m = frame.to_owned::<TriggerRsp>().ok()?;
@@ -195,13 +199,13 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
                 trigger_seq: m.trigger_seq,
                 next_seq: None, // filled in by the receiving task's driver
             };
-            Routed::ToTask(m.downstream, input)
+            (m.stream, Routed::ToTask(m.downstream, input))
         }
         Kind::CheckpointSourceReq => {
             let m = frame.to_owned::<CheckpointSourceReq>().ok()?;
             let input =
                 TaskInput::SourceReq { id: m.checkpoint, trans: m.trans, kind: m.kind, expire_at: m.expire_at_ms };
-            Routed::ToTask(m.task, input)
+            (m.stream, Routed::ToTask(m.task, input))
         }
         Kind::CheckpointSourceRsp => {
             let m = frame.to_owned::<CheckpointSourceRsp>().ok()?;
@@ -214,17 +218,20 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
                 SourceOutcome::Failed { reason } => SourceAnswer::Failed(reason),
                 SourceOutcome::NotRestored => SourceAnswer::NotRestored,
             };
-            Routed::ToCoord(CoordInput::SourceRsp { task: m.task, id: m.checkpoint, trans: m.trans, answer })
+            (
+                m.stream,
+                Routed::ToCoord(CoordInput::SourceRsp { task: m.task, id: m.checkpoint, trans: m.trans, answer }),
+            )
         }
         Kind::UpdateCheckpointInfo => {
             let m = frame.to_owned::<UpdateCheckpointInfo>().ok()?;
             let input =
                 TaskInput::Update { id: m.checkpoint, trans: m.trans, version: m.version, ts: m.checkpoint_ts_ms };
-            Routed::ToTask(m.task, input)
+            (m.stream, Routed::ToTask(m.task, input))
         }
         Kind::TaskReset => {
             let m = frame.to_owned::<TaskReset>().ok()?;
-            Routed::ToTask(m.task, TaskInput::Reset { failed: m.failed, trans: m.trans, reason: m.reason })
+            (m.stream, Routed::ToTask(m.task, TaskInput::Reset { failed: m.failed, trans: m.trans, reason: m.reason }))
         }
         Kind::CheckpointReport => {
             let m = frame.to_owned::<CheckpointReport>().ok()?;
@@ -234,31 +241,37 @@ pub(crate) fn decode(frame: &Frame) -> Option<Routed> {
             };
             let report =
                 Report { id: m.checkpoint, trans: m.trans, outcome, manifest_crc: m.manifest_crc, stats: m.stats };
-            Routed::ToCoord(CoordInput::Report { task: m.task, report })
+            (m.stream, Routed::ToCoord(CoordInput::Report { task: m.task, report }))
         }
         Kind::ConsensusReq => {
             let m = frame.to_owned::<ConsensusReq>().ok()?;
-            Routed::ToCoord(CoordInput::Consensus { task: m.task, latest: m.latest, request: m.request })
+            (m.stream, Routed::ToCoord(CoordInput::Consensus { task: m.task, latest: m.latest, request: m.request }))
         }
         Kind::CannotRestoreReq => {
             let m = frame.to_owned::<CannotRestoreReq>().ok()?;
-            Routed::ToCoord(CoordInput::CannotRestore {
-                task: m.task,
-                id: m.checkpoint,
-                restorable: m.restorable,
-                reason: m.reason,
-                request: m.request,
-            })
+            (
+                m.stream,
+                Routed::ToCoord(CoordInput::CannotRestore {
+                    task: m.task,
+                    id: m.checkpoint,
+                    restorable: m.restorable,
+                    reason: m.reason,
+                    request: m.request,
+                }),
+            )
         }
         Kind::Restore => {
             let m = frame.to_owned::<Restore>().ok()?;
-            Routed::Restore {
-                task: m.task,
-                checkpoint: m.checkpoint,
-                version: m.version,
-                basis: m.basis,
-                request: m.request,
-            }
+            (
+                m.stream,
+                Routed::Restore {
+                    task: m.task,
+                    checkpoint: m.checkpoint,
+                    version: m.version,
+                    basis: m.basis,
+                    request: m.request,
+                },
+            )
         }
         _ => return None,
     };
@@ -296,10 +309,10 @@ mod tests {
             ),
         ];
         for (to, input) in cases {
-            let f = encode_task_input(&mut enc, StreamId(1), NodeId(1), to, NodeId(2), &input).unwrap();
+            let f = encode_task_input(&mut enc, StreamId(9), NodeId(1), to, NodeId(2), &input).unwrap();
             let frame = weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap();
             match decode(&frame) {
-                Some(Routed::ToTask(t, back)) => assert_eq!((t, back), (to, input)),
+                Some((StreamId(9), Routed::ToTask(t, back))) => assert_eq!((t, back), (to, input)),
                 other => panic!("{other:?}"),
             }
         }
@@ -343,17 +356,17 @@ mod tests {
             },
         ];
         for input in to_coord {
-            let f = encode_coord_input(&mut enc, StreamId(1), NodeId(2), &input).unwrap();
+            let f = encode_coord_input(&mut enc, StreamId(9), NodeId(2), &input).unwrap();
             match decode(&weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()) {
-                Some(Routed::ToCoord(back)) => assert_eq!(back, input),
+                Some((StreamId(9), Routed::ToCoord(back))) => assert_eq!(back, input),
                 other => panic!("{other:?}"),
             }
         }
         let f =
-            encode_restore(&mut enc, StreamId(1), TaskId(4), Some(c), Some(Version(8)), RestoreBasis::Consensus, 77)
+            encode_restore(&mut enc, StreamId(9), TaskId(4), Some(c), Some(Version(8)), RestoreBasis::Consensus, 77)
                 .unwrap();
         match decode(&weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()) {
-            Some(Routed::Restore { task, checkpoint, version, basis, request }) => {
+            Some((StreamId(9), Routed::Restore { task, checkpoint, version, basis, request })) => {
                 assert_eq!(
                     (task, checkpoint, version, basis, request),
                     (TaskId(4), Some(c), Some(Version(8)), RestoreBasis::Consensus, 77)

@@ -42,7 +42,7 @@ impl Engine {
 
     /// The transport's listen address, when the engine has one.
     pub fn transport_addr(&self) -> Option<std::net::SocketAddr> {
-        self.transport_addr
+        self.node.as_ref().and_then(|n| n.node.transport_addr())
     }
 
     /// The node's ingest writer (ingest-log streams).

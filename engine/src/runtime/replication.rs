@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use weir_wire::msg::{Message, Replicate, ReplicateAck};
-use weir_wire::transport::{Transport, TransportSender};
+use weir_wire::transport::TransportSender;
 use weir_wire::{FrameEncoder, NodeId};
 
 use super::EngineConfig;
@@ -25,7 +25,7 @@ pub(super) fn of(
     placement: &Placement,
     me: NodeId,
     cfg: &EngineConfig,
-    transport: Option<&Transport>,
+    transport: Option<&TransportSender>,
 ) -> Option<Replication> {
     if cfg.ingest_replicas < 2 {
         return None;
@@ -46,7 +46,7 @@ pub(super) fn of(
         None => (None, Duration::ZERO),
     };
     tracing::info!(stream = %spec.id, followers = ?followers, in_sync_lag = ?lag, "ingest partitions replicated");
-    let link = TransportLink { sender: transport.sender(), encoder: FrameEncoder::new() };
+    let link = TransportLink { sender: transport.clone(), encoder: FrameEncoder::new() };
     Some(Replication { stream: spec.id, followers, link: Box::new(link), in_sync, lag })
 }
 

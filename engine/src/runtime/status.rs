@@ -112,14 +112,14 @@ impl PartitionLog {
 
 impl StatusBoard {
     /// A heartbeat from node `from` with its tasks' summaries.
-    pub(crate) fn heard(&self, from: NodeId, tasks: Vec<TaskHeartbeat>) {
+    pub(crate) fn heard(&self, from: NodeId, tasks: &[TaskHeartbeat]) {
         // Only the stream's nodes speak for its tasks (the transport passes members' alone).
         if !self.peers.contains(&from) {
             return;
         }
         let mut p = self.peer_tasks.lock().unwrap_or_else(|e| e.into_inner());
-        for t in tasks.into_iter().filter(|t| t.stream == self.stream) {
-            p.insert(t.task, (from, t));
+        for t in tasks.iter().filter(|t| t.stream == self.stream) {
+            p.insert(t.task, (from, t.clone()));
         }
     }
 

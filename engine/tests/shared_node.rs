@@ -1,0 +1,163 @@
+//! Several streams on the same nodes ([`Node`] and [`Engine::start_on`]): each stream's channels,
+//! checkpoints and results are its own, and one stops while the other runs.
+
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weir_engine::operator::window::WindowResult;
+use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig, EngineError, Node};
+use weir_engine::spec::{Placement, SourceKind, StreamSpec};
+use weir_engine::state::NodeResults;
+use weir_engine::wire::transport::PeerConfig;
+use weir_engine::wire::{NodeId, StreamId};
+
+use util::ckpt::{spec_at, transport, wait_for_commits, wait_restored};
+
+/// Nodes 1 and 2, connected, with no stream.
+fn two_nodes() -> (Arc<Node>, Arc<Node>) {
+    let n1 = Arc::new(Node::start(transport(1, vec![PeerConfig { node: NodeId(2), addr: None }])).unwrap());
+    let peer = PeerConfig { node: NodeId(1), addr: n1.transport_addr() };
+    let n2 = Arc::new(Node::start(transport(2, vec![peer])).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(n1.connected().contains(&NodeId(2)) && n2.connected().contains(&NodeId(1))) {
+        assert!(Instant::now() < deadline, "nodes 1 and 2 did not connect in 10 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    (n1, n2)
+}
+
+/// `spec` as stream `id`, its generator seeded apart (so a mix-up of two streams' rows shows).
+fn stream(id: u64, rows: u64, rate: u64) -> StreamSpec {
+    let mut s = spec_at(rows, rate);
+    s.id = StreamId(id);
+    if let SourceKind::Generator { spec, .. } = &mut s.source {
+        spec.seed = id;
+    }
+    s
+}
+
+/// The data directory of `spec` on node `n` under `root`.
+fn dir(root: &Path, spec: &StreamSpec, n: u32) -> PathBuf {
+    root.join(format!("s{}/node-{n}", spec.id.0))
+}
+
+/// Starts `spec` on node 1, then on node 2 (both connected already), spread over them,
+/// checkpointing every 100 ms into `remote`.
+fn start_both(nodes: &(Arc<Node>, Arc<Node>), spec: &StreamSpec, root: &Path, remote: &Path) -> (Engine, Engine) {
+    start_apart(nodes, spec, root, remote, |_| {})
+}
+
+/// [`start_both`], `between` called between the starts.
+fn start_apart(
+    nodes: &(Arc<Node>, Arc<Node>),
+    spec: &StreamSpec,
+    root: &Path,
+    remote: &Path,
+    between: impl FnOnce(&Engine),
+) -> (Engine, Engine) {
+    let placement = Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2)]);
+    let start = |node: &Arc<Node>, n: u32| {
+        let mut cfg = EngineConfig::new(NodeId(n), dir(root, spec, n));
+        cfg.pin_workers = false;
+        let mut ck = CheckpointSettings::every(100, remote);
+        ck.min_pause_ms = 0;
+        cfg.checkpoint = Some(ck);
+        Engine::start_on(node, spec, &placement, cfg).unwrap()
+    };
+    let e1 = start(&nodes.0, 1);
+    between(&e1);
+    (e1, start(&nodes.1, 2))
+}
+
+/// Both nodes' results of `spec`, in (key, start) order.
+fn results(spec: &StreamSpec, root: &Path) -> Vec<WindowResult> {
+    let mut got: Vec<WindowResult> =
+        (1..=2).flat_map(|n| NodeResults::open(&dir(root, spec, n)).unwrap().scan(spec.id).unwrap()).collect();
+    got.sort_by_key(|r| (r.key, r.start));
+    got
+}
+
+/// Waits (at most a minute) until both engines have run `spec` to its end.
+fn wait_both(e1: Engine, e2: Engine) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(e1.is_finished() && e2.is_finished()) {
+        assert!(Instant::now() < deadline, "the stream did not end in 60 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (h1, h2) = (std::thread::spawn(move || e1.wait()), std::thread::spawn(move || e2.wait()));
+    h1.join().unwrap().unwrap();
+    h2.join().unwrap().unwrap();
+}
+
+#[test]
+fn two_streams_share_two_nodes_and_one_stopped_mid_stream_leaves_the_other_exact() {
+    let (root, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let nodes = two_nodes();
+    // About 15 s of stream for `a` (stopped long before its end), 4 s for `b`.
+    let (a, b) = (stream(11, 300_000, 20_000), stream(12, 200_000, 50_000));
+    let (a1, a2) = start_both(&nodes, &a, root.path(), remote.path());
+    let (b1, b2) = start_both(&nodes, &b, root.path(), remote.path());
+    // A stream id runs once in a node's life.
+    let refused = |spec: &StreamSpec| {
+        let mut cfg = EngineConfig::new(NodeId(1), root.path().join("again"));
+        cfg.pin_workers = false;
+        match Engine::start_on(&nodes.0, spec, &Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2)]), cfg) {
+            Err(EngineError::Config(why)) => assert!(why.contains("already ran"), "{why}"),
+            other => panic!("a second start of stream {} on node 1: {other:?}", spec.id),
+        }
+    };
+    refused(&b);
+    wait_for_commits(&a1, 2);
+    wait_for_commits(&b1, 2);
+    // Each node's status names the tasks of the streams it runs.
+    let streams = |e: &Engine| e.status().tasks.iter().map(|t| t.stream).collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(streams(&a2), [a.id].into());
+    assert_eq!(streams(&b2), [b.id].into());
+    // `a` stops mid-stream on both nodes; `b` goes on, and commits again.
+    assert!(!a1.is_finished(), "stream a ended before its stop: make it longer");
+    a1.stop();
+    a2.stop();
+    wait_both(a1, a2);
+    let committed = b1.checkpoints().unwrap().totals().0;
+    assert!(!b1.is_finished(), "stream b ended before a stopped: make it longer");
+    wait_for_commits(&b1, committed + 2);
+    refused(&a);
+    wait_both(b1, b2);
+    assert_eq!(results(&b, root.path()), util::reference(&b), "stream b");
+    // `a` starts again on new nodes (its sources unpaced: the rate changes no row): it restores
+    // its last commit and runs to its end. Node 1's tasks restore before node 2 runs the stream:
+    // what they send it meanwhile (credit grants) waits for the stream there.
+    drop(nodes);
+    let nodes = two_nodes();
+    let a = stream(11, 300_000, 10_000_000);
+    let (a1, a2) = start_apart(&nodes, &a, root.path(), remote.path(), |a1| {
+        wait_restored(a1);
+        std::thread::sleep(Duration::from_millis(200));
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a1.restored().is_none() || a2.restored().is_none() {
+        assert!(Instant::now() < deadline, "stream a did not restore in 30 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let basis = weir_engine::wire::msg::RestoreBasis::Committed;
+    assert!(matches!(a1.restored(), Some((r, Some(_))) if r == basis), "{:?}", a1.restored());
+    wait_both(a1, a2);
+    assert_eq!(results(&a, root.path()), util::reference(&a), "stream a");
+}
+
+#[test]
+fn a_node_stopped_under_its_streams_fails_them_instead_of_leaving_them_waiting() {
+    let (root, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let nodes = two_nodes();
+    let c = stream(13, 1_000_000, 50_000);
+    let (c1, c2) = start_both(&nodes, &c, root.path(), remote.path());
+    wait_for_commits(&c1, 1);
+    nodes.1.stop();
+    let err = c2.wait().unwrap_err();
+    assert!(err.to_string().contains("node n2 stopped under the stream"), "{err}");
+    c1.stop();
+    let _ = c1.wait();
+}
