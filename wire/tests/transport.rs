@@ -240,8 +240,8 @@ fn frames_queued_while_the_peer_is_down_are_delivered_after_it_connects() {
 }
 
 /// A frame queued just before shutdown for a peer that is not connected (a node that sends a
-/// stop on and exits, its peer just started) still reaches it: the shutting transport dials at
-/// once, whatever its backoff, or waits for the peer to dial it.
+/// stop on and exits, its peer just started) still reaches it when the shutdown names it: the
+/// shutting transport dials at once, whatever its backoff, or waits for the peer to dial it.
 #[test]
 fn frames_queued_for_an_unconnected_peer_are_delivered_while_the_transport_shuts_down() {
     let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
@@ -261,7 +261,7 @@ fn frames_queued_for_an_unconnected_peer_are_delivered_while_the_transport_shuts
     cfg.listen = Some(one);
     cfg.peers.push(PeerConfig { node: NodeId(2), addr: None });
     let listener = Transport::start(cfg).unwrap();
-    let stopping = thread::spawn(move || dialer.shutdown());
+    let stopping = thread::spawn(move || dialer.shutdown_delivering(&[NodeId(1)]));
     let (from, frame) = recv_data(&listener);
     assert_eq!((from, frame.access::<Data>().unwrap().seq.get()), (NodeId(2), Seq(7)));
     stopping.join().unwrap();
@@ -272,7 +272,7 @@ fn frames_queued_for_an_unconnected_peer_are_delivered_while_the_transport_shuts
     let waiting = Transport::start(cfg).unwrap();
     let addr = waiting.local_addr();
     waiting.sender().try_send(NodeId(2), enc.encode(&util::data(8, 1)).unwrap()).unwrap();
-    let stopping = thread::spawn(move || waiting.shutdown());
+    let stopping = thread::spawn(move || waiting.shutdown_delivering(&[NodeId(2)]));
     thread::sleep(Duration::from_millis(200)); // node 1 is draining before node 2 starts
     let mut cfg = config(2);
     cfg.listen = None;

@@ -111,10 +111,7 @@ pub struct TransportConfig {
     pub max_accepts_per_addr_per_sec: u32,
     /// TLS 1.3 on every link ([`tls::TlsConfig::member`]); `None` (the default): plain TCP.
     pub tls: Option<tls::TlsConfig>,
-    /// At shutdown, how long frames already queued may still take to reach their peers
-    /// (default 2 s). A configured peer that is not connected then is dialed at once (or
-    /// awaited, if it dials us): a stop a node sends on just before it exits reaches a peer
-    /// that has only just started.
+    /// How long [`Transport::shutdown_delivering`] waits for the peers it names (default 2 s).
     pub shutdown_drain: Duration,
 }
 
@@ -384,6 +381,8 @@ pub(crate) struct Shared {
     waker: mio::Waker,
     wake_pending: AtomicBool,
     shutdown: AtomicBool,
+    /// Peers whose queued frames are worth waiting for at shutdown, connected or not.
+    deliver_to: std::sync::Mutex<Vec<NodeId>>,
     queues: RwLock<HashMap<NodeId, Sender<EncodedFrame>>>,
     stats: TransportStats,
 }
@@ -399,9 +398,8 @@ impl Shared {
     }
 }
 
-/// A running transport. Dropping it delivers what is queued for configured peers and connected
-/// clients (for up to [`TransportConfig::shutdown_drain`]), closes every connection (with a
-/// `Shutdown` reason) and joins the network thread.
+/// A running transport. Dropping it delivers what is queued for connected peers (for up to a
+/// second), closes every connection (with a `Shutdown` reason) and joins the network thread.
 pub struct Transport {
     shared: Arc<Shared>,
     events: Receiver<Event>,
@@ -442,6 +440,7 @@ impl Transport {
             waker,
             wake_pending: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
+            deliver_to: Default::default(),
             queues: RwLock::new(queues),
             stats: TransportStats::default(),
         });
@@ -483,6 +482,16 @@ impl Transport {
 
     /// Closes every connection and stops the network thread.
     pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    /// [`Transport::shutdown`], first delivering what is queued for `peers` even when they are
+    /// not connected now (a configured one is dialed at once, whatever its backoff, or awaited
+    /// if it dials us), for up to [`TransportConfig::shutdown_drain`]: what a node sends just
+    /// before it exits (a stop passed on) reaches a peer that has only just started. Peers not
+    /// named get what is queued for them only if connected, as on drop.
+    pub fn shutdown_delivering(mut self, peers: &[NodeId]) {
+        *self.shared.deliver_to.lock().unwrap_or_else(|e| e.into_inner()) = peers.to_vec();
         self.stop();
     }
 

@@ -45,7 +45,13 @@ impl Run {
                             .map_err(|e| e.to_string())
                     });
                     match sent {
-                        Ok(()) => told.push(*peer),
+                        Ok(()) => {
+                            told.push(*peer);
+                            // Delivered even if the node stops before the peer connects.
+                            if !self.deliver_at_exit.contains(peer) {
+                                self.deliver_at_exit.push(*peer);
+                            }
+                        }
                         Err(e) => tracing::warn!(%peer, error = %e, "cannot send the stop request on"),
                     }
                 }

@@ -164,7 +164,8 @@ pub(crate) struct Router {
     up: Connected,
     cmds: Sender<Cmd>,
     acks: Sender<Appended<IngestToken>>,
-    thread: Option<JoinHandle<Transport>>,
+    /// The router thread; it hands back the transport and the peers told of a stop.
+    thread: Option<JoinHandle<(Transport, Vec<NodeId>)>>,
 }
 
 impl Router {
@@ -188,6 +189,7 @@ impl Router {
                     up: up2,
                     early: Default::default(),
                     newer: None,
+                    deliver_at_exit: Vec::new(),
                     cmds: cmd_rx,
                     acks: ack_rx,
                     encoder: FrameEncoder::new(),
@@ -195,7 +197,7 @@ impl Router {
                 if !held || r.first_attach(&stop2) {
                     r.run(&stop2);
                 }
-                r.transport
+                (r.transport, r.deliver_at_exit)
             })
             .map_err(super::error::EngineError::Thread)?;
         Ok(Router { stop, up, cmds, acks, thread: Some(thread) })
@@ -236,13 +238,14 @@ impl Router {
         }
     }
 
-    /// Stops the router; dropping the transport it returns delivers what is queued and closes.
+    /// Stops the router, then the transport: what is queued goes first, to peers told of a
+    /// stop even if they are not connected yet (one that has only just started).
     pub(crate) fn stop(mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take()
-            && let Ok(transport) = t.join()
+            && let Ok((transport, told)) = t.join()
         {
-            transport.shutdown();
+            transport.shutdown_delivering(&told);
         }
     }
 }
@@ -257,6 +260,8 @@ struct Run {
     early: early::Early,
     /// The newest incarnation a peer was seen at, for streams that attach later.
     newer: Option<(NodeId, u64)>,
+    /// Peers this node passed a client's stop on to: their queues are delivered at shutdown.
+    deliver_at_exit: Vec<NodeId>,
     cmds: Receiver<Cmd>,
     acks: Receiver<Appended<IngestToken>>,
     encoder: FrameEncoder,

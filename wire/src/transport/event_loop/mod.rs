@@ -180,6 +180,8 @@ pub(super) struct EventLoop {
     again: Vec<Token>,
     /// Refusals of unauthenticated connections not yet reported in a log line (one a few seconds).
     quiet_refusals: u64,
+    /// Shutting down: peers whose queued frames are awaited even while not connected.
+    deliver_to: Vec<NodeId>,
     last_refusal_log: Instant,
 }
 
@@ -256,6 +258,7 @@ impl EventLoop {
             accepts: HashMap::new(),
             again: Vec::new(),
             quiet_refusals: 0,
+            deliver_to: Vec::new(),
             last_refusal_log: now,
         })
     }
@@ -286,9 +289,8 @@ impl EventLoop {
             if self.shared.shutdown.load(Ordering::Acquire) {
                 let now = Instant::now();
                 let until = *drain_until.get_or_insert_with(|| {
-                    self.dial_queued_now(now);
                     next_timers = now;
-                    now + self.cfg.shutdown_drain
+                    now + self.drain_for(now)
                 });
                 self.flush_established();
                 if now >= until || !self.queued() {

@@ -72,8 +72,10 @@ impl EventLoop {
             .peers
             .iter()
             .filter(|(_, p)| p.conn.is_none() && p.dialing.is_none() && p.next_dial <= now)
-            // Shutting down, only a peer that still has frames to receive is worth a connection.
-            .filter(|(_, p)| !self.shared.shutdown.load(Ordering::Acquire) || !p.rx.is_empty())
+            // Shutting down, only a peer named to receive its frames is worth a connection.
+            .filter(|(n, p)| {
+                !self.shared.shutdown.load(Ordering::Acquire) || (self.deliver_to.contains(n) && !p.rx.is_empty())
+            })
             .filter_map(|(n, p)| p.addr.map(|a| (*n, a)))
             .collect();
         for (n, a) in due {
@@ -249,26 +251,35 @@ impl EventLoop {
         }
     }
 
-    /// Whether a frame still waits for a peer that may yet take it: a connected one, or a
-    /// configured one (dialed, or expected to dial us). A client's queue goes with its connection.
+    /// As shutdown begins: how long what is queued may still take to leave. A second for
+    /// connected peers; [`TransportConfig::shutdown_drain`] if the application named peers to
+    /// deliver to, which are dialed on the next timer pass if not connected, backoff forgotten.
+    pub(super) fn drain_for(&mut self, now: Instant) -> Duration {
+        self.deliver_to = std::mem::take(&mut *self.shared.deliver_to.lock().unwrap_or_else(|e| e.into_inner()));
+        self.deliver_to.retain(|n| self.peers.get(n).is_some_and(|p| p.configured || p.conn.is_some()));
+        if self.deliver_to.is_empty() {
+            return Duration::from_secs(1);
+        }
+        for n in &self.deliver_to {
+            if let Some(p) = self.peers.get_mut(n).filter(|p| p.conn.is_none() && p.addr.is_some()) {
+                p.next_dial = now;
+                p.backoff = self.cfg.reconnect_min;
+            }
+        }
+        self.cfg.shutdown_drain.max(Duration::from_secs(1))
+    }
+
+    /// Whether a frame still waits for a peer that may yet take it: a connected one, or one
+    /// named at shutdown (dialed, or expected to dial us).
     pub(super) fn queued(&self) -> bool {
-        self.peers.values().any(|p| {
+        self.peers.iter().any(|(n, p)| {
             let conn = p.conn.and_then(|t| self.conns.get(&t));
             let pending = !p.rx.is_empty()
                 || conn.is_some_and(|c| {
                     !c.out.is_empty() || !c.control.is_empty() || c.tls.as_ref().is_some_and(|t| t.wants_write())
                 });
-            pending && (conn.is_some() || p.configured)
+            pending && (conn.is_some() || self.deliver_to.contains(n))
         })
-    }
-
-    /// At shutdown: every configured peer we dial that has frames queued and no connection is
-    /// dialed on the next timer pass, its backoff forgotten.
-    pub(super) fn dial_queued_now(&mut self, now: Instant) {
-        for p in self.peers.values_mut().filter(|p| p.conn.is_none() && p.addr.is_some() && !p.rx.is_empty()) {
-            p.next_dial = now;
-            p.backoff = self.cfg.reconnect_min;
-        }
     }
 
     /// Says goodbye on every connection (what was queued had its chance: [`Self::queued`]).
