@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use weir_wire::msg::{CheckpointTrigger, Data};
 use weir_wire::transport::{Event, PeerConfig, Transport, TransportConfig};
-use weir_wire::{Batch, CheckpointId, NodeId, Seq, StreamId, TaskId, TransId};
+use weir_wire::{Batch, CheckpointId, Epoch, NodeId, Seq, StreamId, TaskId, TransId};
 
 /// The engine's defaults for the end-to-end benchmarks, with `WEIR_E2E_QUEUE` and
 /// `WEIR_E2E_CREDITS` overriding the local queue size and the remote credit window (to compare
@@ -40,6 +40,7 @@ pub const BATCH_ROWS: usize = 4096;
 pub fn trigger(seq: u64) -> CheckpointTrigger {
     CheckpointTrigger {
         stream: StreamId(1),
+        epoch: Epoch(0),
         checkpoint: CheckpointId(1),
         trans: TransId(1),
         from: TaskId(1),
@@ -58,7 +59,7 @@ pub fn data(seq: u64, rows: usize) -> Data {
         x ^= x << 17;
         b.push(1_700_000_000_000 + i as i64, x % 10_000, (x >> 11) as f64 / (1u64 << 53) as f64);
     }
-    Data { stream: StreamId(1), from: TaskId(1), to: TaskId(2), seq: Seq(seq), batch: b }
+    Data { stream: StreamId(1), epoch: Epoch(0), from: TaskId(1), to: TaskId(2), seq: Seq(seq), batch: b }
 }
 
 fn config(node: u32) -> TransportConfig {

@@ -1,5 +1,6 @@
 //! Several streams on the same nodes ([`Node`] and [`Engine::start_on`]): each stream's channels,
-//! checkpoints and results are its own, and one stops while the other runs.
+//! checkpoints and results are its own, one stops while the other runs, and a stream restarts
+//! under running nodes at a greater epoch, fencing its earlier run.
 
 mod util;
 
@@ -12,7 +13,7 @@ use weir_engine::runtime::{CheckpointSettings, Engine, EngineConfig, EngineError
 use weir_engine::spec::{Placement, SourceKind, StreamSpec};
 use weir_engine::state::NodeResults;
 use weir_engine::wire::transport::PeerConfig;
-use weir_engine::wire::{NodeId, StreamId};
+use weir_engine::wire::{Epoch, NodeId, StreamId};
 
 use util::ckpt::{spec_at, transport, wait_for_commits, wait_restored};
 
@@ -44,32 +45,52 @@ fn dir(root: &Path, spec: &StreamSpec, n: u32) -> PathBuf {
     root.join(format!("s{}/node-{n}", spec.id.0))
 }
 
-/// Starts `spec` on node 1, then on node 2 (both connected already), spread over them,
+/// Starts the run of `spec` at `epoch` on `node` (node `n`), spread over nodes 1 and 2,
 /// checkpointing every 100 ms into `remote`.
-fn start_both(nodes: &(Arc<Node>, Arc<Node>), spec: &StreamSpec, root: &Path, remote: &Path) -> (Engine, Engine) {
-    start_apart(nodes, spec, root, remote, |_| {})
+fn run_on(
+    node: &Arc<Node>,
+    n: u32,
+    spec: &StreamSpec,
+    epoch: u64,
+    root: &Path,
+    remote: &Path,
+) -> Result<Engine, EngineError> {
+    let placement = Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2)]);
+    let mut cfg = EngineConfig::new(NodeId(n), dir(root, spec, n));
+    cfg.pin_workers = false;
+    cfg.epoch = Some(Epoch(epoch));
+    let mut ck = CheckpointSettings::every(100, remote);
+    ck.min_pause_ms = 0;
+    cfg.checkpoint = Some(ck);
+    Engine::start_on(node, spec, &placement, cfg)
 }
 
-/// [`start_both`], `between` called between the starts.
+/// Starts `spec` (at epoch 0) on node 1, then on node 2 (both connected already).
+fn start_both(nodes: &(Arc<Node>, Arc<Node>), spec: &StreamSpec, root: &Path, remote: &Path) -> (Engine, Engine) {
+    start_apart(nodes, spec, 0, root, remote, |_| {})
+}
+
+/// [`start_both`] at `epoch`, `between` called between the starts.
 fn start_apart(
     nodes: &(Arc<Node>, Arc<Node>),
     spec: &StreamSpec,
+    epoch: u64,
     root: &Path,
     remote: &Path,
     between: impl FnOnce(&Engine),
 ) -> (Engine, Engine) {
-    let placement = Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2)]);
-    let start = |node: &Arc<Node>, n: u32| {
-        let mut cfg = EngineConfig::new(NodeId(n), dir(root, spec, n));
-        cfg.pin_workers = false;
-        let mut ck = CheckpointSettings::every(100, remote);
-        ck.min_pause_ms = 0;
-        cfg.checkpoint = Some(ck);
-        Engine::start_on(node, spec, &placement, cfg).unwrap()
-    };
-    let e1 = start(&nodes.0, 1);
+    let e1 = run_on(&nodes.0, 1, spec, epoch, root, remote).unwrap();
     between(&e1);
-    (e1, start(&nodes.1, 2))
+    (e1, run_on(&nodes.1, 2, spec, epoch, root, remote).unwrap())
+}
+
+/// Waits (at most 30 s) until both engines have restored their tasks.
+fn wait_both_restored(e1: &Engine, e2: &Engine) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while e1.restored().is_none() || e2.restored().is_none() {
+        assert!(Instant::now() < deadline, "the stream did not restore in 30 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Both nodes' results of `spec`, in (key, start) order.
@@ -100,16 +121,19 @@ fn two_streams_share_two_nodes_and_one_stopped_mid_stream_leaves_the_other_exact
     let (a, b) = (stream(11, 300_000, 20_000), stream(12, 200_000, 50_000));
     let (a1, a2) = start_both(&nodes, &a, root.path(), remote.path());
     let (b1, b2) = start_both(&nodes, &b, root.path(), remote.path());
-    // A stream id runs once in a node's life.
-    let refused = |spec: &StreamSpec| {
-        let mut cfg = EngineConfig::new(NodeId(1), root.path().join("again"));
-        cfg.pin_workers = false;
-        match Engine::start_on(&nodes.0, spec, &Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2)]), cfg) {
-            Err(EngineError::Config(why)) => assert!(why.contains("already ran"), "{why}"),
-            other => panic!("a second start of stream {} on node 1: {other:?}", spec.id),
-        }
+    // One run of a stream at a time on a node, and a new run takes a greater epoch.
+    let refused = |spec: &StreamSpec, epoch: u64, because: &str| match run_on(
+        &nodes.0,
+        1,
+        spec,
+        epoch,
+        &root.path().join("again"),
+        remote.path(),
+    ) {
+        Err(EngineError::Config(why)) => assert!(why.contains(because), "{why}"),
+        other => panic!("a second run of stream {} on node 1 at epoch {epoch}: {other:?}", spec.id),
     };
-    refused(&b);
+    refused(&b, 1, "its run must end first");
     wait_for_commits(&a1, 2);
     wait_for_commits(&b1, 2);
     // Each node's status names the tasks of the streams it runs.
@@ -124,28 +148,51 @@ fn two_streams_share_two_nodes_and_one_stopped_mid_stream_leaves_the_other_exact
     let committed = b1.checkpoints().unwrap().totals().0;
     assert!(!b1.is_finished(), "stream b ended before a stopped: make it longer");
     wait_for_commits(&b1, committed + 2);
-    refused(&a);
+    refused(&a, 0, "a new run takes a greater epoch");
     wait_both(b1, b2);
     assert_eq!(results(&b, root.path()), util::reference(&b), "stream b");
-    // `a` starts again on new nodes (its sources unpaced: the rate changes no row): it restores
-    // its last commit and runs to its end. Node 1's tasks restore before node 2 runs the stream:
-    // what they send it meanwhile (credit grants) waits for the stream there.
-    drop(nodes);
-    let nodes = two_nodes();
+    // `a` starts again on the same nodes at epoch 1 (its sources unpaced: the rate changes no
+    // row): it restores its last commit and runs to its end. Node 1's tasks restore before node
+    // 2 runs the stream: what they send it meanwhile (credit grants) waits for the run there.
     let a = stream(11, 300_000, 10_000_000);
-    let (a1, a2) = start_apart(&nodes, &a, root.path(), remote.path(), |a1| {
+    let (a1, a2) = start_apart(&nodes, &a, 1, root.path(), remote.path(), |a1| {
         wait_restored(a1);
         std::thread::sleep(Duration::from_millis(200));
     });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while a1.restored().is_none() || a2.restored().is_none() {
-        assert!(Instant::now() < deadline, "stream a did not restore in 30 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_both_restored(&a1, &a2);
     let basis = weir_engine::wire::msg::RestoreBasis::Committed;
     assert!(matches!(a1.restored(), Some((r, Some(_))) if r == basis), "{:?}", a1.restored());
     wait_both(a1, a2);
     assert_eq!(results(&a, root.path()), util::reference(&a), "stream a");
+}
+
+/// Stream `d` stopped on node 1 alone and started again there at epoch 1: its earlier run on
+/// node 2 hears of the later run and fails (nothing of either run reaches the other); started
+/// again on node 2 at epoch 1 too, it restores the last commit on both and ends exact.
+#[test]
+fn a_stream_restarted_under_running_nodes_fences_its_earlier_run() {
+    let (root, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let nodes = two_nodes();
+    let d = stream(14, 1_000_000, 50_000); // 20 s: it runs on through the restart
+    let (d1, d2) = start_both(&nodes, &d, root.path(), remote.path());
+    wait_for_commits(&d1, 2);
+    d1.stop();
+    let _ = d1.wait();
+    let d = stream(14, 1_000_000, 10_000_000); // unpaced from here: the rate changes no row
+    let d1 = run_on(&nodes.0, 1, &d, 1, root.path(), remote.path()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !d2.is_finished() {
+        assert!(Instant::now() < deadline, "the earlier run on node 2 did not hear of the later run in 30 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let err = d2.wait().unwrap_err();
+    assert!(err.to_string().contains("node n1 started a later run of the stream (epoch e1)"), "{err}");
+    let d2 = run_on(&nodes.1, 2, &d, 1, root.path(), remote.path()).unwrap();
+    wait_both_restored(&d1, &d2);
+    let basis = weir_engine::wire::msg::RestoreBasis::Committed;
+    assert!(matches!(d2.restored(), Some((r, Some(_))) if r == basis), "{:?}", d2.restored());
+    wait_both(d1, d2);
+    assert_eq!(results(&d, root.path()), util::reference(&d), "stream d");
 }
 
 #[test]

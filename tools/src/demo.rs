@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use weir_wire::msg::{CheckpointTrigger, Data};
 use weir_wire::transport::{Event, PeerConfig, Transport, TransportConfig};
-use weir_wire::{Batch, BufferPool, CheckpointId, FrameEncoder, NodeId, Seq, StreamId, TaskId, TransId};
+use weir_wire::{Batch, BufferPool, CheckpointId, Epoch, FrameEncoder, NodeId, Seq, StreamId, TaskId, TransId};
 
 /// Options of `weir demo`.
 #[derive(clap::Args, Debug)]
@@ -86,7 +86,14 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let mut bytes = 0u64;
     for seq in 0..frames {
-        let d = Data { stream: StreamId(1), from: TaskId(1), to: TaskId(2), seq: Seq(seq), batch: batch(rows, seq) };
+        let d = Data {
+            stream: StreamId(1),
+            epoch: Epoch(0),
+            from: TaskId(1),
+            to: TaskId(2),
+            seq: Seq(seq),
+            batch: batch(rows, seq),
+        };
         let f = enc.encode(&d)?;
         bytes += f.len() as u64;
         tx.send_timeout(NodeId(1), f, WAIT).map_err(|e| anyhow::anyhow!("sending batch {seq}: {e}"))?;
@@ -119,6 +126,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         let last = i + 1 == args.pings.max(1);
         let trig = CheckpointTrigger {
             stream: StreamId(1),
+            epoch: Epoch(0),
             checkpoint: if last { CheckpointId(u64::MAX) } else { CheckpointId(i) },
             trans: TransId(1),
             from: TaskId(1),

@@ -60,6 +60,10 @@ ids! {
     NodeId(u32), ArchivedNodeId = "n";
     /// A continuous query: its DAG of source, agg and sink tasks.
     StreamId(u64), ArchivedStreamId = "s";
+    /// A run of a stream: each start of a stream takes a greater epoch than its earlier runs, and
+    /// every message between its tasks carries it, so a run never takes an earlier run's frames
+    /// (a node that restarts one stream leaves the others on it alone).
+    Epoch(u64), ArchivedEpoch = "e";
     /// One task of a stream, unique within the cluster. Peers are always matched by task id, never by
     /// the node they run on (several tasks share a node).
     TaskId(u32), ArchivedTaskId = "t";

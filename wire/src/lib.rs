@@ -19,6 +19,6 @@ pub mod transport;
 
 pub use batch::{Batch, Native, Row};
 pub use frame::{BufferPool, EncodedFrame, Frame, FrameDecoder, FrameEncoder, FrameError, PROTOCOL_VERSION};
-pub use ids::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
+pub use ids::{CheckpointId, Epoch, NodeId, Seq, StreamId, TaskId, TransId, Version};
 pub use msg::{AnyMessage, Kind, Message};
 pub use role::Role;

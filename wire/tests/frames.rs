@@ -75,13 +75,13 @@ roundtrip! {
     };
     roundtrip_data: Data = util::data(17, 4096);
     roundtrip_watermark: Watermark = Watermark {
-        stream: StreamId(1), from: TaskId(1), to: TaskId(2), seq: Seq(5), watermark_ms: -3,
+        stream: StreamId(1), epoch: Epoch(0), from: TaskId(1), to: TaskId(2), seq: Seq(5), watermark_ms: -3,
     };
     roundtrip_window_results: WindowResults = WindowResults {
-        stream: StreamId(1), from: TaskId(3), to: TaskId(5), seq: Seq(9), key: vec![1, 2], start: vec![0, 1000],
+        stream: StreamId(1), epoch: Epoch(0), from: TaskId(3), to: TaskId(5), seq: Seq(9), key: vec![1, 2], start: vec![0, 1000],
         count: vec![3, 4], sum: vec![1.5, -2.0], min: vec![0.0, -1.0], max: vec![1.0, 0.5],
     };
-    roundtrip_end_of_stream: EndOfStream = EndOfStream { stream: StreamId(1), from: TaskId(3), to: TaskId(5), seq: Seq(10) };
+    roundtrip_end_of_stream: EndOfStream = EndOfStream { stream: StreamId(1), epoch: Epoch(0), from: TaskId(3), to: TaskId(5), seq: Seq(10) };
     roundtrip_replicate: Replicate = Replicate {
         stream: StreamId(2), partition: 1, at: Version(4096), log_first: Version(0), log_first_chain: 0x0c4a_1234, reset: false,
         entries: vec![1, 2, 3, 4], producers: vec![ReplicaProducer { producer: 0xfeed, description: b"{}".to_vec(), first: Version(0), ended: Some(9), rows: 7, batches: 2 }],
@@ -91,61 +91,61 @@ roundtrip! {
         stream: StreamId(2), partition: 1, next: Version(8192), error: "out of step".into(),
         session: 0x5e55_1011, chain: Some(0xdead_beef),
     };
-    roundtrip_credit: Credit = Credit { stream: StreamId(1), from: TaskId(3), to: TaskId(5), credits: 16 };
+    roundtrip_credit: Credit = Credit { stream: StreamId(1), epoch: Epoch(0), from: TaskId(3), to: TaskId(5), credits: 16 };
     roundtrip_checkpoint_source_req: CheckpointSourceReq = CheckpointSourceReq {
-        stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), task: TaskId(1), node: NodeId(2),
+        stream: StreamId(1), epoch: Epoch(0), checkpoint: CheckpointId(8), trans: TransId(9), task: TaskId(1), node: NodeId(2),
         kind: TriggerKind::Manual, expire_at_ms: 1000,
     };
     roundtrip_checkpoint_source_rsp: CheckpointSourceRsp = CheckpointSourceRsp {
-        stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), task: TaskId(1), node: NodeId(2),
+        stream: StreamId(1), epoch: Epoch(0), checkpoint: CheckpointId(8), trans: TransId(9), task: TaskId(1), node: NodeId(2),
         outcome: SourceOutcome::AlreadyCompleted { latest: CheckpointId(9) },
     };
     roundtrip_checkpoint_source_rsp_not_restored: CheckpointSourceRsp = CheckpointSourceRsp {
-        stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), task: TaskId(1), node: NodeId(2),
+        stream: StreamId(1), epoch: Epoch(0), checkpoint: CheckpointId(8), trans: TransId(9), task: TaskId(1), node: NodeId(2),
         outcome: SourceOutcome::NotRestored,
     };
     roundtrip_checkpoint_trigger: CheckpointTrigger = util::trigger();
     roundtrip_checkpoint_ready: CheckpointReady = CheckpointReady {
-        stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), downstream: TaskId(5),
+        stream: StreamId(1), epoch: Epoch(0), checkpoint: CheckpointId(8), trans: TransId(9), downstream: TaskId(5),
         downstream_node: NodeId(2), upstream: TaskId(1), upstream_node: NodeId(1),
     };
     roundtrip_checkpoint_ready_rsp: CheckpointReadyRsp = CheckpointReadyRsp {
-        stream: StreamId(1), checkpoint: CheckpointId(8), upstream: TaskId(1), downstream: TaskId(5),
+        stream: StreamId(1), epoch: Epoch(0), checkpoint: CheckpointId(8), upstream: TaskId(1), downstream: TaskId(5),
     };
     roundtrip_retrieve_trigger_req: RetrieveTriggerReq = RetrieveTriggerReq {
-        stream: StreamId(1), checkpoint: CheckpointId(8), upstream: TaskId(1), upstream_node: NodeId(1),
+        stream: StreamId(1), epoch: Epoch(0), checkpoint: CheckpointId(8), upstream: TaskId(1), upstream_node: NodeId(1),
         downstream: TaskId(5), downstream_node: NodeId(2),
     };
     roundtrip_trigger_rsp: TriggerRsp = TriggerRsp {
-        stream: StreamId(1), checkpoint: CheckpointId(8), trans: TransId(9), upstream: TaskId(1),
+        stream: StreamId(1), epoch: Epoch(0), checkpoint: CheckpointId(8), trans: TransId(9), upstream: TaskId(1),
         downstream: TaskId(5), code: TriggerRspCode::InProgress, trigger_seq: Seq(77),
     };
     roundtrip_checkpoint_report: CheckpointReport = CheckpointReport {
-        stream: StreamId(1), task: TaskId(5), node: NodeId(2), checkpoint: CheckpointId(8), trans: TransId(9),
+        stream: StreamId(1), epoch: Epoch(0), task: TaskId(5), node: NodeId(2), checkpoint: CheckpointId(8), trans: TransId(9),
         outcome: ReportOutcome::Failed { reason: "upload failed".into() }, version: Version(1234),
         checkpoint_ts_ms: 99, manifest_crc: 0xdead_beef, stats: util::stats(),
     };
     roundtrip_update_checkpoint_info: UpdateCheckpointInfo = UpdateCheckpointInfo {
-        stream: StreamId(1), task: TaskId(5), checkpoint: CheckpointId(8), trans: TransId(9), version: Version(1),
+        stream: StreamId(1), epoch: Epoch(0), task: TaskId(5), checkpoint: CheckpointId(8), trans: TransId(9), version: Version(1),
         checkpoint_ts_ms: 2,
     };
     roundtrip_task_reset: TaskReset = TaskReset {
-        stream: StreamId(1), task: TaskId(5), failed: CheckpointId(8), trans: TransId(9), reason: "timeout".into(),
+        stream: StreamId(1), epoch: Epoch(0), task: TaskId(5), failed: CheckpointId(8), trans: TransId(9), reason: "timeout".into(),
     };
     roundtrip_consensus_req: ConsensusReq = ConsensusReq {
-        stream: StreamId(1), task: TaskId(5), node: NodeId(2), latest: Some(CheckpointId(7)),
+        stream: StreamId(1), epoch: Epoch(0), task: TaskId(5), node: NodeId(2), latest: Some(CheckpointId(7)),
         request: 12,
     };
     roundtrip_cannot_restore_req: CannotRestoreReq = CannotRestoreReq {
-        stream: StreamId(1), task: TaskId(5), node: NodeId(2), checkpoint: CheckpointId(7),
+        stream: StreamId(1), epoch: Epoch(0), task: TaskId(5), node: NodeId(2), checkpoint: CheckpointId(7),
         restorable: vec![CheckpointId(6), CheckpointId(4)], reason: "corrupt object 1/tasks/5/sst/x".into(), request: 12,
     };
     roundtrip_restore_fallback: Restore = Restore {
-        stream: StreamId(1), task: TaskId(5), checkpoint: Some(CheckpointId(6)), basis: RestoreBasis::Fallback,
+        stream: StreamId(1), epoch: Epoch(0), task: TaskId(5), checkpoint: Some(CheckpointId(6)), basis: RestoreBasis::Fallback,
         version: None, request: 12,
     };
     roundtrip_restore: Restore = Restore {
-        stream: StreamId(1), task: TaskId(5), checkpoint: Some(CheckpointId(7)), basis: RestoreBasis::Consensus,
+        stream: StreamId(1), epoch: Epoch(0), task: TaskId(5), checkpoint: Some(CheckpointId(7)), basis: RestoreBasis::Consensus,
         version: Some(Version(70)), request: 12,
     };
     roundtrip_status_req: StatusReq = StatusReq { request: 5 };
@@ -389,7 +389,7 @@ proptest! {
         for (t, k, v) in &rows {
             b.push(*t, *k, *v);
         }
-        let d = Data { stream: StreamId(9), from: TaskId(1), to: TaskId(2), seq: Seq(3), batch: b.clone() };
+        let d = Data { stream: StreamId(9), epoch: Epoch(0), from: TaskId(1), to: TaskId(2), seq: Seq(3), batch: b.clone() };
         let frame = decode_one(&encode(&d), MAX).unwrap();
         let a = frame.access::<Data>().unwrap();
         prop_assert_eq!(a.batch.len(), rows.len());

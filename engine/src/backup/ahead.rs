@@ -76,13 +76,14 @@ impl LiveSsts for crate::state::ResultStore {
     }
 }
 
-/// Who writes an ahead record: one run of the stream (its incarnation) on one node. Each writer
+/// Who writes an ahead record: one run of the stream (its epoch, which is its nodes'
+/// incarnation unless the run sets one) on one node. Each writer
 /// has a key of its own, so a run that lost its task without knowing it (paused while the task
 /// moved) cannot overwrite the record of the task's new node, which would let retention delete
 /// files that node's checkpoints skip as stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AheadWriter {
-    /// The run's incarnation (every node of a run has the same; a newer run a higher one).
+    /// The run's epoch (every node of a run has the same; a newer run a higher one).
     pub incarnation: u64,
     /// The node.
     pub node: NodeId,

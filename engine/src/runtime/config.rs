@@ -30,6 +30,11 @@ pub struct EngineConfig {
     pub remote_credits: usize,
     /// Transport to the other nodes; required when the placement puts tasks elsewhere.
     pub transport: Option<TransportConfig>,
+    /// This run of the stream ([`Epoch`](weir_wire::Epoch)): every start of a stream on its
+    /// nodes takes the same epoch, greater than its earlier runs'; its nodes take only frames of
+    /// this run into it. `None`: the transport's incarnation (a stream that runs once per start
+    /// of its nodes).
+    pub epoch: Option<weir_wire::Epoch>,
     /// Ingest log settings (ingest-log sources).
     pub log: LogConfig,
     /// When ingested rows are acknowledged.
@@ -84,6 +89,11 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// The run's epoch: [`EngineConfig::epoch`], else the transport's incarnation (0 without).
+    pub fn run_epoch(&self) -> weir_wire::Epoch {
+        self.epoch.unwrap_or(weir_wire::Epoch(self.transport.as_ref().map_or(0, |t| t.incarnation)))
+    }
+
     /// Defaults for `node` with data under `data_dir`: 2 pinned workers, 16-message local queues,
     /// 64 credits per remote channel.
     pub fn new(node: NodeId, data_dir: impl Into<PathBuf>) -> Self {
@@ -95,6 +105,7 @@ impl EngineConfig {
             queue_capacity: 16,
             remote_credits: 64,
             transport: None,
+            epoch: None,
             log: LogConfig::default(),
             sync: SyncPolicy::GroupCommit(Duration::from_millis(10)),
             idle_after: None,

@@ -68,8 +68,6 @@ pub struct Engine {
     stats: Arc<EngineStats>,
     results: NodeResults,
     workers: Vec<JoinHandle<Result<(), TaskError>>>,
-    /// The node the stream runs on, while attached to it (see [`Node`]).
-    node: Option<NodeUse>,
     /// Before `ingest`: its thread holds the service and stops first.
     log_floors: Option<log_floors::FloorWatch>,
     ingest: Option<Arc<IngestService<IngestToken>>>,
@@ -79,6 +77,9 @@ pub struct Engine {
     status: Arc<status::StatusBoard>,
     /// Each worker's kernel thread id, once it runs (0 until then, or where there is none).
     worker_tids: Arc<[AtomicU32]>,
+    /// The node the stream runs on, while attached to it (see [`Node`]). Last: it drops after
+    /// everything else of the run, and only then may the node start another run of the stream.
+    node: Option<NodeUse>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -126,9 +127,10 @@ impl Engine {
         node: Option<Arc<Node>>,
         owned: bool,
     ) -> Result<Engine, EngineError> {
+        let epoch = cfg.run_epoch();
         let mut node = node.map(|node| NodeUse { node, stream: spec.id, reserved: false, attached: false, owned });
         if let Some(n) = node.as_mut() {
-            n.node.reserve(spec.id)?;
+            n.node.reserve(spec.id, epoch)?;
             n.reserved = true;
         }
         spec.validate()?;
@@ -286,7 +288,11 @@ impl Engine {
                 proto: (peers.clone(), coord_inbox),
                 status: status.clone(),
             };
-            n.node.attach(spec.id, side, local.iter().map(|t| boards[&t.id].clone()).collect())?;
+            n.node.attach(
+                protocol_wire::Run { stream: spec.id, epoch },
+                side,
+                local.iter().map(|t| boards[&t.id].clone()).collect(),
+            )?;
             n.attached = true;
         }
         let ingest_acks = ingest.as_ref().and(ingest_acks);
@@ -324,7 +330,7 @@ impl Engine {
                 })
                 .collect();
             let remote_out = outs.iter().any(|o| matches!(o.link, Link::Remote { .. }));
-            let out = Outputs::new(spec.id, t.id, outs, sender.as_ref().filter(|_| remote_out).map(net));
+            let out = Outputs::new(spec.id, epoch, t.id, outs, sender.as_ref().filter(|_| remote_out).map(net));
             let ins: Vec<Input> = t
                 .upstreams
                 .iter()
@@ -345,8 +351,14 @@ impl Engine {
                 })
                 .collect();
             let remote_in = ins.iter().any(|i| i.remote.is_some());
-            let inp =
-                Inputs::new(spec.id, t.id, ins, cfg.remote_credits, sender.as_ref().filter(|_| remote_in).map(net));
+            let inp = Inputs::new(
+                spec.id,
+                epoch,
+                t.id,
+                ins,
+                cfg.remote_credits,
+                sender.as_ref().filter(|_| remote_in).map(net),
+            );
             let parts = build::Parts {
                 spec,
                 cfg: &cfg,
@@ -442,7 +454,7 @@ impl Engine {
             // The workers are gone, so the job queue is closed: uploads in flight finish.
             c.stop();
         }
-        if let Some(mut n) = self.node.take() {
+        if let Some(n) = self.node.as_mut() {
             n.release();
         }
         drop(self.log_floors.take());
@@ -465,7 +477,7 @@ impl Drop for Engine {
         if let Some(c) = self.coordinator.take() {
             c.stop();
         }
-        if let Some(mut n) = self.node.take() {
+        if let Some(n) = self.node.as_mut() {
             n.release();
         }
     }

@@ -6,21 +6,32 @@
 //! without touching one another's channels. What a peer sends for a stream before it attaches
 //! here waits for it (`router/early.rs`).
 //!
-//! Invariants: a stream id attaches to a node once in the node's life, so no frame of an earlier
-//! run of the stream can reach a later one (per-stream epochs, which would let a stream restart
-//! under a running node, are not built: a stream restarts with its nodes, as `weir node` does);
-//! the heartbeats carry the tasks of exactly the attached streams.
+//! Invariants: one run of a stream at a time holds it on a node, and each run that attaches
+//! takes a greater epoch than the runs before it, so no frame of an earlier run can reach a
+//! later one (the router matches every peer frame's epoch): a stream restarts under a running
+//! node, its other streams untouched. The heartbeats carry the tasks of exactly the attached
+//! streams.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use weir_wire::transport::{Transport, TransportConfig, TransportSender};
-use weir_wire::{NodeId, StreamId};
+use weir_wire::{Epoch, NodeId, StreamId};
 
 use super::board::TaskBoard;
 use super::error::EngineError;
+use super::protocol_wire::Run;
 use super::router::{IngestToken, Router, StreamSide};
+
+/// A stream's runs on a node.
+#[derive(Default)]
+struct Runs {
+    /// The latest run that attached.
+    attached: Option<Epoch>,
+    /// A run holds the stream now (reserved, maybe attached).
+    busy: bool,
+}
 
 /// The attached streams' task boards, for heartbeats.
 type Boards = Arc<Mutex<BTreeMap<StreamId, Vec<Arc<TaskBoard>>>>>;
@@ -33,8 +44,8 @@ pub struct Node {
     router: Mutex<Option<Router>>,
     sender: TransportSender,
     boards: Boards,
-    /// Every stream that attached.
-    ran: Mutex<std::collections::BTreeSet<StreamId>>,
+    /// Per stream: its runs here.
+    ran: Mutex<BTreeMap<StreamId, Runs>>,
     connected: super::router::Connected,
 }
 
@@ -98,40 +109,45 @@ impl Node {
         self.router.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(Router::ack_sender)
     }
 
-    /// Takes `stream`'s one run on this node, before the stream opens anything of its own.
-    pub(crate) fn reserve(&self, stream: StreamId) -> Result<(), EngineError> {
-        if !self.ran.lock().unwrap_or_else(|e| e.into_inner()).insert(stream) {
-            let node = self.cfg.node;
+    /// Takes the run of `stream` at `epoch` on this node, before it opens anything of its own:
+    /// refused while another run of the stream holds it, or if a run at `epoch` or later has
+    /// attached here (what peers sent that run would reach this one).
+    pub(crate) fn reserve(&self, stream: StreamId, epoch: Epoch) -> Result<(), EngineError> {
+        let mut ran = self.ran.lock().unwrap_or_else(|e| e.into_inner());
+        let runs = ran.entry(stream).or_default();
+        let node = self.cfg.node;
+        if runs.busy {
+            return Err(EngineError::Config(format!("stream {stream} runs on node {node}: its run must end first")));
+        }
+        if let Some(last) = runs.attached.filter(|last| epoch <= *last) {
             return Err(EngineError::Config(format!(
-                "stream {stream} already ran on node {node}: it restarts on a new node (stream epochs are not built)"
+                "stream {stream} ran at epoch {last} on node {node}: a new run takes a greater epoch than {last}, not {epoch}"
             )));
         }
+        runs.busy = true;
         Ok(())
     }
 
-    /// Gives `stream`'s run back: it failed to start before it attached, so nothing reached it
-    /// (what peers sent it meanwhile waits for its next start).
+    /// Gives `stream` back: its run has ended (detached, everything of it closed), or failed to
+    /// start before it attached (what peers sent it meanwhile waits for its next start).
     pub(crate) fn unreserve(&self, stream: StreamId) {
-        self.ran.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
+        self.ran.lock().unwrap_or_else(|e| e.into_inner()).entry(stream).or_default().busy = false;
     }
 
-    /// Makes `stream` (reserved) reachable from the network, its `tasks` in the heartbeats.
-    pub(crate) fn attach(
-        &self,
-        stream: StreamId,
-        side: StreamSide,
-        tasks: Vec<Arc<TaskBoard>>,
-    ) -> Result<(), EngineError> {
+    /// Makes `run` (reserved) reachable from the network, its `tasks` in the heartbeats.
+    pub(crate) fn attach(&self, run: Run, side: StreamSide, tasks: Vec<Arc<TaskBoard>>) -> Result<(), EngineError> {
         let router = self.router.lock().unwrap_or_else(|e| e.into_inner());
         let Some(router) = router.as_ref() else {
             return Err(EngineError::Config(format!("node {} has stopped", self.cfg.node)));
         };
-        self.boards.lock().unwrap_or_else(|e| e.into_inner()).insert(stream, tasks);
-        router.attach(stream, side);
+        self.ran.lock().unwrap_or_else(|e| e.into_inner()).entry(run.stream).or_default().attached = Some(run.epoch);
+        self.boards.lock().unwrap_or_else(|e| e.into_inner()).insert(run.stream, tasks);
+        router.attach(run, side);
         Ok(())
     }
 
-    /// Lets go of `stream`: nothing from the network reaches it once this returns.
+    /// Lets go of `stream`'s run: nothing from the network reaches it once this returns (the
+    /// run still holds the stream here until [`Node::unreserve`]).
     pub(crate) fn detach(&self, stream: StreamId) {
         if let Some(r) = self.router.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             r.detach(stream);
@@ -175,16 +191,16 @@ pub(super) struct NodeUse {
 }
 
 impl NodeUse {
+    /// Takes the run off the network: detached, or its own node stopped. The node takes
+    /// another run of the stream only once this is dropped, which the engine does last, after
+    /// the run's result stores and ingest logs have closed.
     pub(super) fn release(&mut self) {
-        let (attached, reserved) = (std::mem::take(&mut self.attached), std::mem::take(&mut self.reserved));
         if std::mem::take(&mut self.owned) {
             // The stream stays attached until its node stops: requests for it (a stop, an
             // append) are answered as the stream's until the node no longer listens.
             self.node.shut();
-        } else if attached {
+        } else if std::mem::take(&mut self.attached) {
             self.node.detach(self.stream);
-        } else if reserved {
-            self.node.unreserve(self.stream);
         }
     }
 }
@@ -192,5 +208,8 @@ impl NodeUse {
 impl Drop for NodeUse {
     fn drop(&mut self) {
         self.release();
+        if std::mem::take(&mut self.reserved) {
+            self.node.unreserve(self.stream);
+        }
     }
 }

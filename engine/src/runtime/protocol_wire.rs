@@ -6,9 +6,16 @@ use weir_wire::msg::{
     ConsensusReq, ReportOutcome, Restore, RestoreBasis, RetrieveTriggerReq, SourceOutcome, TaskReset, TriggerRsp,
     UpdateCheckpointInfo,
 };
-use weir_wire::{CheckpointId, EncodedFrame, Frame, FrameEncoder, Kind, NodeId, StreamId, TaskId, Version};
+use weir_wire::{CheckpointId, EncodedFrame, Epoch, Frame, FrameEncoder, Kind, NodeId, StreamId, TaskId, Version};
 
 use crate::checkpoint::{CoordInput, Report, SourceAnswer, TaskInput};
+
+/// A run of a stream: what every protocol message names, and what the router matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Run {
+    pub(crate) stream: StreamId,
+    pub(crate) epoch: Epoch,
+}
 
 /// Where a received protocol frame goes.
 #[derive(Debug)]
@@ -36,7 +43,7 @@ pub(crate) enum Routed {
 /// cross nodes (completions of the task's own I/O, ticks).
 pub(crate) fn encode_task_input(
     enc: &mut FrameEncoder,
-    stream: StreamId,
+    run: Run,
     me: NodeId,
     to: TaskId,
     to_node: NodeId,
@@ -44,7 +51,8 @@ pub(crate) fn encode_task_input(
 ) -> Option<EncodedFrame> {
     let r = match input.clone() {
         TaskInput::Ready { from, id, trans } => enc.encode(&CheckpointReady {
-            stream,
+            stream: run.stream,
+            epoch: run.epoch,
             checkpoint: id,
             trans,
             downstream: from,
@@ -52,22 +60,35 @@ pub(crate) fn encode_task_input(
             upstream: to,
             upstream_node: to_node,
         }),
-        TaskInput::ReadyRsp { from, id } => {
-            enc.encode(&CheckpointReadyRsp { stream, checkpoint: id, upstream: from, downstream: to })
-        }
+        TaskInput::ReadyRsp { from, id } => enc.encode(&CheckpointReadyRsp {
+            stream: run.stream,
+            epoch: run.epoch,
+            checkpoint: id,
+            upstream: from,
+            downstream: to,
+        }),
         TaskInput::RetrieveTrigger { from, id } => enc.encode(&RetrieveTriggerReq {
-            stream,
+            stream: run.stream,
+            epoch: run.epoch,
             checkpoint: id,
             upstream: to,
             upstream_node: to_node,
             downstream: from,
             downstream_node: me,
         }),
-        TaskInput::TriggerRsp { from, id, trans, code, trigger_seq, .. } => {
-            enc.encode(&TriggerRsp { stream, checkpoint: id, trans, upstream: from, downstream: to, code, trigger_seq })
-        }
+        TaskInput::TriggerRsp { from, id, trans, code, trigger_seq, .. } => enc.encode(&TriggerRsp {
+            stream: run.stream,
+            epoch: run.epoch,
+            checkpoint: id,
+            trans,
+            upstream: from,
+            downstream: to,
+            code,
+            trigger_seq,
+        }),
         TaskInput::SourceReq { id, trans, kind, expire_at } => enc.encode(&CheckpointSourceReq {
-            stream,
+            stream: run.stream,
+            epoch: run.epoch,
             checkpoint: id,
             trans,
             task: to,
@@ -75,11 +96,17 @@ pub(crate) fn encode_task_input(
             kind,
             expire_at_ms: expire_at,
         }),
-        TaskInput::Update { id, trans, version, ts } => {
-            enc.encode(&UpdateCheckpointInfo { stream, task: to, checkpoint: id, trans, version, checkpoint_ts_ms: ts })
-        }
+        TaskInput::Update { id, trans, version, ts } => enc.encode(&UpdateCheckpointInfo {
+            stream: run.stream,
+            epoch: run.epoch,
+            task: to,
+            checkpoint: id,
+            trans,
+            version,
+            checkpoint_ts_ms: ts,
+        }),
         TaskInput::Reset { failed, trans, reason } => {
-            enc.encode(&TaskReset { stream, task: to, failed, trans, reason })
+            enc.encode(&TaskReset { stream: run.stream, epoch: run.epoch, task: to, failed, trans, reason })
         }
         _ => return None,
     };
@@ -90,19 +117,27 @@ pub(crate) fn encode_task_input(
 /// request), sent from this node. `None` for inputs that never cross nodes.
 pub(crate) fn encode_coord_input(
     enc: &mut FrameEncoder,
-    stream: StreamId,
+    run: Run,
     me: NodeId,
     input: &CoordInput,
 ) -> Option<EncodedFrame> {
     match input {
-        CoordInput::Report { task, report } => encode_report(enc, stream, *task, me, report),
+        CoordInput::Report { task, report } => encode_report(enc, run, *task, me, report),
         CoordInput::Consensus { task, latest, request } => {
-            let msg = ConsensusReq { stream, task: *task, node: me, latest: *latest, request: *request };
+            let msg = ConsensusReq {
+                stream: run.stream,
+                epoch: run.epoch,
+                task: *task,
+                node: me,
+                latest: *latest,
+                request: *request,
+            };
             enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a consensus request")).ok()
         }
         CoordInput::CannotRestore { task, id, restorable, reason, request } => {
             let msg = CannotRestoreReq {
-                stream,
+                stream: run.stream,
+                epoch: run.epoch,
                 task: *task,
                 node: me,
                 checkpoint: *id,
@@ -122,7 +157,15 @@ pub(crate) fn encode_coord_input(
                 SourceAnswer::Failed(reason) => SourceOutcome::Failed { reason },
                 SourceAnswer::NotRestored => SourceOutcome::NotRestored,
             };
-            let msg = CheckpointSourceRsp { stream, checkpoint: *id, trans: *trans, task: *task, node: me, outcome };
+            let msg = CheckpointSourceRsp {
+                stream: run.stream,
+                epoch: run.epoch,
+                checkpoint: *id,
+                trans: *trans,
+                task: *task,
+                node: me,
+                outcome,
+            };
             enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a source answer")).ok()
         }
         _ => None,
@@ -130,19 +173,14 @@ pub(crate) fn encode_coord_input(
 }
 
 /// Encodes a task's report for the coordinator.
-fn encode_report(
-    enc: &mut FrameEncoder,
-    stream: StreamId,
-    task: TaskId,
-    node: NodeId,
-    r: &Report,
-) -> Option<EncodedFrame> {
+fn encode_report(enc: &mut FrameEncoder, run: Run, task: TaskId, node: NodeId, r: &Report) -> Option<EncodedFrame> {
     let (outcome, version) = match &r.outcome {
         Ok(v) => (ReportOutcome::Done, *v),
         Err(reason) => (ReportOutcome::Failed { reason: reason.to_string() }, weir_wire::Version(0)),
     };
     let msg = CheckpointReport {
-        stream,
+        stream: run.stream,
+        epoch: run.epoch,
         task,
         node,
         checkpoint: r.id,
@@ -159,35 +197,41 @@ fn encode_report(
 /// Encodes the coordinator's restore point for `task`.
 pub(crate) fn encode_restore(
     enc: &mut FrameEncoder,
-    stream: StreamId,
+    run: Run,
     task: TaskId,
     checkpoint: Option<CheckpointId>,
     version: Option<Version>,
     basis: RestoreBasis,
     request: u64,
 ) -> Option<EncodedFrame> {
-    let msg = Restore { stream, task, checkpoint, basis, version, request };
+    let msg = Restore { stream: run.stream, epoch: run.epoch, task, checkpoint, basis, version, request };
     enc.encode(&msg).map_err(|e| tracing::error!(error = %e, "cannot encode a restore message")).ok()
 }
 
-/// Decodes a protocol frame (validated by `Frame::to_owned`) into its stream and where it goes.
+/// Decodes a protocol frame (validated by `Frame::to_owned`) into its stream's run and where it goes.
 /// `None` for other kinds.
-pub(crate) fn decode(frame: &Frame) -> Option<(StreamId, Routed)> {
+pub(crate) fn decode(frame: &Frame) -> Option<(Run, Routed)> {
     let routed = match frame.kind() {
         Kind::CheckpointReady => {
             let m = frame.to_owned::<CheckpointReady>().ok()?;
             (
-                m.stream,
+                Run { stream: m.stream, epoch: m.epoch },
                 Routed::ToTask(m.upstream, TaskInput::Ready { from: m.downstream, id: m.checkpoint, trans: m.trans }),
             )
         }
         Kind::CheckpointReadyRsp => {
             let m = frame.to_owned::<CheckpointReadyRsp>().ok()?;
-            (m.stream, Routed::ToTask(m.downstream, TaskInput::ReadyRsp { from: m.upstream, id: m.checkpoint }))
+            (
+                Run { stream: m.stream, epoch: m.epoch },
+                Routed::ToTask(m.downstream, TaskInput::ReadyRsp { from: m.upstream, id: m.checkpoint }),
+            )
         }
         Kind::RetrieveTriggerReq => {
             let m = frame.to_owned::<RetrieveTriggerReq>().ok()?;
-            (m.stream, Routed::ToTask(m.upstream, TaskInput::RetrieveTrigger { from: m.downstream, id: m.checkpoint }))
+            (
+                Run { stream: m.stream, epoch: m.epoch },
+                Routed::ToTask(m.upstream, TaskInput::RetrieveTrigger { from: m.downstream, id: m.checkpoint }),
+            )
         }
         Kind::TriggerRsp => {
             let m = frame.to_owned::<TriggerRsp>().ok()?;
@@ -199,13 +243,13 @@ pub(crate) fn decode(frame: &Frame) -> Option<(StreamId, Routed)> {
                 trigger_seq: m.trigger_seq,
                 next_seq: None, // filled in by the receiving task's driver
             };
-            (m.stream, Routed::ToTask(m.downstream, input))
+            (Run { stream: m.stream, epoch: m.epoch }, Routed::ToTask(m.downstream, input))
         }
         Kind::CheckpointSourceReq => {
             let m = frame.to_owned::<CheckpointSourceReq>().ok()?;
             let input =
                 TaskInput::SourceReq { id: m.checkpoint, trans: m.trans, kind: m.kind, expire_at: m.expire_at_ms };
-            (m.stream, Routed::ToTask(m.task, input))
+            (Run { stream: m.stream, epoch: m.epoch }, Routed::ToTask(m.task, input))
         }
         Kind::CheckpointSourceRsp => {
             let m = frame.to_owned::<CheckpointSourceRsp>().ok()?;
@@ -219,7 +263,7 @@ pub(crate) fn decode(frame: &Frame) -> Option<(StreamId, Routed)> {
                 SourceOutcome::NotRestored => SourceAnswer::NotRestored,
             };
             (
-                m.stream,
+                Run { stream: m.stream, epoch: m.epoch },
                 Routed::ToCoord(CoordInput::SourceRsp { task: m.task, id: m.checkpoint, trans: m.trans, answer }),
             )
         }
@@ -227,11 +271,14 @@ pub(crate) fn decode(frame: &Frame) -> Option<(StreamId, Routed)> {
             let m = frame.to_owned::<UpdateCheckpointInfo>().ok()?;
             let input =
                 TaskInput::Update { id: m.checkpoint, trans: m.trans, version: m.version, ts: m.checkpoint_ts_ms };
-            (m.stream, Routed::ToTask(m.task, input))
+            (Run { stream: m.stream, epoch: m.epoch }, Routed::ToTask(m.task, input))
         }
         Kind::TaskReset => {
             let m = frame.to_owned::<TaskReset>().ok()?;
-            (m.stream, Routed::ToTask(m.task, TaskInput::Reset { failed: m.failed, trans: m.trans, reason: m.reason }))
+            (
+                Run { stream: m.stream, epoch: m.epoch },
+                Routed::ToTask(m.task, TaskInput::Reset { failed: m.failed, trans: m.trans, reason: m.reason }),
+            )
         }
         Kind::CheckpointReport => {
             let m = frame.to_owned::<CheckpointReport>().ok()?;
@@ -241,16 +288,19 @@ pub(crate) fn decode(frame: &Frame) -> Option<(StreamId, Routed)> {
             };
             let report =
                 Report { id: m.checkpoint, trans: m.trans, outcome, manifest_crc: m.manifest_crc, stats: m.stats };
-            (m.stream, Routed::ToCoord(CoordInput::Report { task: m.task, report }))
+            (Run { stream: m.stream, epoch: m.epoch }, Routed::ToCoord(CoordInput::Report { task: m.task, report }))
         }
         Kind::ConsensusReq => {
             let m = frame.to_owned::<ConsensusReq>().ok()?;
-            (m.stream, Routed::ToCoord(CoordInput::Consensus { task: m.task, latest: m.latest, request: m.request }))
+            (
+                Run { stream: m.stream, epoch: m.epoch },
+                Routed::ToCoord(CoordInput::Consensus { task: m.task, latest: m.latest, request: m.request }),
+            )
         }
         Kind::CannotRestoreReq => {
             let m = frame.to_owned::<CannotRestoreReq>().ok()?;
             (
-                m.stream,
+                Run { stream: m.stream, epoch: m.epoch },
                 Routed::ToCoord(CoordInput::CannotRestore {
                     task: m.task,
                     id: m.checkpoint,
@@ -263,7 +313,7 @@ pub(crate) fn decode(frame: &Frame) -> Option<(StreamId, Routed)> {
         Kind::Restore => {
             let m = frame.to_owned::<Restore>().ok()?;
             (
-                m.stream,
+                Run { stream: m.stream, epoch: m.epoch },
                 Routed::Restore {
                     task: m.task,
                     checkpoint: m.checkpoint,
@@ -284,6 +334,9 @@ mod tests {
     use weir_wire::{Seq, TransId};
 
     use super::*;
+
+    /// Stream 9's run at epoch 4.
+    const RUN: Run = Run { stream: StreamId(9), epoch: Epoch(4) };
 
     #[test]
     fn protocol_inputs_cross_the_wire_unchanged() {
@@ -309,10 +362,10 @@ mod tests {
             ),
         ];
         for (to, input) in cases {
-            let f = encode_task_input(&mut enc, StreamId(9), NodeId(1), to, NodeId(2), &input).unwrap();
+            let f = encode_task_input(&mut enc, RUN, NodeId(1), to, NodeId(2), &input).unwrap();
             let frame = weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap();
             match decode(&frame) {
-                Some((StreamId(9), Routed::ToTask(t, back))) => assert_eq!((t, back), (to, input)),
+                Some((RUN, Routed::ToTask(t, back))) => assert_eq!((t, back), (to, input)),
                 other => panic!("{other:?}"),
             }
         }
@@ -356,17 +409,16 @@ mod tests {
             },
         ];
         for input in to_coord {
-            let f = encode_coord_input(&mut enc, StreamId(9), NodeId(2), &input).unwrap();
+            let f = encode_coord_input(&mut enc, RUN, NodeId(2), &input).unwrap();
             match decode(&weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()) {
-                Some((StreamId(9), Routed::ToCoord(back))) => assert_eq!(back, input),
+                Some((RUN, Routed::ToCoord(back))) => assert_eq!(back, input),
                 other => panic!("{other:?}"),
             }
         }
         let f =
-            encode_restore(&mut enc, StreamId(9), TaskId(4), Some(c), Some(Version(8)), RestoreBasis::Consensus, 77)
-                .unwrap();
+            encode_restore(&mut enc, RUN, TaskId(4), Some(c), Some(Version(8)), RestoreBasis::Consensus, 77).unwrap();
         match decode(&weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()) {
-            Some((StreamId(9), Routed::Restore { task, checkpoint, version, basis, request })) => {
+            Some((RUN, Routed::Restore { task, checkpoint, version, basis, request })) => {
                 assert_eq!(
                     (task, checkpoint, version, basis, request),
                     (TaskId(4), Some(c), Some(Version(8)), RestoreBasis::Consensus, 77)

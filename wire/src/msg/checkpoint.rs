@@ -17,6 +17,8 @@ archived! {
     pub struct CheckpointSourceReq {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// New checkpoint id.
         pub checkpoint: CheckpointId,
         /// Coordinator transaction.
@@ -72,6 +74,8 @@ archived! {
     pub struct CheckpointSourceRsp {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Checkpoint id of the request.
         pub checkpoint: CheckpointId,
         /// Transaction of the request.
@@ -90,6 +94,8 @@ archived! {
     pub struct CheckpointTrigger {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Checkpoint id.
         pub checkpoint: CheckpointId,
         /// Coordinator transaction.
@@ -108,6 +114,8 @@ archived! {
     pub struct CheckpointReady {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Checkpoint id.
         pub checkpoint: CheckpointId,
         /// Transaction.
@@ -128,6 +136,8 @@ archived! {
     pub struct CheckpointReadyRsp {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Checkpoint id.
         pub checkpoint: CheckpointId,
         /// The confirming (upstream) task.
@@ -142,6 +152,8 @@ archived! {
     pub struct RetrieveTriggerReq {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Checkpoint id the downstream is aligning for.
         pub checkpoint: CheckpointId,
         /// The upstream asked.
@@ -173,6 +185,8 @@ archived! {
     pub struct TriggerRsp {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// The upstream's active checkpoint id (or the asked id when it has none).
         pub checkpoint: CheckpointId,
         /// The upstream's transaction.
@@ -229,6 +243,8 @@ archived! {
     pub struct CheckpointReport {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Reporting task.
         pub task: TaskId,
         /// Its node.
@@ -255,6 +271,8 @@ archived! {
     pub struct UpdateCheckpointInfo {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Task.
         pub task: TaskId,
         /// Committed id.
@@ -273,6 +291,8 @@ archived! {
     pub struct TaskReset {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Task.
         pub task: TaskId,
         /// The failed checkpoint.
@@ -289,6 +309,8 @@ archived! {
     pub struct ConsensusReq {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Task.
         pub task: TaskId,
         /// Its node.
@@ -307,6 +329,8 @@ archived! {
     pub struct CannotRestoreReq {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Task.
         pub task: TaskId,
         /// Its node.
@@ -342,6 +366,8 @@ archived! {
     pub struct Restore {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Task.
         pub task: TaskId,
         /// Checkpoint to restore (none for a fresh start).

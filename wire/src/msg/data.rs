@@ -84,6 +84,8 @@ archived! {
     pub struct Data {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Sending task.
         pub from: TaskId,
         /// Receiving task.
@@ -100,6 +102,8 @@ archived! {
     pub struct Watermark {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Sending task.
         pub from: TaskId,
         /// Receiving task.
@@ -116,6 +120,8 @@ archived! {
     pub struct WindowResults {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Sending agg.
         pub from: TaskId,
         /// Receiving sink.
@@ -158,6 +164,8 @@ archived! {
     pub struct EndOfStream {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Sending task.
         pub from: TaskId,
         /// Receiving task.
@@ -173,6 +181,8 @@ archived! {
     pub struct Credit {
         /// Stream.
         pub stream: StreamId,
+        /// The stream's run: a node takes it only into the run at this epoch.
+        pub epoch: Epoch,
         /// Sending task of the channel (who gets the credit).
         pub from: TaskId,
         /// Receiving task of the channel.

@@ -8,7 +8,7 @@
 //! Kind numbers are part of the wire format: never renumber, only append.
 
 use crate::batch::Batch;
-use crate::ids::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
+use crate::ids::{CheckpointId, Epoch, NodeId, Seq, StreamId, TaskId, TransId, Version};
 
 /// Length of handshake nonces and HMAC-SHA256 proofs.
 pub const NONCE_LEN: usize = 32;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use weir_wire::msg::*;
 use weir_wire::transport::{Event, PeerConfig, Transport, TransportConfig};
-use weir_wire::{Batch, CheckpointId, NodeId, Seq, StreamId, TaskId, TransId};
+use weir_wire::{Batch, CheckpointId, Epoch, NodeId, Seq, StreamId, TaskId, TransId};
 
 pub const CLUSTER: &str = "test-cluster";
 pub const SECRET: &[u8] = b"0123456789abcdef-test-secret";
@@ -23,12 +23,13 @@ pub fn batch(rows: usize) -> Batch {
 }
 
 pub fn data(seq: u64, rows: usize) -> Data {
-    Data { stream: StreamId(1), from: TaskId(2), to: TaskId(3), seq: Seq(seq), batch: batch(rows) }
+    Data { stream: StreamId(1), epoch: Epoch(0), from: TaskId(2), to: TaskId(3), seq: Seq(seq), batch: batch(rows) }
 }
 
 pub fn trigger() -> CheckpointTrigger {
     CheckpointTrigger {
         stream: StreamId(1),
+        epoch: Epoch(0),
         checkpoint: CheckpointId(42),
         trans: TransId(7),
         from: TaskId(2),

@@ -19,7 +19,7 @@ use crossbeam_channel::{Sender, TrySendError};
 use crossbeam_utils::sync::Unparker;
 use weir_wire::msg::{Data, EndOfStream, Watermark, WindowResults};
 use weir_wire::transport::{SendError, TransportSender};
-use weir_wire::{Batch, EncodedFrame, Frame, FrameEncoder, NodeId, Seq, StreamId, TaskId};
+use weir_wire::{Batch, EncodedFrame, Epoch, Frame, FrameEncoder, NodeId, Seq, StreamId, TaskId};
 
 use crate::operator::window::WindowResult;
 
@@ -131,6 +131,7 @@ pub(crate) struct Net {
 /// A task's outgoing channels, in downstream order.
 pub struct Outputs {
     stream: StreamId,
+    epoch: Epoch,
     from: TaskId,
     outs: Vec<Output>,
     net: Option<Net>,
@@ -179,8 +180,8 @@ pub enum EncodeError {
 }
 
 impl Outputs {
-    pub(crate) fn new(stream: StreamId, from: TaskId, outs: Vec<Output>, net: Option<Net>) -> Self {
-        Self { stream, from, outs, net }
+    pub(crate) fn new(stream: StreamId, epoch: Epoch, from: TaskId, outs: Vec<Output>, net: Option<Net>) -> Self {
+        Self { stream, epoch, from, outs, net }
     }
 
     /// Number of downstream channels.
@@ -221,7 +222,7 @@ impl Outputs {
 
     /// Delivers what it can. Ok(true) when nothing is left pending.
     pub fn flush(&mut self) -> Result<bool, ChannelError> {
-        let (stream, from) = (self.stream, self.from);
+        let (stream, epoch, from) = (self.stream, self.epoch, self.from);
         for o in &mut self.outs {
             loop {
                 match &mut o.link {
@@ -241,7 +242,7 @@ impl Outputs {
                         let net = self.net.as_mut().expect("remote outputs have a network");
                         if encoded.is_none() {
                             let Some(m) = o.pending.pop_front() else { break };
-                            let frame = encode(&mut net.encoder, stream, from, o.to, *seq, m)
+                            let frame = encode(&mut net.encoder, stream, epoch, from, o.to, *seq, m)
                                 .map_err(|cause| ChannelError::Encode { from, to: o.to, cause })?;
                             *encoded = Some(frame);
                         }
@@ -271,6 +272,7 @@ impl Outputs {
 fn encode(
     enc: &mut FrameEncoder,
     stream: StreamId,
+    epoch: Epoch,
     from: TaskId,
     to: TaskId,
     seq: Seq,
@@ -278,16 +280,17 @@ fn encode(
 ) -> Result<EncodedFrame, EncodeError> {
     let r = match m {
         Msg::Rows(Rows::Local(batch)) => {
-            let data = Data { stream, from, to, seq, batch };
+            let data = Data { stream, epoch, from, to, seq, batch };
             let r = enc.encode(&data);
             super::batch_pool::give(data.batch);
             r
         }
         Msg::Rows(Rows::Remote(_)) => return Err(EncodeError::Received),
-        Msg::Progress(watermark_ms) => enc.encode(&Watermark { stream, from, to, seq, watermark_ms }),
+        Msg::Progress(watermark_ms) => enc.encode(&Watermark { stream, epoch, from, to, seq, watermark_ms }),
         Msg::Results(rs) => {
             let mut w = WindowResults {
                 stream,
+                epoch,
                 from,
                 to,
                 seq,
@@ -308,9 +311,9 @@ fn encode(
             }
             enc.encode(&w)
         }
-        Msg::End => enc.encode(&EndOfStream { stream, from, to, seq }),
+        Msg::End => enc.encode(&EndOfStream { stream, epoch, from, to, seq }),
         Msg::Trigger { id, trans } => {
-            enc.encode(&weir_wire::msg::CheckpointTrigger { stream, checkpoint: id, trans, from, to, seq })
+            enc.encode(&weir_wire::msg::CheckpointTrigger { stream, epoch, checkpoint: id, trans, from, to, seq })
         }
     };
     Ok(r?)
@@ -337,7 +340,7 @@ mod tests {
                 received: 0,
             });
         }
-        (Inputs::new(StreamId(1), TaskId(99), ins, cap, None), txs)
+        (Inputs::new(StreamId(1), Epoch(0), TaskId(99), ins, cap, None), txs)
     }
 
     #[test]

@@ -101,9 +101,12 @@ pub(crate) struct Setup {
     /// The partition of each source task reading an ingest log (none for a generator stream).
     log_partitions: BTreeMap<TaskId, u32>,
     node: NodeId,
-    /// The run's incarnation (0 without a transport): whose records of files stored ahead the
-    /// sinks write, and below which retention deletes them.
+    /// The run's number, its epoch ([`EngineConfig::run_epoch`]: the transport's incarnation
+    /// unless set): whose records of files stored ahead the sinks write, and below which
+    /// retention deletes them.
     incarnation: u64,
+    /// The stream's run: what its protocol messages carry.
+    epoch: weir_wire::Epoch,
     node_of: Arc<HashMap<TaskId, NodeId>>,
     coord_node: NodeId,
     sender: Option<weir_wire::transport::TransportSender>,
@@ -248,7 +251,8 @@ impl Setup {
             topo,
             log_partitions,
             node: cfg.node,
-            incarnation: cfg.transport.as_ref().map_or(0, |t| t.incarnation),
+            incarnation: cfg.run_epoch().0,
+            epoch: cfg.run_epoch(),
             node_of: Arc::new(node_of),
             coord_node,
             sender,
@@ -328,7 +332,7 @@ impl Setup {
             sender,
             enc: weir_wire::FrameEncoder::new(),
             me: self.node,
-            stream: self.stream,
+            run: super::protocol_wire::Run { stream: self.stream, epoch: self.epoch },
             node_of: self.node_of.clone(),
         })
     }
@@ -360,7 +364,7 @@ impl Setup {
             sender,
             enc: weir_wire::FrameEncoder::new(),
             me: self.node,
-            stream: self.stream,
+            run: super::protocol_wire::Run { stream: self.stream, epoch: self.epoch },
             node_of: self.node_of.clone(),
         });
         let t = CoordThread::start(CoordStart {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use weir_wire::msg::RestoreBasis;
 use weir_wire::transport::TransportSender;
-use weir_wire::{CheckpointId, FrameEncoder, NodeId, StreamId, TaskId, Version};
+use weir_wire::{CheckpointId, FrameEncoder, NodeId, TaskId, Version};
 
 use super::super::protocol_wire as pw;
 use crate::checkpoint::{CoordInput, TaskInput};
@@ -17,7 +17,7 @@ pub(crate) struct ProtoNet {
     pub(crate) sender: TransportSender,
     pub(crate) enc: FrameEncoder,
     pub(crate) me: NodeId,
-    pub(crate) stream: StreamId,
+    pub(crate) run: pw::Run,
     pub(crate) node_of: Arc<HashMap<TaskId, NodeId>>,
 }
 
@@ -25,14 +25,14 @@ impl ProtoNet {
     /// A protocol message to task `to` on another node.
     pub(crate) fn send_task(&mut self, to: TaskId, input: &TaskInput) {
         let Some(node) = self.node_of.get(&to).copied() else { return };
-        if let Some(f) = pw::encode_task_input(&mut self.enc, self.stream, self.me, to, node, input) {
+        if let Some(f) = pw::encode_task_input(&mut self.enc, self.run, self.me, to, node, input) {
             let _ = self.sender.try_send(node, f);
         }
     }
 
     /// A message for the coordinator on node `coord`, from `task` of this node.
     pub(crate) fn send_coord(&mut self, coord: NodeId, input: &CoordInput) {
-        if let Some(f) = pw::encode_coord_input(&mut self.enc, self.stream, self.me, input) {
+        if let Some(f) = pw::encode_coord_input(&mut self.enc, self.run, self.me, input) {
             let _ = self.sender.try_send(coord, f);
         }
     }
@@ -47,7 +47,7 @@ impl ProtoNet {
         request: u64,
     ) {
         let Some(node) = self.node_of.get(&task).copied() else { return };
-        if let Some(f) = pw::encode_restore(&mut self.enc, self.stream, task, checkpoint, version, basis, request) {
+        if let Some(f) = pw::encode_restore(&mut self.enc, self.run, task, checkpoint, version, basis, request) {
             let _ = self.sender.try_send(node, f);
         }
     }

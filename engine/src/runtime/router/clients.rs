@@ -7,14 +7,14 @@ use std::time::Duration;
 use weir_wire::msg::{Ingest, IngestAck, IngestOutcome, StatusRsp};
 use weir_wire::{Frame, Kind, NodeId, StreamId};
 
-use super::{IngestToken, Run};
+use super::{IngestToken, Routing};
 use crate::ingest::{AppendRequest, Appended};
 
 /// Bytes of producers' descriptions in one `ProducersRsp` page, about: a quarter of the frame
 /// limit, whatever the ledgers hold.
 const PRODUCERS_PAGE: usize = 4 << 20;
 
-impl Run {
+impl Routing {
     /// Sends `msg` to `to` (a client), logging what could not go: nobody else waits for it.
     pub(super) fn reply<M: weir_wire::msg::Message>(&mut self, to: NodeId, msg: &M, timeout: Duration, what: &str) {
         match self.encoder.encode(msg) {

@@ -1,18 +1,21 @@
-//! Frames from peers for a stream that has not attached to this node yet: the stream starts on
-//! its nodes one after the other, and a peer where it runs already may grant credits, send a
-//! restore point's consequences or protocol messages before it runs here. They wait here, in
-//! order, and reach the stream when it attaches.
+//! Frames from peers for a run of a stream that has not attached to this node yet: a stream
+//! starts on its nodes one after the other, and a peer where the run has started may grant
+//! credits, send a restore point's consequences or protocol messages before it runs here. They
+//! wait here, in order, and reach the run when it attaches.
 //!
 //! Invariants (peers are authenticated members, but what they send is bounded all the same): at
 //! most [`MAX_FRAMES`] frames and [`MAX_BYTES`] bytes wait, over every stream; a frame waits at
-//! most [`MAX_WAIT`]; a frame that does not fit or expires is dropped, and its stream is marked
+//! most [`MAX_WAIT`]; a frame that does not fit or expires is dropped, and its run is marked
 //! lost: it fails as it attaches (a lost credit grant or end of stream would otherwise leave it
-//! waiting for ever); frames for a stream that has run here and detached are not kept.
+//! waiting for ever). Frames of a run that attached here and detached, or of an earlier run, are
+//! not kept: they are stale.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use weir_wire::{Frame, NodeId, StreamId};
+use weir_wire::{Epoch, Frame, NodeId, StreamId};
+
+use super::super::protocol_wire::Run;
 
 /// Frames kept at most, over every stream.
 pub(super) const MAX_FRAMES: usize = 4096;
@@ -21,69 +24,97 @@ pub(super) const MAX_BYTES: usize = 64 << 20;
 /// How long a frame waits at most for its stream.
 pub(super) const MAX_WAIT: Duration = Duration::from_secs(30);
 
-/// The waiting frames, by stream.
+/// Runs remembered as lost, at most (past it the first in (stream, epoch) order is forgotten:
+/// only a member that sends frames of thousands of runs nobody starts gets there).
+const MAX_LOST: usize = 4096;
+
+/// Marks `run` lost; whether it was not already.
+fn mark_lost(lost: &mut BTreeSet<Run>, run: Run) -> bool {
+    let new = lost.insert(run);
+    if lost.len() > MAX_LOST {
+        lost.pop_first();
+    }
+    new
+}
+
+/// The waiting frames, by run.
 #[derive(Default)]
 pub(super) struct Early {
-    waiting: BTreeMap<StreamId, VecDeque<(Instant, NodeId, Frame)>>,
+    waiting: BTreeMap<Run, VecDeque<(Instant, NodeId, Frame)>>,
     frames: usize,
     bytes: usize,
-    /// Streams that ran here and detached: what comes for them now is stale.
-    gone: BTreeSet<StreamId>,
-    /// Streams a frame was dropped for.
-    lost: BTreeSet<StreamId>,
+    /// Per stream, the latest run that attached here: frames of it or of earlier runs are stale.
+    ran: BTreeMap<StreamId, Epoch>,
+    /// Runs a frame was dropped for.
+    lost: BTreeSet<Run>,
 }
 
 impl Early {
-    /// Keeps `frame` from `from` for `stream` (or drops it, see the invariants).
-    pub(super) fn hold(&mut self, stream: StreamId, from: NodeId, frame: Frame, now: Instant) {
+    /// Keeps `frame` from `from` for `run` (or drops it, see the invariants).
+    pub(super) fn hold(&mut self, run: Run, from: NodeId, frame: Frame, now: Instant) {
         self.expire(now);
-        if self.gone.contains(&stream) {
-            return tracing::debug!(%stream, %from, "frame for a stream that stopped here");
+        if self.ran.get(&run.stream).is_some_and(|e| run.epoch <= *e) {
+            let (stream, epoch) = (run.stream, run.epoch);
+            return tracing::debug!(%stream, %epoch, %from, "frame of a run that has ended here");
         }
         if self.frames >= MAX_FRAMES || self.bytes + frame.payload_len() > MAX_BYTES {
-            return self.lose(stream, from, "too many frames wait for streams not running here");
+            return self.lose(run, from, "too many frames wait for streams not running here");
         }
         self.frames += 1;
         self.bytes += frame.payload_len();
-        self.waiting.entry(stream).or_default().push_back((now, from, frame));
+        self.waiting.entry(run).or_default().push_back((now, from, frame));
     }
 
-    /// The frames that waited for `stream`, in arrival order (it attaches now); `Err` when
-    /// one was dropped.
-    pub(super) fn take(&mut self, stream: StreamId, now: Instant) -> Result<Vec<(NodeId, Frame)>, ()> {
+    /// The frames that waited for `run`, in arrival order (it attaches now); `Err` when one was
+    /// dropped. Frames of its stream's earlier runs are dropped; a later run's stay.
+    pub(super) fn take(&mut self, run: Run, now: Instant) -> Result<Vec<(NodeId, Frame)>, ()> {
         self.expire(now);
-        self.gone.remove(&stream);
-        let frames = self.waiting.remove(&stream).unwrap_or_default();
-        self.frames -= frames.len();
-        self.bytes -= frames.iter().map(|(_, _, f)| f.payload_len()).sum::<usize>();
-        if self.lost.remove(&stream) {
+        self.ran.insert(run.stream, run.epoch);
+        let stale: Vec<Run> =
+            self.waiting.keys().filter(|r| r.stream == run.stream && r.epoch < run.epoch).copied().collect();
+        for r in stale {
+            self.remove(r);
+        }
+        self.lost.retain(|r| r.stream != run.stream || r.epoch > run.epoch || *r == run);
+        let frames = self.remove(run);
+        if self.lost.remove(&run) {
             return Err(());
         }
         Ok(frames.into_iter().map(|(_, n, f)| (n, f)).collect())
     }
 
-    /// A frame for `stream` is dropped: the stream is lost (warned once).
-    fn lose(&mut self, stream: StreamId, from: NodeId, why: &str) {
-        if self.lost.insert(stream) {
-            tracing::warn!(%stream, %from, "frame for a stream not running here dropped: {why}");
+    /// The newest run of `stream` later than `than` that frames from a node `heeded` wait for.
+    pub(super) fn newer(&self, stream: StreamId, than: Epoch, heeded: impl Fn(NodeId) -> bool) -> Option<Epoch> {
+        let later = self.waiting.iter().filter(|(r, _)| r.stream == stream && r.epoch > than);
+        later.filter(|(_, q)| q.iter().any(|(_, n, _)| heeded(*n))).map(|(r, _)| r.epoch).max()
+    }
+
+    fn remove(&mut self, run: Run) -> VecDeque<(Instant, NodeId, Frame)> {
+        let frames = self.waiting.remove(&run).unwrap_or_default();
+        self.frames -= frames.len();
+        self.bytes -= frames.iter().map(|(_, _, f)| f.payload_len()).sum::<usize>();
+        frames
+    }
+
+    /// A frame for `run` is dropped: the run is lost (warned once).
+    fn lose(&mut self, run: Run, from: NodeId, why: &str) {
+        if mark_lost(&mut self.lost, run) {
+            let (stream, epoch) = (run.stream, run.epoch);
+            tracing::warn!(%stream, %epoch, %from, "frame for a stream not running here dropped: {why}");
         }
     }
 
-    /// `stream` detached: frames for it are stale from now on.
-    pub(super) fn gone(&mut self, stream: StreamId) {
-        self.gone.insert(stream);
-    }
-
-    /// Drops what waited longer than [`MAX_WAIT`] (a look at the oldest frame of each stream).
+    /// Drops what waited longer than [`MAX_WAIT`] (a look at the oldest frame of each run).
     fn expire(&mut self, now: Instant) {
         let (frames, bytes, lost) = (&mut self.frames, &mut self.bytes, &mut self.lost);
-        self.waiting.retain(|stream, q| {
+        self.waiting.retain(|run, q| {
             while q.front().is_some_and(|(at, _, _)| now.duration_since(*at) > MAX_WAIT) {
                 let (_, from, f) = q.pop_front().expect("a front");
                 *frames -= 1;
                 *bytes -= f.payload_len();
-                if lost.insert(*stream) {
-                    tracing::warn!(%stream, %from, "frame for a stream that did not start here in time dropped");
+                if mark_lost(lost, *run) {
+                    let (stream, epoch) = (run.stream, run.epoch);
+                    tracing::warn!(%stream, %epoch, %from, "frame for a stream that did not start here in time dropped");
                 }
             }
             !q.is_empty()
@@ -98,8 +129,12 @@ mod tests {
 
     use super::*;
 
-    fn credit(stream: u64, credits: u32) -> Frame {
-        let msg = Credit { stream: StreamId(stream), from: TaskId(1), to: TaskId(2), credits };
+    fn run(stream: u64, epoch: u64) -> Run {
+        Run { stream: StreamId(stream), epoch: Epoch(epoch) }
+    }
+
+    fn credit(r: Run, credits: u32) -> Frame {
+        let msg = Credit { stream: r.stream, epoch: r.epoch, from: TaskId(1), to: TaskId(2), credits };
         let f = FrameEncoder::new().encode(&msg).unwrap();
         weir_wire::frame::decode_one(f.as_bytes(), 1 << 20).unwrap()
     }
@@ -111,14 +146,15 @@ mod tests {
     #[test]
     fn frames_wait_for_their_stream_in_order_and_reach_it_once() {
         let (mut e, now) = (Early::default(), Instant::now());
-        e.hold(StreamId(1), NodeId(2), credit(1, 10), now);
-        e.hold(StreamId(2), NodeId(2), credit(2, 20), now);
-        e.hold(StreamId(1), NodeId(3), credit(1, 11), now);
-        let got = e.take(StreamId(1), now).unwrap();
+        let (a, b) = (run(1, 0), run(2, 0));
+        e.hold(a, NodeId(2), credit(a, 10), now);
+        e.hold(b, NodeId(2), credit(b, 20), now);
+        e.hold(a, NodeId(3), credit(a, 11), now);
+        let got = e.take(a, now).unwrap();
         assert_eq!(credits(&got), [10, 11]);
         assert_eq!(got.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [NodeId(2), NodeId(3)]);
-        assert!(e.take(StreamId(1), now).unwrap().is_empty());
-        assert_eq!(credits(&e.take(StreamId(2), now).unwrap()), [20]);
+        assert!(e.take(a, now).unwrap().is_empty());
+        assert_eq!(credits(&e.take(b, now).unwrap()), [20]);
         assert_eq!((e.frames, e.bytes), (0, 0));
     }
 
@@ -126,25 +162,42 @@ mod tests {
     fn frames_past_the_bounds_or_the_wait_are_dropped_and_their_stream_is_lost() {
         let (mut e, now) = (Early::default(), Instant::now());
         for i in 0..MAX_FRAMES + 10 {
-            e.hold(StreamId(1), NodeId(2), credit(1, i as u32), now);
+            e.hold(run(1, 0), NodeId(2), credit(run(1, 0), i as u32), now);
         }
         assert_eq!(e.frames, MAX_FRAMES);
-        e.hold(StreamId(4), NodeId(2), credit(4, 1), now);
+        e.hold(run(4, 0), NodeId(2), credit(run(4, 0), 1), now);
         let later = now + MAX_WAIT + Duration::from_secs(1);
-        e.hold(StreamId(2), NodeId(2), credit(2, 1), later);
-        e.hold(StreamId(5), NodeId(2), credit(5, 1), now);
-        assert!(e.take(StreamId(1), later).is_err(), "over the bound");
-        assert!(e.take(StreamId(4), later).is_err(), "no room");
-        assert!(e.take(StreamId(5), later + MAX_WAIT).is_err(), "expired");
-        assert_eq!(credits(&e.take(StreamId(2), later).unwrap()), [1]);
+        e.hold(run(2, 0), NodeId(2), credit(run(2, 0), 1), later);
+        e.hold(run(5, 0), NodeId(2), credit(run(5, 0), 1), now);
+        assert!(e.take(run(1, 0), later).is_err(), "over the bound");
+        assert!(e.take(run(4, 0), later).is_err(), "no room");
+        assert!(e.take(run(5, 0), later + MAX_WAIT).is_err(), "expired");
+        assert_eq!(credits(&e.take(run(2, 0), later).unwrap()), [1]);
         assert_eq!((e.frames, e.bytes), (0, 0));
     }
 
     #[test]
-    fn frames_for_a_stream_that_stopped_here_are_not_kept() {
-        let (mut e, later) = (Early::default(), Instant::now());
-        e.gone(StreamId(3));
-        e.hold(StreamId(3), NodeId(2), credit(3, 1), later);
-        assert_eq!(e.frames, 0, "a stream that stopped here keeps nothing");
+    fn frames_of_a_run_that_ended_here_or_of_an_earlier_run_are_not_kept() {
+        let (mut e, now) = (Early::default(), Instant::now());
+        assert!(e.take(run(3, 5), now).unwrap().is_empty());
+        e.hold(run(3, 5), NodeId(2), credit(run(3, 5), 1), now);
+        e.hold(run(3, 4), NodeId(2), credit(run(3, 4), 1), now);
+        assert_eq!(e.frames, 0, "a run that attached here, or an earlier one, keeps nothing");
+        // A later run's frames wait; when it attaches, an earlier run's that waited are dropped.
+        e.hold(run(3, 7), NodeId(2), credit(run(3, 7), 7), now);
+        e.hold(run(3, 6), NodeId(2), credit(run(3, 6), 6), now);
+        assert_eq!(e.newer(StreamId(3), Epoch(5), |_| true), Some(Epoch(7)));
+        assert_eq!(e.newer(StreamId(3), Epoch(5), |n| n != NodeId(2)), None, "only a peer of the stream's says");
+        assert_eq!(credits(&e.take(run(3, 7), now).unwrap()), [7]);
+        assert_eq!((e.frames, e.newer(StreamId(3), Epoch(5), |_| true)), (0, None));
+    }
+
+    #[test]
+    fn a_lost_frame_fails_only_its_own_run() {
+        let (mut e, now) = (Early::default(), Instant::now());
+        let later = now + MAX_WAIT + Duration::from_secs(1);
+        e.hold(run(1, 1), NodeId(2), credit(run(1, 1), 1), now);
+        e.hold(run(1, 2), NodeId(2), credit(run(1, 2), 2), later);
+        assert_eq!(credits(&e.take(run(1, 2), later).unwrap()), [2], "run 1 expired, not run 2");
     }
 }

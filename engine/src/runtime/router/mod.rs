@@ -4,15 +4,21 @@
 //! control queues and its coordinator, and client requests (ingest, results, stop, checkpoint
 //! now) to its services; it acknowledges ingest appends once they are durable.
 //!
-//! Invariants: a stream's queues and services are reachable from here exactly while it is
-//! attached ([`Router::attach`] to [`Router::detach`], which returns once the router has let go
-//! of them). A frame for a stream that is not attached here is dropped (a request gets an answer
-//! saying so); a frame for a channel its attached stream does not have fails that stream alone,
-//! as a gap in a channel's sequence numbers does. Events of the transport itself (a peer lost, a
-//! peer at a newer incarnation) reach every attached stream.
+//! Invariants: a stream's queues and services are reachable from here exactly while one run of
+//! it is attached ([`Router::attach`] to [`Router::detach`], which returns once the router has
+//! let go of them). A peer's frame reaches only the run its epoch names: one of an earlier run is
+//! dropped, one of a run not attached yet waits for it (`early.rs`), and one of a later run
+//! also fails the earlier run still attached (its peers have restarted the stream). A client's
+//! request for a stream that is not attached here gets an answer saying so; a frame for a
+//! channel the attached run does not have fails that stream alone, as a gap in a channel's
+//! sequence numbers does. Events of the transport itself (a peer lost, a peer at a newer
+//! incarnation) reach every attached stream.
 
 mod clients;
 mod early;
+mod peers;
+
+use peers::run;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -26,10 +32,10 @@ use weir_wire::msg::{Credit, Data, EndOfStream, TaskHeartbeat, Watermark, Window
 use weir_wire::transport::{Event, Transport};
 use weir_wire::{Frame, FrameEncoder, Kind, NodeId, Seq, StreamId, TaskId};
 
-use super::channel::{Msg, Rows};
+use super::channel::Msg;
+use super::protocol_wire::Run;
 use super::shared::Shared;
 use crate::ingest::{Appended, IngestService};
-use crate::operator::window::WindowResult;
 
 /// Who to acknowledge an ingest request to (node 0: nobody, the engine's own request).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +76,10 @@ struct InChannel {
 
 /// An attached stream, as the router thread holds it.
 struct Attached {
+    /// The run attached.
+    epoch: weir_wire::Epoch,
+    /// A peer has started a later run (this one failed when it heard).
+    superseded: bool,
     inputs: HashMap<(TaskId, TaskId), InChannel>,
     credits: HashMap<(TaskId, TaskId), (Arc<AtomicU32>, Unparker)>,
     shared: Arc<Shared>,
@@ -78,14 +88,13 @@ struct Attached {
     status: Arc<super::status::StatusBoard>,
 }
 
-impl From<StreamSide> for Attached {
-    fn from(s: StreamSide) -> Self {
-        let inputs = s.inputs.into_iter().map(|(k, (tx, wake))| (k, InChannel { tx, wake, next: Seq(0) })).collect();
-        Attached { inputs, credits: s.credits, shared: s.shared, ingest: s.ingest, proto: s.proto, status: s.status }
-    }
-}
-
 impl Attached {
+    fn new(epoch: weir_wire::Epoch, s: StreamSide) -> Self {
+        let inputs = s.inputs.into_iter().map(|(k, (tx, wake))| (k, InChannel { tx, wake, next: Seq(0) })).collect();
+        let (credits, shared, ingest, proto, status) = (s.credits, s.shared, s.ingest, s.proto, s.status);
+        Attached { epoch, superseded: false, inputs, credits, shared, ingest, proto, status }
+    }
+
     fn fail(&self, why: String) {
         self.shared.fail(why);
     }
@@ -148,7 +157,7 @@ impl Attached {
 }
 
 enum Cmd {
-    Attach(StreamId, Box<StreamSide>),
+    Attach(Run, Box<StreamSide>),
     /// Detaches the stream and hands it back (what it holds is dropped off the router thread).
     Detach(StreamId, Sender<Option<Attached>>),
     /// Fails every attached stream (its node stops under it), then answers.
@@ -182,7 +191,7 @@ impl Router {
         let thread = std::thread::Builder::new()
             .name("weir-router".into())
             .spawn(move || {
-                let mut r = Run {
+                let mut r = Routing {
                     transport,
                     node,
                     streams: BTreeMap::new(),
@@ -213,10 +222,10 @@ impl Router {
         self.acks.clone()
     }
 
-    /// Makes `stream`'s queues and services reachable from the network (see the module's
-    /// invariants); the caller attaches a stream once.
-    pub(crate) fn attach(&self, stream: StreamId, side: StreamSide) {
-        let _ = self.cmds.send(Cmd::Attach(stream, Box::new(side)));
+    /// Makes the queues and services of `run` reachable from the network (see the module's
+    /// invariants); the caller attaches a run once, after the stream's earlier run detached.
+    pub(crate) fn attach(&self, run: Run, side: StreamSide) {
+        let _ = self.cmds.send(Cmd::Attach(run, Box::new(side)));
     }
 
     /// Lets go of `stream`'s queues and services: once this returns, nothing from the network
@@ -250,7 +259,7 @@ impl Router {
     }
 }
 
-struct Run {
+struct Routing {
     transport: Transport,
     node: NodeId,
     streams: BTreeMap<StreamId, Attached>,
@@ -267,7 +276,7 @@ struct Run {
     encoder: FrameEncoder,
 }
 
-impl Run {
+impl Routing {
     /// Waits for the first stream to attach; `false` when the router stops first.
     fn first_attach(&mut self, stop: &AtomicBool) -> bool {
         while !stop.load(Ordering::Acquire) {
@@ -288,15 +297,19 @@ impl Run {
 
     fn command(&mut self, c: Cmd) {
         match c {
-            Cmd::Attach(stream, side) => {
-                let s = Attached::from(*side);
+            Cmd::Attach(run, side) => {
+                let stream = run.stream;
+                let s = Attached::new(run.epoch, *side);
                 // The links that came up before it attached.
                 let up = self.up.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 up.iter().filter(|n| s.status.peers.contains(n)).for_each(|n| s.peer_up(*n));
                 if let Some((node, incarnation)) = self.newer {
                     s.newer_incarnation(node, incarnation);
                 }
-                match self.early.take(stream, std::time::Instant::now()) {
+                if let Some(later) = self.early.newer(stream, run.epoch, |n| s.status.peers.contains(&n)) {
+                    s.fail(format!("a later run of the stream (epoch {later}) started on its other nodes"));
+                }
+                match self.early.take(run, std::time::Instant::now()) {
                     Ok(frames) => {
                         self.streams.insert(stream, s);
                         frames.into_iter().for_each(|(from, frame)| self.on_frame(from, frame));
@@ -313,9 +326,7 @@ impl Run {
                 }
             }
             Cmd::Detach(stream, done) => {
-                let s = self.streams.remove(&stream);
-                self.early.gone(stream);
-                let _ = done.send(s);
+                let _ = done.send(self.streams.remove(&stream));
             }
             Cmd::FailAll(why, done) => {
                 self.streams.values().for_each(|s| s.fail(why.clone()));
@@ -378,68 +389,33 @@ impl Run {
         self.streams.values().for_each(|s| s.status.heard(from, tasks));
     }
 
-    /// Hands a channel message to `stream`'s task, or keeps the frame it came in until the
-    /// stream attaches (`frame` makes the message).
-    fn deliver(&mut self, node: NodeId, stream: StreamId, from: TaskId, to: TaskId, seq: Seq, frame: Frame) {
-        let Some(s) = self.streams.get_mut(&stream) else {
-            return self.early.hold(stream, node, frame, std::time::Instant::now());
-        };
-        if !s.heeds(node, "channel frame") {
-            return;
-        }
-        let msg = match frame.kind() {
-            Kind::Data => Msg::Rows(Rows::Remote(frame)),
-            Kind::Watermark => match frame.access::<Watermark>() {
-                Ok(w) => Msg::Progress(w.watermark_ms.to_native()),
-                Err(_) => return,
-            },
-            Kind::WindowResults => match frame.access::<WindowResults>() {
-                Ok(w) => Msg::Results(
-                    (0..w.key.len())
-                        .map(|i| WindowResult {
-                            key: w.key[i].to_native(),
-                            start: w.start[i].to_native(),
-                            count: w.count[i].to_native(),
-                            sum: w.sum[i].to_native(),
-                            min: w.min[i].to_native(),
-                            max: w.max[i].to_native(),
-                        })
-                        .collect(),
-                ),
-                Err(_) => return,
-            },
-            Kind::EndOfStream => Msg::End,
-            Kind::CheckpointTrigger => match frame.access::<weir_wire::msg::CheckpointTrigger>() {
-                Ok(t) => Msg::Trigger { id: t.checkpoint.get(), trans: t.trans.get() },
-                Err(_) => return,
-            },
-            _ => return,
-        };
-        s.deliver(from, to, seq, msg);
-    }
-
     fn on_frame(&mut self, node: NodeId, frame: Frame) {
         // Channel messages: the channel's address read (validated) once here, the message made
         // in `deliver` (validated again only for the small kinds).
         let channel = match frame.kind() {
-            Kind::Data => frame.access::<Data>().ok().map(|m| (m.stream.get(), m.from.get(), m.to.get(), m.seq.get())),
-            Kind::Watermark => {
-                frame.access::<Watermark>().ok().map(|m| (m.stream.get(), m.from.get(), m.to.get(), m.seq.get()))
+            Kind::Data => {
+                frame.access::<Data>().ok().map(|m| (run(&m.stream, &m.epoch), m.from.get(), m.to.get(), m.seq.get()))
             }
-            Kind::WindowResults => {
-                frame.access::<WindowResults>().ok().map(|m| (m.stream.get(), m.from.get(), m.to.get(), m.seq.get()))
-            }
-            Kind::EndOfStream => {
-                frame.access::<EndOfStream>().ok().map(|m| (m.stream.get(), m.from.get(), m.to.get(), m.seq.get()))
-            }
+            Kind::Watermark => frame
+                .access::<Watermark>()
+                .ok()
+                .map(|m| (run(&m.stream, &m.epoch), m.from.get(), m.to.get(), m.seq.get())),
+            Kind::WindowResults => frame
+                .access::<WindowResults>()
+                .ok()
+                .map(|m| (run(&m.stream, &m.epoch), m.from.get(), m.to.get(), m.seq.get())),
+            Kind::EndOfStream => frame
+                .access::<EndOfStream>()
+                .ok()
+                .map(|m| (run(&m.stream, &m.epoch), m.from.get(), m.to.get(), m.seq.get())),
             Kind::CheckpointTrigger => frame
                 .access::<weir_wire::msg::CheckpointTrigger>()
                 .ok()
-                .map(|m| (m.stream.get(), m.from.get(), m.to.get(), m.seq.get())),
+                .map(|m| (run(&m.stream, &m.epoch), m.from.get(), m.to.get(), m.seq.get())),
             _ => None,
         };
-        if let Some((stream, from, to, seq)) = channel {
-            return self.deliver(node, stream, from, to, seq, frame);
+        if let Some((run, from, to, seq)) = channel {
+            return self.deliver(node, run, from, to, seq, frame);
         }
         match frame.kind() {
             Kind::Data | Kind::Watermark | Kind::WindowResults | Kind::EndOfStream | Kind::CheckpointTrigger => {
@@ -449,13 +425,12 @@ impl Run {
             }
             Kind::Credit => {
                 let Ok(c) = frame.access::<Credit>() else { return };
-                let (stream, from, to, n) = (c.stream.get(), c.from.get(), c.to.get(), c.credits.to_native());
-                let Some(s) = self.streams.get(&stream) else {
-                    return self.early.hold(stream, node, frame, std::time::Instant::now());
-                };
-                if !s.heeds(node, "credit") {
+                let (run, from, to, n) = (run(&c.stream, &c.epoch), c.from.get(), c.to.get(), c.credits.to_native());
+                if self.admit(node, run, frame, "credit").is_none() {
                     return;
                 }
+                let Some(s) = self.streams.get(&run.stream) else { return };
+                let stream = run.stream;
                 match s.credits.get(&(from, to)) {
                     Some((credits, wake)) => {
                         credits.fetch_add(n, Ordering::AcqRel);
@@ -506,38 +481,12 @@ impl Run {
                 self.on_status(node, req.request);
             }
             other => match super::protocol_wire::decode(&frame) {
-                Some((stream, _)) if !self.streams.contains_key(&stream) => {
-                    self.early.hold(stream, node, frame, std::time::Instant::now())
+                Some((run, routed)) => {
+                    if self.admit(node, run, frame, "protocol message").is_some() {
+                        self.on_protocol(node, run.stream, routed);
+                    }
                 }
-                Some((stream, routed)) => self.on_protocol(node, stream, routed),
                 None => tracing::debug!(kind = ?other, %node, "frame not handled by the data plane"),
-            },
-        }
-    }
-
-    /// A checkpoint protocol message from `node` for `stream`'s tasks or coordinator.
-    fn on_protocol(&self, node: NodeId, stream: StreamId, routed: super::protocol_wire::Routed) {
-        use super::control::Control;
-        use super::protocol_wire::Routed;
-        let Some(s) = self.streams.get(&stream).filter(|s| s.heeds(node, "protocol message")) else { return };
-        match routed {
-            Routed::ToTask(t, input) => match s.proto.0.get(&t) {
-                Some(h) => {
-                    h.try_send(Control::Protocol(input));
-                }
-                None => tracing::warn!(%stream, task = %t, %node, "protocol message for a task not on this node"),
-            },
-            Routed::ToCoord(input) => match &s.proto.1 {
-                Some(inbox) => {
-                    let _ = inbox.send(input);
-                }
-                None => tracing::warn!(%stream, %node, "report for a coordinator not on this node"),
-            },
-            Routed::Restore { task, checkpoint, version, basis, request } => match s.proto.0.get(&task) {
-                Some(h) => {
-                    h.try_send(Control::Restore { checkpoint, version, basis, request });
-                }
-                None => tracing::warn!(%stream, %task, %node, "restore point for a task not on this node"),
             },
         }
     }

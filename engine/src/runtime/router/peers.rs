@@ -1,0 +1,146 @@
+//! Frames from the stream's peers: which run of its stream a frame reaches ([`place`], by the
+//! epoch it names), and handing channel and protocol messages to the attached run's tasks and
+//! coordinator.
+
+use weir_wire::msg::{Watermark, WindowResults};
+use weir_wire::{Frame, Kind, NodeId, Seq, StreamId, TaskId};
+
+use super::super::channel::{Msg, Rows};
+use super::super::protocol_wire::Run;
+use super::Routing;
+use crate::operator::window::WindowResult;
+
+/// What becomes of a peer's frame of a stream's run at `epoch`, the stream's run `attached` here.
+#[derive(Debug, PartialEq, Eq)]
+enum Place {
+    /// To the attached run: its own.
+    Deliver,
+    /// Kept until its run attaches: none does now.
+    Wait,
+    /// Dropped: an earlier run's.
+    Stale,
+    /// Kept for its run, which is later than the one attached (which fails: its peers moved on).
+    Later,
+}
+
+fn place(attached: Option<weir_wire::Epoch>, epoch: weir_wire::Epoch) -> Place {
+    match attached {
+        None => Place::Wait,
+        Some(a) if a == epoch => Place::Deliver,
+        Some(a) if epoch < a => Place::Stale,
+        Some(_) => Place::Later,
+    }
+}
+
+/// The run a received message names.
+pub(super) fn run(stream: &weir_wire::ids::ArchivedStreamId, epoch: &weir_wire::ids::ArchivedEpoch) -> Run {
+    Run { stream: stream.get(), epoch: epoch.get() }
+}
+
+impl Routing {
+    /// `frame` from `node`, of `run`, back when `run` is attached and `node` speaks for it;
+    /// otherwise it waits for its run, or is dropped (see the module's invariants).
+    pub(super) fn admit(&mut self, node: NodeId, run: Run, frame: Frame, what: &str) -> Option<Frame> {
+        let now = std::time::Instant::now();
+        let s = self.streams.get(&run.stream);
+        match place(s.map(|s| s.epoch), run.epoch) {
+            Place::Deliver => s.filter(|s| s.heeds(node, what)).map(|_| frame),
+            Place::Wait => {
+                self.early.hold(run, node, frame, now);
+                None
+            }
+            Place::Stale => {
+                let (stream, epoch) = (run.stream, run.epoch);
+                tracing::debug!(%stream, %epoch, %node, "{what} of an earlier run dropped");
+                None
+            }
+            Place::Later => {
+                // Once: every frame of the later run comes this way until the earlier detaches.
+                if let Some(s) = self.streams.get_mut(&run.stream).filter(|s| !s.superseded && s.heeds(node, what)) {
+                    s.superseded = true;
+                    s.fail(format!("node {node} started a later run of the stream (epoch {})", run.epoch));
+                }
+                self.early.hold(run, node, frame, now);
+                None
+            }
+        }
+    }
+
+    /// Hands a channel message to `run`'s task (`frame` makes the message), if it is attached.
+    pub(super) fn deliver(&mut self, node: NodeId, run: Run, from: TaskId, to: TaskId, seq: Seq, frame: Frame) {
+        let Some(frame) = self.admit(node, run, frame, "channel frame") else { return };
+        let Some(s) = self.streams.get_mut(&run.stream) else { return };
+        let msg = match frame.kind() {
+            Kind::Data => Msg::Rows(Rows::Remote(frame)),
+            Kind::Watermark => match frame.access::<Watermark>() {
+                Ok(w) => Msg::Progress(w.watermark_ms.to_native()),
+                Err(_) => return,
+            },
+            Kind::WindowResults => match frame.access::<WindowResults>() {
+                Ok(w) => Msg::Results(
+                    (0..w.key.len())
+                        .map(|i| WindowResult {
+                            key: w.key[i].to_native(),
+                            start: w.start[i].to_native(),
+                            count: w.count[i].to_native(),
+                            sum: w.sum[i].to_native(),
+                            min: w.min[i].to_native(),
+                            max: w.max[i].to_native(),
+                        })
+                        .collect(),
+                ),
+                Err(_) => return,
+            },
+            Kind::EndOfStream => Msg::End,
+            Kind::CheckpointTrigger => match frame.access::<weir_wire::msg::CheckpointTrigger>() {
+                Ok(t) => Msg::Trigger { id: t.checkpoint.get(), trans: t.trans.get() },
+                Err(_) => return,
+            },
+            _ => return,
+        };
+        s.deliver(from, to, seq, msg);
+    }
+
+    /// A checkpoint protocol message (admitted) for `stream`'s tasks or coordinator.
+    pub(super) fn on_protocol(&self, node: NodeId, stream: StreamId, routed: super::super::protocol_wire::Routed) {
+        use super::super::control::Control;
+        use super::super::protocol_wire::Routed;
+        let Some(s) = self.streams.get(&stream) else { return };
+        match routed {
+            Routed::ToTask(t, input) => match s.proto.0.get(&t) {
+                Some(h) => {
+                    h.try_send(Control::Protocol(input));
+                }
+                None => tracing::warn!(%stream, task = %t, %node, "protocol message for a task not on this node"),
+            },
+            Routed::ToCoord(input) => match &s.proto.1 {
+                Some(inbox) => {
+                    let _ = inbox.send(input);
+                }
+                None => tracing::warn!(%stream, %node, "report for a coordinator not on this node"),
+            },
+            Routed::Restore { task, checkpoint, version, basis, request } => match s.proto.0.get(&task) {
+                Some(h) => {
+                    h.try_send(Control::Restore { checkpoint, version, basis, request });
+                }
+                None => tracing::warn!(%stream, %task, %node, "restore point for a task not on this node"),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use weir_wire::Epoch;
+
+    use super::{Place, place};
+
+    #[test]
+    fn a_frame_reaches_only_the_run_its_epoch_names() {
+        assert_eq!(place(Some(Epoch(3)), Epoch(3)), Place::Deliver);
+        assert_eq!(place(Some(Epoch(3)), Epoch(2)), Place::Stale);
+        assert_eq!(place(Some(Epoch(3)), Epoch(0)), Place::Stale);
+        assert_eq!(place(Some(Epoch(3)), Epoch(4)), Place::Later);
+        assert_eq!(place(None, Epoch(0)), Place::Wait);
+    }
+}
