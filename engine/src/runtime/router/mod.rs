@@ -299,7 +299,7 @@ impl Routing {
         match c {
             Cmd::Attach(run, side) => {
                 let stream = run.stream;
-                let s = Attached::new(run.epoch, *side);
+                let mut s = Attached::new(run.epoch, *side);
                 // The links that came up before it attached.
                 let up = self.up.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 up.iter().filter(|n| s.status.peers.contains(n)).for_each(|n| s.peer_up(*n));
@@ -307,6 +307,7 @@ impl Routing {
                     s.newer_incarnation(node, incarnation);
                 }
                 if let Some(later) = self.early.newer(stream, run.epoch, |n| s.status.peers.contains(&n)) {
+                    s.superseded = true;
                     s.fail(format!("a later run of the stream (epoch {later}) started on its other nodes"));
                 }
                 match self.early.take(run, std::time::Instant::now()) {
