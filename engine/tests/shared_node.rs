@@ -93,6 +93,12 @@ fn wait_both_restored(e1: &Engine, e2: &Engine) {
     }
 }
 
+/// Asserts that `e`'s tasks restored a committed checkpoint (its commit record's).
+fn restored_the_commit(e: &Engine) {
+    let basis = weir_engine::wire::msg::RestoreBasis::Committed;
+    assert!(matches!(e.restored(), Some((r, Some(_))) if r == basis), "{:?}", e.restored());
+}
+
 /// Both nodes' results of `spec`, in (key, start) order.
 fn results(spec: &StreamSpec, root: &Path) -> Vec<WindowResult> {
     let mut got: Vec<WindowResult> =
@@ -160,8 +166,7 @@ fn two_streams_share_two_nodes_and_one_stopped_mid_stream_leaves_the_other_exact
         std::thread::sleep(Duration::from_millis(200));
     });
     wait_both_restored(&a1, &a2);
-    let basis = weir_engine::wire::msg::RestoreBasis::Committed;
-    assert!(matches!(a1.restored(), Some((r, Some(_))) if r == basis), "{:?}", a1.restored());
+    restored_the_commit(&a1);
     wait_both(a1, a2);
     assert_eq!(results(&a, root.path()), util::reference(&a), "stream a");
 }
@@ -189,8 +194,7 @@ fn a_stream_restarted_under_running_nodes_fences_its_earlier_run() {
     assert!(err.to_string().contains("node n1 started a later run of the stream (epoch e1)"), "{err}");
     let d2 = run_on(&nodes.1, 2, &d, 1, root.path(), remote.path()).unwrap();
     wait_both_restored(&d1, &d2);
-    let basis = weir_engine::wire::msg::RestoreBasis::Committed;
-    assert!(matches!(d2.restored(), Some((r, Some(_))) if r == basis), "{:?}", d2.restored());
+    restored_the_commit(&d2);
     wait_both(d1, d2);
     assert_eq!(results(&d, root.path()), util::reference(&d), "stream d");
 }

@@ -233,7 +233,9 @@ impl Engine {
             _ => None,
         };
 
-        let net = |s: &weir_wire::transport::TransportSender| Net { sender: s.clone(), encoder: FrameEncoder::new() };
+        let run = protocol_wire::Run { stream: spec.id, epoch };
+        let net =
+            |s: &weir_wire::transport::TransportSender| Net { sender: s.clone(), encoder: FrameEncoder::new(), run };
         let mut per_worker: Vec<Vec<Cell>> = (0..cfg.workers).map(|_| Vec::new()).collect();
         // Control queues first: the checkpoint side of every task needs its peers' queues.
         let mut control_rx = HashMap::new();
@@ -288,11 +290,7 @@ impl Engine {
                 proto: (peers.clone(), coord_inbox),
                 status: status.clone(),
             };
-            n.node.attach(
-                protocol_wire::Run { stream: spec.id, epoch },
-                side,
-                local.iter().map(|t| boards[&t.id].clone()).collect(),
-            )?;
+            n.node.attach(run, side, local.iter().map(|t| boards[&t.id].clone()).collect())?;
             n.attached = true;
         }
         let ingest_acks = ingest.as_ref().and(ingest_acks);
@@ -330,7 +328,7 @@ impl Engine {
                 })
                 .collect();
             let remote_out = outs.iter().any(|o| matches!(o.link, Link::Remote { .. }));
-            let out = Outputs::new(spec.id, epoch, t.id, outs, sender.as_ref().filter(|_| remote_out).map(net));
+            let out = Outputs::new(t.id, outs, sender.as_ref().filter(|_| remote_out).map(net));
             let ins: Vec<Input> = t
                 .upstreams
                 .iter()
@@ -351,14 +349,7 @@ impl Engine {
                 })
                 .collect();
             let remote_in = ins.iter().any(|i| i.remote.is_some());
-            let inp = Inputs::new(
-                spec.id,
-                epoch,
-                t.id,
-                ins,
-                cfg.remote_credits,
-                sender.as_ref().filter(|_| remote_in).map(net),
-            );
+            let inp = Inputs::new(t.id, ins, cfg.remote_credits, sender.as_ref().filter(|_| remote_in).map(net));
             let parts = build::Parts {
                 spec,
                 cfg: &cfg,

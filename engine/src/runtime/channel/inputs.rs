@@ -4,7 +4,7 @@
 use crossbeam_channel::Receiver;
 use crossbeam_utils::sync::Unparker;
 use weir_wire::msg::Credit;
-use weir_wire::{Epoch, NodeId, Seq, StreamId, TaskId};
+use weir_wire::{NodeId, Seq, TaskId};
 
 use super::{Msg, Net};
 
@@ -27,8 +27,6 @@ pub(crate) struct Input {
 
 /// A task's incoming channels, in upstream order.
 pub struct Inputs {
-    stream: StreamId,
-    epoch: Epoch,
     to: TaskId,
     ins: Vec<Input>,
     next: usize,
@@ -43,16 +41,9 @@ impl std::fmt::Debug for Inputs {
 }
 
 impl Inputs {
-    pub(crate) fn new(
-        stream: StreamId,
-        epoch: Epoch,
-        to: TaskId,
-        ins: Vec<Input>,
-        capacity: usize,
-        net: Option<Net>,
-    ) -> Self {
+    pub(crate) fn new(to: TaskId, ins: Vec<Input>, capacity: usize, net: Option<Net>) -> Self {
         let grant_every = (capacity as u32 / 2).max(1);
-        Self { stream, epoch, to, ins, next: 0, grant_every, net }
+        Self { to, ins, next: 0, grant_every, net }
     }
 
     /// The task these inputs feed.
@@ -132,10 +123,14 @@ impl Inputs {
     fn grant(&mut self, i: usize) {
         let input = &mut self.ins[i];
         let Some((node, consumed)) = &mut input.remote else { return };
-        let credit =
-            Credit { stream: self.stream, epoch: self.epoch, from: input.from, to: self.to, credits: *consumed };
         if let Some(net) = self.net.as_mut()
-            && let Ok(f) = net.encoder.encode(&credit)
+            && let Ok(f) = net.encoder.encode(&Credit {
+                stream: net.run.stream,
+                epoch: net.run.epoch,
+                from: input.from,
+                to: self.to,
+                credits: *consumed,
+            })
             && net.sender.try_send(*node, f).is_ok()
         {
             *consumed = 0;

@@ -19,7 +19,9 @@ use crossbeam_channel::{Sender, TrySendError};
 use crossbeam_utils::sync::Unparker;
 use weir_wire::msg::{Data, EndOfStream, Watermark, WindowResults};
 use weir_wire::transport::{SendError, TransportSender};
-use weir_wire::{Batch, EncodedFrame, Epoch, Frame, FrameEncoder, NodeId, Seq, StreamId, TaskId};
+use weir_wire::{Batch, EncodedFrame, Frame, FrameEncoder, NodeId, Seq, TaskId};
+
+use super::protocol_wire::Run;
 
 use crate::operator::window::WindowResult;
 
@@ -126,12 +128,12 @@ impl Output {
 pub(crate) struct Net {
     pub(crate) sender: TransportSender,
     pub(crate) encoder: FrameEncoder,
+    /// The stream's run, which every frame names.
+    pub(crate) run: Run,
 }
 
 /// A task's outgoing channels, in downstream order.
 pub struct Outputs {
-    stream: StreamId,
-    epoch: Epoch,
     from: TaskId,
     outs: Vec<Output>,
     net: Option<Net>,
@@ -180,8 +182,8 @@ pub enum EncodeError {
 }
 
 impl Outputs {
-    pub(crate) fn new(stream: StreamId, epoch: Epoch, from: TaskId, outs: Vec<Output>, net: Option<Net>) -> Self {
-        Self { stream, epoch, from, outs, net }
+    pub(crate) fn new(from: TaskId, outs: Vec<Output>, net: Option<Net>) -> Self {
+        Self { from, outs, net }
     }
 
     /// Number of downstream channels.
@@ -222,7 +224,7 @@ impl Outputs {
 
     /// Delivers what it can. Ok(true) when nothing is left pending.
     pub fn flush(&mut self) -> Result<bool, ChannelError> {
-        let (stream, epoch, from) = (self.stream, self.epoch, self.from);
+        let from = self.from;
         for o in &mut self.outs {
             loop {
                 match &mut o.link {
@@ -242,7 +244,7 @@ impl Outputs {
                         let net = self.net.as_mut().expect("remote outputs have a network");
                         if encoded.is_none() {
                             let Some(m) = o.pending.pop_front() else { break };
-                            let frame = encode(&mut net.encoder, stream, epoch, from, o.to, *seq, m)
+                            let frame = encode(&mut net.encoder, net.run, from, o.to, *seq, m)
                                 .map_err(|cause| ChannelError::Encode { from, to: o.to, cause })?;
                             *encoded = Some(frame);
                         }
@@ -271,13 +273,13 @@ impl Outputs {
 
 fn encode(
     enc: &mut FrameEncoder,
-    stream: StreamId,
-    epoch: Epoch,
+    run: Run,
     from: TaskId,
     to: TaskId,
     seq: Seq,
     m: Msg,
 ) -> Result<EncodedFrame, EncodeError> {
+    let Run { stream, epoch } = run;
     let r = match m {
         Msg::Rows(Rows::Local(batch)) => {
             let data = Data { stream, epoch, from, to, seq, batch };
@@ -340,7 +342,7 @@ mod tests {
                 received: 0,
             });
         }
-        (Inputs::new(StreamId(1), Epoch(0), TaskId(99), ins, cap, None), txs)
+        (Inputs::new(TaskId(99), ins, cap, None), txs)
     }
 
     #[test]
