@@ -260,19 +260,19 @@ fn a_file_number_reused_after_a_restore_never_overwrites_a_stored_file() {
     let store = LocalDirStore::new(dir.path().join("remote"));
     let live = ResultStore::open(&dir.path().join("live")).unwrap();
     let (s, t) = (StreamId(1), TaskId(4));
-    let mut index = UploadIndex::new();
+    let index = std::sync::Mutex::new(UploadIndex::new());
     live.upsert(s, TaskId(2), &results(0, 1000, 1)).unwrap();
     live.checkpoint(&dir.path().join("chk-1")).unwrap();
-    upload_snapshot_indexed(&store, s, t, CheckpointId(1), Version(0), &dir.path().join("chk-1"), &mut index).unwrap();
-    let index1 = index.clone();
+    upload_snapshot_indexed(&store, s, t, CheckpointId(1), Version(0), &dir.path().join("chk-1"), &index).unwrap();
+    let index1 = index.lock().unwrap().clone();
     live.upsert(s, TaskId(2), &results(0, 1000, 2)).unwrap();
     live.checkpoint(&dir.path().join("chk-2")).unwrap();
-    let up2 = upload_snapshot_indexed(&store, s, t, CheckpointId(2), Version(0), &dir.path().join("chk-2"), &mut index)
-        .unwrap();
+    let up2 =
+        upload_snapshot_indexed(&store, s, t, CheckpointId(2), Version(0), &dir.path().join("chk-2"), &index).unwrap();
     // Back to checkpoint 1 (as a fallback would): RocksDB hands out checkpoint 2's file numbers
     // again, for other bytes.
     live.restore_from(&dir.path().join("chk-1")).unwrap();
-    let mut index = index1;
+    let index = std::sync::Mutex::new(index1);
     live.upsert(s, TaskId(2), &results(0, 1000, 3)).unwrap();
     live.checkpoint(&dir.path().join("chk-3")).unwrap();
     let names = |d: &str| -> Vec<String> {
@@ -286,7 +286,7 @@ fn a_file_number_reused_after_a_restore_never_overwrites_a_stored_file() {
         v
     };
     assert!(names("chk-3").iter().any(|n| names("chk-2").contains(n)), "a file name is reused: {:?}", names("chk-3"));
-    upload_snapshot_indexed(&store, s, t, CheckpointId(3), Version(0), &dir.path().join("chk-3"), &mut index).unwrap();
+    upload_snapshot_indexed(&store, s, t, CheckpointId(3), Version(0), &dir.path().join("chk-3"), &index).unwrap();
     // Checkpoint 2's files are intact: every one still matches its manifest.
     let m2 = fetch_manifest(&store, s, t, CheckpointId(2), Some(up2.manifest_crc)).unwrap();
     download_files(&store, &m2, &dir.path().join("dl2")).unwrap();
@@ -316,6 +316,7 @@ fn files_gone_from_the_store_drop_out_of_the_upload_index_and_go_up_again() {
     store.delete(&ssts[0]).unwrap();
     assert_eq!(index.check(&store, s, t).unwrap(), 1, "the deleted file is no longer known");
     live.checkpoint(&dir.path().join("chk-2")).unwrap();
-    upload_snapshot_indexed(&store, s, t, CheckpointId(2), Version(0), &dir.path().join("chk-2"), &mut index).unwrap();
+    let index = std::sync::Mutex::new(index);
+    upload_snapshot_indexed(&store, s, t, CheckpointId(2), Version(0), &dir.path().join("chk-2"), &index).unwrap();
     assert_eq!(sst_objects(&store), ssts, "sent again under the same key");
 }

@@ -12,10 +12,14 @@
 //!   the keys of the files stored ahead, one record per run and node) names it, then the index knows it (as ahead): a checkpoint skips
 //!   only files that a record names, so retention keeps them (it reads the records before it
 //!   lists the store) until a stored manifest names them.
-//! - A checkpoint's upload never waits for this thread: it holds the index's lock for its whole
-//!   upload, and the thread only tries the lock before a file and copies without it (a file may
-//!   then go up twice, under the same key with the same bytes; only the first to finish records
-//!   it).
+//! - A checkpoint's upload and this thread run side by side: the upload locks the index only to
+//!   copy it and claim the files it stores, and to take its manifest in; the thread tries the
+//!   lock to list and before each file, skips claimed files, copies without the lock and takes
+//!   it to record the copy (a file claimed while it is copied goes up twice, under the same key
+//!   with the same bytes; only the first to finish records it). So a long upload does not leave
+//!   the files flushed meanwhile to the next checkpoint.
+//! - While a checkpoint's upload is in flight, the record forgets no file that is no longer live:
+//!   the upload's copy of the index may name it in its manifest.
 //! - The files are read under the [`LiveSsts`] source's guard: a restore, which replaces them,
 //!   waits until the pass ends.
 //! - Storing ahead is an optimisation: a failure is logged, and the checkpoint stores the file.
@@ -154,9 +158,10 @@ impl Watched {
         Self { task, writer, live, index, recorded: Vec::new(), seen: None }
     }
 
-    /// Stores the finished files the index does not know, each under the index's lock, and keeps
-    /// the ahead record up to date; calls `before_each` before reading a file. Stops early, with
-    /// what it stored, when a checkpoint's upload holds the index.
+    /// Stores the finished files the index does not know and no checkpoint's upload claims, and
+    /// keeps the ahead record up to date (a file is recorded under the index's lock); calls
+    /// `before_each` before reading a file. Stops early, with what it stored, when it finds the
+    /// index locked (an upload beginning or ending).
     pub fn pass(
         &mut self,
         store: &dyn Store,
@@ -175,11 +180,19 @@ impl Watched {
             result = (|| {
                 // One look at the index for every file (a result store has thousands).
                 let new: Vec<&LiveSst> = match try_lock(index) {
-                    // A checkpoint's upload holds the index: it stores what it needs itself.
+                    // Locked (an upload beginning or ending): looked at again in 20 ms.
                     None => return Ok(false),
-                    Some(idx) => files.iter().filter(|f| idx.get(&f.name, f.size).is_none()).collect(),
+                    Some(idx) => files
+                        .iter()
+                        .filter(|f| idx.get(&f.name, f.size).is_none() && !idx.is_claimed(&f.name))
+                        .collect(),
                 };
                 for f in new {
+                    // An upload that began since the listing stores it itself.
+                    if try_lock(index).is_some_and(|idx| idx.is_claimed(&f.name) || idx.get(&f.name, f.size).is_some())
+                    {
+                        continue;
+                    }
                     before_each();
                     let crc = match file_crc(&f.path) {
                         Ok(c) => c,
@@ -204,17 +217,21 @@ impl Watched {
                     out.files += 1;
                     out.bytes += f.size;
                 }
-                // Files no longer live are never named: the record lets them go (and so does
-                // the record of files a manifest names now).
+                // Files no longer live are never named: the record lets them go, unless an
+                // upload in flight may name them still (and the record of files a manifest
+                // names now lets them go too).
                 let Some(mut idx) = try_lock(index) else { return Ok(false) };
-                let live: std::collections::HashSet<&str> = files.iter().map(|f| f.name.as_str()).collect();
-                idx.retain_ahead(|name| live.contains(name));
+                let uploading = idx.uploading();
+                if !uploading {
+                    let live: std::collections::HashSet<&str> = files.iter().map(|f| f.name.as_str()).collect();
+                    idx.retain_ahead(|name| live.contains(name));
+                }
                 let keys = idx.ahead_keys();
                 if keys != *recorded {
                     with_retries(|| store.put(&record_key, encode_record(&keys).as_bytes()))?;
                     *recorded = keys;
                 }
-                Ok(true)
+                Ok(!uploading)
             })();
         });
         listed.map_err(|e| StoreError::Unavailable {
@@ -390,10 +407,7 @@ mod tests {
         results_store.upsert(S, TaskId(2), &results(3000, 20_000)).unwrap();
         let chk = dir.path().join("chk-1");
         results_store.checkpoint(&chk).unwrap();
-        let up = {
-            let mut idx = index.lock().unwrap();
-            upload_snapshot_indexed(&remote, S, T, CheckpointId(1), Version(9), &chk, &mut idx).unwrap()
-        };
+        let up = upload_snapshot_indexed(&remote, S, T, CheckpointId(1), Version(9), &chk, &index).unwrap();
         let expected = bytes_of(&chk, true) - ahead.bytes + bytes_of(&chk, false);
         assert!(up.bytes >= expected && up.bytes < expected + 4096, "sent {} bytes, new files {expected}", up.bytes);
         let manifest = fetch_manifest(&remote, S, T, CheckpointId(1), Some(up.manifest_crc)).unwrap();
@@ -442,6 +456,66 @@ mod tests {
         assert!(remote.list("1/").unwrap().is_empty(), "nothing stored while a checkpoint uploads");
         drop(held);
         assert_eq!(w.pass(&remote, S, &|| {}).unwrap().files, 1);
+    }
+
+    #[test]
+    fn files_flushed_while_a_checkpoint_uploads_are_stored_ahead_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, chk) = (dir.path().join("db"), dir.path().join("chk-1"));
+        std::fs::create_dir_all(&db).unwrap();
+        std::fs::create_dir_all(&chk).unwrap();
+        // 6 is stored ahead; the checkpoint holds 6 and 7, and its upload of 7 is held.
+        for (n, b) in [(6, 600), (7, 700)] {
+            std::fs::write(db.join(format!("00000{n}.sst")), vec![n as u8; b]).unwrap();
+            std::fs::write(chk.join(format!("00000{n}.sst")), vec![n as u8; b]).unwrap();
+        }
+        std::fs::write(chk.join("CURRENT"), b"MANIFEST-000001\n").unwrap();
+        let (release, held) = crossbeam_channel::bounded::<()>(0);
+        let remote = Arc::new(crate::backup::test_store::HookedStore::new(
+            LocalDirStore::new(dir.path().join("remote")),
+            move |inner, key, bytes| {
+                if key.contains("/sst/000007-") {
+                    // Until the test lets go (drops the sender); bounded, so that a pass that
+                    // stored 7 too fails the test instead of hanging it.
+                    let _ = held.recv_timeout(Duration::from_secs(5));
+                }
+                inner.put(key, bytes)
+            },
+        ));
+        let index = Arc::new(Mutex::new(UploadIndex::new()));
+        std::fs::remove_file(db.join("000007.sst")).unwrap();
+        let mut w = Watched::new(T, W, Arc::new(Dir(db.clone())), index.clone());
+        assert_eq!(w.pass(remote.as_ref(), S, &|| {}).unwrap().files, 1);
+        std::fs::write(db.join("000007.sst"), vec![7u8; 700]).unwrap();
+        let upload = {
+            let (remote, index, chk) = (remote.clone(), index.clone(), chk.clone());
+            std::thread::spawn(move || {
+                upload_snapshot_indexed(remote.as_ref(), S, T, CheckpointId(1), Version(9), &chk, &index)
+            })
+        };
+        let t0 = Instant::now();
+        while !index.lock().unwrap().uploading() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "the upload did not start");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Flushed after the checkpoint: stored while the upload is held; 7 is the upload's, and 6,
+        // compacted away meanwhile, stays recorded (the upload's manifest names it).
+        std::fs::write(db.join("000008.sst"), vec![8u8; 800]).unwrap();
+        std::fs::remove_file(db.join("000006.sst")).unwrap();
+        assert_eq!(w.pass(remote.as_ref(), S, &|| {}).unwrap(), AheadPass { files: 1, bytes: 800 });
+        let during = record(remote.as_ref());
+        assert_eq!(during.len(), 2, "{during:?}");
+        assert!(during.iter().any(|k| k.contains("/sst/000006-")) && during.iter().any(|k| k.contains("/sst/000008-")));
+        drop(release);
+        let up = upload.join().unwrap().unwrap();
+        let manifest = fetch_manifest(remote.as_ref(), S, T, CheckpointId(1), Some(up.manifest_crc)).unwrap();
+        let named: Vec<&str> = manifest.files.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(named, ["000006.sst", "000007.sst", "CURRENT"]);
+        w.pass(remote.as_ref(), S, &|| {}).unwrap();
+        let after = record(remote.as_ref());
+        assert!(after.len() == 1 && after[0].contains("/sst/000008-"), "{after:?}");
+        let idx = index.lock().unwrap();
+        assert!(idx.get("000008.sst", 800).is_some() && !idx.uploading() && !idx.is_claimed("000007.sst"));
     }
 
     /// [`Dir`] with a version the test sets, counting its listings.

@@ -15,6 +15,12 @@
 //! - Files stored ahead of a checkpoint (see [`super::ahead`]) are known apart, as `ahead`, from
 //!   when the task's ahead record names them until a stored manifest does: the record keeps
 //!   retention off them meanwhile. A restore or a fresh start drops them with the rest.
+//! - A checkpoint's upload holds the index only to copy what it knows and to claim the files it
+//!   will store ([`UploadIndex::begin_upload`]), then to take its manifest in: files stored ahead
+//!   skip what it claimed, and while an upload is in flight no entry stored ahead is forgotten
+//!   for its file no longer being live (the upload's copy may name it in the manifest it
+//!   stores). Uploads take their manifests in by checkpoint: an earlier one that ends last
+//!   leaves the index as it is.
 
 use std::collections::HashMap;
 
@@ -35,6 +41,13 @@ pub struct UploadIndex {
     files: HashMap<String, ManifestEntry>,
     /// Stored ahead of a checkpoint, named by the task's ahead record, by no manifest yet.
     ahead: HashMap<String, ManifestEntry>,
+    /// Files the checkpoint uploads in flight store (local name → uploads storing it).
+    claimed: HashMap<String, usize>,
+    /// Checkpoint uploads in flight.
+    uploading: usize,
+    /// The checkpoint whose manifest `files` are: an upload of an earlier one (abandoned, and
+    /// finished late) does not replace them.
+    of: Option<weir_wire::CheckpointId>,
 }
 
 impl UploadIndex {
@@ -47,16 +60,51 @@ impl UploadIndex {
     pub fn from_manifest(manifest: &Manifest) -> Self {
         let files =
             manifest.files.iter().filter(|f| f.name.ends_with(".sst")).map(|f| (f.name.clone(), f.clone())).collect();
-        Self { files, ahead: HashMap::new() }
+        Self { files, of: Some(manifest.id), ..Self::default() }
     }
 
     /// The index after `manifest` (of this task's files) is stored: its SST files, and the files
-    /// stored ahead that it does not name (flushed after its checkpoint was taken).
+    /// stored ahead that it does not name (flushed after its checkpoint was taken). A manifest
+    /// of a checkpoint before the one the index holds changes nothing: the later one names every
+    /// file of it that is still live.
     pub(crate) fn accept(&mut self, manifest: &Manifest) {
-        let mut next = Self::from_manifest(manifest);
-        next.ahead = std::mem::take(&mut self.ahead);
-        next.ahead.retain(|name, _| !next.files.contains_key(name));
-        *self = next;
+        if self.of.is_some_and(|of| manifest.id < of) {
+            return;
+        }
+        let next = Self::from_manifest(manifest);
+        (self.files, self.of) = (next.files, next.of);
+        self.ahead.retain(|name, _| !self.files.contains_key(name));
+    }
+
+    /// A checkpoint's upload begins, storing `names` (the local SST files it does not know):
+    /// they are claimed until [`Self::end_upload`] with the same names.
+    pub(crate) fn begin_upload(&mut self, names: &[String]) {
+        self.uploading += 1;
+        names.iter().for_each(|n| *self.claimed.entry(n.clone()).or_default() += 1);
+    }
+
+    /// The upload that [`Self::begin_upload`] began with `names` has ended (stored or failed).
+    pub(crate) fn end_upload(&mut self, names: &[String]) {
+        debug_assert!(self.uploading > 0, "an upload ends that did not begin");
+        self.uploading -= 1;
+        for n in names {
+            if let Some(c) = self.claimed.get_mut(n) {
+                *c -= 1;
+                if *c == 0 {
+                    self.claimed.remove(n);
+                }
+            }
+        }
+    }
+
+    /// Whether a checkpoint's upload in flight stores local file `name`.
+    pub(crate) fn is_claimed(&self, name: &str) -> bool {
+        self.claimed.contains_key(name)
+    }
+
+    /// Whether a checkpoint's upload is in flight.
+    pub(crate) fn uploading(&self) -> bool {
+        self.uploading > 0
     }
 
     /// The stored entry of local file `name` of `size` bytes, if known.
@@ -103,5 +151,52 @@ impl UploadIndex {
         self.files.retain(|_, e| listed.contains(&e.key));
         self.ahead.retain(|_, e| listed.contains(&e.key));
         Ok(before - self.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use weir_wire::{CheckpointId, Version};
+
+    use super::*;
+
+    fn entry(name: &str) -> ManifestEntry {
+        ManifestEntry { name: name.into(), key: format!("1/tasks/4/sst/{name}"), size: 10, crc: 1 }
+    }
+
+    fn manifest(id: u64, names: &[&str]) -> Manifest {
+        Manifest {
+            format: super::super::MANIFEST_FORMAT,
+            id: CheckpointId(id),
+            version: Version(0),
+            files: names.iter().map(|n| entry(n)).collect(),
+            offsets: Vec::new(),
+            outputs: Vec::new(),
+            replay: None,
+        }
+    }
+
+    #[test]
+    fn an_earlier_checkpoints_upload_that_ends_last_leaves_the_index_as_the_later_one_made_it() {
+        let mut idx = UploadIndex::new();
+        idx.insert_ahead(entry("000009.sst"));
+        idx.accept(&manifest(2, &["000007.sst", "000008.sst"]));
+        idx.accept(&manifest(1, &["000006.sst", "000009.sst"]));
+        assert!(idx.get("000008.sst", 10).is_some() && idx.get("000006.sst", 10).is_none());
+        assert_eq!(idx.ahead_keys(), ["1/tasks/4/sst/000009.sst"], "still stored ahead, as far as it knows");
+        idx.accept(&manifest(3, &["000009.sst"]));
+        assert!(idx.get("000007.sst", 10).is_none() && idx.ahead_keys().is_empty());
+    }
+
+    #[test]
+    fn a_file_two_uploads_claim_stays_claimed_until_both_end() {
+        let mut idx = UploadIndex::new();
+        let (a, b) = (vec!["000007.sst".to_string()], vec!["000007.sst".to_string(), "000008.sst".to_string()]);
+        idx.begin_upload(&a);
+        idx.begin_upload(&b);
+        idx.end_upload(&a);
+        assert!(idx.uploading() && idx.is_claimed("000007.sst") && idx.is_claimed("000008.sst"));
+        idx.end_upload(&b);
+        assert!(!idx.uploading() && !idx.is_claimed("000007.sst") && !idx.is_claimed("000008.sst"));
     }
 }

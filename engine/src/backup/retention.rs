@@ -15,7 +15,7 @@
 //! - An SST file stored ahead of a checkpoint (`super::ahead`) is named by its task's ahead
 //!   record until a stored manifest names it; the records are read before the listing.
 //! - A file an upload skipped (already stored) is in the task's upload index: named by an ahead
-//!   record (above), by the manifest of the task's previous upload (a folder above the newest
+//!   record (above), by the manifest of the task's latest checkpoint uploaded (a folder above the newest
 //!   commit, kept, or a commit since), or by that of the checkpoint it restored (a restore point
 //!   is a kept commit, or the one a kept fallback record goes back to).
 

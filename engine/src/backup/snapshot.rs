@@ -3,6 +3,7 @@
 
 use std::fs;
 use std::path::Path;
+use std::sync::Mutex;
 
 use weir_wire::{CheckpointId, StreamId, TaskId, Version};
 
@@ -306,7 +307,8 @@ pub fn upload_snapshot(
 /// [`upload_snapshot`] with the task's [`UploadIndex`]: SST files it knows are neither read nor
 /// sent again, and the others go up without asking the store first (they are new: a round trip
 /// to a remote store saved per file). The index then holds this snapshot's SST files (and the
-/// files stored ahead that it does not name).
+/// files stored ahead that it does not name). The index is locked only before and after the
+/// upload: files stored ahead meanwhile skip the files it claimed (see [`UploadIndex`]).
 pub fn upload_snapshot_indexed(
     store: &dyn Store,
     stream: StreamId,
@@ -314,11 +316,55 @@ pub fn upload_snapshot_indexed(
     id: CheckpointId,
     head: impl Into<ManifestHead>,
     dir: &Path,
-    index: &mut UploadIndex,
+    index: &Mutex<UploadIndex>,
 ) -> Result<UploadSummary, StoreError> {
-    let (summary, manifest) = upload(store, stream, task, id, head.into(), dir, Some(index))?;
-    index.accept(&manifest);
+    let files = sst_files(dir).map_err(|e| StoreError::Unavailable {
+        op: "read",
+        key: dir.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let (known, claim) = {
+        let mut idx = lock(index);
+        let new: Vec<String> =
+            files.into_iter().filter(|(name, size)| idx.get(name, *size).is_none()).map(|(name, _)| name).collect();
+        idx.begin_upload(&new);
+        (idx.clone(), Claim { index, names: new })
+    };
+    let (summary, manifest) = upload(store, stream, task, id, head.into(), dir, Some(&known))?;
+    let mut idx = lock(index);
+    idx.accept(&manifest);
+    drop(idx);
+    drop(claim);
     Ok(summary)
+}
+
+fn lock(index: &Mutex<UploadIndex>) -> std::sync::MutexGuard<'_, UploadIndex> {
+    index.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An upload in flight's claim on its files: it ends when dropped, whatever ended the upload.
+struct Claim<'a> {
+    index: &'a Mutex<UploadIndex>,
+    names: Vec<String>,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        lock(self.index).end_upload(&self.names);
+    }
+}
+
+/// The SST files in `dir`, with their sizes.
+fn sst_files(dir: &Path) -> std::io::Result<Vec<(String, u64)>> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".sst") {
+            out.push((name, e.metadata()?.len()));
+        }
+    }
+    Ok(out)
 }
 
 fn upload(

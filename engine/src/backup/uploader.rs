@@ -59,7 +59,8 @@ pub struct UploadJob {
     pub dir: PathBuf,
     /// The state.
     pub captured: Captured,
-    /// What the task's earlier uploads stored (one upload of a task runs at a time).
+    /// What the task's earlier uploads stored (an abandoned checkpoint's upload may still run
+    /// beside the next one's: see [`UploadIndex`]).
     pub index: Arc<Mutex<UploadIndex>>,
     /// Runs once the upload ended.
     pub done: Completion,
@@ -125,8 +126,7 @@ impl UploadJob {
                 tracing::debug!(task = %task, files = info.files, bytes = info.bytes, write_us = t0.elapsed().as_micros() as u64, "result store checkpointed");
             }
         }
-        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
-        let up = upload_snapshot_indexed(store, stream, task, id, head, &self.dir, &mut index)
+        let up = upload_snapshot_indexed(store, stream, task, id, head, &self.dir, &self.index)
             .map_err(|e| failed(e.to_string(), e.is_retryable()))?;
         if let (Some(chain), Some(w)) = (chain.as_mut(), chain_write) {
             chain.accept(w);

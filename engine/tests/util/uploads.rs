@@ -22,17 +22,16 @@ pub fn a_small_change_uploads_only_the_new_files(store: &dyn Store, dir: &Path) 
     let live = ResultStore::open(&dir.join("live")).unwrap();
     let (s, t) = (StreamId(1), TaskId(4));
     live.upsert(s, TaskId(2), &results(0, 200_000, 1)).unwrap();
-    let mut index = UploadIndex::new();
+    let index = std::sync::Mutex::new(UploadIndex::new());
     live.checkpoint(&dir.join("chk-1")).unwrap();
-    let up1 =
-        upload_snapshot_indexed(store, s, t, CheckpointId(1), Version(0), &dir.join("chk-1"), &mut index).unwrap();
+    let up1 = upload_snapshot_indexed(store, s, t, CheckpointId(1), Version(0), &dir.join("chk-1"), &index).unwrap();
     let after1 = sst_objects(store);
-    assert!(!after1.is_empty() && index.len() == after1.len(), "{after1:?} {index:?}");
+    assert!(!after1.is_empty() && index.lock().unwrap().len() == after1.len(), "{after1:?} {index:?}");
     // Ten results more: one small new SST file goes up, with the checkpoint's small files.
     live.upsert(s, TaskId(2), &results(1_000_000, 10, 1)).unwrap();
     let chk2 = dir.join("chk-2");
     live.checkpoint(&chk2).unwrap();
-    let up2 = upload_snapshot_indexed(store, s, t, CheckpointId(2), Version(0), &chk2, &mut index).unwrap();
+    let up2 = upload_snapshot_indexed(store, s, t, CheckpointId(2), Version(0), &chk2, &index).unwrap();
     let after2 = sst_objects(store);
     assert_eq!(after2.len(), after1.len() + 1, "exactly one new SST object: {after1:?} → {after2:?}");
     let new_sst = after2.iter().find(|k| !after1.contains(k)).unwrap();
@@ -85,10 +84,7 @@ pub fn results_stored_ahead_make_a_checkpoint_that_restores(store: &dyn Store, d
     live.upsert(s, TaskId(2), &results(1_000_000, 10, 1)).unwrap();
     let chk = dir.join("chk-1");
     live.checkpoint(&chk).unwrap();
-    let up = {
-        let mut idx = index.lock().unwrap();
-        upload_snapshot_indexed(store, s, t, CheckpointId(1), Version(0), &chk, &mut idx).unwrap()
-    };
+    let up = upload_snapshot_indexed(store, s, t, CheckpointId(1), Version(0), &chk, &index).unwrap();
     assert!(up.bytes < ahead.bytes / 10, "sent {} bytes after {} stored ahead", up.bytes, ahead.bytes);
     let manifest = fetch_manifest(store, s, t, CheckpointId(1), Some(up.manifest_crc)).unwrap();
     assert!(named.iter().all(|k| manifest.files.iter().any(|f| &f.key == k)), "the manifest names them");
