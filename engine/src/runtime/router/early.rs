@@ -4,7 +4,8 @@
 //! wait here, in order, and reach the run when it attaches.
 //!
 //! Invariants (peers are authenticated members, but what they send is bounded all the same): at
-//! most [`MAX_FRAMES`] frames and [`MAX_BYTES`] bytes wait, over every stream; a frame waits at
+//! most [`MAX_FRAMES`] frames and [`MAX_BYTES`] bytes wait, over every stream, and at most half
+//! of each from one peer (a member that floods cannot crowd out the others); a frame waits at
 //! most [`MAX_WAIT`]; a frame that does not fit or expires is dropped, and its run is marked
 //! lost: it fails as it attaches (a lost credit grant or end of stream would otherwise leave it
 //! waiting for ever). Frames of a run that attached here and detached, or of an earlier run, are
@@ -21,6 +22,10 @@ use super::super::protocol_wire::Run;
 pub(super) const MAX_FRAMES: usize = 4096;
 /// Bytes of frames kept at most, over every stream.
 pub(super) const MAX_BYTES: usize = 64 << 20;
+/// Frames kept at most from one peer.
+const PEER_FRAMES: usize = MAX_FRAMES / 2;
+/// Bytes of frames kept at most from one peer.
+const PEER_BYTES: usize = MAX_BYTES / 2;
 /// How long a frame waits at most for its stream.
 pub(super) const MAX_WAIT: Duration = Duration::from_secs(30);
 
@@ -37,12 +42,25 @@ fn mark_lost(lost: &mut BTreeSet<Run>, run: Run) -> bool {
     new
 }
 
+/// A frame of `bytes` from `from` waits no more.
+fn release(peers: &mut BTreeMap<NodeId, (usize, usize)>, from: NodeId, bytes: usize) {
+    if let Some((frames, b)) = peers.get_mut(&from) {
+        *frames -= 1;
+        *b -= bytes;
+        if *frames == 0 {
+            peers.remove(&from);
+        }
+    }
+}
+
 /// The waiting frames, by run.
 #[derive(Default)]
 pub(super) struct Early {
     waiting: BTreeMap<Run, VecDeque<(Instant, NodeId, Frame)>>,
     frames: usize,
     bytes: usize,
+    /// Per peer: the frames and bytes of it that wait.
+    from: BTreeMap<NodeId, (usize, usize)>,
     /// Per stream, the latest run that attached here: frames of it or of earlier runs are stale.
     ran: BTreeMap<StreamId, Epoch>,
     /// Runs a frame was dropped for.
@@ -57,11 +75,17 @@ impl Early {
             let (stream, epoch) = (run.stream, run.epoch);
             return tracing::debug!(%stream, %epoch, %from, "frame of a run that has ended here");
         }
-        if self.frames >= MAX_FRAMES || self.bytes + frame.payload_len() > MAX_BYTES {
+        let len = frame.payload_len();
+        if self.frames >= MAX_FRAMES || self.bytes + len > MAX_BYTES {
             return self.lose(run, from, "too many frames wait for streams not running here");
         }
+        let (peer_frames, peer_bytes) = self.from.get(&from).copied().unwrap_or_default();
+        if peer_frames >= PEER_FRAMES || peer_bytes + len > PEER_BYTES {
+            return self.lose(run, from, "its sender has half of what may wait for streams not running here");
+        }
         self.frames += 1;
-        self.bytes += frame.payload_len();
+        self.bytes += len;
+        self.from.insert(from, (peer_frames + 1, peer_bytes + len));
         self.waiting.entry(run).or_default().push_back((now, from, frame));
     }
 
@@ -91,8 +115,11 @@ impl Early {
 
     fn remove(&mut self, run: Run) -> VecDeque<(Instant, NodeId, Frame)> {
         let frames = self.waiting.remove(&run).unwrap_or_default();
-        self.frames -= frames.len();
-        self.bytes -= frames.iter().map(|(_, _, f)| f.payload_len()).sum::<usize>();
+        frames.iter().for_each(|(_, from, f)| {
+            self.frames -= 1;
+            self.bytes -= f.payload_len();
+            release(&mut self.from, *from, f.payload_len());
+        });
         frames
     }
 
@@ -106,12 +133,13 @@ impl Early {
 
     /// Drops what waited longer than [`MAX_WAIT`] (a look at the oldest frame of each run).
     fn expire(&mut self, now: Instant) {
-        let (frames, bytes, lost) = (&mut self.frames, &mut self.bytes, &mut self.lost);
+        let (frames, bytes, lost, peers) = (&mut self.frames, &mut self.bytes, &mut self.lost, &mut self.from);
         self.waiting.retain(|run, q| {
             while q.front().is_some_and(|(at, _, _)| now.duration_since(*at) > MAX_WAIT) {
                 let (_, from, f) = q.pop_front().expect("a front");
                 *frames -= 1;
                 *bytes -= f.payload_len();
+                release(peers, from, f.payload_len());
                 if mark_lost(lost, *run) {
                     let (stream, epoch) = (run.stream, run.epoch);
                     tracing::warn!(%stream, %epoch, %from, "frame for a stream that did not start here in time dropped");
@@ -162,7 +190,8 @@ mod tests {
     fn frames_past_the_bounds_or_the_wait_are_dropped_and_their_stream_is_lost() {
         let (mut e, now) = (Early::default(), Instant::now());
         for i in 0..MAX_FRAMES + 10 {
-            e.hold(run(1, 0), NodeId(2), credit(run(1, 0), i as u32), now);
+            let from = NodeId(2 + (i % 2) as u32);
+            e.hold(run(1, 0), from, credit(run(1, 0), i as u32), now);
         }
         assert_eq!(e.frames, MAX_FRAMES);
         e.hold(run(4, 0), NodeId(2), credit(run(4, 0), 1), now);
@@ -190,6 +219,22 @@ mod tests {
         assert_eq!(e.newer(StreamId(3), Epoch(5), |n| n != NodeId(2)), None, "only a peer of the stream's says");
         assert_eq!(credits(&e.take(run(3, 7), now).unwrap()), [7]);
         assert_eq!((e.frames, e.newer(StreamId(3), Epoch(5), |_| true)), (0, None));
+    }
+
+    #[test]
+    fn a_peer_that_floods_fills_its_half_and_leaves_room_for_the_others() {
+        let (mut e, now) = (Early::default(), Instant::now());
+        for i in 0..MAX_FRAMES {
+            e.hold(run(1, 0), NodeId(2), credit(run(1, 0), i as u32), now);
+        }
+        assert_eq!(e.frames, PEER_FRAMES);
+        e.hold(run(2, 0), NodeId(3), credit(run(2, 0), 7), now);
+        assert!(e.take(run(1, 0), now).is_err(), "the flooding peer's run is lost");
+        assert_eq!(credits(&e.take(run(2, 0), now).unwrap()), [7], "another peer's frame waited");
+        assert!(e.from.is_empty() && (e.frames, e.bytes) == (0, 0));
+        // Its share is free again once its frames are gone.
+        e.hold(run(3, 0), NodeId(2), credit(run(3, 0), 1), now);
+        assert_eq!(credits(&e.take(run(3, 0), now).unwrap()), [1]);
     }
 
     #[test]
