@@ -97,6 +97,12 @@ impl UploadIndex {
         }
     }
 
+    /// Whether local file `name` of `size` bytes is for the upload-ahead thread to store: not
+    /// known, and no upload in flight stores it.
+    pub(crate) fn to_store_ahead(&self, name: &str, size: u64) -> bool {
+        self.get(name, size).is_none() && !self.is_claimed(name)
+    }
+
     /// Whether a checkpoint's upload in flight stores local file `name`.
     pub(crate) fn is_claimed(&self, name: &str) -> bool {
         self.claimed.contains_key(name)
