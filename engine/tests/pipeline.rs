@@ -250,7 +250,12 @@ fn idle_workers_park_instead_of_spinning() {
                 from: None,
                 watermark: None,
                 describe: None,
-                token: weir_engine::runtime::IngestToken { node: NodeId(0), stream: spec.id, request: p as u64 },
+                token: weir_engine::runtime::IngestToken {
+                    node: NodeId(0),
+                    stream: spec.id,
+                    request: p as u64,
+                    epoch: weir_engine::wire::Epoch(0),
+                },
             })
             .unwrap();
     }
@@ -285,7 +290,7 @@ fn a_partition_without_rows_stops_holding_back_the_watermark_after_idle_after() 
         for i in 0..500 {
             b.push(start + i, (i % 7) as u64, 1.0); // 5 windows of 100 ms, 7 keys
         }
-        let token = IngestToken { node: NodeId(0), stream: spec.id, request: 1 };
+        let token = IngestToken { node: NodeId(0), stream: spec.id, request: 1, epoch: weir_engine::wire::Epoch(0) };
         let req = AppendRequest { partition: 0, batch: b, from: None, watermark: None, describe: None, token };
         engine.ingest().unwrap().requests().send(req).unwrap();
         let t0 = std::time::Instant::now();

@@ -55,6 +55,19 @@ fn run_on(
     root: &Path,
     remote: &Path,
 ) -> Result<Engine, EngineError> {
+    run_with(node, n, spec, epoch, root, remote, |_| {})
+}
+
+/// [`run_on`], its config changed by `tweak` first.
+fn run_with(
+    node: &Arc<Node>,
+    n: u32,
+    spec: &StreamSpec,
+    epoch: u64,
+    root: &Path,
+    remote: &Path,
+    tweak: impl FnOnce(&mut EngineConfig),
+) -> Result<Engine, EngineError> {
     let placement = Placement::spread(&spec.topology(), &[NodeId(1), NodeId(2)]);
     let mut cfg = EngineConfig::new(NodeId(n), dir(root, spec, n));
     cfg.pin_workers = false;
@@ -62,6 +75,7 @@ fn run_on(
     let mut ck = CheckpointSettings::every(100, remote);
     ck.min_pause_ms = 0;
     cfg.checkpoint = Some(ck);
+    tweak(&mut cfg);
     Engine::start_on(node, spec, &placement, cfg)
 }
 
@@ -209,6 +223,67 @@ fn a_node_stopped_under_its_streams_fails_them_instead_of_leaving_them_waiting()
     nodes.1.stop();
     let err = c2.wait().unwrap_err();
     assert!(err.to_string().contains("node n2 stopped under the stream"), "{err}");
+    c1.stop();
+    let _ = c1.wait();
+}
+
+/// A run that fails on one node tells the run's other nodes, whose part fails too, though the
+/// node goes in good order (a lost peer that said goodbye fails nothing) and the connection
+/// between them gave no sign before it went.
+#[test]
+fn a_run_that_fails_on_one_node_fails_on_its_other_nodes_at_once() {
+    let (root, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let nodes = two_nodes();
+    let c = stream(21, 1_000_000, 50_000);
+    let failover = |cfg: &mut EngineConfig| cfg.failover = true;
+    let c1 = run_with(&nodes.0, 1, &c, 0, root.path(), remote.path(), failover).unwrap();
+    let c2 = run_with(&nodes.1, 2, &c, 0, root.path(), remote.path(), failover).unwrap();
+    wait_for_commits(&c1, 1);
+    nodes.1.stop();
+    let err = c2.wait().unwrap_err();
+    assert!(err.to_string().contains("node n2 stopped under the stream"), "{err}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(c1.wait()));
+    let ended = rx.recv_timeout(Duration::from_secs(20)).expect("node 1's part of the run did not end in 20 s");
+    let err = ended.unwrap_err().to_string();
+    assert!(err.contains("the run failed on node n2: node n2 stopped under the stream"), "{err}");
+}
+
+/// A process of a node that a newer process replaced (one paused, say, while the node started
+/// again) hears so from its peer as it redials, and the runs on it fail: it must run nothing
+/// more.
+#[test]
+fn an_older_process_of_a_node_hears_it_was_replaced_and_its_runs_fail() {
+    let (root, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut t1 = transport(1, vec![PeerConfig { node: NodeId(2), addr: None }]);
+    t1.incarnation = 5;
+    let n1 = Arc::new(Node::start(t1).unwrap());
+    let peer = PeerConfig { node: NodeId(1), addr: n1.transport_addr() };
+    let mut t2 = transport(2, vec![peer.clone()]);
+    t2.incarnation = 5;
+    let old = Arc::new(Node::start(t2).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(n1.connected().contains(&NodeId(2)) && old.connected().contains(&NodeId(1))) {
+        assert!(Instant::now() < deadline, "nodes 1 and 2 did not connect in 10 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let c = stream(31, 1_000_000, 50_000);
+    let (c1, c2) = start_both(&(n1.clone(), old.clone()), &c, root.path(), remote.path());
+    wait_for_commits(&c1, 1);
+    assert!(old.replaced().is_none());
+    let mut t2 = transport(2, vec![peer]);
+    t2.incarnation = 6;
+    let new = Node::start(t2).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while old.replaced().is_none() {
+        assert!(Instant::now() < deadline, "the old process did not hear it was replaced in 20 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let why = old.replaced().unwrap();
+    assert!(why.contains("older process than the one at 6"), "{why}");
+    let err = c2.wait().unwrap_err().to_string();
+    assert!(err.contains("a newer process of node n2 runs"), "{err}");
+    assert!(new.replaced().is_none() && n1.replaced().is_none());
     c1.stop();
     let _ = c1.wait();
 }

@@ -1,8 +1,9 @@
 //! `weir node`'s side of the restart strategy and incarnations
-//! ([`weir_engine::cluster::supervisor`] decides): the strategy from the config file, and the
-//! last incarnation, kept in the node's data directory.
+//! ([`weir_engine::cluster::supervisor`] decides): the strategy from the config file, and, kept
+//! in the node's data directory, the last incarnation (epoch) its stream started at and the
+//! last process's incarnation.
 //!
-//! Invariant: the incarnation file is replaced atomically before the engine starts at it.
+//! Invariant: each file is replaced atomically before anything runs at what it records.
 
 use std::path::{Path, PathBuf};
 
@@ -28,26 +29,50 @@ fn path(data_dir: &Path) -> PathBuf {
 
 /// The last incarnation the node started at (0: never).
 pub fn last(data_dir: &Path) -> anyhow::Result<u64> {
-    let p = path(data_dir);
-    match std::fs::read_to_string(&p) {
+    read(&path(data_dir))
+}
+
+/// Where a node keeps the incarnation of its last process.
+fn process_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("process")
+}
+
+/// The incarnation of this process of the node, recorded: above the last one recorded and at
+/// least the time in ms (so a node whose data directory was lost still comes back above the
+/// process its peers knew, unless the clock went back as well).
+pub fn next_process(data_dir: &Path) -> anyhow::Result<u64> {
+    let last = read(&process_path(data_dir))?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let next = (last + 1).max(now);
+    write(data_dir, &process_path(data_dir), next)?;
+    Ok(next)
+}
+
+/// Records that the node starts its stream at `incarnation` (atomically, and durably before
+/// any peer hears of it).
+pub fn record(data_dir: &Path, incarnation: u64) -> anyhow::Result<()> {
+    write(data_dir, &path(data_dir), incarnation)
+}
+
+/// The number `p` holds (0: no file).
+fn read(p: &Path) -> anyhow::Result<u64> {
+    match std::fs::read_to_string(p) {
         Ok(t) => t.trim().parse().with_context(|| format!("{} holds {:?}, not an incarnation", p.display(), t.trim())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
         Err(e) => Err(e).with_context(|| format!("reading {}", p.display())),
     }
 }
 
-/// Records that the node starts its stream at `incarnation` (atomically, and durably before
-/// any peer hears of it).
-pub fn record(data_dir: &Path, incarnation: u64) -> anyhow::Result<()> {
-    let p = path(data_dir);
+/// Replaces `p` (in `data_dir`) with `n`, atomically and durably.
+fn write(data_dir: &Path, p: &Path, n: u64) -> anyhow::Result<()> {
     std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
     let tmp = p.with_extension("tmp");
     let write = || -> std::io::Result<()> {
         use std::io::Write;
         let mut f = std::fs::File::create(&tmp)?;
-        writeln!(f, "{incarnation}")?;
+        writeln!(f, "{n}")?;
         f.sync_all()?;
-        std::fs::rename(&tmp, &p)?;
+        std::fs::rename(&tmp, p)?;
         std::fs::File::open(data_dir)?.sync_all()
     };
     write().with_context(|| format!("writing {}", p.display()))

@@ -20,7 +20,6 @@ mod report;
 mod results;
 mod run;
 mod settings;
-mod standby;
 mod status;
 mod stop;
 mod verify;

@@ -1,15 +1,17 @@
 //! `weir node`: one member of a cluster, from the cluster's config file.
 //!
-//! The node starts its share of the stream (the tasks the placement puts on it), listens for
-//! peers and clients at its address, dials the peers with lower ids (the others dial it), and
+//! The node listens for peers and clients at its address for as long as it runs (one [`Node`],
+//! at an incarnation above its earlier processes'), dials the peers with lower ids (the others
+//! dial it), and starts its share of the stream on it (the tasks the placement puts on it). It
 //! runs until SIGTERM or Ctrl-C (then it stops its tasks, abandons a checkpoint in flight, and
 //! exits 0) or until `weir stop` asks (the same). A bounded stream that has ended on it leaves it
 //! serving status and results (for `weir verify`), or, with `--exit-when-done`, it exits 0.
-//! When the stream fails (a lost peer, a gap, a peer at a newer incarnation) the node stops its
-//! engine and starts it again from the last commit, at a newer incarnation, as the restart
-//! strategy allows; when it allows no more, the node exits 2. What to do after a run is
-//! [`Supervisor`]'s to decide; this file starts engines, waits without one and logs.
-//! Every log line names the node.
+//! When the stream fails (a lost peer, a gap, a failure on another of its nodes, a later run
+//! elsewhere) the node stops that run and starts the next from the last commit, at a greater
+//! epoch (its incarnation), as the restart strategy allows, its connections untouched; when the
+//! strategy allows no more, the node exits 2. Between runs the node says why it runs none (a
+//! [`Standing`]: restarting, idle or fenced). What to do after a run is [`Supervisor`]'s to
+//! decide; this file starts runs, waits between them and logs. Every log line names the node.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -19,10 +21,10 @@ use std::time::Duration;
 use anyhow::Context;
 use weir_engine::cluster::supervisor::{Next, Waited};
 use weir_engine::cluster::{RunEnd, Supervisor};
-use weir_engine::runtime::Engine;
+use weir_engine::runtime::{Engine, Node, Standing, StandingPhase};
 use weir_engine::spec::{Placement, StreamSpec};
-use weir_engine::wire::NodeId;
 use weir_engine::wire::msg::RestartInfo;
+use weir_engine::wire::{Epoch, NodeId};
 
 use crate::config::{ClusterFile, NodeEntry};
 
@@ -99,14 +101,33 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         b.set_member(m.clone());
     }
     let mut sup = Supervisor::new(crate::failover::policy(&file.restart), crate::failover::last(&data_dir)?);
-    let mut links: Vec<weir_engine::wire::msg::PeerLink> = Vec::new();
+    // The node's network side, for the process's life: its incarnation is above every earlier
+    // process's, so peers drop what they still held of those. Until the first run attaches it
+    // says it is starting the stream.
+    let mut transport = base.transport.take().context("a node has a transport")?;
+    transport.incarnation = crate::failover::next_process(&data_dir)?;
+    let starting = Standing {
+        phase: StandingPhase::Starting,
+        incarnation: sup.incarnation(),
+        restarts: Vec::new(),
+        info: info.clone(),
+        member: member.clone(),
+        stop: base.stop_requested.clone(),
+        since: std::time::Instant::now(),
+    };
+    let node =
+        Node::start_standing(transport, spec.id, starting).with_context(|| format!("starting node {}", me.id))?;
+    let node = Arc::new(node);
     // Whether an engine of the stream has started on this node: until one has, an error
     // starting it is the config's or the machine's, and stops the node.
     let mut ran = false;
-    let standing = Standing { base: &base, stop: &stop, spec: &spec, info: &info, member: member.as_deref() };
+    let standing = Between { node: &node, base: &base, stop: &stop, spec: &spec, info: &info, member: member.clone() };
     loop {
         if let Some(fatal) = control.fatal() {
             anyhow::bail!("{fatal}");
+        }
+        if let Some(why) = node.replaced() {
+            anyhow::bail!("node {}: a newer process of this node runs ({why}): this one stops", me.id);
         }
         if !control.holds() {
             // Not a member (no lease in etcd yet, or lost): run nothing until it is one again.
@@ -119,10 +140,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 if let Some(p) = &prober {
                     control.check_reach(&p.links(), now_ms(), after);
                 }
-                (control.holds() || control.fatal().is_some()).then_some(crate::standby::WaitEnd::Restart(None))
+                (control.holds() || control.fatal().is_some()).then_some(WaitEnd::Restart(None))
             };
-            let mode = crate::standby::Mode::Fenced;
-            let Some(newer) = standing.wait(sup.incarnation(), sup.restarts(), &links, mode, &mut tick) else {
+            let Some(newer) = standing.wait(sup.incarnation(), sup.restarts(), Mode::Fenced, &mut tick) else {
                 return Ok(ExitCode::SUCCESS);
             };
             sup.woke(Waited::Lease, newer);
@@ -138,12 +158,15 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         }
         let (ended, result) = match current {
             Ok((read, placement)) if placement.nodes(&spec.topology()).contains(&NodeId(me.id)) => {
+                sup.heard(node.newest_epoch(spec.id).map(|e| e.0));
                 let incarnation = sup.start(read.version());
+                node.stand(spec.id, Some(standing.standing(StandingPhase::Starting, incarnation, sup.restarts())));
                 crate::failover::record(&data_dir, incarnation)?;
                 let mut cfg = base.clone();
                 cfg.failover = true;
                 cfg.restarts = sup.restarts().to_vec();
-                cfg.links = links.clone();
+                cfg.links = node.links();
+                cfg.epoch = Some(Epoch(incarnation));
                 cfg.tenure = tenure.flatten();
                 cfg.member_status = control.member_status();
                 cfg.commits = control.commit_book(&spec, held, &read);
@@ -154,10 +177,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                     lag,
                     may_leave: control.may_leave(),
                 });
-                if let Some(t) = cfg.transport.as_mut() {
-                    t.incarnation = incarnation;
-                }
-                match Engine::start(&spec, &placement, cfg) {
+                match Engine::start_on(&node, &spec, &placement, cfg) {
                     Ok(engine) => {
                         ran = true;
                         log_start(&spec, &placement, &me, &engine, &data_dir, incarnation);
@@ -172,7 +192,6 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                             reach: prober.as_ref().map(|p| (p, file.restart.move_after)),
                         };
                         let ended = supervise(&engine, &how, watch);
-                        links = engine.status().peers;
                         engine.stop();
                         if let Some(b) = &board {
                             b.engine_ended();
@@ -205,10 +224,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                 let mut watch = control.watch(&spec, &placement, read, &file);
                 let mut tick = || {
                     let moved = watch.as_mut()?.check()?;
-                    Some(crate::standby::WaitEnd::Restart(Some(moved.incarnation)))
+                    Some(WaitEnd::Restart(Some(moved.incarnation)))
                 };
-                let Some(newer) = standing.wait(at, sup.restarts(), &links, crate::standby::Mode::Idle, &mut tick)
-                else {
+                let Some(newer) = standing.wait(at, sup.restarts(), Mode::Idle, &mut tick) else {
                     return Ok(ExitCode::SUCCESS);
                 };
                 sup.woke(Waited::Idle, newer);
@@ -255,8 +273,8 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                     b.restarted();
                     b.set_phase(crate::metrics::Phase::Restarting);
                 }
-                let mode = crate::standby::Mode::Restarting(delay);
-                let Some(newer) = standing.wait(incarnation, sup.restarts(), &links, mode, &mut || None) else {
+                let Some(newer) = standing.wait(incarnation, sup.restarts(), Mode::Restarting(delay), &mut || None)
+                else {
                     return Ok(ExitCode::SUCCESS);
                 };
                 sup.woke(Waited::Restart, newer);
@@ -269,33 +287,90 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// What a node needs to wait without an engine ([`crate::standby::wait`]) and answer clients.
-struct Standing<'a> {
+/// Why the node runs no engine.
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    /// The restart strategy's delay before the next run.
+    Restarting(Duration),
+    /// No task of the stream is placed on the node; it waits for a later run elsewhere.
+    Idle,
+    /// The node holds no lease in etcd: it runs nothing until it holds one again.
+    Fenced,
+}
+
+/// How a wait between runs ended.
+enum WaitEnd {
+    /// Start the stream (at least at the epoch a peer was seen in): the delay is over, or
+    /// (idle) a later run started elsewhere.
+    Restart(Option<u64>),
+    /// A signal or `weir stop` came first.
+    Stopped(&'static str),
+}
+
+/// What a node needs to wait between runs and answer clients meanwhile.
+struct Between<'a> {
+    node: &'a Node,
     base: &'a weir_engine::runtime::EngineConfig,
     stop: &'a AtomicBool,
     spec: &'a StreamSpec,
     info: &'a weir_engine::wire::msg::StreamInfo,
-    member: Option<&'a dyn weir_engine::cluster::MemberStatus>,
+    member: Option<Arc<dyn weir_engine::cluster::MemberStatus>>,
 }
 
-impl Standing<'_> {
-    /// Waits at `incarnation` in `mode` until `tick` or the mode ends it: `Some` of a newer
-    /// incarnation seen, to start again; `None` once a signal or `weir stop` came (logged).
+impl Between<'_> {
+    /// What the node says of the stream while it runs none.
+    fn standing(&self, phase: StandingPhase, incarnation: u64, restarts: &[RestartInfo]) -> Standing {
+        Standing {
+            phase,
+            incarnation,
+            restarts: restarts.to_vec(),
+            info: self.info.clone(),
+            member: self.member.clone(),
+            stop: self.base.stop_requested.clone(),
+            since: std::time::Instant::now(),
+        }
+    }
+
+    /// Waits at `incarnation` in `mode` until `tick` (called every 20 ms) or the mode ends it,
+    /// the node saying meanwhile why it runs nothing: `Some` of a later run seen elsewhere, to
+    /// start again; `None` once a signal or `weir stop` came (logged).
     fn wait(
         &self,
         incarnation: u64,
         restarts: &[RestartInfo],
-        links: &[weir_engine::wire::msg::PeerLink],
-        mode: crate::standby::Mode,
-        tick: &mut dyn FnMut() -> Option<crate::standby::WaitEnd>,
+        mode: Mode,
+        tick: &mut dyn FnMut() -> Option<WaitEnd>,
     ) -> Option<Option<u64>> {
-        let mut transport = self.base.transport.clone().expect("a node has a transport");
-        transport.incarnation = incarnation;
-        let me =
-            crate::standby::Standby { stream: self.spec.id, restarts, links, info: self.info, member: self.member };
-        match crate::standby::wait(transport, &me, mode, self.stop, tick) {
-            crate::standby::WaitEnd::Restart(newer) => Some(newer),
-            crate::standby::WaitEnd::Stopped(reason) => {
+        let (phase, until) = match mode {
+            Mode::Restarting(delay) => (StandingPhase::Restarting, Some(std::time::Instant::now() + delay)),
+            Mode::Idle => (StandingPhase::Idle, None),
+            Mode::Fenced => (StandingPhase::Fenced, None),
+        };
+        self.node.stand(self.spec.id, Some(self.standing(phase, incarnation, restarts)));
+        let ended = loop {
+            let later = self.node.newest_epoch(self.spec.id).map(|e| e.0).filter(|e| *e > incarnation);
+            if self.stop.load(Ordering::Relaxed) {
+                break WaitEnd::Stopped("signal");
+            }
+            if self.base.stop_requested.load(Ordering::Acquire) {
+                break WaitEnd::Stopped("weir stop");
+            }
+            if until.is_some_and(|u| std::time::Instant::now() >= u)
+                || (phase == StandingPhase::Idle && later.is_some())
+            {
+                break WaitEnd::Restart(later);
+            }
+            if let Some(w) = tick() {
+                break w;
+            }
+            if self.node.replaced().is_some() {
+                break WaitEnd::Restart(None); // the node's loop stops it
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        match ended {
+            WaitEnd::Restart(newer) => Some(newer),
+            WaitEnd::Stopped(reason) => {
                 tracing::info!(stream = %self.spec.name, reason, "node stopped");
                 None
             }
@@ -349,7 +424,7 @@ fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::place
             return RunEnd::Fenced { why: control.why_not() };
         }
         if let Some(why) = engine.failure() {
-            return RunEnd::Failed { why, newer: engine.newer_incarnation() };
+            return RunEnd::Failed { why, newer: engine.newer_epoch().map(|e| e.0) };
         }
         if !ended && engine.is_finished() {
             ended = true;

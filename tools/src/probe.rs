@@ -1,7 +1,7 @@
 //! Whether this node reaches the other nodes: a thread connects to each one's transport port
 //! once a second (a TCP handshake is proof enough of a path, and a node between two runs of
-//! its stream still listens there). The engine's own links say less: a peer whose stream is
-//! restarting, or idle, has no link to this node although the network is whole.
+//! its stream still listens there). The transport's own links say less: a link to a node that
+//! was lost a moment ago is redialed with a backoff, so it can be down while the path is whole.
 //!
 //! Invariant: a link is reported up only after two handshakes in a row (a path that flaps does
 //! not end a node's withholding), and down since the first failed one.

@@ -264,7 +264,8 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
     for (addr, a) in answers {
         let _ = match a {
             Answer::Up(r) if r.restarting => {
-                writeln!(out, "{:<6} {:<22} {:<6} restarting its stream{}", r.node.0, addr, "up", restarts(r))
+                let what = if r.restarts.is_empty() { "starting" } else { "restarting" };
+                writeln!(out, "{:<6} {:<22} {:<6} {what} its stream{}", r.node.0, addr, "up", restarts(r))
             }
             Answer::Up(r) if r.idle => writeln!(
                 out,

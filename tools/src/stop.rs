@@ -5,7 +5,7 @@
 //! Every node of the target is asked (a node asked sends the request on to the stream's other
 //! nodes too, which is what `--node` relies on); each `weir node` process then stops its tasks
 //! and exits 0. The command returns once nothing listens on any target node's port, asking again
-//! any node that answers (one that was restarting its stream may have missed the request), and
+//! any node that answers (one that could not be reached at first may have missed the request), and
 //! exits 1 if one still answers, or can neither be reached nor be seen gone, after `--wait`. Between the final commit and the stop the stream
 //! may go on a little: what it writes then is written again, identically, after the restart
 //! (results are upserts of the same blocks).
@@ -235,8 +235,8 @@ impl Node {
 
 /// Waits at most `limit` until nothing listens on any node's port: its connections are refused
 /// for a second or more (a node between two runs of its stream stops listening for less).
-/// Any node that answers is asked again once a second (one that was restarting its stream, or
-/// could not be reached, may have missed the first request). A port that neither answers nor
+/// Any node that answers is asked again once a second (one that could not be reached may have
+/// missed the first request). A port that neither answers nor
 /// refuses (a node down, or cut off from here) is not taken as gone.
 fn wait_for_exit(t: &Target, stream: StreamId, nodes: &mut [Node], limit: Duration) {
     const POLL: Duration = Duration::from_millis(200);

@@ -60,6 +60,7 @@ roundtrip! {
         sent_at_ms: 123,
         tasks: vec![TaskHeartbeat {
             stream: StreamId(1), task: TaskId(2), latest: Some(CheckpointId(3)), latest_version: Version(4),
+            epoch: Epoch(3),
             latest_ts_ms: 5, active: Some(CheckpointId(4)), failed: None,
         }],
     };
@@ -139,6 +140,9 @@ roundtrip! {
     roundtrip_cannot_restore_req: CannotRestoreReq = CannotRestoreReq {
         stream: StreamId(1), epoch: Epoch(0), task: TaskId(5), node: NodeId(2), checkpoint: CheckpointId(7),
         restorable: vec![CheckpointId(6), CheckpointId(4)], reason: "corrupt object 1/tasks/5/sst/x".into(), request: 12,
+    };
+    roundtrip_run_failed: RunFailed = RunFailed {
+        stream: StreamId(1), epoch: Epoch(9), reason: "channel 2 -> 5: expected 7, got 9: data lost".into(),
     };
     roundtrip_restore_fallback: Restore = Restore {
         stream: StreamId(1), epoch: Epoch(0), task: TaskId(5), checkpoint: Some(CheckpointId(6)), basis: RestoreBasis::Fallback,

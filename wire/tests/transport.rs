@@ -142,49 +142,39 @@ fn members(a: u64, b: u64) -> (Transport, Transport) {
 }
 
 #[test]
-fn members_at_different_incarnations_never_connect_and_the_older_one_hears_of_the_newer() {
-    for (older_dials, (ia, ib)) in [(true, (5, 4)), (false, (4, 5))] {
-        let (a, b) = members(ia, ib);
-        let (old, new, new_node) = if older_dials { (&b, &a, NodeId(1)) } else { (&a, &b, NodeId(2)) };
-        match wait_for(old, |e| matches!(e, Event::NewerIncarnation { .. })) {
-            Event::NewerIncarnation { node, incarnation } => assert_eq!((node, incarnation), (new_node, 5)),
-            _ => unreachable!(),
-        }
-        // The newer end hears the refusal when it dialed; as the acceptor it never heard the
-        // older dialer prove itself, so its refusal is a stranger's: no event.
-        if !older_dials {
-            match wait_for(new, |e| matches!(e, Event::Refused { .. })) {
-                Event::Refused { code, reason, .. } => assert_eq!(code, CloseCode::Stale, "{reason}"),
-                _ => unreachable!(),
-            }
-        }
-        // Redials are refused the same way: no frame ever flows between the two.
-        thread::sleep(Duration::from_millis(300));
-        for t in [&a, &b] {
-            assert!(t.events().try_iter().all(|e| !matches!(e, Event::PeerUp { .. } | Event::Frame { .. })));
-        }
-    }
-    // A node between two runs of its stream serves clients only.
-    let mut standby = config(1);
-    standby.incarnation = 6;
-    standby.clients_only = true;
-    let a = Transport::start(standby).unwrap();
-    let mut b_cfg = config(2);
-    b_cfg.incarnation = 6;
-    b_cfg.peers.push(PeerConfig { node: NodeId(1), addr: a.local_addr() });
-    let b = Transport::start(b_cfg).unwrap();
-    match wait_for(&b, |e| matches!(e, Event::Refused { .. })) {
-        Event::Refused { code, by_peer, .. } => assert_eq!((code, by_peer), (CloseCode::Restarting, true)),
-        _ => unreachable!(),
-    }
-    assert!(BlockingClient::connect(a.local_addr().unwrap(), CLUSTER, NodeId(91), SECRET, WAIT).is_ok());
-    drop((a, b));
-    // The same incarnation connects; a client (incarnation 0) is served at any incarnation.
-    let (a, b) = members(7, 7);
+fn a_member_that_restarts_replaces_its_connection_and_its_older_process_is_refused() {
+    // Incarnations are processes: members at different ones connect.
+    let (a, b) = members(5, 4);
     wait_for(&a, |e| matches!(e, Event::PeerUp { node: NodeId(2), .. }));
     wait_for(&b, |e| matches!(e, Event::PeerUp { node: NodeId(1), .. }));
-    let c = BlockingClient::connect(a.local_addr().unwrap(), CLUSTER, NodeId(90), SECRET, WAIT);
-    assert!(c.is_ok(), "{:?}", c.err());
+    // A new process of node 2 (the old one still connected, as a paused one would be).
+    let mut c_cfg = config(2);
+    c_cfg.incarnation = 6;
+    c_cfg.peers.push(PeerConfig { node: NodeId(1), addr: a.local_addr() });
+    let c = Transport::start(c_cfg).unwrap();
+    // Node 1 hears the old process lost, then the new one up.
+    match wait_for(&a, |e| matches!(e, Event::PeerDown { node: NodeId(2), .. })) {
+        Event::PeerDown { reason, orderly, .. } => {
+            assert!(reason.contains("restarted (incarnation 6)") && !orderly, "{reason}");
+        }
+        _ => unreachable!(),
+    }
+    wait_for(&a, |e| matches!(e, Event::PeerUp { node: NodeId(2), .. }));
+    wait_for(&c, |e| matches!(e, Event::PeerUp { node: NodeId(1), .. }));
+    // The old process redials and is refused from now on, once it proved its key.
+    match wait_for(&b, |e| matches!(e, Event::Refused { .. })) {
+        Event::Refused { code, by_peer, reason, .. } => {
+            assert_eq!((code, by_peer), (CloseCode::Stale, true), "{reason}");
+        }
+        _ => unreachable!(),
+    }
+    // The new process's connection stays; node 1 loses node 2 no more.
+    thread::sleep(Duration::from_millis(300));
+    assert!(a.events().try_iter().all(|e| !matches!(e, Event::PeerDown { .. } | Event::PeerUp { .. })));
+    assert!(b.events().try_iter().all(|e| !matches!(e, Event::PeerUp { .. })));
+    // A client (incarnation 0) is served whatever the members' incarnations.
+    let client = BlockingClient::connect(a.local_addr().unwrap(), CLUSTER, NodeId(90), SECRET, WAIT);
+    assert!(client.is_ok(), "{:?}", client.err());
 }
 
 #[test]
@@ -392,6 +382,7 @@ fn heartbeats_keep_an_idle_link_alive() {
 fn heartbeats_carry_the_senders_task_summaries() {
     let summary = TaskHeartbeat {
         stream: StreamId(3),
+        epoch: Epoch(3),
         task: TaskId(9),
         latest: Some(CheckpointId(41)),
         latest_version: Version(4096),

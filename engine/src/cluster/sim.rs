@@ -218,7 +218,7 @@ impl World {
                 n.run = Run::AwaitLease;
                 return;
             }
-            // Neither wait hears peers (it serves clients only), nor does it end early.
+            // Neither wait ends early on what peers say.
             Run::AwaitLease => {
                 n.sup.woke(Waited::Lease, None);
                 None

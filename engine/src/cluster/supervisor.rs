@@ -7,11 +7,12 @@
 //! Why incarnations: after a failure every node restarts its stream from the last commit, and
 //! frames of a stream that has not restarted yet must never reach one that has (their channel
 //! sequence numbers would read as lost data, or worse, be taken as new). Each start of a node's
-//! stream runs at an incarnation above any the node used before (so a node that was killed and
-//! comes back is newer than the stream its peers still run) and at least the newest a peer was
-//! seen at; members only connect at the same incarnation, and the older end restarts at the
-//! newer one. The cluster converges on the highest. The incarnations of placement version `v`
-//! start at `v << 32`, so members at one incarnation run one placement.
+//! stream runs at an incarnation (the run's epoch, which every message between its tasks
+//! carries) above any the node used before (so a node that was killed and comes back is newer
+//! than the stream its peers still run) and at least the newest run a peer was seen in; a node
+//! whose run hears of a later one elsewhere restarts at it. The cluster converges on the
+//! highest. The incarnations of placement version `v` start at `v << 32`, so the nodes of one
+//! run run one placement.
 //!
 //! Invariants: the incarnation never goes down; a start is at or above the floor of the
 //! placement it runs; only failures of the stream count against the restart strategy (a lost
@@ -190,6 +191,14 @@ impl Supervisor {
     /// The last restarts, oldest first.
     pub fn restarts(&self) -> &[RestartInfo] {
         &self.restarts
+    }
+
+    /// A run of the stream at `epoch` was seen elsewhere (on a node that runs no run of it, or
+    /// before a start): the next start is at least there, so it joins that run rather than one
+    /// its peers would leave at once.
+    pub fn heard(&mut self, epoch: Option<u64>) {
+        self.seen = self.seen.max(epoch);
+        self.incarnation = self.incarnation.max(epoch.unwrap_or(0));
     }
 
     /// A run starts under placement `version`: the incarnation it runs at (to record before it

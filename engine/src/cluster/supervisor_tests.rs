@@ -139,3 +139,15 @@ fn a_node_that_waited_idle_or_for_a_lease_starts_at_least_at_the_newest_peer_see
     s.woke(Waited::Idle, None);
     assert_eq!(s.incarnation(), placement_floor(4) + 3, "an idle node's next start is newer than it answered at");
 }
+
+#[test]
+fn a_run_heard_of_before_a_start_raises_the_start_to_it_and_never_lowers_it() {
+    let mut s = Supervisor::new(fixed(3), 4);
+    s.heard(Some(9));
+    assert_eq!(s.start(0), 9, "joins the run its peers are in");
+    s.heard(Some(2));
+    s.heard(None);
+    assert_eq!(s.start(0), 9);
+    // A failure after it restarts above it.
+    assert!(matches!(s.ended(failed("lost"), false, 0), Next::Restart { incarnation: 10, .. }));
+}

@@ -393,6 +393,17 @@ fn writer<T>(mut logs: Vec<IngestLog>, policy: SyncPolicy, io: Io<'_, T>, mut re
     for log in &mut logs {
         let _ = log.sync();
     }
+    // What is still held or queued is answered, not dropped: its producer sends it again (to
+    // the stream's next run, or wherever its partition went), on a connection that may stay.
+    for (a, taken) in rep.abandon() {
+        io.release(a, taken);
+    }
+    for req in io.rx.try_iter() {
+        let reason = "the stream stopped on this node before the append".to_string();
+        let result = Err(AppendFailure::Refused { reason, retryable: true });
+        let a = Appended { token: req.token, partition: req.partition, result, duplicate: false, marker: None };
+        io.release(a, Instant::now());
+    }
 }
 
 /// Deletes the segments wholly below each partition's floor (nothing to delete costs no

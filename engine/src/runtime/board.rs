@@ -100,10 +100,11 @@ impl TaskBoard {
     }
 
     /// The task's summary in this node's heartbeats.
-    pub(crate) fn heartbeat(&self, stream: StreamId) -> TaskHeartbeat {
+    pub(crate) fn heartbeat(&self, stream: StreamId, epoch: weir_wire::Epoch) -> TaskHeartbeat {
         let p = self.published.load();
         TaskHeartbeat {
             stream,
+            epoch,
             task: self.task,
             latest: p.latest,
             latest_version: p.latest_version,

@@ -55,9 +55,8 @@ pub struct EngineConfig {
     /// beyond it, state spills to each agg's RocksDB (`None`: all in memory).
     pub state_budget: Option<usize>,
     /// A member of a cluster that restarts its stream on failure (`weir node`): the engine
-    /// fails when a peer of the stream vanishes (not when it leaves in order: it restarts at a
-    /// newer incarnation when it comes back) or runs at a newer incarnation (the transport's
-    /// `incarnation`), and tasks not on the coordinator's node take their restore point from
+    /// fails when a peer of the stream vanishes (not when it leaves in order; its new process is
+    /// a loss when it comes back) or says its part of the run failed, and tasks not on the coordinator's node take their restore point from
     /// the coordinator instead of reading the commit record themselves (a record it writes
     /// while they restart must not split the stream between two points).
     pub failover: bool,

@@ -59,7 +59,7 @@ impl LogFeed {
         let wall_ms = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
         let watermark = wall_ms - t.after.as_millis() as i64;
         // The engine's own request: nobody is acknowledged (node 0).
-        let token = IngestToken { node: NodeId(0), stream: t.stream, request: 0 };
+        let token = IngestToken { node: NodeId(0), stream: t.stream, request: 0, epoch: weir_wire::Epoch(0) };
         let req = AppendRequest {
             partition: t.partition,
             batch: Batch::default(),

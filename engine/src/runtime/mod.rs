@@ -52,7 +52,7 @@ use control::ControlHandle;
 pub use error::EngineError;
 pub use node::Node;
 use node::NodeUse;
-pub use router::IngestToken;
+pub use router::{IngestToken, Standing, StandingPhase};
 pub use shared::EngineStats;
 use shared::Shared;
 pub use task::{Poll, Polled, TaskError};
@@ -94,7 +94,7 @@ impl Engine {
     pub fn start(spec: &StreamSpec, placement: &Placement, cfg: EngineConfig) -> Result<Engine, EngineError> {
         spec.validate()?;
         let node = match &cfg.transport {
-            Some(tc) => Some(Arc::new(Node::start_with(tc.clone(), true)?)),
+            Some(tc) => Some(Arc::new(Node::start_with(tc.clone(), true, None)?)),
             None => None,
         };
         Self::launch(spec, placement, cfg, node, true)
@@ -164,7 +164,7 @@ impl Engine {
             aligning: Arc::new(AtomicUsize::new(0)),
             failure: OnceLock::new(),
             unparkers: unparkers.clone(),
-            newer_incarnation: Default::default(),
+            newer_epoch: Default::default(),
             tenure: cfg.tenure.clone(),
         });
         let stats = Arc::new(EngineStats::default());
@@ -268,7 +268,8 @@ impl Engine {
             peers: plan.peers.clone(),
             stop_requested: cfg.stop_requested.clone(),
             results: results.clone(),
-            incarnation: cfg.transport.as_ref().map_or(0, |t| t.incarnation),
+            // The node's incarnation of the stream: this run's epoch.
+            incarnation: epoch.0,
             restarts: cfg.restarts.clone(),
             failover: cfg.failover,
             links: std::sync::Mutex::new(cfg.links.iter().map(|l| (l.node, l.clone())).collect()),

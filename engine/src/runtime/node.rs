@@ -9,8 +9,10 @@
 //! Invariants: one run of a stream at a time holds it on a node, and each run that attaches
 //! takes a greater epoch than the runs before it, so no frame of an earlier run can reach a
 //! later one (the router matches every peer frame's epoch): a stream restarts under a running
-//! node, its other streams untouched. The heartbeats carry the tasks of exactly the attached
-//! streams.
+//! node, its other streams untouched, and the node's connections stay up (its transport's
+//! incarnation is the process's, not a run's). The heartbeats carry the tasks of exactly the
+//! attached runs, each with its run's epoch. Between runs a [`Standing`] answers clients for
+//! the stream.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -22,7 +24,7 @@ use weir_wire::{Epoch, NodeId, StreamId};
 use super::board::TaskBoard;
 use super::error::EngineError;
 use super::protocol_wire::Run;
-use super::router::{IngestToken, Router, StreamSide};
+use super::router::{IngestToken, Links, NodeSide, Router, Seen, SharedLinks, Standing, Standings, StreamSide};
 
 /// A stream's runs on a node.
 #[derive(Default)]
@@ -33,8 +35,8 @@ struct Runs {
     busy: bool,
 }
 
-/// The attached streams' task boards, for heartbeats.
-type Boards = Arc<Mutex<BTreeMap<StreamId, Vec<Arc<TaskBoard>>>>>;
+/// The attached runs' epochs and task boards, for heartbeats.
+type Boards = Arc<Mutex<BTreeMap<StreamId, (Epoch, Vec<Arc<TaskBoard>>)>>>;
 
 /// A node's transport and router, shared by the streams it runs.
 pub struct Node {
@@ -47,6 +49,10 @@ pub struct Node {
     /// Per stream: its runs here.
     ran: Mutex<BTreeMap<StreamId, Runs>>,
     connected: super::router::Connected,
+    standings: Standings,
+    seen: Seen,
+    links: SharedLinks,
+    replaced: Arc<std::sync::OnceLock<String>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -59,24 +65,83 @@ impl Node {
     /// Starts the transport of `cfg` and its router, with no stream (its heartbeats are set
     /// here: they carry the tasks of the streams that attach).
     pub fn start(cfg: TransportConfig) -> Result<Node, EngineError> {
-        Self::start_with(cfg, false)
+        Self::start_with(cfg, false, None)
+    }
+
+    /// [`Node::start`], saying `standing` of `stream` from the first connection on (until a
+    /// run of it attaches, or [`Node::stand`] says otherwise).
+    pub fn start_standing(cfg: TransportConfig, stream: StreamId, standing: Standing) -> Result<Node, EngineError> {
+        Self::start_with(cfg, false, Some((stream, standing)))
     }
 
     /// [`Node::start`]; `held`: the router takes nothing from the transport until the first
     /// stream attaches (a node started for one stream, which sees every event from the start).
-    pub(crate) fn start_with(mut cfg: TransportConfig, held: bool) -> Result<Node, EngineError> {
+    pub(crate) fn start_with(
+        mut cfg: TransportConfig,
+        held: bool,
+        standing: Option<(StreamId, Standing)>,
+    ) -> Result<Node, EngineError> {
         let boards = Boards::default();
         let b = boards.clone();
         cfg.heartbeat_tasks = Some(Arc::new(move || {
             let b = b.lock().unwrap_or_else(|e| e.into_inner());
-            b.iter().flat_map(|(stream, tasks)| tasks.iter().map(|t| t.heartbeat(*stream))).collect()
+            b.iter().flat_map(|(stream, (epoch, tasks))| tasks.iter().map(|t| t.heartbeat(*stream, *epoch))).collect()
         }));
         let transport = Transport::start(cfg.clone())?;
         let addr = transport.local_addr();
         let sender = transport.sender();
-        let router = Router::start(cfg.node, transport, held)?;
+        let members: Vec<NodeId> = cfg.peers.iter().map(|p| p.node).collect();
+        let (standings, seen) = (Standings::default(), Seen::default());
+        standings.lock().unwrap_or_else(|e| e.into_inner()).extend(standing);
+        let links = Arc::new(Mutex::new(Links::new(&members)));
+        let replaced = Arc::new(std::sync::OnceLock::new());
+        let side = NodeSide {
+            links: links.clone(),
+            standings: standings.clone(),
+            seen: seen.clone(),
+            replaced: replaced.clone(),
+        };
+        let router = Router::start(cfg.node, transport, held, side)?;
         let connected = router.connected();
-        Ok(Node { cfg, addr, router: Mutex::new(Some(router)), sender, boards, ran: Default::default(), connected })
+        Ok(Node {
+            cfg,
+            addr,
+            router: Mutex::new(Some(router)),
+            sender,
+            boards,
+            ran: Default::default(),
+            connected,
+            standings,
+            seen,
+            links,
+            replaced,
+        })
+    }
+
+    /// Why this process must run nothing more, once a peer said a newer process of this node
+    /// runs (the streams attached then failed).
+    pub fn replaced(&self) -> Option<String> {
+        self.replaced.get().cloned()
+    }
+
+    /// Says `standing` of `stream` while no run of it is attached here (`None`: nothing; a
+    /// client then hears the stream does not run here).
+    pub fn stand(&self, stream: StreamId, standing: Option<Standing>) {
+        let mut s = self.standings.lock().unwrap_or_else(|e| e.into_inner());
+        match standing {
+            Some(st) => s.insert(stream, st),
+            None => s.remove(&stream),
+        };
+    }
+
+    /// The newest run of `stream` some node was seen in (its frames or heartbeats here).
+    pub fn newest_epoch(&self, stream: StreamId) -> Option<Epoch> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).copied()
+    }
+
+    /// The links to the other members now.
+    pub fn links(&self) -> Vec<weir_wire::msg::PeerLink> {
+        self.links.lock().unwrap_or_else(|e| e.into_inner()).all()
     }
 
     /// The node's id.
@@ -94,7 +159,7 @@ impl Node {
         self.connected.lock().unwrap_or_else(|e| e.into_inner()).iter().copied().collect()
     }
 
-    /// The transport's configuration (the streams on the node run at its incarnation).
+    /// The transport's configuration (its incarnation is the node's process's).
     pub(crate) fn transport_config(&self) -> &TransportConfig {
         &self.cfg
     }
@@ -141,7 +206,7 @@ impl Node {
             return Err(EngineError::Config(format!("node {} has stopped", self.cfg.node)));
         };
         self.ran.lock().unwrap_or_else(|e| e.into_inner()).entry(run.stream).or_default().attached = Some(run.epoch);
-        self.boards.lock().unwrap_or_else(|e| e.into_inner()).insert(run.stream, tasks);
+        self.boards.lock().unwrap_or_else(|e| e.into_inner()).insert(run.stream, (run.epoch, tasks));
         router.attach(run, side);
         Ok(())
     }

@@ -68,10 +68,11 @@ impl Engine {
         self.shared.failure.get().cloned()
     }
 
-    /// The newest incarnation a peer runs the stream at, when it is above this engine's: the
-    /// incarnation to restart at.
-    pub fn newer_incarnation(&self) -> Option<u64> {
-        Some(self.shared.newer_incarnation.load(std::sync::atomic::Ordering::Acquire)).filter(|i| *i > 0)
+    /// The epoch of the newest later run of the stream a peer was seen in (its frames or its
+    /// heartbeats), when one was: the epoch to restart at.
+    pub fn newer_epoch(&self) -> Option<weir_wire::Epoch> {
+        let e = self.shared.newer_epoch.load(std::sync::atomic::Ordering::Acquire);
+        (e > 0).then_some(weir_wire::Epoch(e))
     }
 
     /// Whether every local task has finished (a bounded stream ended, or the engine stopped).

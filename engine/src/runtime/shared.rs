@@ -32,8 +32,8 @@ pub(crate) struct Shared {
     pub(crate) aligning: Arc<AtomicUsize>,
     pub(crate) failure: OnceLock<String>,
     pub(crate) unparkers: Vec<Unparker>,
-    /// The newest incarnation a peer was seen at, when above this engine's (0: none).
-    pub(crate) newer_incarnation: AtomicU64,
+    /// The newest later run of the stream a peer was seen in (0: none): the epoch to restart at.
+    pub(crate) newer_epoch: AtomicU64,
     /// The node's hold on its membership: no ingest acknowledgement without it.
     pub(crate) tenure: Option<Arc<crate::cluster::Tenure>>,
 }

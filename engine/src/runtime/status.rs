@@ -196,6 +196,10 @@ impl StatusBoard {
         let since_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let mut l = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        // A link up already (as the node's links said when the run started) is up since then.
+        if up && l.get(&node).is_some_and(|old| old.up) {
+            return;
+        }
         l.insert(node, PeerLink { node, up, since_ms, reason });
     }
 

@@ -4,8 +4,8 @@
 //! A batch is (partition, sequence number); its rows are a pure function of the load's
 //! parameters and the batch, so a batch sent again is the same batch. Batches stay in flight
 //! until the node acknowledges them as durable: a lost connection, a refusal that may succeed
-//! later (a full queue, a restarting node) or a gap behind such a batch puts them back to be
-//! sent again, in order, on the next connection. The node stores each batch once (appends are
+//! later (a full queue, a restarting node) or a gap behind a batch not acknowledged yet puts
+//! them back to be sent again, in order (on the same connection, or the next). The node stores each batch once (appends are
 //! idempotent per producer and partition), so the load ends with exactly its rows, each once.
 //!
 //! Invariants: per partition, batches are sent in sequence order on a connection; an entry of
@@ -63,6 +63,8 @@ struct Flight {
     not_before: Instant,
     /// The partition's end-of-load marker (no rows), not a batch.
     marker: bool,
+    /// When it went out as `request`.
+    sent: Instant,
 }
 
 /// One node's share of the load.
@@ -156,7 +158,7 @@ impl Driver {
                 if scheduled > now || flight.len() >= plan.in_flight {
                     break;
                 }
-                flight.insert((p, seq), Flight { scheduled, request: None, not_before: now, marker: false });
+                flight.insert((p, seq), Flight { scheduled, request: None, not_before: now, marker: false, sent: now });
                 k += 1;
             }
             if done_scheduling && flight.is_empty() {
@@ -166,8 +168,10 @@ impl Driver {
                     marked = true;
                     for &p in &self.partitions {
                         let seq = scheduled_of(p, k);
-                        flight
-                            .insert((p, seq), Flight { scheduled: now, request: None, not_before: now, marker: true });
+                        flight.insert(
+                            (p, seq),
+                            Flight { scheduled: now, request: None, not_before: now, marker: true, sent: now },
+                        );
                     }
                     continue;
                 }
@@ -220,7 +224,17 @@ impl Driver {
             // Send what waits, in (partition, sequence) order.
             let (w, acks) = conn.as_mut().expect("connected");
             let mut lost = None;
-            for (&(p, seq), f) in flight.iter_mut().filter(|(_, f)| f.request.is_none() && f.not_before <= now) {
+            // A partition's batches go in sequence order: none passes an earlier one that waits
+            // to go again.
+            let mut held: Option<u32> = None;
+            for (&(p, seq), f) in flight.iter_mut() {
+                if held == Some(p) || f.request.is_some() {
+                    continue;
+                }
+                if f.not_before > now {
+                    held = Some(p);
+                    continue;
+                }
                 if f.marker {
                     batch.clear();
                 } else {
@@ -244,6 +258,7 @@ impl Driver {
                     break;
                 }
                 f.request = Some(request);
+                f.sent = now;
                 requests.insert(request, (p, seq));
                 self.counters.sent_rows.fetch_add(batch.len() as u64, Ordering::Relaxed);
                 self.counters.sent_bytes.fetch_add(batch.column_bytes() as u64, Ordering::Relaxed);
@@ -253,6 +268,12 @@ impl Driver {
                 (Some(g), false) => (plan.start + g.mul_f64(k as f64)).saturating_duration_since(Instant::now()),
                 _ => Duration::from_millis(20),
             };
+            // An answer the node could not deliver is never sent again: a batch waiting far
+            // longer than any node takes to answer means the connection is no use.
+            let silent = plan_silence(&self.plan);
+            if lost.is_none() && flight.values().any(|f| f.request.is_some() && now.duration_since(f.sent) > silent) {
+                lost = Some(format!("no answer to a batch in {}", humantime::format_duration(silent)));
+            }
             let first = match lost {
                 Some(e) => Some(Err(e)),
                 None => match acks.recv_timeout(due.min(Duration::from_millis(20))) {
@@ -328,9 +349,10 @@ impl Driver {
                             IngestOutcome::Rejected { reason, retryable } => (reason, retryable, true),
                             _ => unreachable!("matched above"),
                         };
-                        // A refusal behind an earlier batch of the partition that goes again (a
-                        // gap) is that batch's consequence: this one goes again after it.
-                        let behind = flight.range((p, 0)..(p, seq)).any(|(_, f)| f.request.is_none());
+                        // A refusal behind an earlier batch of the partition not acknowledged yet
+                        // (a gap: it goes again, or its answer is on its way) is that batch's
+                        // consequence: this one goes again after it.
+                        let behind = flight.range((p, 0)..(p, seq)).next().is_some();
                         if !(retryable || behind) {
                             return Err(format!("{node} refused batch {seq} of partition {p}: {reason}"));
                         }
@@ -421,4 +443,9 @@ pub fn fill(plan: &Plan, p: u32, seq: u64, out: &mut Batch) {
     let from = seq * plan.batch as u64;
     let n = plan.rows_of(p).map_or(plan.batch as u64, |total| (total - from).min(plan.batch as u64));
     Generator::new(plan.generator, p).fill(from, n as usize, out);
+}
+
+/// How long a batch may wait for its answer before its connection is taken as lost.
+fn plan_silence(plan: &Plan) -> Duration {
+    plan.ack_timeout.saturating_mul(3)
 }

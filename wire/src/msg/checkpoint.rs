@@ -348,6 +348,19 @@ archived! {
 }
 
 archived! {
+    /// Node → the other nodes of a stream: the stream's run at `epoch` failed here (its tasks
+    /// here are gone), so theirs cannot go on: they end that run too and start the next.
+    pub struct RunFailed {
+        /// Stream.
+        pub stream: StreamId,
+        /// The run that failed.
+        pub epoch: Epoch,
+        /// Why, as the failing node says (for logs and status).
+        pub reason: String,
+    }
+}
+
+archived! {
     /// Where a restore point came from.
     pub enum RestoreBasis {
         /// The coordinator's durable commit record.

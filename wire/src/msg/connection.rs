@@ -11,8 +11,8 @@ archived! {
         pub node: NodeId,
         /// The dialer's protocol version (also in every frame header).
         pub protocol_version: u8,
-        /// The dialer's incarnation of the cluster's streams (0: a client, not a member): members
-        /// only exchange frames at the same incarnation (see `TransportConfig::incarnation`).
+        /// The dialer's process incarnation (0: a client, not a member): an older process of a
+        /// node is refused (see `TransportConfig::incarnation`).
         pub incarnation: u64,
         /// Random challenge for the accepting side to prove the secret over.
         pub nonce: [u8; NONCE_LEN],
@@ -73,6 +73,8 @@ archived! {
     pub struct TaskHeartbeat {
         /// Stream.
         pub stream: StreamId,
+        /// The run of the stream the task belongs to.
+        pub epoch: Epoch,
         /// Task.
         pub task: TaskId,
         /// Latest checkpoint this task committed.
@@ -107,10 +109,8 @@ archived! {
         ProtocolViolation,
         /// Another connection to the same node replaced this one.
         Replaced,
-        /// The two ends run the stream at different incarnations: the older one restarts.
+        /// The member is an older process of a node that a newer one has replaced.
         Stale,
-        /// The node is between two runs of its stream and serves clients only: a member retries.
-        Restarting,
         /// The connection's role may not send this message kind (fatal for the request).
         Forbidden,
         /// Too many connections are handshaking (from this address or in all): retry later.

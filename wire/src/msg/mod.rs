@@ -188,6 +188,7 @@ kinds! {
     30 => ConsensusReq,
     31 => Restore,
     32 => CannotRestoreReq,
+    33 => RunFailed,
     40 => StatusReq,
     41 => StatusRsp,
     42 => CheckpointNowReq,

@@ -6,7 +6,7 @@
 //! and says `Welcome`. Each side proves the key over a fresh nonce chosen by the other, so a
 //! recorded handshake cannot be replayed, and the two proofs are domain-separated so one cannot
 //! stand in for the other. The proofs cover both identities, the client name and both
-//! incarnations, so what either side acts on (a newer incarnation restarts a stream) is exactly
+//! incarnations, so what either side acts on (a newer process replaces an older one's connection) is exactly
 //! what the other proved. Proofs are compared in constant time (`Mac::verify_slice`).
 
 use hmac::{Hmac, Mac};

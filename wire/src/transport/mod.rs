@@ -82,15 +82,12 @@ pub struct TransportConfig {
     pub reconnect_min: Duration,
     /// Largest reconnect delay (default 5 s).
     pub reconnect_max: Duration,
-    /// This node's incarnation of the cluster's streams (default 0: not a member, as a client).
-    /// Two members exchange frames only at the same incarnation: a handshake between different
-    /// ones is refused ([`crate::msg::CloseCode::Stale`]) and the older end hears
-    /// [`Event::NewerIncarnation`], so a restarted stream never takes frames from a stale one.
+    /// This process's incarnation (default 0, as a client): a node that restarts takes a greater
+    /// one. A member seen here at an incarnation below the newest it proved is an older process
+    /// that was replaced, and is refused ([`crate::msg::CloseCode::Stale`]); a member that
+    /// proves a greater one replaces its connection (reported as [`Event::PeerDown`], then
+    /// [`Event::PeerUp`]).
     pub incarnation: u64,
-    /// Serve clients only (a node between two runs of its stream, answering status): members
-    /// (a `Hello` with an incarnation) are refused with [`crate::msg::CloseCode::Restarting`]
-    /// and redial with backoff.
-    pub clients_only: bool,
     /// What every heartbeat says of this node's tasks (the seed's heartbeat content: latest,
     /// active and failed checkpoint per task); `None` sends plain heartbeats.
     pub heartbeat_tasks: Option<HeartbeatTasks>,
@@ -136,7 +133,6 @@ impl std::fmt::Debug for TransportConfig {
             .field("reconnect_min", &self.reconnect_min)
             .field("reconnect_max", &self.reconnect_max)
             .field("incarnation", &self.incarnation)
-            .field("clients_only", &self.clients_only)
             .field("heartbeat_tasks", &self.heartbeat_tasks.is_some())
             .field("clients", &self.clients)
             .field("max_handshaking", &self.max_handshaking)
@@ -167,7 +163,6 @@ impl TransportConfig {
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(5),
             incarnation: 0,
-            clients_only: false,
             heartbeat_tasks: None,
             clients: HashMap::new(),
             max_handshaking: 256,
@@ -247,14 +242,6 @@ pub enum Event {
         /// The peer said goodbye (`Close(Shutdown)`: it stopped on purpose) rather than
         /// vanishing (a crash, a reset, silence, a bad frame).
         orderly: bool,
-    },
-    /// A member runs at a newer incarnation than this node: this node's stream is stale and
-    /// must restart at `incarnation` (the handshake was refused).
-    NewerIncarnation {
-        /// The peer.
-        node: NodeId,
-        /// Its incarnation.
-        incarnation: u64,
     },
     /// A validated frame from an authenticated peer.
     Frame {

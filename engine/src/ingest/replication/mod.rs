@@ -223,6 +223,19 @@ impl<T> Replicator<T> {
         !self.owed.is_empty()
     }
 
+    /// The writer stops: every acknowledgement still held for a follower becomes a refusal the
+    /// producer may retry (the rows are durable here, not yet on the copy; sent again, they are
+    /// acknowledged as duplicates once the copy has them).
+    pub(super) fn abandon(&mut self) -> Vec<(Appended<T>, Instant)> {
+        let held = self.shipping.values_mut().flat_map(|s| s.held.drain(..));
+        held.map(|(mut a, taken, _)| {
+            let reason = "the stream stopped on this node before its copy on another node had the rows".to_string();
+            a.result = Err(super::service::AppendFailure::Refused { reason, retryable: true });
+            (a, taken)
+        })
+        .collect()
+    }
+
     /// A durable acknowledgement: released at once, or held until the follower has its rows.
     pub(super) fn hold(&mut self, a: Appended<T>, taken: Instant) -> Option<(Appended<T>, Instant)> {
         let need = match (&a.result, a.marker) {

@@ -30,7 +30,13 @@ impl Routing {
     /// A stop request from a client (sent on to every peer) or from a peer (not sent on).
     pub(super) fn on_stop(&mut self, from: NodeId, req: weir_wire::msg::StopReq) {
         let peers = self.streams.get(&req.stream).map(|s| (s.status.clone(), s.status.peers.clone()));
-        let stopping = peers.is_some();
+        let mut stopping = peers.is_some();
+        if !stopping && let Some(s) = self.standings.lock().unwrap_or_else(|e| e.into_inner()).get(&req.stream) {
+            // Between runs: the node stops; its peers hear of it from the client as well.
+            tracing::info!(stream = %req.stream, %from, forwarded = req.forwarded, "stop requested");
+            s.stop();
+            stopping = true;
+        }
         let mut told = Vec::new();
         if let Some((status, peers)) = peers {
             tracing::info!(stream = %req.stream, %from, forwarded = req.forwarded, "stop requested");
@@ -118,11 +124,16 @@ impl Routing {
 
     pub(super) fn on_ingest(&mut self, node: NodeId, frame: &Frame) {
         let Ok(req) = frame.to_owned::<Ingest>() else { return };
-        let token = IngestToken { node, stream: req.stream, request: req.request };
+        let epoch = self.streams.get(&req.stream).map_or(weir_wire::Epoch(0), |s| s.epoch);
+        let token = IngestToken { node, stream: req.stream, request: req.request, epoch };
         let Some(s) = self.streams.get(&req.stream) else {
+            let standing =
+                self.standings.lock().unwrap_or_else(|e| e.into_inner()).get(&req.stream).map(|s| s.ingest(self.node));
             // Retryable: the stream may start here (on a node shared by streams).
-            let reason = format!("stream {} does not run on node {} now", req.stream, self.node);
-            let outcome = IngestOutcome::Rejected { reason, retryable: true };
+            let outcome = standing.unwrap_or_else(|| IngestOutcome::Rejected {
+                reason: format!("stream {} does not run on node {} now", req.stream, self.node),
+                retryable: true,
+            });
             return self.send_ack(token, req.partition, outcome);
         };
         let Some((svc, owners)) = s.ingest.as_ref() else {
@@ -181,10 +192,17 @@ impl Routing {
         let outcome = match a.result {
             // Durable here, but a node that may have lost its membership acknowledges nothing:
             // its partitions may be taken over (the producer sends again; appends are idempotent).
-            Ok(Some(_)) if !self.streams.contains_key(&a.token.stream) => IngestOutcome::Rejected {
-                reason: format!("stream {} stopped on node {}: nothing is acknowledged", a.token.stream, self.node),
-                retryable: true,
-            },
+            // Only while the run that took it is attached: a later run may have moved the
+            // partition to a log elsewhere.
+            Ok(Some(_)) if self.streams.get(&a.token.stream).is_none_or(|s| s.epoch != a.token.epoch) => {
+                IngestOutcome::Rejected {
+                    reason: format!(
+                        "the run of stream {} that took it ended on node {}: nothing is acknowledged",
+                        a.token.stream, self.node
+                    ),
+                    retryable: true,
+                }
+            }
             Ok(Some(_)) if !self.holds_tenure(a.token.stream) => IngestOutcome::Rejected {
                 reason: format!("node {} holds no lease in etcd now: nothing is acknowledged", self.node),
                 retryable: true,
@@ -212,9 +230,11 @@ impl Routing {
     }
 
     /// A status request: the first attached stream's status, with every attached stream's tasks
-    /// and health; an idle node's when none is attached.
+    /// and health; when none is attached, what the node says of the first stream it stands by
+    /// for, or an idle node's.
     pub(super) fn on_status(&mut self, from: NodeId, request: u64) {
         let mut streams = self.streams.values();
+        let standing = self.standings.lock().unwrap_or_else(|e| e.into_inner()).values().next().cloned();
         let rsp = match streams.next() {
             Some(first) => {
                 let mut rsp = first.status.response(request);
@@ -224,6 +244,10 @@ impl Routing {
                     rsp.streams.extend(more.streams);
                 }
                 rsp
+            }
+            None if let Some(s) = standing => {
+                let links = self.links.lock().unwrap_or_else(|e| e.into_inner()).all();
+                s.status(request, self.node, links)
             }
             None => StatusRsp {
                 request,

@@ -107,6 +107,18 @@ impl Early {
         Ok(frames.into_iter().map(|(_, n, f)| (n, f)).collect())
     }
 
+    /// `from` says `run` failed on it before the run attached here: it fails as it attaches
+    /// (nothing if it ran here already).
+    pub(super) fn fail(&mut self, run: Run, from: NodeId, reason: &str) {
+        if self.ran.get(&run.stream).is_some_and(|e| run.epoch <= *e) {
+            return;
+        }
+        if mark_lost(&mut self.lost, run) {
+            let (stream, epoch) = (run.stream, run.epoch);
+            tracing::warn!(%stream, %epoch, %from, %reason, "a run failed on another node before it started here");
+        }
+    }
+
     /// The newest run of `stream` later than `than` that frames from a node `heeded` wait for.
     pub(super) fn newer(&self, stream: StreamId, than: Epoch, heeded: impl Fn(NodeId) -> bool) -> Option<Epoch> {
         let later = self.waiting.iter().filter(|(r, _)| r.stream == stream && r.epoch > than);

@@ -11,13 +11,21 @@
 //! also fails the earlier run still attached (its peers have restarted the stream). A client's
 //! request for a stream that is not attached here gets an answer saying so; a frame for a
 //! channel the attached run does not have fails that stream alone, as a gap in a channel's
-//! sequence numbers does. Events of the transport itself (a peer lost, a peer at a newer
-//! incarnation) reach every attached stream.
+//! sequence numbers does. A peer's loss (its connection, or its process replaced by a newer
+//! one) reaches every attached stream. A run ends when one of its nodes says its part failed
+//! ([`RunFailed`], sent as a failed run detaches or its node stops) or runs a later one (its
+//! frames or heartbeats): the node restarts the stream at the next epoch, or at that later one.
 
+mod attached;
 mod clients;
 mod early;
 mod peers;
+mod standing;
 
+pub(crate) use standing::{Links, SharedLinks, Standings};
+pub use standing::{Standing, StandingPhase};
+
+use attached::Attached;
 use peers::run;
 
 use std::collections::{BTreeMap, HashMap};
@@ -26,11 +34,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Sender};
 use crossbeam_utils::sync::Unparker;
-use weir_wire::msg::{Credit, Data, EndOfStream, TaskHeartbeat, Watermark, WindowResults};
+use weir_wire::msg::{Credit, Data, EndOfStream, Watermark, WindowResults};
 use weir_wire::transport::{Event, Transport};
-use weir_wire::{Frame, FrameEncoder, Kind, NodeId, Seq, StreamId, TaskId};
+use weir_wire::{Epoch, Frame, FrameEncoder, Kind, NodeId, StreamId, TaskId};
 
 use super::channel::Msg;
 use super::protocol_wire::Run;
@@ -46,6 +54,8 @@ pub struct IngestToken {
     pub stream: StreamId,
     /// Client's request id.
     pub request: u64,
+    /// The run of the stream that took the request: only that run acknowledges it.
+    pub epoch: Epoch,
 }
 
 /// Local tasks' control queues and, on the coordinator's node, its inbox.
@@ -68,94 +78,6 @@ pub(crate) struct StreamSide {
     pub(crate) status: Arc<super::status::StatusBoard>,
 }
 
-struct InChannel {
-    tx: Sender<Msg>,
-    wake: Unparker,
-    next: Seq,
-}
-
-/// An attached stream, as the router thread holds it.
-struct Attached {
-    /// The run attached.
-    epoch: weir_wire::Epoch,
-    /// A peer has started a later run (this one failed when it heard).
-    superseded: bool,
-    inputs: HashMap<(TaskId, TaskId), InChannel>,
-    credits: HashMap<(TaskId, TaskId), (Arc<AtomicU32>, Unparker)>,
-    shared: Arc<Shared>,
-    ingest: Option<IngestSide>,
-    proto: ProtoSide,
-    status: Arc<super::status::StatusBoard>,
-}
-
-impl Attached {
-    fn new(epoch: weir_wire::Epoch, s: StreamSide) -> Self {
-        let inputs = s.inputs.into_iter().map(|(k, (tx, wake))| (k, InChannel { tx, wake, next: Seq(0) })).collect();
-        let (credits, shared, ingest, proto, status) = (s.credits, s.shared, s.ingest, s.proto, s.status);
-        Attached { epoch, superseded: false, inputs, credits, shared, ingest, proto, status }
-    }
-
-    fn fail(&self, why: String) {
-        self.shared.fail(why);
-    }
-
-    /// Whether `node` runs tasks of the stream (only those speak for its channels and its
-    /// protocol: another member of the cluster has no say in a stream it does not run).
-    fn heeds(&self, node: NodeId, what: &str) -> bool {
-        let peer = self.status.peers.contains(&node);
-        if !peer {
-            tracing::warn!(stream = %self.status.stream, %node, "{what} from a node that does not run the stream dropped");
-        }
-        peer
-    }
-
-    /// Checks the channel's sequence number and hands `msg` to its task.
-    fn deliver(&mut self, from: TaskId, to: TaskId, seq: Seq, msg: Msg) {
-        let Some(ch) = self.inputs.get_mut(&(from, to)) else {
-            return self.fail(format!("frame for unknown channel {from} -> {to}"));
-        };
-        if seq != ch.next {
-            // A gap means frames were lost (a broken connection): results would be wrong.
-            let why = format!("channel {from} -> {to}: expected {}, got {seq}: data lost", ch.next);
-            return self.fail(why);
-        }
-        ch.next = seq.next();
-        match ch.tx.try_send(msg) {
-            Ok(()) => ch.wake.unpark(),
-            Err(TrySendError::Full(_)) => self.fail(format!("channel {from} -> {to} overran its credits")),
-            Err(TrySendError::Disconnected(_)) => {} // the task finished or the stream stops
-        }
-    }
-
-    /// Node `node` of the transport went away (`orderly`: it said goodbye).
-    fn peer_down(&self, node: NodeId, reason: &str, orderly: bool) {
-        self.status.link(node, false, reason.to_string());
-        // Not once the stream stops here: peers go as they stop, not always in order.
-        let stopping = self.shared.stop.load(Ordering::Acquire) || self.status.stop_requested.load(Ordering::Acquire);
-        let peer = self.status.peers.contains(&node);
-        if self.status.failover && !orderly && !stopping && peer && !self.status.finished() {
-            // Frames to and from it are lost: the stream restarts from its last commit.
-            self.fail(format!("node {node} of the stream was lost ({reason})"));
-        }
-        // Its tasks cannot finish a checkpoint in flight: the coordinator fails it.
-        if let Some(inbox) = &self.proto.1 {
-            let _ = inbox.send(crate::checkpoint::CoordInput::NodeLost { node });
-        }
-    }
-
-    fn newer_incarnation(&self, node: NodeId, incarnation: u64) {
-        self.shared.newer_incarnation.fetch_max(incarnation, Ordering::AcqRel);
-        self.fail(format!("node {node} restarted the stream (incarnation {incarnation})"));
-    }
-
-    fn peer_up(&self, node: NodeId) {
-        self.status.link(node, true, String::new());
-        if let Some(inbox) = &self.proto.1 {
-            let _ = inbox.send(crate::checkpoint::CoordInput::NodeUp { node });
-        }
-    }
-}
-
 enum Cmd {
     Attach(Run, Box<StreamSide>),
     /// Detaches the stream and hands it back (what it holds is dropped off the router thread).
@@ -164,10 +86,23 @@ enum Cmd {
     FailAll(String, Sender<()>),
 }
 
-/// The router thread of a node, and the way streams attach to it.
 /// The nodes connected to this one now.
 pub(crate) type Connected = Arc<std::sync::Mutex<std::collections::BTreeSet<NodeId>>>;
 
+/// Per stream, the newest run some node was seen in (by its frames or heartbeats).
+pub(crate) type Seen = Arc<std::sync::Mutex<BTreeMap<StreamId, Epoch>>>;
+
+/// What a node shares with its router besides the transport.
+pub(crate) struct NodeSide {
+    /// The other members of the cluster (the links status shows).
+    pub(crate) links: SharedLinks,
+    pub(crate) standings: Standings,
+    pub(crate) seen: Seen,
+    /// Why a newer process of this node replaced this one, once a peer said so.
+    pub(crate) replaced: Arc<std::sync::OnceLock<String>>,
+}
+
+/// The router thread of a node, and the way streams attach to it.
 pub(crate) struct Router {
     stop: Arc<AtomicBool>,
     up: Connected,
@@ -181,7 +116,12 @@ impl Router {
     /// Starts the router of node `node` on `transport`, with no stream attached. `held`: it
     /// takes nothing from the transport until the first stream attaches (a node started for
     /// one stream: the stream sees every event from the transport's start, as peers come up).
-    pub(crate) fn start(node: NodeId, transport: Transport, held: bool) -> Result<Router, super::error::EngineError> {
+    pub(crate) fn start(
+        node: NodeId,
+        transport: Transport,
+        held: bool,
+        side: NodeSide,
+    ) -> Result<Router, super::error::EngineError> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let (cmds, cmd_rx) = crossbeam_channel::unbounded();
@@ -197,7 +137,10 @@ impl Router {
                     streams: BTreeMap::new(),
                     up: up2,
                     early: Default::default(),
-                    newer: None,
+                    links: side.links,
+                    standings: side.standings,
+                    seen: side.seen,
+                    replaced: side.replaced,
                     deliver_at_exit: Vec::new(),
                     cmds: cmd_rx,
                     acks: ack_rx,
@@ -206,6 +149,7 @@ impl Router {
                 if !held || r.first_attach(&stop2) {
                     r.run(&stop2);
                 }
+                r.tell_failed();
                 (r.transport, r.deliver_at_exit)
             })
             .map_err(super::error::EngineError::Thread)?;
@@ -267,8 +211,13 @@ struct Routing {
     up: Connected,
     /// Peers' frames for streams that have not attached yet.
     early: early::Early,
-    /// The newest incarnation a peer was seen at, for streams that attach later.
-    newer: Option<(NodeId, u64)>,
+    /// The links to the other members.
+    links: SharedLinks,
+    /// What the node says of streams with no run attached.
+    standings: Standings,
+    /// Per stream, the newest run some node was seen in.
+    seen: Seen,
+    replaced: Arc<std::sync::OnceLock<String>>,
     /// Peers this node passed a client's stop on to: their queues are delivered at shutdown.
     deliver_at_exit: Vec<NodeId>,
     cmds: Receiver<Cmd>,
@@ -303,12 +252,12 @@ impl Routing {
                 // The links that came up before it attached.
                 let up = self.up.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 up.iter().filter(|n| s.status.peers.contains(n)).for_each(|n| s.peer_up(*n));
-                if let Some((node, incarnation)) = self.newer {
-                    s.newer_incarnation(node, incarnation);
-                }
                 if let Some(later) = self.early.newer(stream, run.epoch, |n| s.status.peers.contains(&n)) {
-                    s.superseded = true;
-                    s.fail(format!("a later run of the stream (epoch {later}) started on its other nodes"));
+                    s.supersede(later, format!("a later run of the stream (epoch {later}) started on its other nodes"));
+                }
+                let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).copied();
+                if let Some(later) = seen.filter(|e| *e > run.epoch) {
+                    s.supersede(later, format!("a later run of the stream (epoch {later}) runs on other nodes"));
                 }
                 match self.early.take(run, std::time::Instant::now()) {
                     Ok(frames) => {
@@ -317,8 +266,8 @@ impl Routing {
                     }
                     Err(()) => {
                         s.fail(format!(
-                            "frames its peers sent it before it started on node {} were dropped (too many, or \
-                             it started more than {} s after them)",
+                            "before it started on node {}, another of its nodes said the run failed, or frames \
+                             its peers sent it were dropped (too many, or it started more than {} s after them)",
                             self.node,
                             early::MAX_WAIT.as_secs()
                         ));
@@ -327,6 +276,7 @@ impl Routing {
                 }
             }
             Cmd::Detach(stream, done) => {
+                self.tell_failed();
                 let _ = done.send(self.streams.remove(&stream));
             }
             Cmd::FailAll(why, done) => {
@@ -348,6 +298,7 @@ impl Routing {
                 recv(acks) -> a => if let Ok(a) = a { self.ack(a) },
                 default(Duration::from_millis(50)) => {}
             }
+            self.tell_failed();
         }
     }
 
@@ -361,33 +312,29 @@ impl Routing {
                     tracing::debug!(client = %node, %reason, "client gone");
                 }
                 self.up.lock().unwrap_or_else(|e| e.into_inner()).remove(&node);
+                self.links.lock().unwrap_or_else(|e| e.into_inner()).set(node, false, &reason);
                 self.streams.values().for_each(|s| s.peer_down(node, &reason, orderly));
             }
             Event::PeerUp { node, .. } => {
                 tracing::debug!(peer = %node, "peer up");
                 self.up.lock().unwrap_or_else(|e| e.into_inner()).insert(node);
+                self.links.lock().unwrap_or_else(|e| e.into_inner()).set(node, true, "");
                 self.streams.values().for_each(|s| s.peer_up(node));
             }
-            Event::NewerIncarnation { node, incarnation } => {
-                // The incarnation is the node's: every stream here restarts at the newer one, and
-                // so does a stream that attaches later.
-                if self.newer.is_none_or(|(_, i)| i < incarnation) {
-                    self.newer = Some((node, incarnation));
+            Event::Refused { code: weir_wire::msg::CloseCode::Stale, by_peer: true, reason, .. } => {
+                // A peer knows a newer process of this node: this one was replaced (it was paused,
+                // say, while the node started again) and must run nothing more.
+                if self.replaced.set(reason.clone()).is_ok() {
+                    tracing::error!(%reason, "a newer process of this node runs: this one stops");
                 }
-                self.streams.values().for_each(|s| s.newer_incarnation(node, incarnation));
+                let why = format!("a newer process of node {} runs", self.node);
+                self.streams.values().for_each(|s| s.fail(why.clone()));
             }
-            Event::Refused {
-                code: weir_wire::msg::CloseCode::Stale | weir_wire::msg::CloseCode::Restarting, ..
-            } => {}
+            Event::Refused { code: weir_wire::msg::CloseCode::Stale, .. } => {}
             // The transport logs refusals (strangers' summed up): not again here.
             Event::Refused { reason, .. } => tracing::debug!(%reason, "connection refused"),
             Event::Heartbeat { from, tasks } => self.heard(from, &tasks),
         }
-    }
-
-    /// A peer's heartbeat: each attached stream takes its own tasks' summaries.
-    fn heard(&self, from: NodeId, tasks: &[TaskHeartbeat]) {
-        self.streams.values().for_each(|s| s.status.heard(from, tasks));
     }
 
     fn on_frame(&mut self, node: NodeId, frame: Frame) {
@@ -441,6 +388,7 @@ impl Routing {
                 }
             }
             Kind::Ingest => self.on_ingest(node, &frame),
+            Kind::RunFailed => self.on_run_failed(node, &frame),
             Kind::Replicate | Kind::ReplicateAck => self.on_replication(node, &frame),
             Kind::CheckpointNowReq => {
                 let Ok(req) = frame.to_owned::<weir_wire::msg::CheckpointNowReq>() else { return };

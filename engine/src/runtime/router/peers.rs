@@ -1,9 +1,12 @@
 //! Frames from the stream's peers: which run of its stream a frame reaches ([`place`], by the
-//! epoch it names), and handing channel and protocol messages to the attached run's tasks and
-//! coordinator.
+//! epoch it names), what the peers say of runs (a later run in their heartbeats, a failed run
+//! in [`RunFailed`]) and what this node tells them, and handing channel and protocol messages
+//! to the attached run's tasks and coordinator.
 
-use weir_wire::msg::{Watermark, WindowResults};
-use weir_wire::{Frame, Kind, NodeId, Seq, StreamId, TaskId};
+use std::time::Duration;
+
+use weir_wire::msg::{RunFailed, TaskHeartbeat, Watermark, WindowResults};
+use weir_wire::{Epoch, Frame, Kind, NodeId, Seq, StreamId, TaskId};
 
 use super::super::channel::{Msg, Rows};
 use super::super::protocol_wire::Run;
@@ -46,6 +49,14 @@ impl Routing {
         match place(s.map(|s| s.epoch), run.epoch) {
             Place::Deliver => s.filter(|s| s.heeds(node, what)).map(|_| frame),
             Place::Wait => {
+                let later = self.seen.lock().unwrap_or_else(|e| e.into_inner()).get(&run.stream).copied();
+                if later.is_some_and(|l| l > run.epoch) {
+                    // A later run exists: this node will never attach this one.
+                    let (stream, epoch) = (run.stream, run.epoch);
+                    tracing::debug!(%stream, %epoch, %node, "{what} of a superseded run dropped");
+                    return None;
+                }
+                self.saw(run.stream, run.epoch);
                 self.early.hold(run, node, frame, now);
                 None
             }
@@ -55,14 +66,79 @@ impl Routing {
                 None
             }
             Place::Later => {
-                // Once: every frame of the later run comes this way until the earlier detaches.
-                if let Some(s) = self.streams.get_mut(&run.stream).filter(|s| !s.superseded && s.heeds(node, what)) {
-                    s.superseded = true;
-                    s.fail(format!("node {node} started a later run of the stream (epoch {})", run.epoch));
+                self.saw(run.stream, run.epoch);
+                // Every frame of the later run comes this way until the earlier detaches: the
+                // warning for a node that does not run the stream is given once.
+                if let Some(s) = self.streams.get_mut(&run.stream) {
+                    let heeded = if s.superseded { s.status.peers.contains(&node) } else { s.heeds(node, what) };
+                    if heeded {
+                        s.supersede(
+                            run.epoch,
+                            format!("node {node} started a later run of the stream (epoch {})", run.epoch),
+                        );
+                    }
                 }
                 self.early.hold(run, node, frame, now);
                 None
             }
+        }
+    }
+
+    /// A peer's heartbeat: each attached stream takes its own tasks' summaries, and one whose
+    /// node runs a later run of it fails (its node restarts it at that run's epoch).
+    pub(super) fn heard(&mut self, from: NodeId, tasks: &[TaskHeartbeat]) {
+        tasks.iter().for_each(|t| self.saw(t.stream, t.epoch));
+        for (stream, s) in self.streams.iter_mut() {
+            s.status.heard(from, tasks);
+            let later = tasks.iter().filter(|t| t.stream == *stream && t.epoch > s.epoch).map(|t| t.epoch).max();
+            if let Some(e) = later.filter(|_| s.status.peers.contains(&from)) {
+                s.supersede(e, format!("node {from} runs a later run of the stream (epoch {e})"));
+            }
+        }
+    }
+
+    /// A run of `stream` at `epoch` exists on some node (for a stream that attaches later, or
+    /// a node between runs: [`super::Node::newest_epoch`]).
+    pub(super) fn saw(&self, stream: StreamId, epoch: Epoch) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let e = seen.entry(stream).or_insert(epoch);
+        *e = (*e).max(epoch);
+    }
+
+    /// Tells the other nodes of each attached run that failed here since the last call (once
+    /// per run; a run that a later one superseded has no peers left in it): theirs end too,
+    /// without waiting for this one to wind down.
+    pub(super) fn tell_failed(&mut self) {
+        let mut notices = Vec::new();
+        for (stream, s) in self.streams.iter_mut().filter(|(_, s)| !s.told && !s.superseded) {
+            if let Some(why) = s.shared.failure.get() {
+                s.told = true;
+                let reason: String = why.chars().take(512).collect();
+                notices.push((RunFailed { stream: *stream, epoch: s.epoch, reason }, s.status.peers.clone()));
+            }
+        }
+        let me = self.node;
+        for (msg, peers) in notices {
+            for peer in peers.iter().filter(|p| **p != me) {
+                self.reply(*peer, &msg, Duration::from_secs(1), "failed run's notice");
+                // Delivered even if the node stops before the peer takes it.
+                if !self.deliver_at_exit.contains(peer) {
+                    self.deliver_at_exit.push(*peer);
+                }
+            }
+        }
+    }
+
+    /// Another node says its part of a run failed: that run ends here too, or, not attached
+    /// here yet, fails as it attaches.
+    pub(super) fn on_run_failed(&mut self, node: NodeId, frame: &Frame) {
+        let Ok(m) = frame.access::<RunFailed>() else { return };
+        let (stream, epoch) = (m.stream.get(), m.epoch.get());
+        let reason: String = m.reason.chars().take(512).flat_map(char::escape_debug).collect();
+        match self.streams.get(&stream) {
+            Some(s) if s.epoch == epoch => s.peer_failed(node, &reason),
+            Some(_) => {}
+            None => self.early.fail(Run { stream, epoch }, node, &reason),
         }
     }
 

@@ -6,6 +6,12 @@
 //! its next handshake step needs (not this node's cluster name when the peer named another one).
 //! The acceptor proves its key first, over the dialer's nonce; the dialer acts on the acceptor's
 //! incarnation only after checking that proof, and the acceptor on the dialer's only after `Auth`.
+//!
+//! Incarnations are processes: a member that restarts takes a greater one. A member proving an
+//! incarnation below the newest its node proved here is an older process of it (one paused, say,
+//! while a new one took its place) and is refused ([`CloseCode::Stale`]); one proving a greater
+//! incarnation than its established connection's replaces that connection, reported as the
+//! peer's loss and return (its process restarted: whatever it ran is gone).
 
 use super::*;
 use crate::role::{Role, client_key};
@@ -130,12 +136,12 @@ impl EventLoop {
             return self.refuse(token, CloseCode::AuthFailed, reason);
         }
         // Proven: its incarnation is the peer's own.
-        if let Some(theirs) = self.newer(ch.incarnation) {
-            return self.stale(token, ch.node, theirs);
+        if let Some(seen) = self.replaced(ch.node, ch.incarnation) {
+            return self.stale(token, ch.node, ch.incarnation, seen);
         }
         let auth = Auth { proof: proof::prove(&self.cfg.secret, Side::Dialer, &t) };
         if let Some(c) = self.conns.get_mut(&token) {
-            c.phase = Phase::AwaitWelcome { peer: ch.node };
+            c.phase = Phase::AwaitWelcome { peer: ch.node, incarnation: ch.incarnation };
         }
         self.queue_control(token, &auth);
         self.flush(token);
@@ -173,57 +179,42 @@ impl EventLoop {
             let reason = format!("peer {} proved the cluster secret but presented no certificate", a.peer);
             return self.refuse(token, CloseCode::AuthFailed, reason);
         }
-        // Proven: only now may its incarnation restart this node's stream.
-        if role == Role::Member && a.dialer_incarnation > 0 {
-            if self.cfg.clients_only {
-                if let Some(theirs) = self.newer(a.dialer_incarnation) {
-                    self.emit(Event::NewerIncarnation { node: a.peer, incarnation: theirs });
-                }
-                let reason = format!("node {} is restarting its stream and serves clients only", self.cfg.node);
-                return self.refuse(token, CloseCode::Restarting, reason);
-            }
-            if let Some(theirs) = self.newer(a.dialer_incarnation) {
-                return self.stale(token, a.peer, theirs);
-            }
-            if self.cfg.incarnation > 0 && a.dialer_incarnation < self.cfg.incarnation {
-                let reason = format!(
-                    "peer {} runs at incarnation {}, this node at {}: the peer restarts",
-                    a.peer, a.dialer_incarnation, self.cfg.incarnation
-                );
-                return self.refuse(token, CloseCode::Stale, reason);
-            }
+        // Proven: only now may its incarnation replace an older process's connection.
+        if role == Role::Member
+            && let Some(seen) = self.replaced(a.peer, a.dialer_incarnation)
+        {
+            return self.stale(token, a.peer, a.dialer_incarnation, seen);
         }
         self.queue_control(token, &Welcome { role: role.name().to_string() });
-        self.established(token, a.peer, role)
+        let incarnation = if role == Role::Member { a.dialer_incarnation } else { 0 };
+        self.established(token, a.peer, role, incarnation)
     }
 
-    pub(super) fn on_welcome(&mut self, token: Token, frame: &Frame, peer: NodeId) -> bool {
+    pub(super) fn on_welcome(&mut self, token: Token, frame: &Frame, peer: NodeId, incarnation: u64) -> bool {
         if let Err(e) = frame.access::<Welcome>() {
             return self.refuse(token, CloseCode::ProtocolViolation, format!("expected Welcome: {e}"));
         }
         // The acceptor proved the cluster secret in its challenge: a member.
-        self.established(token, peer, Role::Member)
+        self.established(token, peer, Role::Member, incarnation)
     }
 
-    /// `peer` runs at `theirs`, above this node: it reports so (the engine restarts at it) and
-    /// refuses the connection. Only after the peer proved its key.
-    fn stale(&mut self, token: Token, peer: NodeId, theirs: u64) -> bool {
-        self.emit(Event::NewerIncarnation { node: peer, incarnation: theirs });
+    /// Refuses member `peer`'s connection at `theirs`: a newer process of it proved `seen`
+    /// here. Only after the peer proved its key.
+    fn stale(&mut self, token: Token, peer: NodeId, theirs: u64, seen: u64) -> bool {
         let reason = format!(
-            "peer {peer} runs at incarnation {theirs}, this node at {}: this node restarts",
-            self.cfg.incarnation
+            "node {peer} at incarnation {theirs} is an older process than the one at {seen} it was replaced by"
         );
         self.refuse(token, CloseCode::Stale, reason)
     }
 
-    /// `theirs`, when both ends are members and the peer's incarnation is above this node's.
-    fn newer(&self, theirs: u64) -> Option<u64> {
-        (self.cfg.incarnation > 0 && theirs > self.cfg.incarnation).then_some(theirs)
+    /// The newest incarnation `peer` proved here, when `theirs` is below it (an older process).
+    fn replaced(&self, peer: NodeId, theirs: u64) -> Option<u64> {
+        self.peers.get(&peer).map(|p| p.incarnation).filter(|seen| theirs < *seen)
     }
 
-    /// The handshake on `token` completed with `peer` in `role`. False if this connection lost
-    /// to another.
-    pub(super) fn established(&mut self, token: Token, peer: NodeId, role: Role) -> bool {
+    /// The handshake on `token` completed with `peer` in `role`, a member at `incarnation` (0
+    /// for a client). False if this connection lost to another.
+    pub(super) fn established(&mut self, token: Token, peer: NodeId, role: Role, incarnation: u64) -> bool {
         self.shared.stats.handshakes.fetch_add(1, Ordering::Relaxed);
         let client = role != Role::Member;
         if client {
@@ -270,6 +261,7 @@ impl EventLoop {
                 dialing: None,
                 next_dial: now,
                 backoff: self.cfg.reconnect_min,
+                incarnation: 0,
             };
             self.peers.insert(peer, p);
         }
@@ -277,6 +269,26 @@ impl EventLoop {
         if p.dialing == Some(token) {
             p.dialing = None;
         }
+        if incarnation < p.incarnation {
+            // Another connection proved a newer process while this one finished its handshake.
+            let seen = p.incarnation;
+            return self.stale(token, peer, incarnation, seen);
+        }
+        // A new process of a node seen before (connected still, or gone, even in good order):
+        // whatever the old one ran is gone, which is reported as its loss before the new one's
+        // arrival.
+        let restarted = p.incarnation > 0 && p.incarnation < incarnation;
+        p.incarnation = incarnation;
+        if restarted {
+            let reason = format!("node {peer} restarted (incarnation {incarnation})");
+            if let Some(old) = p.conn.take() {
+                // Taken out first: the old connection's end is no loss of the peer to book.
+                self.end(old, Ending::tell(CloseCode::Replaced, reason.clone()));
+            }
+            tracing::info!(node = %me, %peer, %reason, "peer down");
+            self.emit(Event::PeerDown { node: peer, reason, orderly: false });
+        }
+        let p = self.peers.get_mut(&peer).expect("peer");
         if let Some(old) = p.conn {
             let old_dialer = self.conns.get(&old).and_then(|c| c.dialer);
             // Same dialer: the newer connection wins (the old one is stale). Otherwise the

@@ -53,7 +53,7 @@ enum Phase {
     /// Acceptor: sent `Challenge`, waiting for `Auth`.
     AwaitAuth(Box<Awaiting>),
     /// Dialer: sent `Auth`, waiting for `Welcome` (or a refusal).
-    AwaitWelcome { peer: NodeId },
+    AwaitWelcome { peer: NodeId, incarnation: u64 },
     /// Authenticated; carries what `role` may send.
     Established { peer: NodeId, role: Role },
     /// Sent `Close`; delivering it, then dropping the socket.
@@ -155,6 +155,9 @@ struct Peer {
     dialing: Option<Token>,
     next_dial: Instant,
     backoff: Duration,
+    /// The newest incarnation (process) the node proved in a handshake: an older one is a
+    /// process that has been replaced, and is refused.
+    incarnation: u64,
 }
 
 pub(super) struct EventLoop {
@@ -236,6 +239,7 @@ impl EventLoop {
                     dialing: None,
                     next_dial: now,
                     backoff: cfg.reconnect_min,
+                    incarnation: 0,
                 };
                 (p.node, peer)
             })
@@ -520,7 +524,7 @@ impl EventLoop {
             Phase::AwaitHello => self.on_hello(token, &frame),
             Phase::AwaitChallenge { nonce } => self.on_challenge(token, &frame, nonce),
             Phase::AwaitAuth(a) => self.on_auth(token, &frame, *a),
-            Phase::AwaitWelcome { peer } => self.on_welcome(token, &frame, peer),
+            Phase::AwaitWelcome { peer, incarnation } => self.on_welcome(token, &frame, peer, incarnation),
             other => {
                 conn.phase = other;
                 true

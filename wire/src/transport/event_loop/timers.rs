@@ -140,7 +140,7 @@ impl EventLoop {
         let addr = conn.addr;
         let was_client = std::mem::take(&mut conn.client_slot);
         let peer = match &conn.phase {
-            Phase::Established { peer, .. } | Phase::AwaitWelcome { peer } => Some(*peer),
+            Phase::Established { peer, .. } | Phase::AwaitWelcome { peer, .. } => Some(*peer),
             Phase::AwaitAuth(a) => Some(a.peer),
             _ => conn.target.or(conn.dialer.filter(|d| *d != node)),
         };
@@ -162,8 +162,8 @@ impl EventLoop {
             if by_peer {
                 self.shared.stats.refused.fetch_add(1, Ordering::Relaxed);
             }
-            if matches!(ending.code, CloseCode::Stale | CloseCode::Restarting) {
-                // Expected while a stream restarts: the older end restarts.
+            if ending.code == CloseCode::Stale {
+                // Expected for a moment after a node's process was replaced.
                 tracing::info!(%node, ?peer, %addr, by_peer, reason = %ending.reason, "handshake refused");
             } else {
                 tracing::warn!(%node, ?peer, %addr, code = ?ending.code, by_peer, reason = %ending.reason, "handshake refused");
@@ -217,10 +217,6 @@ impl EventLoop {
         let Some(p) = self.peers.get_mut(&peer) else { return };
         if p.dialing == Some(token) {
             p.dialing = None;
-            if ending.code == CloseCode::Restarting {
-                // Back within about a second: redial soon rather than back off further.
-                p.backoff = self.cfg.reconnect_min;
-            }
             if p.conn.is_none() {
                 self.schedule_redial(peer);
             }
