@@ -280,7 +280,7 @@ fn an_older_process_of_a_node_hears_it_was_replaced_and_its_runs_fail() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let why = old.replaced().unwrap();
-    assert!(why.contains("older process than the one at 6"), "{why}");
+    assert!(why.contains("was replaced by a newer process at 6"), "{why}");
     let err = c2.wait().unwrap_err().to_string();
     assert!(err.contains("a newer process of node n2 runs"), "{err}");
     assert!(new.replaced().is_none() && n1.replaced().is_none());

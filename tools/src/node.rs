@@ -190,6 +190,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
                             held,
                             board: board.as_deref(),
                             reach: prober.as_ref().map(|p| (p, file.restart.move_after)),
+                            node: &node,
                         };
                         let ended = supervise(&engine, &how, watch);
                         engine.stop();
@@ -390,6 +391,7 @@ struct Watching<'a> {
     /// The probes of the other nodes, and how long they may be unreachable before the node
     /// gives up its membership (`restart.move_after`; with etcd).
     reach: Option<(&'a crate::probe::Prober, Duration)>,
+    node: &'a Node,
 }
 
 /// Watches the engine until it should stop, and says why: also when the node no longer holds
@@ -397,7 +399,7 @@ struct Watching<'a> {
 /// `watch` moves the tasks of a node lost for too long to the others (which restarts the
 /// stream).
 fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::placement::Watch<'_>>) -> RunEnd {
-    let Watching { stop, exit_when_done, stream, control, held, board, reach } = *how;
+    let Watching { stop, exit_when_done, stream, control, held, board, reach, node } = *how;
     let mut ended = false;
     let mut measured: Option<std::time::Instant> = None;
     let mut reached: Option<std::time::Instant> = None;
@@ -416,6 +418,9 @@ fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::place
         }
         if stop.load(Ordering::Relaxed) {
             return RunEnd::Signal;
+        }
+        if let Some(why) = node.replaced() {
+            return RunEnd::Failed { why: format!("a newer process of this node runs ({why})"), newer: None };
         }
         if engine.stop_requested() {
             return RunEnd::StopRequested;

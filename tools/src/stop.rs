@@ -234,7 +234,7 @@ impl Node {
 }
 
 /// Waits at most `limit` until nothing listens on any node's port: its connections are refused
-/// for a second or more (a node between two runs of its stream stops listening for less).
+/// for a second or more (a node keeps listening between two runs of its stream).
 /// Any node that answers is asked again once a second (one that could not be reached may have
 /// missed the first request). A port that neither answers nor
 /// refuses (a node down, or cut off from here) is not taken as gone.

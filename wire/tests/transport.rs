@@ -178,6 +178,29 @@ fn a_member_that_restarts_replaces_its_connection_and_its_older_process_is_refus
 }
 
 #[test]
+fn a_member_that_left_in_good_order_and_comes_back_as_a_new_process_is_reported_lost_once() {
+    let (a, b) = members(5, 4);
+    wait_for(&a, |e| matches!(e, Event::PeerUp { node: NodeId(2), .. }));
+    b.shutdown();
+    match wait_for(&a, |e| matches!(e, Event::PeerDown { node: NodeId(2), .. })) {
+        Event::PeerDown { orderly, .. } => assert!(orderly, "a goodbye is no loss"),
+        _ => unreachable!(),
+    }
+    // Its new process: whatever the old one ran is gone, which its peer hears before it is up.
+    let mut c_cfg = config(2);
+    c_cfg.incarnation = 6;
+    c_cfg.peers.push(PeerConfig { node: NodeId(1), addr: a.local_addr() });
+    let _c = Transport::start(c_cfg).unwrap();
+    match wait_for(&a, |e| matches!(e, Event::PeerDown { .. } | Event::PeerUp { .. })) {
+        Event::PeerDown { reason, orderly, .. } => assert!(reason.contains("restarted") && !orderly, "{reason}"),
+        e => panic!("the new process came up before the old one's loss was reported: {e:?}"),
+    }
+    wait_for(&a, |e| matches!(e, Event::PeerUp { node: NodeId(2), .. }));
+    thread::sleep(Duration::from_millis(300));
+    assert!(a.events().try_iter().all(|e| !matches!(e, Event::PeerDown { .. })), "reported lost twice");
+}
+
+#[test]
 fn restarted_peer_is_reconnected() {
     let (a, b) = pair();
     let b_addr = a.local_addr().unwrap();

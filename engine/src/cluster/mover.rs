@@ -2,7 +2,7 @@
 //!
 //! A node is lost when it has been without a member key longer than `restart.move_after`, as
 //! the elected leader sees it ([`super::Absence`]). The decider writes the next placement version ([`super::PlacementBook`]), then fails
-//! its stream with the incarnation `version << 32`: the others hear of the newer incarnation,
+//! its stream, restarting at the epoch `version << 32`: the others hear of the later run,
 //! restart, read the new version and restore the moved tasks from the checkpoint store.
 //!
 //! Invariants: the version is stored before any node runs it, and every node starts from the

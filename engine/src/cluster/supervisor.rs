@@ -105,12 +105,12 @@ pub enum RunEnd {
     StopRequested,
     /// A bounded stream ended here (and the node was to exit then).
     Done,
-    /// The stream failed here (why), maybe because a peer runs a newer incarnation; a run that
+    /// The stream failed here (why), maybe because a peer runs a later run (epoch); a run that
     /// could not start counts as one.
     Failed {
         /// Why.
         why: String,
-        /// The newer incarnation a peer runs, when that is why.
+        /// The later run's epoch, when that is why.
         newer: Option<u64>,
     },
     /// The node stopped holding its lease in the control store (why): it runs nothing until it

@@ -40,7 +40,9 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn fail(&self, why: String) {
-        tracing::error!(reason = %why, "engine failed");
+        if self.failure.get().is_none() {
+            tracing::error!(reason = %why, "engine failed");
+        }
         let _ = self.failure.set(why);
         self.stop.store(true, Ordering::Release);
         for u in &self.unparkers {

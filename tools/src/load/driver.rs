@@ -127,6 +127,9 @@ impl Driver {
         let mut order: BTreeMap<u32, super::order::Order> = BTreeMap::new();
         let mut conn: Option<(ClientWriter, Receiver<Result<IngestAck, String>>)> = None;
         let mut down_since: Option<Instant> = None;
+        // The last batch acknowledged (or the start): a node that takes connections and answers
+        // nothing ends the load after its timeout, as one that refuses them does.
+        let mut progress = Instant::now();
         // The node the partitions are sent to: where their sources run, which changes when a
         // lost node's sources move to the node keeping their logs' copies.
         let mut node = self.node;
@@ -272,7 +275,11 @@ impl Driver {
             // longer than any node takes to answer means the connection is no use.
             let silent = plan_silence(&self.plan);
             if lost.is_none() && flight.values().any(|f| f.request.is_some() && now.duration_since(f.sent) > silent) {
-                lost = Some(format!("no answer to a batch in {}", humantime::format_duration(silent)));
+                let silence = humantime::format_duration(silent);
+                if progress.elapsed() > self.plan.timeout {
+                    return Err(format!("{node}: no batch acknowledged in {silence}"));
+                }
+                lost = Some(format!("no answer to a batch in {silence}"));
             }
             let first = match lost {
                 Some(e) => Some(Err(e)),
@@ -311,6 +318,7 @@ impl Driver {
                 }
                 match ack.outcome {
                     IngestOutcome::Durable { first, last, duplicate } => {
+                        progress = Instant::now();
                         let f = flight.remove(&(p, seq)).expect("in flight");
                         let rows = last.0 - first.0 + 1;
                         let a = acked.get_mut(&p).expect("own partition");
@@ -445,7 +453,8 @@ pub fn fill(plan: &Plan, p: u32, seq: u64, out: &mut Batch) {
     Generator::new(plan.generator, p).fill(from, n as usize, out);
 }
 
-/// How long a batch may wait for its answer before its connection is taken as lost.
+/// How long a batch may wait for its answer before its connection is taken as lost: well
+/// beyond what a node takes to acknowledge through a follower that left its in-sync set.
 fn plan_silence(plan: &Plan) -> Duration {
-    plan.ack_timeout.saturating_mul(3)
+    plan.ack_timeout.saturating_mul(3).max(Duration::from_secs(30))
 }

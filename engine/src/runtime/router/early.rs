@@ -107,6 +107,15 @@ impl Early {
         Ok(frames.into_iter().map(|(_, n, f)| (n, f)).collect())
     }
 
+    /// Drops what waits for runs of `stream` below `epoch`: a later run exists, and this node
+    /// attaches none of them.
+    pub(super) fn forget_below(&mut self, stream: StreamId, epoch: Epoch) {
+        let stale: Vec<Run> = self.waiting.keys().filter(|r| r.stream == stream && r.epoch < epoch).copied().collect();
+        for r in stale {
+            self.remove(r);
+        }
+    }
+
     /// `from` says `run` failed on it before the run attached here: it fails as it attaches
     /// (nothing if it ran here already).
     pub(super) fn fail(&mut self, run: Run, from: NodeId, reason: &str) {
@@ -215,6 +224,23 @@ mod tests {
         assert!(e.take(run(5, 0), later + MAX_WAIT).is_err(), "expired");
         assert_eq!(credits(&e.take(run(2, 0), later).unwrap()), [1]);
         assert_eq!((e.frames, e.bytes), (0, 0));
+    }
+
+    #[test]
+    fn a_later_run_seen_frees_what_earlier_runs_held_and_a_failed_run_fails_as_it_attaches() {
+        let (mut e, now) = (Early::default(), Instant::now());
+        e.hold(run(3, 4), NodeId(2), credit(run(3, 4), 4), now);
+        e.hold(run(3, 6), NodeId(2), credit(run(3, 6), 6), now);
+        e.hold(run(8, 1), NodeId(2), credit(run(8, 1), 1), now);
+        e.forget_below(StreamId(3), Epoch(5));
+        assert_eq!(e.frames, 2, "only the earlier run of that stream goes");
+        assert_eq!(credits(&e.take(run(3, 6), now).unwrap()), [6]);
+        // Another node's run failed before it started here: it fails as it attaches.
+        e.fail(run(8, 2), NodeId(2), "gap");
+        assert!(e.take(run(8, 2), now).is_err());
+        // Not a run that attached here already.
+        e.fail(run(3, 6), NodeId(2), "gap");
+        assert!(e.take(run(3, 7), now).is_ok());
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! channel the attached run does not have fails that stream alone, as a gap in a channel's
 //! sequence numbers does. A peer's loss (its connection, or its process replaced by a newer
 //! one) reaches every attached stream. A run ends when one of its nodes says its part failed
-//! ([`RunFailed`], sent as a failed run detaches or its node stops) or runs a later one (its
+//! ([`weir_wire::msg::RunFailed`], sent as soon as the run fails there) or runs a later one (its
 //! frames or heartbeats): the node restarts the stream at the next epoch, or at that later one.
 
 mod attached;
@@ -254,6 +254,9 @@ impl Routing {
                 up.iter().filter(|n| s.status.peers.contains(n)).for_each(|n| s.peer_up(*n));
                 if let Some(later) = self.early.newer(stream, run.epoch, |n| s.status.peers.contains(&n)) {
                     s.supersede(later, format!("a later run of the stream (epoch {later}) started on its other nodes"));
+                }
+                if self.replaced.get().is_some() {
+                    s.fail(format!("a newer process of node {} runs", self.node));
                 }
                 let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).copied();
                 if let Some(later) = seen.filter(|e| *e > run.epoch) {

@@ -99,10 +99,15 @@ impl Routing {
 
     /// A run of `stream` at `epoch` exists on some node (for a stream that attaches later, or
     /// a node between runs: [`super::Node::newest_epoch`]).
-    pub(super) fn saw(&self, stream: StreamId, epoch: Epoch) {
+    pub(super) fn saw(&mut self, stream: StreamId, epoch: Epoch) {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let e = seen.entry(stream).or_insert(epoch);
-        *e = (*e).max(epoch);
+        if seen.get(&stream).is_none_or(|e| *e < epoch) {
+            seen.insert(stream, epoch);
+            drop(seen);
+            // Frames of earlier runs waiting here (from queues meant for an earlier process of
+            // this node, say) would only take room from this run's.
+            self.early.forget_below(stream, epoch);
+        }
     }
 
     /// Tells the other nodes of each attached run that failed here since the last call (once
@@ -111,15 +116,19 @@ impl Routing {
     pub(super) fn tell_failed(&mut self) {
         let mut notices = Vec::new();
         for (stream, s) in self.streams.iter_mut().filter(|(_, s)| !s.told && !s.superseded) {
-            if let Some(why) = s.shared.failure.get() {
+            // A run asked to stop ends with its peers (a failure as it stops is no news).
+            let stopping = s.status.stop_requested.load(std::sync::atomic::Ordering::Acquire);
+            if let Some(why) = s.shared.failure.get().filter(|_| !stopping) {
                 s.told = true;
                 let reason: String = why.chars().take(512).collect();
                 notices.push((RunFailed { stream: *stream, epoch: s.epoch, reason }, s.status.peers.clone()));
             }
         }
         let me = self.node;
+        // A peer not connected has lost this node: its run fails on that already.
+        let up = self.up.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for (msg, peers) in notices {
-            for peer in peers.iter().filter(|p| **p != me) {
+            for peer in peers.iter().filter(|p| **p != me && up.contains(p)) {
                 self.reply(*peer, &msg, Duration::from_secs(1), "failed run's notice");
                 // Delivered even if the node stops before the peer takes it.
                 if !self.deliver_at_exit.contains(peer) {
@@ -135,10 +144,13 @@ impl Routing {
         let Ok(m) = frame.access::<RunFailed>() else { return };
         let (stream, epoch) = (m.stream.get(), m.epoch.get());
         let reason: String = m.reason.chars().take(512).flat_map(char::escape_debug).collect();
+        self.saw(stream, epoch);
         match self.streams.get(&stream) {
             Some(s) if s.epoch == epoch => s.peer_failed(node, &reason),
-            Some(_) => {}
-            None => self.early.fail(Run { stream, epoch }, node, &reason),
+            // An earlier run's end changes nothing now.
+            Some(s) if s.epoch > epoch => {}
+            // A later run, before it attached here (the earlier one still winds down).
+            _ => self.early.fail(Run { stream, epoch }, node, &reason),
         }
     }
 

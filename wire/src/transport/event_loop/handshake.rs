@@ -201,9 +201,7 @@ impl EventLoop {
     /// Refuses member `peer`'s connection at `theirs`: a newer process of it proved `seen`
     /// here. Only after the peer proved its key.
     fn stale(&mut self, token: Token, peer: NodeId, theirs: u64, seen: u64) -> bool {
-        let reason = format!(
-            "node {peer} at incarnation {theirs} is an older process than the one at {seen} it was replaced by"
-        );
+        let reason = format!("node {peer} at incarnation {theirs} was replaced by a newer process at {seen}");
         self.refuse(token, CloseCode::Stale, reason)
     }
 
@@ -262,6 +260,7 @@ impl EventLoop {
                 next_dial: now,
                 backoff: self.cfg.reconnect_min,
                 incarnation: 0,
+                left_in_order: false,
             };
             self.peers.insert(peer, p);
         }
@@ -274,19 +273,26 @@ impl EventLoop {
             let seen = p.incarnation;
             return self.stale(token, peer, incarnation, seen);
         }
-        // A new process of a node seen before (connected still, or gone, even in good order):
-        // whatever the old one ran is gone, which is reported as its loss before the new one's
-        // arrival.
+        // A new process of a node seen before: whatever the old one ran is gone. Its loss is
+        // reported before the new one's arrival, unless it was already (the old connection
+        // broke without a goodbye). What is queued for it stays: frames of runs the new process
+        // joins go with it, and its router drops an earlier run's.
         let restarted = p.incarnation > 0 && p.incarnation < incarnation;
+        let (old, in_order) = (p.incarnation, std::mem::take(&mut p.left_in_order));
         p.incarnation = incarnation;
         if restarted {
+            let report = p.conn.is_some() || in_order;
             let reason = format!("node {peer} restarted (incarnation {incarnation})");
-            if let Some(old) = p.conn.take() {
-                // Taken out first: the old connection's end is no loss of the peer to book.
-                self.end(old, Ending::tell(CloseCode::Replaced, reason.clone()));
+            if let Some(conn) = p.conn.take() {
+                // Taken out first: the old connection's end is no loss of the peer to book. The
+                // old process hears it was replaced.
+                let why = format!("node {peer} at incarnation {old} was replaced by a newer process at {incarnation}");
+                self.end(conn, Ending::tell(CloseCode::Stale, why));
             }
-            tracing::info!(node = %me, %peer, %reason, "peer down");
-            self.emit(Event::PeerDown { node: peer, reason, orderly: false });
+            if report {
+                tracing::info!(node = %me, %peer, %reason, "peer down");
+                self.emit(Event::PeerDown { node: peer, reason, orderly: false });
+            }
         }
         let p = self.peers.get_mut(&peer).expect("peer");
         if let Some(old) = p.conn {

@@ -158,6 +158,9 @@ struct Peer {
     /// The newest incarnation (process) the node proved in a handshake: an older one is a
     /// process that has been replaced, and is refused.
     incarnation: u64,
+    /// Its last connection ended with a goodbye (`Close(Shutdown)`), so its loss was not
+    /// reported as one (a new process of it is).
+    left_in_order: bool,
 }
 
 pub(super) struct EventLoop {
@@ -240,6 +243,7 @@ impl EventLoop {
                     next_dial: now,
                     backoff: cfg.reconnect_min,
                     incarnation: 0,
+                    left_in_order: false,
                 };
                 (p.node, peer)
             })
@@ -479,12 +483,14 @@ impl EventLoop {
                 Err(e) => (CloseCode::BadFrame, format!("unreadable close frame: {e}")),
             };
             let handshaking = !matches!(conn.phase, Phase::Established { .. });
+            // Stale on an established connection: a newer process of this node replaced it.
+            let refused = handshaking || code == CloseCode::Stale;
             let ending = Ending {
                 orderly: code == CloseCode::Shutdown,
                 code: code.clone(),
                 reason: format!("peer closed: {code:?}: {message}"),
                 notify: false,
-                refused: handshaking.then_some(true),
+                refused: refused.then_some(true),
             };
             self.end(token, ending);
             return false;

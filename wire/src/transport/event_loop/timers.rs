@@ -242,6 +242,9 @@ impl EventLoop {
                 } else {
                     tracing::info!(%node, %peer, reason = %ending.reason, "peer down");
                 }
+                if let Some(p) = self.peers.get_mut(&peer) {
+                    p.left_in_order = ending.orderly;
+                }
                 self.emit(Event::PeerDown { node: peer, reason: ending.reason, orderly: ending.orderly });
             }
         }
