@@ -212,6 +212,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
             Ok((read, placement)) => {
                 // Idle: the cluster moved this node's tasks away while it was gone.
                 let version = read.version();
+                sup.heard(node.newest_epoch(spec.id).map(|e| e.0));
                 let at = sup.idle_at(version);
                 let runs: Vec<String> = placement.nodes(&spec.topology()).iter().map(|n| n.0.to_string()).collect();
                 tracing::info!(

@@ -101,9 +101,11 @@ impl Attached {
 
     /// Node `node` says its part of this run failed: this run cannot go on either (unless it
     /// stops or has ended here anyway, as for a lost peer).
-    pub(super) fn peer_failed(&self, node: NodeId, reason: &str) {
+    pub(super) fn peer_failed(&mut self, node: NodeId, reason: &str) {
         let stopping = self.shared.stop.load(Ordering::Acquire) || self.status.stop_requested.load(Ordering::Acquire);
         if self.heeds(node, "a failed run's notice") && self.status.failover && !stopping && !self.status.finished() {
+            // The failing node told every node of the run: no need to tell them again.
+            self.told = true;
             self.fail(format!("the run failed on node {node}: {reason}"));
         }
     }

@@ -89,7 +89,9 @@ impl Routing {
     pub(super) fn heard(&mut self, from: NodeId, tasks: &[TaskHeartbeat]) {
         tasks.iter().for_each(|t| self.saw(t.stream, t.epoch));
         for (stream, s) in self.streams.iter_mut() {
-            s.status.heard(from, tasks);
+            // Only this run's tasks' summaries: another run's would mix into its status.
+            let own: Vec<TaskHeartbeat> = tasks.iter().filter(|t| t.epoch == s.epoch).cloned().collect();
+            s.status.heard(from, &own);
             let later = tasks.iter().filter(|t| t.stream == *stream && t.epoch > s.epoch).map(|t| t.epoch).max();
             if let Some(e) = later.filter(|_| s.status.peers.contains(&from)) {
                 s.supersede(e, format!("node {from} runs a later run of the stream (epoch {e})"));
@@ -145,7 +147,7 @@ impl Routing {
         let (stream, epoch) = (m.stream.get(), m.epoch.get());
         let reason: String = m.reason.chars().take(512).flat_map(char::escape_debug).collect();
         self.saw(stream, epoch);
-        match self.streams.get(&stream) {
+        match self.streams.get_mut(&stream) {
             Some(s) if s.epoch == epoch => s.peer_failed(node, &reason),
             // An earlier run's end changes nothing now.
             Some(s) if s.epoch > epoch => {}
