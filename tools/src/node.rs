@@ -110,18 +110,18 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         phase: StandingPhase::Starting,
         incarnation: sup.incarnation(),
         restarts: Vec::new(),
-        info: info.clone(),
+        info,
         member: member.clone(),
         stop: base.stop_requested.clone(),
         since: std::time::Instant::now(),
     };
-    let node =
-        Node::start_standing(transport, spec.id, starting).with_context(|| format!("starting node {}", me.id))?;
+    let node = Node::start_standing(transport, spec.id, starting.clone())
+        .with_context(|| format!("starting node {}", me.id))?;
     let node = Arc::new(node);
     // Whether an engine of the stream has started on this node: until one has, an error
     // starting it is the config's or the machine's, and stops the node.
     let mut ran = false;
-    let standing = Between { node: &node, base: &base, stop: &stop, spec: &spec, info: &info, member: member.clone() };
+    let standing = Between { node: &node, base: &base, stop: &stop, spec: &spec, template: starting };
     loop {
         if let Some(fatal) = control.fatal() {
             anyhow::bail!("{fatal}");
@@ -315,22 +315,15 @@ struct Between<'a> {
     base: &'a weir_engine::runtime::EngineConfig,
     stop: &'a AtomicBool,
     spec: &'a StreamSpec,
-    info: &'a weir_engine::wire::msg::StreamInfo,
-    member: Option<Arc<dyn weir_engine::cluster::MemberStatus>>,
+    /// What the node said as it started: the stream's shape, membership and stop flag.
+    template: Standing,
 }
 
 impl Between<'_> {
     /// What the node says of the stream while it runs none.
     fn standing(&self, phase: StandingPhase, incarnation: u64, restarts: &[RestartInfo]) -> Standing {
-        Standing {
-            phase,
-            incarnation,
-            restarts: restarts.to_vec(),
-            info: self.info.clone(),
-            member: self.member.clone(),
-            stop: self.base.stop_requested.clone(),
-            since: std::time::Instant::now(),
-        }
+        let since = std::time::Instant::now();
+        Standing { phase, incarnation, restarts: restarts.to_vec(), since, ..self.template.clone() }
     }
 
     /// Waits at `incarnation` in `mode` until `tick` (called every 20 ms) or the mode ends it,
