@@ -20,10 +20,12 @@ use serde::Deserialize;
 mod access;
 mod control;
 mod load;
+mod stream_doc;
 mod validate;
 pub use access::{ClientEntry, Secret, TlsFile};
 pub use control::ControlFile;
 pub use load::load;
+pub use stream_doc::parse_stream_doc;
 
 /// The file, as written.
 #[derive(Deserialize, Debug, Clone)]

@@ -22,6 +22,7 @@ mod run;
 mod settings;
 mod status;
 mod stop;
+mod stream_cmd;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -47,6 +48,8 @@ enum Command {
     Status(status::StatusArgs),
     /// Stops a stream on every node (with `--checkpoint`, after a final committed checkpoint).
     Stop(stop::StopArgs),
+    /// The cluster's streams: create one from a stream file, list, show, drop.
+    Stream(stream_cmd::StreamArgs),
     /// Compares a stream's results on every node with the expected ones: a generator's (a
     /// running stream's up to its last commit) or the rows every `weir load` sent.
     Verify(verify::VerifyArgs),
@@ -67,11 +70,11 @@ fn main() -> std::process::ExitCode {
     let command = Cli::parse().command;
     let mut run_log = None;
     match &command {
-        // A node names itself and its stream in every line; it knows them once the config is read.
+        // A node names itself in every line (and the stream in a stream's); it knows its id once
+        // the config is read.
         Command::Node(args) => {
-            if let Ok((file, me)) = node::load(args) {
-                let stream = file.stream.name.clone().unwrap_or_else(|| format!("stream-{}", file.stream.id));
-                logging::init_prefixed(format!("node={} stream={stream}", me.id));
+            if let Ok((_, me)) = node::load(args) {
+                logging::init_prefixed(format!("node={}", me.id));
             }
         }
         Command::Run(args) => run_log = logging::init_run(args.data_dir()),
@@ -85,6 +88,7 @@ fn main() -> std::process::ExitCode {
         Command::Query(args) => query::run(&args),
         Command::Status(args) => status::run(&args),
         Command::Stop(args) => stop::run(&args),
+        Command::Stream(args) => stream_cmd::run(&args),
         Command::Verify(args) => verify::run(&args),
         Command::Report(args) => report::run(&args),
         Command::Checkpoints(args) => checkpoints::run(&args),

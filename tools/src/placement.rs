@@ -248,6 +248,11 @@ impl Control {
         self.agent.as_ref().is_some_and(|a| a.withholding())
     }
 
+    /// The stream catalog in etcd (`None` without etcd: a node alone keeps its own).
+    pub fn catalog(&self) -> Option<weir_engine::cluster::catalog::ControlCatalog> {
+        self.etcd.as_ref().map(|(store, keys)| weir_engine::cluster::catalog::ControlCatalog::new(store.clone(), keys))
+    }
+
     /// What status says of the node's membership (`None` without etcd).
     pub fn member_status(&self) -> Option<Arc<dyn MemberStatus>> {
         self.status.clone().map(|s| s as Arc<dyn MemberStatus>)

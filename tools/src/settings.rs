@@ -12,12 +12,16 @@ use weir_engine::spec::{Placement, SourceKind, StreamSpec};
 use weir_engine::wire::transport::{PeerConfig, TransportConfig};
 use weir_engine::wire::{NodeId, StreamId, TaskId};
 
-use crate::config::{ClusterFile, NodeEntry, PlacementFile};
+use crate::config::{ClusterFile, NodeEntry, PlacementFile, StreamFile};
 use crate::remote::RemoteArgs;
 
 /// The stream the file describes.
 pub fn stream_spec(file: &ClusterFile) -> anyhow::Result<StreamSpec> {
-    let s = &file.stream;
+    spec_of(&file.stream)
+}
+
+/// The stream a `[stream]` table describes.
+pub fn spec_of(s: &StreamFile) -> anyhow::Result<StreamSpec> {
     let mut spec = StreamSpec::generator(StreamId(s.id), s.partitions, s.aggs, s.sinks);
     if let Some(name) = &s.name {
         spec.name = name.clone();
@@ -50,11 +54,11 @@ pub fn stream_spec(file: &ClusterFile) -> anyhow::Result<StreamSpec> {
     Ok(spec)
 }
 
-/// Where the file puts each task.
-pub fn placement(file: &ClusterFile, spec: &StreamSpec) -> Placement {
+/// Where `stream` (a `[stream]` table) puts each task on the file's nodes.
+pub fn placement_of(file: &ClusterFile, stream: &StreamFile, spec: &StreamSpec) -> Placement {
     let mut ids: Vec<NodeId> = file.nodes.iter().map(|n| NodeId(n.id)).collect();
     ids.sort();
-    match &file.stream.placement {
+    match &stream.placement {
         PlacementFile::Named(_) => Placement::spread(&spec.topology(), &ids),
         PlacementFile::Explicit(m) => {
             let mut p = Placement::single(ids[0]);
@@ -73,12 +77,7 @@ pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<Engin
     cfg.workers = me.workers.unwrap_or(file.workers);
     cfg.pin_workers = me.pin_workers.unwrap_or(file.pin_workers);
     cfg.state_budget = file.state_budget.map(|b| b as usize);
-    let commit = file.stream.ingest.group_commit;
-    cfg.sync = if commit.is_zero() { SyncPolicy::EveryAppend } else { SyncPolicy::GroupCommit(commit) };
-    let idle = file.stream.ingest.idle_after;
-    cfg.idle_after = (!idle.is_zero()).then_some(idle);
-    cfg.ingest_replicas = file.stream.ingest.replicas;
-    cfg.log.segment_bytes = file.stream.ingest.segment.unwrap_or(64 << 20);
+    apply_stream(&mut cfg, &file.stream);
     let mut t = TransportConfig::new(&file.cluster, NodeId(me.id), file.secret()?);
     t.listen = Some(me.addr);
     t.clients = file.client_roles()?;
@@ -107,6 +106,16 @@ pub fn engine_config(file: &ClusterFile, me: &NodeEntry) -> anyhow::Result<Engin
         cfg.checkpoint = Some(s);
     }
     Ok(cfg)
+}
+
+/// Sets what `stream` (a `[stream]` table) says of a node's engine: its ingest logs.
+pub fn apply_stream(cfg: &mut EngineConfig, stream: &StreamFile) {
+    let commit = stream.ingest.group_commit;
+    cfg.sync = if commit.is_zero() { SyncPolicy::EveryAppend } else { SyncPolicy::GroupCommit(commit) };
+    let idle = stream.ingest.idle_after;
+    cfg.idle_after = (!idle.is_zero()).then_some(idle);
+    cfg.ingest_replicas = stream.ingest.replicas;
+    cfg.log.segment_bytes = stream.ingest.segment.unwrap_or(64 << 20);
 }
 
 /// The file's remote store (default `file://<data_dir>/remote`): its URL, opened.

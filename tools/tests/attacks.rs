@@ -168,12 +168,28 @@ fn a_client_credential_gets_its_role_and_nothing_more() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("may not send StopReq"), "{err}");
+    // It may read the stream catalog, not change it.
+    let out = client(&reader, &["stream", "drop", "bench"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("may not send CatalogChangeReq"), "{err}");
+    let out = client(&reader, &["stream", "list"]);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && listed.contains("bench"), "{listed}");
 
     // Every member's message on a read or ingest link is refused, and nothing reaches the node.
     let addr: SocketAddr = addr.parse().unwrap();
     for (name, role) in [("reader", Role::Read), ("loader", Role::Ingest)] {
         let cred = Credential::parse(&credential(name)).unwrap();
-        for kind in [Kind::Data, Kind::CheckpointReport, Kind::Restore, Kind::Credit, Kind::StopReq, Kind::Ingest] {
+        for kind in [
+            Kind::Data,
+            Kind::CheckpointReport,
+            Kind::Restore,
+            Kind::Credit,
+            Kind::StopReq,
+            Kind::Ingest,
+            Kind::CatalogChangeReq,
+        ] {
             let mut c =
                 BlockingClient::connect_as(addr, "weir-one-node", NodeId(MAX_MEMBER_ID + 5), &cred, WAIT).unwrap();
             // One byte no message accepts, under a correct checksum: an allowed kind fails

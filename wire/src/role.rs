@@ -46,9 +46,14 @@ impl Role {
             Role::Member => true,
             // Liveness and goodbye are the transport's own, on every link.
             _ if matches!(kind, Heartbeat | Close) => true,
-            Role::Read => matches!(kind, StatusReq | ResultsReq | ProducersReq),
-            Role::Ingest => matches!(kind, Ingest | StatusReq | ResultsReq | ProducersReq),
-            Role::Admin => matches!(kind, StatusReq | ResultsReq | ProducersReq | StopReq | CheckpointNowReq),
+            Role::Read => matches!(kind, StatusReq | ResultsReq | ProducersReq | CatalogReq),
+            Role::Ingest => matches!(kind, Ingest | StatusReq | ResultsReq | ProducersReq | CatalogReq),
+            Role::Admin => {
+                matches!(
+                    kind,
+                    StatusReq | ResultsReq | ProducersReq | CatalogReq | StopReq | CheckpointNowReq | CatalogChangeReq
+                )
+            }
         }
     }
 
@@ -125,6 +130,8 @@ mod tests {
         assert!(!Role::Read.allows(Kind::Ingest) && !Role::Read.allows(Kind::StopReq));
         assert!(!Role::Ingest.allows(Kind::StopReq) && !Role::Ingest.allows(Kind::CheckpointNowReq));
         assert!(!Role::Admin.allows(Kind::Ingest));
+        assert!(!Role::Read.allows(Kind::CatalogChangeReq) && !Role::Ingest.allows(Kind::CatalogChangeReq));
+        assert!(Role::Admin.allows(Kind::CatalogChangeReq) && Role::Read.allows(Kind::CatalogReq));
         assert!(Role::Ingest.allows(Kind::Ingest) && Role::Admin.allows(Kind::StopReq));
     }
 

@@ -172,6 +172,18 @@ roundtrip! {
         next: Some(ProducersCursor { partition: 3, producer: 1 }),
         error: String::new(),
     };
+    roundtrip_catalog_req: CatalogReq = CatalogReq { request: 11, name: "meters".into() };
+    roundtrip_catalog_change_req: CatalogChangeReq = CatalogChangeReq {
+        request: 12, change: CatalogChange::Create { name: "meters".into(), spec: "partitions = 4\n".into() },
+    };
+    roundtrip_catalog_rsp: CatalogRsp = CatalogRsp {
+        request: 12, node: NodeId(2),
+        streams: vec![StreamEntry {
+            id: StreamId(3), name: "meters".into(), state: StreamState::Dropping { since_ms: 99 },
+            spec: "partitions = 4\n".into(), created_ms: 5,
+        }],
+        refused: Some(CatalogRefusal::Unavailable { reason: "etcd".into() }),
+    };
     roundtrip_results_rsp: ResultsRsp = ResultsRsp {
         request: 9, node: NodeId(3), stores: 2,
         results: vec![ResultRow { key: 7, start: -1000, count: 3, sum: 1.5, min: -0.5, max: 1e300 }],

@@ -31,6 +31,7 @@
 mod absence;
 mod agent;
 mod book;
+pub mod catalog;
 mod commits;
 mod in_sync;
 mod in_sync_view;
@@ -90,6 +91,11 @@ impl Keys {
     /// The election of the node that decides placement; its value names the leader.
     pub fn leader(&self) -> String {
         format!("{}leader", self.prefix)
+    }
+
+    /// The stream catalog (`catalog.rs`): one key, the whole catalog.
+    pub fn catalog(&self) -> String {
+        format!("{}catalog", self.prefix)
     }
 
     /// Where the member keys are.

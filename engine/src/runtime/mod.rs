@@ -52,7 +52,7 @@ use control::ControlHandle;
 pub use error::EngineError;
 pub use node::Node;
 use node::NodeUse;
-pub use router::{IngestToken, Standing, StandingPhase};
+pub use router::{CatalogCall, IngestToken, Standing, StandingPhase};
 pub use shared::EngineStats;
 use shared::Shared;
 pub use task::{Poll, Polled, TaskError};

@@ -24,7 +24,10 @@ use weir_wire::{Epoch, NodeId, StreamId};
 use super::board::TaskBoard;
 use super::error::EngineError;
 use super::protocol_wire::Run;
-use super::router::{IngestToken, Links, NodeSide, Router, Seen, SharedLinks, Standing, Standings, StreamSide};
+use super::router::{
+    CatalogCall, DESK_QUEUE, Desk, IngestToken, Links, NodeSide, Router, Seen, SharedLinks, Standing, Standings,
+    StreamSide,
+};
 
 /// A stream's runs on a node.
 #[derive(Default)]
@@ -53,6 +56,7 @@ pub struct Node {
     seen: Seen,
     links: SharedLinks,
     replaced: Arc<std::sync::OnceLock<String>>,
+    desk: Desk,
 }
 
 impl std::fmt::Debug for Node {
@@ -95,11 +99,13 @@ impl Node {
         standings.lock().unwrap_or_else(|e| e.into_inner()).extend(standing);
         let links = Arc::new(Mutex::new(Links::new(&members)));
         let replaced = Arc::new(std::sync::OnceLock::new());
+        let desk = Desk::default();
         let side = NodeSide {
             links: links.clone(),
             standings: standings.clone(),
             seen: seen.clone(),
             replaced: replaced.clone(),
+            desk: desk.clone(),
         };
         let router = Router::start(cfg.node, transport, held, side)?;
         let connected = router.connected();
@@ -115,6 +121,7 @@ impl Node {
             seen,
             links,
             replaced,
+            desk,
         })
     }
 
@@ -134,9 +141,34 @@ impl Node {
         };
     }
 
+    /// From now on, the catalog requests clients send this node: the caller answers each with
+    /// [`Node::answer`] (until then, and once the receiver is dropped, the node refuses them:
+    /// it keeps no catalog).
+    pub fn serve_catalog(&self) -> crossbeam_channel::Receiver<CatalogCall> {
+        let (tx, rx) = crossbeam_channel::bounded(DESK_QUEUE);
+        *self.desk.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        rx
+    }
+
+    /// Sends `rsp` to client `to` (waiting up to a second for room in its queue); an answer
+    /// that cannot go is logged (the client times out and asks again).
+    pub fn answer(&self, to: NodeId, rsp: &weir_wire::msg::CatalogRsp) {
+        let sent = weir_wire::FrameEncoder::new().encode(rsp).map_err(|e| e.to_string()).and_then(|f| {
+            self.sender.clone().send_timeout(to, f, std::time::Duration::from_secs(1)).map_err(|e| e.to_string())
+        });
+        if let Err(e) = sent {
+            tracing::warn!(client = %to, error = %e, "cannot deliver a catalog answer");
+        }
+    }
+
     /// The newest run of `stream` some node was seen in (its frames or heartbeats here).
     pub fn newest_epoch(&self, stream: StreamId) -> Option<Epoch> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).copied()
+    }
+
+    /// Whether a run of `stream` is attached here now.
+    pub fn attached(&self, stream: StreamId) -> bool {
+        self.boards.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&stream)
     }
 
     /// The links to the other members now.

@@ -4,7 +4,7 @@
 use anyhow::{Context, bail};
 use weir_engine::wire::role::MAX_MEMBER_ID;
 
-use super::{ClusterFile, PlacementFile};
+use super::{ClusterFile, PlacementFile, StreamFile};
 
 impl ClusterFile {
     /// Checks what the types cannot: ids, addresses, the placement.
@@ -62,13 +62,21 @@ impl ClusterFile {
                 self.restart.strategy
             );
         }
-        if !["generator", "ingest"].contains(&self.stream.source.as_str()) {
-            bail!("stream.source = {:?}: \"generator\" or \"ingest\"", self.stream.source);
+        self.stream.validate(&seen)
+    }
+}
+
+impl StreamFile {
+    /// Checks what the types cannot, for a cluster of nodes `nodes`.
+    pub fn validate(&self, nodes: &std::collections::BTreeSet<u32>) -> anyhow::Result<()> {
+        let seen = nodes;
+        if !["generator", "ingest"].contains(&self.source.as_str()) {
+            bail!("stream.source = {:?}: \"generator\" or \"ingest\"", self.source);
         }
-        if self.stream.ingest.segment.is_some_and(|s| s < 1 << 20) {
+        if self.ingest.segment.is_some_and(|s| s < 1 << 20) {
             bail!("stream.ingest.segment must be at least 1M (a segment file of the ingest log)");
         }
-        let lag = self.stream.ingest.in_sync_lag;
+        let lag = self.ingest.in_sync_lag;
         if !lag.is_zero() && lag < std::time::Duration::from_secs(2) {
             bail!(
                 "stream.ingest.in_sync_lag = {}: at least 2s (a node finds it is cut off from the others by probes a \
@@ -76,18 +84,18 @@ impl ClusterFile {
                 humantime::format_duration(lag)
             );
         }
-        match self.stream.ingest.replicas {
+        match self.ingest.replicas {
             1 => {}
             2 if seen.len() >= 2 => {}
             2 => bail!("stream.ingest.replicas = 2 needs a second node to keep the copies; this file lists one"),
             r => bail!("stream.ingest.replicas = {r}: 1 or 2 (each partition's log on one node, or on two)"),
         }
-        if let PlacementFile::Named(n) = &self.stream.placement
+        if let PlacementFile::Named(n) = &self.placement
             && n != "spread"
         {
             bail!("stream.placement = {n:?}: \"spread\" or a table of task id = node id");
         }
-        if let PlacementFile::Explicit(m) = &self.stream.placement {
+        if let PlacementFile::Explicit(m) = &self.placement {
             for (task, node) in m {
                 task.parse::<u32>().with_context(|| format!("stream.placement: {task:?} is not a task id"))?;
                 if !seen.contains(node) {

@@ -29,12 +29,15 @@ macro_rules! archived {
     };
 }
 
+mod catalog;
 mod checkpoint;
 mod connection;
 mod data;
 mod ops;
 mod replication;
 
+use catalog::check_catalog_rsp;
+pub use catalog::*;
 pub use checkpoint::*;
 pub use connection::*;
 pub use data::*;
@@ -199,4 +202,7 @@ kinds! {
     47 => ResultsRsp,
     48 => ProducersReq,
     49 => ProducersRsp,
+    50 => CatalogReq,
+    51 => CatalogRsp { |m: &ArchivedCatalogRsp| check_catalog_rsp(m) },
+    52 => CatalogChangeReq,
 }

@@ -17,11 +17,14 @@
 //! frames or heartbeats): the node restarts the stream at the next epoch, or at that later one.
 
 mod attached;
+mod catalog;
 mod clients;
 mod early;
 mod peers;
 mod standing;
 
+pub use catalog::CatalogCall;
+pub(crate) use catalog::{DESK_QUEUE, Desk};
 pub(crate) use standing::{Links, SharedLinks, Standings};
 pub use standing::{Standing, StandingPhase};
 
@@ -100,6 +103,8 @@ pub(crate) struct NodeSide {
     pub(crate) seen: Seen,
     /// Why a newer process of this node replaced this one, once a peer said so.
     pub(crate) replaced: Arc<std::sync::OnceLock<String>>,
+    /// Where catalog requests go.
+    pub(crate) desk: Desk,
 }
 
 /// The router thread of a node, and the way streams attach to it.
@@ -141,6 +146,7 @@ impl Router {
                     standings: side.standings,
                     seen: side.seen,
                     replaced: side.replaced,
+                    desk: side.desk,
                     deliver_at_exit: Vec::new(),
                     cmds: cmd_rx,
                     acks: ack_rx,
@@ -218,6 +224,7 @@ struct Routing {
     /// Per stream, the newest run some node was seen in.
     seen: Seen,
     replaced: Arc<std::sync::OnceLock<String>>,
+    desk: Desk,
     /// Peers this node passed a client's stop on to: their queues are delivered at shutdown.
     deliver_at_exit: Vec<NodeId>,
     cmds: Receiver<Cmd>,
@@ -432,6 +439,7 @@ impl Routing {
                 let Ok(req) = frame.to_owned::<weir_wire::msg::StatusReq>() else { return };
                 self.on_status(node, req.request);
             }
+            Kind::CatalogReq | Kind::CatalogChangeReq => self.on_catalog(node, &frame),
             other => match super::protocol_wire::decode(&frame) {
                 Some((run, routed)) => {
                     if self.admit(node, run, frame, "protocol message").is_some() {

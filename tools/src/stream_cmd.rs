@@ -1,0 +1,227 @@
+//! `weir stream`: the cluster's stream catalog: create a stream from a stream file, list the
+//! streams, show one, drop one. A node of the target answers (the first that does); a change is
+//! answered once it has taken effect on that node (a created stream runs there, a dropped one
+//! has stopped and its data there is gone). Reading takes the `read` role, changing `admin`.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+use weir_engine::wire::msg::{
+    CatalogChange, CatalogChangeReq, CatalogRefusal, CatalogReq, CatalogRsp, Message, StreamEntry, StreamState,
+};
+
+use crate::client::{Failure, Target};
+
+/// Options of `weir stream`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    weir stream create --config examples/one-node.toml --file examples/stream-meters.toml\n  \
+    weir stream list --config examples/one-node.toml\n  \
+    weir stream show meters --config examples/one-node.toml --json\n  \
+    weir stream drop meters --config examples/one-node.toml\n\n\
+    Exit codes: 0 done, 1 not done in time (retryable: list the streams before trying again), \
+    2 an error (a refused request, an unreachable cluster).")]
+pub struct StreamArgs {
+    #[command(subcommand)]
+    op: Op,
+}
+
+/// What every `weir stream` command takes.
+#[derive(clap::Args, Debug)]
+struct Common {
+    #[command(flatten)]
+    cluster: crate::client::ClusterArgs,
+    /// Print JSON (one object with `streams`).
+    #[arg(long)]
+    json: bool,
+    /// How long to wait for the node's answer, e.g. `1m` (a change takes effect first).
+    #[arg(long, default_value = "40s", value_parser = crate::config::parse_duration)]
+    timeout: Duration,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Op {
+    /// Creates a stream from a stream file (a `[stream]` table, without `id`) and starts it.
+    Create {
+        /// The stream file (TOML).
+        #[arg(long, value_name = "FILE")]
+        file: std::path::PathBuf,
+        /// Its name (default: the file's `name`).
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Lists the streams.
+    List {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Shows one stream, its spec included.
+    Show {
+        /// The stream's name.
+        name: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Drops a stream: its tasks stop and its data goes on every node.
+    Drop {
+        /// The stream's name.
+        name: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+impl Op {
+    fn common(&self) -> &Common {
+        match self {
+            Op::Create { common, .. } | Op::List { common } | Op::Show { common, .. } | Op::Drop { common, .. } => {
+                common
+            }
+        }
+    }
+}
+
+/// Runs `weir stream`.
+pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
+    let common = args.op.common();
+    let (t, timeout) = (common.cluster.target()?, common.timeout);
+    let rsp = match &args.op {
+        Op::Create { file, name, .. } => {
+            let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+            let stream = crate::config::parse_stream_doc(&text).with_context(|| format!("in {}", file.display()))?;
+            let Some(name) = name.clone().or(stream.name.clone()) else {
+                bail!("{} names no stream: add name = \"...\" to its [stream] table, or pass --name", file.display());
+            };
+            crate::settings::spec_of(&stream).with_context(|| format!("in {}", file.display()))?;
+            let change = CatalogChange::Create { name, spec: text };
+            ask(&t, &CatalogChangeReq { request: 1, change }, timeout)?
+        }
+        Op::List { .. } => ask(&t, &CatalogReq { request: 1, name: String::new() }, timeout)?,
+        Op::Show { name, .. } => ask(&t, &CatalogReq { request: 1, name: name.clone() }, timeout)?,
+        Op::Drop { name, .. } => {
+            let change = CatalogChange::Drop { name: name.clone() };
+            ask(&t, &CatalogChangeReq { request: 1, change }, timeout)?
+        }
+    };
+    let code = match &rsp.refused {
+        None => ExitCode::SUCCESS,
+        Some(CatalogRefusal::Invalid { reason }) => bail!("node {} refused: {reason}", rsp.node),
+        Some(CatalogRefusal::Unavailable { reason }) => {
+            let mut err = std::io::stderr();
+            let _ = writeln!(err, "node {}: {reason} (retryable; `weir stream list` shows what took effect)", rsp.node);
+            ExitCode::from(1)
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    if common.json {
+        let streams: Vec<Value> = rsp.streams.iter().map(entry_json).collect();
+        writeln!(out, "{}", json!({ "node": rsp.node.0, "streams": streams }))?;
+    } else {
+        match &args.op {
+            Op::Show { .. } => rsp.streams.iter().try_for_each(|s| show(&mut out, s))?,
+            Op::Create { .. } | Op::Drop { .. } if rsp.refused.is_none() => {
+                for s in &rsp.streams {
+                    let did = if matches!(args.op, Op::Create { .. }) { "created and running" } else { "dropped" };
+                    writeln!(out, "stream {} (id {}) {did}", s.name, s.id.0)?;
+                }
+                if rsp.streams.is_empty() && matches!(args.op, Op::Drop { .. }) {
+                    writeln!(out, "stream dropped")?;
+                }
+            }
+            _ => table(&mut out, &rsp.streams)?,
+        }
+    }
+    Ok(code)
+}
+
+/// Sends `req` to the first node of the target that answers it.
+fn ask<Q: Message>(t: &Target, req: &Q, timeout: Duration) -> anyhow::Result<CatalogRsp> {
+    let mut why: Vec<(SocketAddr, String)> = Vec::new();
+    for addr in &t.nodes {
+        match crate::client::request(t, *addr, req, timeout) {
+            Ok(f) => return f.to_owned::<CatalogRsp>().with_context(|| format!("{addr} answered, not with a catalog")),
+            Err(Failure::Refused(e)) => return Err(e),
+            Err(Failure::Unreachable(e)) => why.push((*addr, e)),
+        }
+    }
+    let said: Vec<String> = why.iter().map(|(a, e)| format!("{a}: {e}")).collect();
+    bail!("no node answered ({})", said.join("; "))
+}
+
+fn state(s: &StreamState) -> &'static str {
+    match s {
+        StreamState::Running => "running",
+        StreamState::Dropping { .. } => "dropping",
+    }
+}
+
+/// What the spec says in a line: source, parallelism, window (the cluster file's stream: so).
+fn shape(s: &StreamEntry) -> String {
+    if s.spec.is_empty() {
+        return "the cluster file's [stream]".into();
+    }
+    match crate::config::parse_stream_doc(&s.spec) {
+        Ok(f) => format!(
+            "{} {}p/{}a/{}s window {}",
+            f.source,
+            f.partitions,
+            f.aggs,
+            f.sinks,
+            humantime::format_duration(f.window)
+        ),
+        Err(e) => format!("(spec unreadable: {e})"),
+    }
+}
+
+fn table(out: &mut impl Write, streams: &[StreamEntry]) -> std::io::Result<()> {
+    if streams.is_empty() {
+        return writeln!(out, "no streams");
+    }
+    writeln!(out, "{:<20} {:>5}  {:<9} SHAPE", "NAME", "ID", "STATE")?;
+    for s in streams {
+        writeln!(out, "{:<20} {:>5}  {:<9} {}", s.name, s.id.0, state(&s.state), shape(s))?;
+    }
+    Ok(())
+}
+
+fn show(out: &mut impl Write, s: &StreamEntry) -> std::io::Result<()> {
+    writeln!(out, "stream {} (id {}): {}", s.name, s.id.0, state(&s.state))?;
+    writeln!(out, "  created {}", humantime::format_rfc3339_seconds(at(s.created_ms)))?;
+    if let StreamState::Dropping { since_ms } = s.state {
+        writeln!(out, "  dropping since {}", humantime::format_rfc3339_seconds(at(since_ms)))?;
+    }
+    writeln!(out, "  {}", shape(s))?;
+    if !s.spec.is_empty() {
+        writeln!(out, "  spec:")?;
+        for l in s.spec.lines() {
+            writeln!(out, "    {l}")?;
+        }
+    }
+    Ok(())
+}
+
+fn at(ms: u64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+fn entry_json(s: &StreamEntry) -> Value {
+    let since = match s.state {
+        StreamState::Dropping { since_ms } => Some(since_ms),
+        StreamState::Running => None,
+    };
+    json!({
+        "name": s.name,
+        "id": s.id.0,
+        "state": state(&s.state),
+        "dropping_since_ms": since,
+        "created_ms": s.created_ms,
+        "from_cluster_file": s.spec.is_empty(),
+        "spec": s.spec,
+    })
+}

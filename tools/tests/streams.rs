@@ -1,0 +1,250 @@
+//! Several streams on one `weir node`, as a user runs them: `weir stream create`, `list`,
+//! `show` and `drop` against a running node whose config file's stream keeps committing.
+
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use util::*;
+use weir_engine::backup::commit::last_commit;
+use weir_engine::operator::generator::GeneratorSpec;
+use weir_engine::operator::window::WindowSpec;
+use weir_engine::spec::{SourceKind, StreamSpec};
+use weir_engine::wire::{CheckpointId, StreamId};
+
+/// `weir stream ARGS --config CONFIG`: exit code, stdout, stderr.
+fn stream(config: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = weir().arg("stream").args(args).arg("--config").arg(config).output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+/// The catalog as `weir stream list --json` prints it: (name, id, from the cluster file).
+fn listed(config: &Path) -> Vec<(String, u64, bool)> {
+    let (code, out, err) = stream(config, &["list", "--json"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    v["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let name = s["name"].as_str().unwrap().to_string();
+            (name, s["id"].as_u64().unwrap(), s["from_cluster_file"].as_bool().unwrap())
+        })
+        .collect()
+}
+
+/// A bounded generator stream file named `meters`, and the stream it describes at `id`.
+fn meters(dir: &Path, id: u64) -> (PathBuf, StreamSpec) {
+    let path = dir.join("meters.toml");
+    let text = "[stream]\nname = \"meters\"\npartitions = 3\naggs = 3\nsinks = 1\nwindow = \"1s\"\n\
+                [stream.generator]\nseed = 7\nkeys = 1000\nrows_per_ms = 10\nevents = 60000\nrate = 100000\n";
+    std::fs::write(&path, text).unwrap();
+    let mut spec = StreamSpec::generator(StreamId(id), 3, 3, 1);
+    spec.window = WindowSpec::tumbling(1000);
+    spec.source = SourceKind::Generator {
+        spec: GeneratorSpec { seed: 7, keys: 1000, rows_per_ms: 10, ..GeneratorSpec::default() },
+        limit: Some(60_000),
+        rate: Some(100_000),
+    };
+    (path, spec)
+}
+
+/// `weir query --stream ID --json`: the results of stream `id`, as the node serves them.
+fn query(config: &Path, id: u64) -> Vec<(u64, i64, u64, f64, f64, f64)> {
+    let out = weir().args(["query", "--json", "--stream", &id.to_string(), "--config"]).arg(config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            let f = |k: &str| v[k].as_f64().unwrap();
+            (
+                v["key"].as_u64().unwrap(),
+                v["start_ms"].as_i64().unwrap(),
+                v["count"].as_u64().unwrap(),
+                f("sum"),
+                f("min"),
+                f("max"),
+            )
+        })
+        .collect()
+}
+
+/// The newest commit of `stream` in the store under `dir`.
+fn committed(dir: &Path, stream: u64) -> Option<CheckpointId> {
+    let store = weir_engine::backup::LocalDirStore::new(dir.join("remote"));
+    last_commit(&store, StreamId(stream)).unwrap().map(|r| r.id)
+}
+
+/// Waits until `stream` commits a checkpoint after `after`.
+fn commits_after(dir: &Path, stream: u64, after: Option<CheckpointId>, limit: Duration) {
+    let t0 = Instant::now();
+    while committed(dir, stream) <= after {
+        assert!(t0.elapsed() < limit, "stream {stream} committed nothing after {after:?} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_stream_created_beside_the_files_runs_exactly_and_its_drop_leaves_the_other_committing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = adjusted(example("one-node.toml"), dir.path(), |t| {
+        set(t, &["checkpoint", "interval"], "200ms");
+        set(t, &["stream", "generator", "rate"], 200_000);
+    });
+    let mut node = Nodes(vec![spawn_piped(&config)]);
+    let rx = lines_of(&mut node.0[0]);
+    line_with(&rx, "checkpoint committed", Duration::from_secs(30));
+    // The config file's stream seeded the catalog.
+    assert_eq!(listed(&config), [("bench".to_string(), 1, true)]);
+
+    let (file, spec) = meters(dir.path(), 2);
+    let (code, out, err) = stream(&config, &["create", "--file", file.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("stream meters (id 2) created and running"), "{out}");
+    let (code, _, err) = stream(&config, &["create", "--file", file.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "a taken name is refused: {err}");
+    assert!(err.contains("already exists"), "{err}");
+    let (code, out, _) = stream(&config, &["show", "meters", "--json"]);
+    assert_eq!(code, Some(0));
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert!(shown["streams"][0]["spec"].as_str().unwrap().contains("events = 60000"), "{out}");
+
+    // The created stream runs to its end beside the file's, its results exactly the reference's.
+    line_with(&rx, "stream=meters", Duration::from_secs(10));
+    let meters_dir = dir.path().join("data/node-1/streams/2");
+    assert!(meters_dir.join("tasks").is_dir(), "a created stream keeps its data under streams/<id>");
+    let want: Vec<(u64, i64, u64, f64, f64, f64)> = weir_engine::reference::bounded_results(&spec)
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.key, r.start, r.count, r.sum, r.min, r.max))
+        .collect();
+    assert!(want.len() > 1000, "{} results", want.len());
+    let t0 = Instant::now();
+    loop {
+        let mut got = query(&config, 2);
+        if got.len() == want.len() {
+            got.sort_by_key(|r| (r.0, r.1));
+            assert!(got == want, "the created stream's results differ from the reference");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the created stream did not finish: {} results", got.len());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(committed(dir.path(), 2).is_some(), "the created stream committed checkpoints of its own");
+
+    // Dropped: answered once its tasks have stopped and its data here is gone; the file's
+    // stream commits on.
+    let (code, out, err) = stream(&config, &["drop", "meters"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(!meters_dir.exists(), "the dropped stream's data is gone");
+    assert_eq!(listed(&config), [("bench".to_string(), 1, true)]);
+    commits_after(dir.path(), 1, committed(dir.path(), 1), Duration::from_secs(10));
+    let (code, _, err) = stream(&config, &["drop", "meters"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no stream named meters"), "{err}");
+
+    // The name again is a new stream; the catalog outlives the node.
+    let (code, out, err) = stream(&config, &["create", "--file", file.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("(id 3)"), "{out}");
+    signal(&node.0[0], "-TERM");
+    assert!(exit_within(&mut node.0[0], Duration::from_secs(20), "the node after SIGTERM").success());
+    let mut again = Nodes(vec![spawn_piped(&config)]);
+    let rx = lines_of(&mut again.0[0]);
+    line_with(&rx, "checkpoint committed", Duration::from_secs(30));
+    let names: Vec<(String, u64, bool)> = listed(&config);
+    assert_eq!(names, [("bench".to_string(), 1, true), ("meters".to_string(), 3, false)]);
+    // Dropping the file's stream keeps it dropped across a restart.
+    let (code, out, err) = stream(&config, &["drop", "bench"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(!dir.path().join("data/node-1/tasks").exists(), "the file stream's tasks are gone");
+    signal(&again.0[0], "-TERM");
+    assert!(exit_within(&mut again.0[0], Duration::from_secs(20), "the node after SIGTERM").success());
+    let mut third = Nodes(vec![spawn_piped(&config)]);
+    let _rx = lines_of(&mut third.0[0]);
+    let t0 = Instant::now();
+    let names = loop {
+        let (code, out, _) = stream(&config, &["list", "--json"]);
+        if code == Some(0) {
+            break out;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "the node did not answer");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!names.contains("bench") && names.contains("meters"), "{names}");
+    signal(&third.0[0], "-TERM");
+    assert!(exit_within(&mut third.0[0], Duration::from_secs(20), "the node after SIGTERM").success());
+}
+
+#[test]
+fn a_stream_created_on_one_node_of_three_runs_on_every_node_and_its_drop_reaches_them_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = adjusted(example("three-node.toml"), dir.path(), |t| {
+        set(t, &["checkpoint", "interval"], "200ms");
+        set(t, &["stream", "generator", "rate"], 100_000);
+    });
+    let logs: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
+    let _nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1], &[])).collect());
+    let log_refs: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
+    line_in_any(&log_refs, "checkpoint committed", Duration::from_secs(60));
+    let file: toml::Table = toml::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    let addr = |n: usize| file["nodes"][n - 1]["addr"].as_str().unwrap().to_string();
+
+    // Created through node 2: etcd's catalog has it, and every node runs its share.
+    let (path, spec) = meters(dir.path(), 2);
+    let (code, out, err) = stream(&config, &["create", "--file", path.to_str().unwrap(), "--node", &addr(2)]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let data = |n: u32| dir.path().join(format!("data/node-{n}/streams/2"));
+    let t0 = Instant::now();
+    // A node records the incarnation of each run of the stream it starts.
+    while !(1..=3).all(|n| data(n).join("incarnation").is_file()) {
+        if t0.elapsed() > Duration::from_secs(20) {
+            let said: Vec<String> = logs
+                .iter()
+                .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+                .flat_map(|t| {
+                    t.lines()
+                        .filter(|l| l.contains("meters") || l.contains("catalog"))
+                        .map(String::from)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            panic!("not every node runs the created stream:\n{}", said.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let want: Vec<(u64, i64, u64, f64, f64, f64)> = weir_engine::reference::bounded_results(&spec)
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.key, r.start, r.count, r.sum, r.min, r.max))
+        .collect();
+    let t0 = Instant::now();
+    loop {
+        let mut got = query(&config, 2);
+        if got.len() == want.len() {
+            got.sort_by_key(|r| (r.0, r.1));
+            assert!(got == want, "the created stream's results differ from the reference");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the created stream did not finish: {} results", got.len());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    // Dropped through node 3: its data goes on every node; the file's stream commits on.
+    let (code, out, err) = stream(&config, &["drop", "meters", "--node", &addr(3)]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let t0 = Instant::now();
+    while (1..=3).any(|n| data(n).exists()) {
+        assert!(t0.elapsed() < Duration::from_secs(20), "a node kept the dropped stream's data");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (code, out, _) = stream(&config, &["list", "--node", &addr(1)]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("bench") && !out.contains("meters"), "{out}");
+    commits_after(dir.path(), 1, committed(dir.path(), 1), Duration::from_secs(20));
+}

@@ -1,0 +1,318 @@
+//! The stream catalog: the streams a cluster runs, as the control plane keeps them
+//! ([`Catalog`]), and the requests that read and change it ([`CatalogReq`] for anyone who may
+//! read, [`CatalogChangeReq`] for admins; both answered by [`CatalogRsp`]).
+//!
+//! Every catalog read from a store or a socket is checked before use: names, spec texts and the
+//! number of streams are bounded ([`MAX_STREAMS`], [`MAX_SPEC_TEXT`]), names are unique, ids are
+//! unique and below `next_id`.
+
+use super::*;
+
+/// Streams a catalog holds at most.
+pub const MAX_STREAMS: usize = 64;
+
+/// Longest stream spec text (bytes): a `[stream]` table, as TOML.
+pub const MAX_SPEC_TEXT: usize = 16 << 10;
+
+/// Longest stream name (bytes).
+pub const MAX_STREAM_NAME: usize = 64;
+
+/// Whether `name` is a stream name: 1 to [`MAX_STREAM_NAME`] ASCII letters, digits, `-` or `_`,
+/// starting with a letter (it names directories and store prefixes).
+pub fn valid_stream_name(name: &str) -> bool {
+    name.len() <= MAX_STREAM_NAME
+        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+archived! {
+    /// What a stream of the catalog is doing.
+    #[derive(Copy, Eq)]
+    pub enum StreamState {
+        /// Its nodes run it.
+        Running,
+        /// Dropped at `since_ms` (ms since the epoch): its tasks stop and its nodes remove its
+        /// data; the entry goes once they have.
+        Dropping {
+            /// When the drop was asked for.
+            since_ms: u64,
+        },
+    }
+}
+
+archived! {
+    /// One stream of the catalog.
+    pub struct StreamEntry {
+        /// Its id (assigned by the catalog, never reused).
+        pub id: StreamId,
+        /// Its name (unique in the catalog).
+        pub name: String,
+        /// What it is doing.
+        pub state: StreamState,
+        /// Its spec: a `[stream]` table as TOML (the cluster file's format).
+        pub spec: String,
+        /// When it was created (ms since the epoch).
+        pub created_ms: u64,
+    }
+}
+
+archived! {
+    /// The stream catalog as the control plane stores it.
+    pub struct Catalog {
+        /// The id the next stream created takes.
+        pub next_id: u64,
+        /// The streams, by id.
+        pub streams: Vec<StreamEntry>,
+    }
+}
+
+/// A catalog (from a store or a [`CatalogRsp`]) that breaks an invariant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CatalogCheckError {
+    /// More than [`MAX_STREAMS`] streams.
+    #[error("{count} streams (at most {MAX_STREAMS})")]
+    TooMany { count: usize },
+    /// A name that is not one ([`valid_stream_name`]).
+    #[error("stream name {name:?} is not 1 to {MAX_STREAM_NAME} letters, digits, '-' or '_' starting with a letter")]
+    Name { name: String },
+    /// A spec text past [`MAX_SPEC_TEXT`].
+    #[error("stream {name}: spec of {len} bytes (at most {MAX_SPEC_TEXT})")]
+    SpecText { name: String, len: usize },
+    /// Two streams of one name or id, or ids not in order.
+    #[error("stream {name}: its id {id} or name repeats, or ids are out of order")]
+    Repeated { name: String, id: u64 },
+    /// An id at or above the next id to assign.
+    #[error("stream {name}: id {id} is not below the next id {next}")]
+    Unassigned { name: String, id: u64, next: u64 },
+}
+
+/// Checks the catalog's invariants (see the module docs).
+pub fn check_catalog(c: &ArchivedCatalog) -> Result<(), CatalogCheckError> {
+    if c.streams.len() > MAX_STREAMS {
+        return Err(CatalogCheckError::TooMany { count: c.streams.len() });
+    }
+    let next = c.next_id.to_native();
+    let mut last: Option<u64> = None;
+    for (i, s) in c.streams.iter().enumerate() {
+        let (name, id) = (s.name.as_str(), s.id.0.to_native());
+        if !valid_stream_name(name) {
+            return Err(CatalogCheckError::Name { name: name.into() });
+        }
+        if s.spec.len() > MAX_SPEC_TEXT {
+            return Err(CatalogCheckError::SpecText { name: name.into(), len: s.spec.len() });
+        }
+        if last.is_some_and(|l| l >= id) || c.streams.iter().take(i).any(|o| o.name.as_str() == name) {
+            return Err(CatalogCheckError::Repeated { name: name.into(), id });
+        }
+        if id >= next {
+            return Err(CatalogCheckError::Unassigned { name: name.into(), id, next });
+        }
+        last = Some(id);
+    }
+    Ok(())
+}
+
+archived! {
+    /// Client → node: the catalog, or one stream of it (`name`; empty: every stream).
+    pub struct CatalogReq {
+        /// Echoed in the response.
+        pub request: u64,
+        /// The stream wanted (empty: all).
+        pub name: String,
+    }
+}
+
+archived! {
+    /// A change to the catalog.
+    pub enum CatalogChange {
+        /// Creates a stream of this name from a spec text (a `[stream]` table, as TOML).
+        Create {
+            /// Its name.
+            name: String,
+            /// Its spec.
+            spec: String,
+        },
+        /// Drops the stream of this name.
+        Drop {
+            /// Its name.
+            name: String,
+        },
+    }
+}
+
+archived! {
+    /// Client (admin) → node: change the catalog; answered once the change has taken effect on
+    /// this node (a created stream has started here, a dropped one has stopped and its data
+    /// here is gone).
+    pub struct CatalogChangeReq {
+        /// Echoed in the response.
+        pub request: u64,
+        /// The change.
+        pub change: CatalogChange,
+    }
+}
+
+archived! {
+    /// Why a catalog request was not carried out.
+    pub enum CatalogRefusal {
+        /// The request cannot succeed as it is (an unknown or taken name, a bad spec, a full
+        /// catalog, a node that keeps no catalog): fatal.
+        Invalid {
+            /// Why.
+            reason: String,
+        },
+        /// The control plane did not answer, or the change did not take effect in time:
+        /// retryable (a change may have been applied; read the catalog before trying again).
+        Unavailable {
+            /// Why.
+            reason: String,
+        },
+    }
+}
+
+archived! {
+    /// Node → client: the answer to a [`CatalogReq`] or a [`CatalogChangeReq`].
+    pub struct CatalogRsp {
+        /// The request this answers.
+        pub request: u64,
+        /// Answering node.
+        pub node: NodeId,
+        /// The streams asked for (after the change, for a change), by id.
+        pub streams: Vec<StreamEntry>,
+        /// Why the request was not carried out (`None`: it was).
+        pub refused: Option<CatalogRefusal>,
+    }
+}
+
+/// The first bytes of a stored catalog (format 1).
+const CATALOG_MAGIC: &[u8; 8] = b"WEIRCAT1";
+
+/// Why stored catalog bytes were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CatalogDecodeError {
+    /// Not a catalog, or one of a format this build does not read.
+    #[error("not a stream catalog of format 1")]
+    Format,
+    /// The checksum does not match: the bytes were damaged.
+    #[error("checksum mismatch")]
+    Checksum,
+    /// Not a valid archive.
+    #[error("not a valid catalog archive: {0}")]
+    Archive(String),
+    /// A valid archive breaking an invariant.
+    #[error(transparent)]
+    Invalid(#[from] CatalogCheckError),
+}
+
+impl Catalog {
+    /// The catalog as stored: magic, CRC-32C of the archive, the archive.
+    pub fn encode(&self) -> Vec<u8> {
+        let archive = rkyv::to_bytes::<rkyv::rancor::Error>(self).expect("a catalog always serializes");
+        let mut out = Vec::with_capacity(12 + archive.len());
+        out.extend_from_slice(CATALOG_MAGIC);
+        out.extend_from_slice(&crc32c::crc32c(&archive).to_le_bytes());
+        out.extend_from_slice(&archive);
+        out
+    }
+
+    /// A catalog read back from a store: checked (format, checksum, archive, invariants)
+    /// before anything of it is used.
+    pub fn decode(bytes: &[u8]) -> Result<Catalog, CatalogDecodeError> {
+        let rest = bytes.strip_prefix(CATALOG_MAGIC).ok_or(CatalogDecodeError::Format)?;
+        let (crc, archive) = rest.split_first_chunk::<4>().ok_or(CatalogDecodeError::Format)?;
+        if crc32c::crc32c(archive) != u32::from_le_bytes(*crc) {
+            return Err(CatalogDecodeError::Checksum);
+        }
+        let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(archive.len());
+        aligned.extend_from_slice(archive);
+        let a = rkyv::access::<ArchivedCatalog, rkyv::rancor::Error>(&aligned)
+            .map_err(|e| CatalogDecodeError::Archive(e.to_string()))?;
+        check_catalog(a)?;
+        rkyv::deserialize::<Catalog, rkyv::rancor::Error>(a).map_err(|e| CatalogDecodeError::Archive(e.to_string()))
+    }
+}
+
+/// The checks of a [`CatalogRsp`]: as many streams as a catalog holds, each a valid entry.
+pub(super) fn check_catalog_rsp(m: &ArchivedCatalogRsp) -> Result<(), CheckError> {
+    if m.streams.len() > MAX_STREAMS {
+        return Err(CheckError::Archive(format!("{} streams (at most {MAX_STREAMS})", m.streams.len())));
+    }
+    match m.streams.iter().find(|s| !valid_stream_name(&s.name) || s.spec.len() > MAX_SPEC_TEXT) {
+        Some(s) => Err(CheckError::Archive(format!("stream {:?}: a bad name or too long a spec", s.name.as_str()))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: u64, name: &str) -> StreamEntry {
+        StreamEntry {
+            id: StreamId(id),
+            name: name.into(),
+            state: StreamState::Running,
+            spec: "partitions = 2\n".into(),
+            created_ms: 7,
+        }
+    }
+
+    #[test]
+    fn a_catalog_roundtrips_through_its_stored_form() {
+        let c = Catalog {
+            next_id: 4,
+            streams: vec![
+                entry(1, "bench"),
+                StreamEntry { state: StreamState::Dropping { since_ms: 9 }, ..entry(3, "b") },
+            ],
+        };
+        assert_eq!(Catalog::decode(&c.encode()), Ok(c));
+    }
+
+    #[test]
+    fn damaged_or_foreign_bytes_are_refused() {
+        let c = Catalog { next_id: 2, streams: vec![entry(1, "bench")] };
+        let mut bytes = c.encode();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        assert_eq!(Catalog::decode(&bytes), Err(CatalogDecodeError::Checksum));
+        assert_eq!(Catalog::decode(b"WEIRCAT2xxxx"), Err(CatalogDecodeError::Format));
+        assert_eq!(Catalog::decode(b"WEIRCAT1"), Err(CatalogDecodeError::Format));
+        // A valid checksum over bytes that are no archive.
+        let mut forged = b"WEIRCAT1".to_vec();
+        forged.extend_from_slice(&crc32c::crc32c(&[1, 2, 3]).to_le_bytes());
+        forged.extend_from_slice(&[1, 2, 3]);
+        assert!(matches!(Catalog::decode(&forged), Err(CatalogDecodeError::Archive(_))));
+    }
+
+    #[test]
+    fn a_catalog_breaking_an_invariant_is_refused() {
+        let bad = |c: Catalog| Catalog::decode(&c.encode());
+        let dup = Catalog { next_id: 5, streams: vec![entry(1, "a"), entry(2, "a")] };
+        assert!(matches!(bad(dup), Err(CatalogDecodeError::Invalid(CatalogCheckError::Repeated { .. }))));
+        let order = Catalog { next_id: 5, streams: vec![entry(2, "a"), entry(1, "b")] };
+        assert!(matches!(bad(order), Err(CatalogDecodeError::Invalid(CatalogCheckError::Repeated { .. }))));
+        let ahead = Catalog { next_id: 2, streams: vec![entry(2, "a")] };
+        assert!(matches!(bad(ahead), Err(CatalogDecodeError::Invalid(CatalogCheckError::Unassigned { .. }))));
+        let name = Catalog { next_id: 2, streams: vec![entry(1, "../x")] };
+        assert!(matches!(bad(name), Err(CatalogDecodeError::Invalid(CatalogCheckError::Name { .. }))));
+        let long =
+            Catalog { next_id: 2, streams: vec![StreamEntry { spec: "x".repeat(MAX_SPEC_TEXT + 1), ..entry(1, "a") }] };
+        assert!(matches!(bad(long), Err(CatalogDecodeError::Invalid(CatalogCheckError::SpecText { .. }))));
+        let many = Catalog {
+            next_id: 100,
+            streams: (1..=MAX_STREAMS as u64 + 1).map(|i| entry(i, &format!("s{i}"))).collect(),
+        };
+        assert!(matches!(bad(many), Err(CatalogDecodeError::Invalid(CatalogCheckError::TooMany { .. }))));
+    }
+
+    #[test]
+    fn stream_names_are_bounded_and_safe_as_paths() {
+        for good in ["bench", "a", "meters_1m", "s-2"] {
+            assert!(valid_stream_name(good), "{good}");
+        }
+        for bad in ["", "1x", "-x", "a/b", "..", "a b", "é", &"a".repeat(MAX_STREAM_NAME + 1)] {
+            assert!(!valid_stream_name(bad), "{bad}");
+        }
+    }
+}
