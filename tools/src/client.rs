@@ -152,11 +152,17 @@ pub enum Failure {
 
 /// Sends `req` to `addr` and returns the answer's frame.
 pub fn request<Q: Message>(t: &Target, addr: SocketAddr, req: &Q, timeout: Duration) -> Result<Frame, Failure> {
-    let result = connect(t, addr, timeout).and_then(|mut c| {
-        c.send(req)?;
-        c.recv()
-    });
-    result.map_err(|e| match &e {
+    let mut c = connected(t, addr, timeout)?;
+    c.send(req).and_then(|()| c.recv()).map_err(|e| failure(addr, e))
+}
+
+/// An authenticated connection to `addr`, or why there is none.
+pub fn connected(t: &Target, addr: SocketAddr, timeout: Duration) -> Result<BlockingClient, Failure> {
+    connect(t, addr, timeout).map_err(|e| failure(addr, e))
+}
+
+fn failure(addr: SocketAddr, e: ClientError) -> Failure {
+    match &e {
         ClientError::Closed {
             code: code @ (CloseCode::AuthFailed | CloseCode::Forbidden | CloseCode::ClusterMismatch),
             message,
@@ -167,7 +173,7 @@ pub fn request<Q: Message>(t: &Target, addr: SocketAddr, req: &Q, timeout: Durat
             refusal_hint(&CloseCode::AuthFailed)
         )),
         _ => Failure::Unreachable(e.to_string()),
-    })
+    }
 }
 
 /// `addr`'s status: `Ok(None)` when it cannot be reached.

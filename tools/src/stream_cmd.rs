@@ -4,15 +4,18 @@
 //! has stopped and its data there is gone). Reading takes the `read` role, changing `admin`.
 
 use std::io::Write;
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use weir_engine::wire::msg::{
-    CatalogChange, CatalogChangeReq, CatalogRefusal, CatalogReq, CatalogRsp, Message, StreamEntry, StreamState,
+    CatalogChange, CatalogChangeReq, CatalogRefusal, CatalogReq, CatalogRsp, MAX_SPEC_TEXT, MAX_STREAM_NAME, Message,
+    StreamEntry, StreamState, valid_stream_name,
 };
+
+use weir_engine::wire::msg::CloseCode;
+use weir_engine::wire::transport::client::ClientError;
 
 use crate::client::{Failure, Target};
 
@@ -94,10 +97,18 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
     let rsp = match &args.op {
         Op::Create { file, name, .. } => {
             let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+            if text.len() > MAX_SPEC_TEXT {
+                bail!("{} is {} bytes: a stream file holds at most {MAX_SPEC_TEXT}", file.display(), text.len());
+            }
             let stream = crate::config::parse_stream_doc(&text).with_context(|| format!("in {}", file.display()))?;
             let Some(name) = name.clone().or(stream.name.clone()) else {
                 bail!("{} names no stream: add name = \"...\" to its [stream] table, or pass --name", file.display());
             };
+            if !valid_stream_name(&name) {
+                bail!(
+                    "{name:?} is not a stream name: 1 to {MAX_STREAM_NAME} letters, digits, '-' or '_', starting with a letter"
+                );
+            }
             crate::settings::spec_of(&stream).with_context(|| format!("in {}", file.display()))?;
             let change = CatalogChange::Create { name, spec: text };
             ask(&t, &CatalogChangeReq { request: 1, change }, timeout)?
@@ -109,6 +120,7 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
             ask(&t, &CatalogChangeReq { request: 1, change }, timeout)?
         }
     };
+    let Some(rsp) = rsp else { return Ok(ExitCode::from(1)) };
     let code = match &rsp.refused {
         None => ExitCode::SUCCESS,
         Some(CatalogRefusal::Invalid { reason }) => bail!("node {} refused: {reason}", rsp.node),
@@ -140,18 +152,35 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
     Ok(code)
 }
 
-/// Sends `req` to the first node of the target that answers it.
-fn ask<Q: Message>(t: &Target, req: &Q, timeout: Duration) -> anyhow::Result<CatalogRsp> {
-    let mut why: Vec<(SocketAddr, String)> = Vec::new();
+/// Sends `req` to the first node of the target that can be reached: `Ok(None)` when it was
+/// sent and no answer came (a change may have taken effect: retryable).
+fn ask<Q: Message>(t: &Target, req: &Q, timeout: Duration) -> anyhow::Result<Option<CatalogRsp>> {
+    let mut why: Vec<String> = Vec::new();
     for addr in &t.nodes {
-        match crate::client::request(t, *addr, req, timeout) {
-            Ok(f) => return f.to_owned::<CatalogRsp>().with_context(|| format!("{addr} answered, not with a catalog")),
+        let mut c = match crate::client::connected(t, *addr, timeout) {
+            Ok(c) => c,
             Err(Failure::Refused(e)) => return Err(e),
-            Err(Failure::Unreachable(e)) => why.push((*addr, e)),
-        }
+            Err(Failure::Unreachable(e)) => {
+                why.push(format!("{addr}: {e}"));
+                continue;
+            }
+        };
+        let answer = c.send(req).and_then(|()| c.recv());
+        return match answer {
+            Ok(f) => {
+                Ok(Some(f.to_owned::<CatalogRsp>().with_context(|| format!("{addr} answered, not with a catalog"))?))
+            }
+            Err(ClientError::Closed { code, message, .. }) if code == CloseCode::Forbidden => {
+                bail!("{addr} refused this request: {message} ({})", crate::client::refusal_hint(&code))
+            }
+            Err(e) => {
+                let mut err = std::io::stderr();
+                let _ = writeln!(err, "{addr}: no answer ({e}); `weir stream list` shows whether it took effect");
+                Ok(None)
+            }
+        };
     }
-    let said: Vec<String> = why.iter().map(|(a, e)| format!("{a}: {e}")).collect();
-    bail!("no node answered ({})", said.join("; "))
+    bail!("no node answered ({})", why.join("; "))
 }
 
 fn state(s: &StreamState) -> &'static str {

@@ -179,6 +179,15 @@ fn a_stream_created_beside_the_files_runs_exactly_and_its_drop_leaves_the_other_
     assert!(!names.contains("bench") && names.contains("meters"), "{names}");
     signal(&third.0[0], "-TERM");
     assert!(exit_within(&mut third.0[0], Duration::from_secs(20), "the node after SIGTERM").success());
+
+    // A lost catalog is not replaced by a new one: the node refuses to start, and every
+    // stream's data stays.
+    std::fs::remove_file(dir.path().join("data/node-1/catalog")).unwrap();
+    let out = weir().args(["node", "--config"]).arg(&config).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("it is gone, but this node has seen one"), "{err}");
+    assert!(dir.path().join("data/node-1/streams/3").is_dir(), "the created stream's data stays");
 }
 
 #[test]

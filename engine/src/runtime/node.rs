@@ -171,6 +171,11 @@ impl Node {
         self.boards.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&stream)
     }
 
+    /// What the node says of `stream` while no run of it is attached (`None`: nothing).
+    pub fn standing_phase(&self, stream: StreamId) -> Option<super::StandingPhase> {
+        self.standings.lock().unwrap_or_else(|e| e.into_inner()).get(&stream).map(|s| s.phase)
+    }
+
     /// The links to the other members now.
     pub fn links(&self) -> Vec<weir_wire::msg::PeerLink> {
         self.links.lock().unwrap_or_else(|e| e.into_inner()).all()

@@ -62,6 +62,17 @@ impl ClusterFile {
                 self.restart.strategy
             );
         }
+        // The file's stream seeds the stream catalog: its name and id must be a catalog's.
+        let name = self.stream_name();
+        if !weir_engine::wire::msg::valid_stream_name(&name) {
+            bail!(
+                "stream.name = {name:?}: 1 to {} letters, digits, '-' or '_', starting with a letter",
+                weir_engine::wire::msg::MAX_STREAM_NAME
+            );
+        }
+        if self.stream.id == 0 || self.stream.id == u64::MAX {
+            bail!("stream.id = {}: 1 to {}", self.stream.id, u64::MAX - 1);
+        }
         self.stream.validate(&seen)
     }
 }

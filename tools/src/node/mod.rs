@@ -16,6 +16,7 @@
 //! runs, waits between them and logs), so that a stream's failures and restarts leave the
 //! others running. Every log line names the node.
 
+mod local;
 mod stream;
 mod streams;
 
@@ -108,7 +109,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     let calls = node.serve_catalog();
     let parts =
         Arc::new(NodeParts { file, me, node, base, exit_when_done: args.exit_when_done, board, control, prober });
-    let mut streams = Streams::new(parts, store, calls);
-    streams.open()?;
+    let mut streams = Streams::new(parts, store, calls)?;
+    if !streams.open(&stop)? {
+        return Ok(ExitCode::SUCCESS);
+    }
     streams.serve(&stop)
 }

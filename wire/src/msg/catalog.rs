@@ -232,6 +232,30 @@ impl Catalog {
     }
 }
 
+/// The checks of a [`CatalogReq`]: a name no longer than a stream's (what it is, the node
+/// checks and answers).
+pub(super) fn check_catalog_req(m: &ArchivedCatalogReq) -> Result<(), CheckError> {
+    bounded("stream name", m.name.len(), MAX_STREAM_NAME)
+}
+
+/// The checks of a [`CatalogChangeReq`]: a name and a spec no longer than a catalog keeps.
+pub(super) fn check_catalog_change(m: &ArchivedCatalogChangeReq) -> Result<(), CheckError> {
+    match &m.change {
+        ArchivedCatalogChange::Create { name, spec } => {
+            bounded("stream name", name.len(), MAX_STREAM_NAME)?;
+            bounded("stream spec", spec.len(), MAX_SPEC_TEXT)
+        }
+        ArchivedCatalogChange::Drop { name } => bounded("stream name", name.len(), MAX_STREAM_NAME),
+    }
+}
+
+fn bounded(what: &str, len: usize, max: usize) -> Result<(), CheckError> {
+    if len > max {
+        return Err(CheckError::Archive(format!("{what} of {len} bytes (at most {max})")));
+    }
+    Ok(())
+}
+
 /// The checks of a [`CatalogRsp`]: as many streams as a catalog holds, each a valid entry.
 pub(super) fn check_catalog_rsp(m: &ArchivedCatalogRsp) -> Result<(), CheckError> {
     if m.streams.len() > MAX_STREAMS {
@@ -304,6 +328,26 @@ mod tests {
             streams: (1..=MAX_STREAMS as u64 + 1).map(|i| entry(i, &format!("s{i}"))).collect(),
         };
         assert!(matches!(bad(many), Err(CatalogDecodeError::Invalid(CatalogCheckError::TooMany { .. }))));
+    }
+
+    #[test]
+    fn catalog_requests_past_a_catalogs_bounds_are_refused_as_frames() {
+        use crate::frame::FrameEncoder;
+        let check = |f: crate::frame::EncodedFrame| -> Result<(), crate::frame::FrameError> {
+            let frame = crate::frame::decode_one(f.as_bytes(), crate::frame::DEFAULT_MAX_FRAME)?;
+            frame.message().map(|_| ())
+        };
+        let long = "a".repeat(MAX_STREAM_NAME + 1);
+        let mut enc = FrameEncoder::new();
+        assert!(check(enc.encode(&CatalogReq { request: 1, name: "a".repeat(MAX_STREAM_NAME) }).unwrap()).is_ok());
+        assert!(check(enc.encode(&CatalogReq { request: 1, name: long.clone() }).unwrap()).is_err());
+        let create =
+            |name: String, spec: String| CatalogChangeReq { request: 1, change: CatalogChange::Create { name, spec } };
+        assert!(check(enc.encode(&create("a".into(), "x".repeat(MAX_SPEC_TEXT))).unwrap()).is_ok());
+        assert!(check(enc.encode(&create("a".into(), "x".repeat(MAX_SPEC_TEXT + 1))).unwrap()).is_err());
+        assert!(check(enc.encode(&create(long.clone(), "x".into())).unwrap()).is_err());
+        let drop = CatalogChangeReq { request: 1, change: CatalogChange::Drop { name: long } };
+        assert!(check(enc.encode(&drop).unwrap()).is_err());
     }
 
     #[test]

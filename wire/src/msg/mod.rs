@@ -36,8 +36,8 @@ mod data;
 mod ops;
 mod replication;
 
-use catalog::check_catalog_rsp;
 pub use catalog::*;
+use catalog::{check_catalog_change, check_catalog_req, check_catalog_rsp};
 pub use checkpoint::*;
 pub use connection::*;
 pub use data::*;
@@ -202,7 +202,7 @@ kinds! {
     47 => ResultsRsp,
     48 => ProducersReq,
     49 => ProducersRsp,
-    50 => CatalogReq,
+    50 => CatalogReq { |m: &ArchivedCatalogReq| check_catalog_req(m) },
     51 => CatalogRsp { |m: &ArchivedCatalogRsp| check_catalog_rsp(m) },
-    52 => CatalogChangeReq,
+    52 => CatalogChangeReq { |m: &ArchivedCatalogChangeReq| check_catalog_change(m) },
 }

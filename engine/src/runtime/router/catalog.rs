@@ -66,8 +66,9 @@ impl Routing {
             Some(Err(TrySendError::Full(_))) => CatalogRefusal::Unavailable {
                 reason: format!("node {} has too many catalog requests waiting", self.node),
             },
-            None | Some(Err(TrySendError::Disconnected(_))) => {
-                CatalogRefusal::Invalid { reason: format!("node {} keeps no stream catalog", self.node) }
+            None => CatalogRefusal::Invalid { reason: format!("node {} keeps no stream catalog", self.node) },
+            Some(Err(TrySendError::Disconnected(_))) => {
+                CatalogRefusal::Unavailable { reason: format!("node {} is stopping", self.node) }
             }
         };
         let rsp = CatalogRsp { request, node: self.node, streams: Vec::new(), refused: Some(refused) };

@@ -1,0 +1,182 @@
+//! What a node keeps on disk of the catalog's streams: where each stream's data lives, its
+//! removal once dropped, and the catalog's high-water mark.
+//!
+//! Invariants: nothing is removed but the data of a stream a catalog at or above the
+//! high-water mark says is dropped, or no longer lists though its id is below the next to
+//! assign. The high-water mark (`<data_dir>/catalog-next`, the largest next id any catalog
+//! read here had) only grows: a catalog below it was lost or reset, and the node acts on
+//! nothing it says (it would re-assign ids whose data, checkpoints and placement still exist).
+
+use std::path::{Path, PathBuf};
+
+use weir_engine::wire::StreamId;
+use weir_engine::wire::msg::{Catalog, StreamEntry};
+
+/// Where stream `entry` keeps its data on a node whose data directory is `root`: the cluster
+/// file's stream (an empty spec text) at the root, as a node of one stream always has; every
+/// other under `streams/<id>`.
+pub fn stream_dir(root: &Path, entry: &StreamEntry) -> PathBuf {
+    if entry.spec.is_empty() { root.to_path_buf() } else { root.join("streams").join(entry.id.0.to_string()) }
+}
+
+/// What the cluster file's stream keeps at the root (the rest of the root is the node's).
+const ROOT_STREAM_DATA: [&str; 3] = ["tasks", "ingest", "incarnation"];
+
+/// Removes what stream `entry` keeps on a node whose data directory is `root`.
+pub fn remove_stream_data(root: &Path, entry: &StreamEntry) -> std::io::Result<()> {
+    let dir = stream_dir(root, entry);
+    if dir == root { remove_root_stream(root) } else { gone(std::fs::remove_dir_all(dir)) }
+}
+
+fn remove_root_stream(root: &Path) -> std::io::Result<()> {
+    for name in ROOT_STREAM_DATA {
+        let p = root.join(name);
+        gone(if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) })?;
+    }
+    Ok(())
+}
+
+/// A removal of what is not there is done.
+fn gone(r: std::io::Result<()>) -> std::io::Result<()> {
+    match r {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// The ids of the streams with a directory under `<root>/streams`.
+pub fn local_ids(root: &Path) -> Vec<StreamId> {
+    let Ok(dirs) = std::fs::read_dir(root.join("streams")) else { return Vec::new() };
+    dirs.flatten().filter_map(|d| d.file_name().to_str().and_then(|n| n.parse().ok()).map(StreamId)).collect()
+}
+
+/// Removes the data of streams `c` no longer lists (dropped while this node was away, or
+/// forgotten by another node first), except those of `running` (the streams whose supervisor
+/// has not ended here): directories under `streams/`, and the root's stream data when no entry
+/// is the cluster file's stream.
+pub fn remove_unlisted(root: &Path, c: &Catalog, running: &[&StreamEntry]) {
+    for id in local_ids(root) {
+        if id.0 < c.next_id && !c.streams.iter().any(|e| e.id == id) && !running.iter().any(|e| e.id == id) {
+            tracing::info!(stream = id.0, "removing the data of a stream the catalog no longer lists");
+            if let Err(e) = gone(std::fs::remove_dir_all(root.join("streams").join(id.0.to_string()))) {
+                tracing::warn!(stream = id.0, error = %e, "cannot remove the data of a dropped stream");
+            }
+        }
+    }
+    let file_stream = c.streams.iter().chain(running.iter().copied()).any(|e| e.spec.is_empty());
+    if !file_stream && ROOT_STREAM_DATA.iter().any(|n| root.join(n).exists()) {
+        tracing::info!("removing the data of the cluster file's stream: the catalog no longer lists it");
+        if let Err(e) = remove_root_stream(root) {
+            tracing::warn!(error = %e, "cannot remove the data of the cluster file's dropped stream");
+        }
+    }
+}
+
+/// The catalog's high-water mark on a node.
+pub struct HighWater {
+    path: PathBuf,
+    next: u64,
+}
+
+impl HighWater {
+    /// The mark of the node whose data directory is `root` (1 when none was kept: no catalog
+    /// was read here).
+    pub fn open(root: &Path) -> anyhow::Result<HighWater> {
+        let path = root.join("catalog-next");
+        let next = match std::fs::read_to_string(&path) {
+            Ok(t) => {
+                t.trim().parse().map_err(|_| anyhow::anyhow!("{} holds {:?}, not a stream id", path.display(), t))?
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 1,
+            Err(e) => return Err(anyhow::anyhow!("reading {}: {e}", path.display())),
+        };
+        Ok(HighWater { path, next })
+    }
+
+    /// The next id the catalog must at least have.
+    pub fn next(&self) -> u64 {
+        self.next
+    }
+
+    /// Takes `c` in: `Err` (why) when it is below the mark; raises the mark to it otherwise.
+    pub fn take(&mut self, c: &Catalog) -> Result<(), String> {
+        if c.next_id < self.next {
+            return Err(format!(
+                "the stream catalog went back (its next id is {}, this node has seen {}): it was lost or reset; \
+                 this node acts on nothing it says until it is restored (or {} is removed)",
+                c.next_id,
+                self.next,
+                self.path.display()
+            ));
+        }
+        if c.next_id > self.next {
+            let tmp = self.path.with_extension("tmp");
+            let write = || -> std::io::Result<()> {
+                use std::io::Write;
+                let mut f = std::fs::File::create(&tmp)?;
+                writeln!(f, "{}", c.next_id)?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, &self.path)
+            };
+            write().map_err(|e| format!("writing {}: {e}", self.path.display()))?;
+            self.next = c.next_id;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use weir_engine::wire::msg::StreamState;
+
+    use super::*;
+
+    fn entry(id: u64, spec: &str) -> StreamEntry {
+        StreamEntry {
+            id: StreamId(id),
+            name: format!("s{id}"),
+            state: StreamState::Running,
+            spec: spec.into(),
+            created_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_catalog_that_went_back_is_refused_and_the_mark_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut mark = HighWater::open(dir.path()).unwrap();
+        assert_eq!(mark.next(), 1);
+        mark.take(&Catalog { next_id: 5, streams: vec![] }).unwrap();
+        let mut again = HighWater::open(dir.path()).unwrap();
+        assert_eq!(again.next(), 5);
+        let e = again.take(&Catalog { next_id: 2, streams: vec![entry(1, "")] }).unwrap_err();
+        assert!(e.contains("went back"), "{e}");
+        again.take(&Catalog { next_id: 5, streams: vec![] }).unwrap();
+    }
+
+    #[test]
+    fn only_unlisted_streams_below_the_next_id_lose_their_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for id in [2, 3, 4, 9] {
+            std::fs::create_dir_all(root.join("streams").join(id.to_string()).join("tasks")).unwrap();
+        }
+        std::fs::create_dir_all(root.join("tasks/0")).unwrap();
+        std::fs::write(root.join("incarnation"), "4\n").unwrap();
+        std::fs::write(root.join("process"), "4\n").unwrap();
+        // 2 is listed, 3 runs here still, 4 is gone from the catalog, 9 is past its next id.
+        let c = Catalog { next_id: 8, streams: vec![entry(1, ""), entry(2, "x")] };
+        remove_unlisted(root, &c, &[&entry(3, "x")]);
+        let mut left: Vec<u64> = local_ids(root).into_iter().map(|i| i.0).collect();
+        left.sort();
+        assert_eq!(left, [2, 3, 9]);
+        assert!(root.join("tasks").exists(), "the file's stream is listed: its data stays");
+        // The file's stream dropped: the root's stream data goes, the node's stays.
+        let c = Catalog { next_id: 8, streams: vec![entry(2, "x")] };
+        remove_unlisted(root, &c, &[&entry(1, "")]);
+        assert!(root.join("tasks").exists(), "its supervisor still runs: its data stays");
+        remove_unlisted(root, &c, &[]);
+        assert!(!root.join("tasks").exists() && !root.join("incarnation").exists());
+        assert!(root.join("process").exists(), "the node's own files stay");
+    }
+}

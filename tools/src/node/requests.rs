@@ -1,0 +1,148 @@
+//! The node's answers to clients' catalog requests ([`CatalogCall`]): reads at once, changes
+//! once they have taken effect here ([`Streams`] runs them).
+
+use std::time::Instant;
+
+use weir_engine::cluster::catalog::{self, CatalogError};
+use weir_engine::runtime::{CatalogCall, StandingPhase};
+use weir_engine::wire::StreamId;
+use weir_engine::wire::msg::{Catalog, CatalogChange, CatalogRefusal, CatalogRsp, StreamEntry, StreamState};
+
+use super::{Pending, Streams, TAKE_EFFECT, now_ms};
+
+impl Streams {
+    pub(super) fn on_call(&mut self, call: CatalogCall) {
+        let node = self.parts.node.id();
+        match call {
+            CatalogCall::Read { from, request, name } => {
+                let rsp = match self.store.read() {
+                    Ok((c, _)) => {
+                        let streams: Vec<StreamEntry> =
+                            c.streams.into_iter().filter(|s| name.is_empty() || s.name == name).collect();
+                        let refused = (streams.is_empty() && !name.is_empty()).then(|| CatalogRefusal::Invalid {
+                            reason: format!("no stream named {name} (`weir stream list` shows them)"),
+                        });
+                        CatalogRsp { request, node, streams, refused }
+                    }
+                    Err(e) => refusal(request, node, &e),
+                };
+                self.parts.node.answer(from, &rsp);
+            }
+            CatalogCall::Change { from, request, .. } if self.stopping || self.refused.is_some() => {
+                let reason = match &self.refused {
+                    Some(why) => why.clone(),
+                    None => format!("node {node} is stopping"),
+                };
+                let refused = Some(CatalogRefusal::Unavailable { reason });
+                self.parts.node.answer(from, &CatalogRsp { request, node, streams: Vec::new(), refused });
+            }
+            CatalogCall::Change { from, request, change } => {
+                let done = match change {
+                    CatalogChange::Create { name, spec } => self.create(&name, &spec),
+                    CatalogChange::Drop { name } => {
+                        let now = now_ms();
+                        catalog::change(self.store.as_ref(), |c| catalog::drop_stream(c, &name, now).map(Some))
+                            .map(|d| d.map(|(c, e)| (c, e, false)))
+                    }
+                };
+                match done {
+                    Ok(Some((c, entry, start))) => {
+                        tracing::info!(stream = %entry.name, id = entry.id.0, from = %from, create = start, "stream catalog changed");
+                        self.take(c);
+                        let until = Instant::now() + TAKE_EFFECT;
+                        self.pending.push(Pending { from, request, stream: entry.id, start, until });
+                        self.answer_pending();
+                    }
+                    Ok(None) => {}
+                    Err(e) => self.parts.node.answer(from, &refusal(request, node, &e)),
+                }
+            }
+        }
+    }
+
+    /// Creates stream `name` from `spec` (checked as this node would run it).
+    fn create(&mut self, name: &str, spec: &str) -> Result<Option<(Catalog, StreamEntry, bool)>, CatalogError> {
+        let invalid = |e: anyhow::Error| CatalogError::Invalid { reason: format!("{e:#}") };
+        // The request's name is the stream's, whatever the spec's `name` says.
+        crate::config::parse_stream_doc(spec).map_err(invalid)?;
+        // Checked with the id it would take (a spec that names nodes this file lacks, say).
+        let probe = StreamEntry {
+            id: StreamId(self.catalog.next_id),
+            name: name.into(),
+            state: StreamState::Running,
+            spec: spec.into(),
+            created_ms: 0,
+        };
+        self.parts.file.stream_of(&probe).and_then(|s| crate::settings::spec_of(&s)).map_err(invalid)?;
+        let now = now_ms();
+        catalog::change(self.store.as_ref(), |c| catalog::create(c, name, spec, now).map(Some))
+            .map(|d| d.map(|(c, e)| (c, e, true)))
+    }
+
+    /// Answers every change still waiting as retryable, for `why`.
+    pub(super) fn answer_all(&mut self, why: &str) {
+        let node = self.parts.node.id();
+        for p in std::mem::take(&mut self.pending) {
+            let refused = Some(CatalogRefusal::Unavailable { reason: format!("{why} (node {node})") });
+            self.parts.node.answer(p.from, &CatalogRsp { request: p.request, node, streams: Vec::new(), refused });
+        }
+    }
+
+    /// Answers the changes that have taken effect here, or ran out of time.
+    pub(super) fn answer_pending(&mut self) {
+        let node = self.parts.node.id();
+        let mut still = Vec::new();
+        for p in std::mem::take(&mut self.pending) {
+            let entry = self.catalog.streams.iter().find(|e| e.id == p.stream);
+            let done = if p.start {
+                // Running here, or waiting with no task here (the placement puts none on this
+                // node, or it is no member now): the stream's other nodes run it.
+                let waits = matches!(
+                    self.parts.node.standing_phase(p.stream),
+                    Some(StandingPhase::Idle | StandingPhase::Fenced)
+                );
+                self.parts.node.attached(p.stream) || waits || self.ended.contains_key(&p.stream)
+            } else {
+                !self.runs.contains_key(&p.stream) && entry.is_none()
+            };
+            if let Some(Err(why)) = self.ended.get(&p.stream).filter(|_| p.start) {
+                let reason = format!("the stream was created but cannot run on node {node}: {why}");
+                let rsp = CatalogRsp {
+                    request: p.request,
+                    node,
+                    streams: entry.cloned().into_iter().collect(),
+                    refused: Some(CatalogRefusal::Invalid { reason }),
+                };
+                self.parts.node.answer(p.from, &rsp);
+            } else if done {
+                let rsp = CatalogRsp {
+                    request: p.request,
+                    node,
+                    streams: entry.cloned().into_iter().collect(),
+                    refused: None,
+                };
+                self.parts.node.answer(p.from, &rsp);
+            } else if Instant::now() >= p.until {
+                let what = if p.start { "start" } else { "stop" };
+                let reason = format!("the stream did not {what} on node {node} within {}s", TAKE_EFFECT.as_secs());
+                let rsp = CatalogRsp {
+                    request: p.request,
+                    node,
+                    streams: entry.cloned().into_iter().collect(),
+                    refused: Some(CatalogRefusal::Unavailable { reason }),
+                };
+                self.parts.node.answer(p.from, &rsp);
+            } else {
+                still.push(p);
+            }
+        }
+        self.pending = still;
+    }
+}
+
+fn refusal(request: u64, node: weir_engine::wire::NodeId, e: &CatalogError) -> CatalogRsp {
+    let reason = e.to_string();
+    let refused =
+        if e.is_retryable() { CatalogRefusal::Unavailable { reason } } else { CatalogRefusal::Invalid { reason } };
+    CatalogRsp { request, node, streams: Vec::new(), refused: Some(refused) }
+}
