@@ -129,7 +129,7 @@ fn status_responses_carry_task_state_and_per_task_checkpoint_statistics() {
     wait_for_commits(&e1, 2);
     let ask = |e: &Engine, request: u64| -> StatusRsp {
         let mut c = client(e);
-        c.send(&StatusReq { request }).unwrap();
+        c.send(&StatusReq { request, stream: None }).unwrap();
         c.recv().unwrap().to_owned::<StatusRsp>().unwrap()
     };
     let (s1, s2) = (ask(&e1, 7), ask(&e2, 8));
@@ -457,7 +457,7 @@ fn a_node_answers_status_while_its_tasks_restore_from_the_remote_store() {
             Duration::from_secs(2),
         )
         .and_then(|mut c| {
-            c.send(&StatusReq { request: 3 })?;
+            c.send(&StatusReq { request: 3, stream: None })?;
             c.recv()
         });
         match asked {

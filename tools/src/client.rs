@@ -9,10 +9,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use weir_engine::wire::msg::{CloseCode, Message, StatusReq, StatusRsp};
+use weir_engine::wire::msg::{
+    CatalogRefusal, CatalogReq, CatalogRsp, CloseCode, Message, StatusReq, StatusRsp, StreamEntry,
+};
 use weir_engine::wire::role::MAX_MEMBER_ID;
 use weir_engine::wire::transport::client::{BlockingClient, ClientError, Credential};
-use weir_engine::wire::{Frame, NodeId};
+use weir_engine::wire::{Frame, NodeId, StreamId};
 
 use crate::config::{ClusterFile, Secret};
 
@@ -176,11 +178,88 @@ fn failure(addr: SocketAddr, e: ClientError) -> Failure {
     }
 }
 
-/// `addr`'s status: `Ok(None)` when it cannot be reached.
-pub fn status(t: &Target, addr: SocketAddr, timeout: Duration) -> anyhow::Result<Result<StatusRsp, String>> {
-    match request(t, addr, &StatusReq { request: 1 }, timeout) {
+/// `addr`'s status of `stream` (`None`: its first stream's, with every stream's tasks):
+/// `Ok(Err(why))` when it cannot be reached.
+pub fn status_of(
+    t: &Target,
+    addr: SocketAddr,
+    stream: Option<StreamId>,
+    timeout: Duration,
+) -> anyhow::Result<Result<StatusRsp, String>> {
+    match request(t, addr, &StatusReq { request: 1, stream }, timeout) {
         Ok(f) => Ok(f.to_owned::<StatusRsp>().map_err(|e| format!("{addr} answered, not with a status: {e}"))),
         Err(Failure::Refused(e)) => Err(e),
         Err(Failure::Unreachable(why)) => Ok(Err(why)),
+    }
+}
+
+/// A stream as a command names it (`--stream`): its id, or its name in the stream catalog.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamRef {
+    Id(u64),
+    Name(String),
+}
+
+/// `--stream`'s parser: digits are an id, anything else a name.
+pub fn parse_stream_ref(s: &str) -> Result<StreamRef, String> {
+    if let Ok(id) = s.parse() {
+        return Ok(StreamRef::Id(id));
+    }
+    if weir_engine::wire::msg::valid_stream_name(s) {
+        return Ok(StreamRef::Name(s.into()));
+    }
+    Err(format!("{s:?} is neither a stream id nor a stream name (letters, digits, '-', '_', starting with a letter)"))
+}
+
+/// The catalog entry of `r`, as the first node of the target that answers has it: `None` for
+/// an id the catalog does not list, or when no node keeps a catalog (an error for a name).
+pub fn catalog_entry(t: &Target, r: &StreamRef, timeout: Duration) -> anyhow::Result<Option<StreamEntry>> {
+    let mut why = Vec::new();
+    for addr in &t.nodes {
+        match request(t, *addr, &CatalogReq { request: 1, name: String::new() }, timeout) {
+            Ok(f) => {
+                let rsp = f.to_owned::<CatalogRsp>().with_context(|| format!("{addr} answered, not with a catalog"))?;
+                let found = rsp.streams.into_iter().find(|e| match r {
+                    StreamRef::Id(id) => e.id.0 == *id,
+                    StreamRef::Name(n) => e.name == *n,
+                });
+                return match (found, r, rsp.refused) {
+                    (Some(e), _, _) => Ok(Some(e)),
+                    // Unavailable here (etcd, a node stopping): another node may answer.
+                    (None, _, Some(CatalogRefusal::Unavailable { reason })) => {
+                        why.push(format!("{addr}: {reason}"));
+                        continue;
+                    }
+                    (None, StreamRef::Id(_), _) => Ok(None),
+                    (None, StreamRef::Name(n), Some(CatalogRefusal::Invalid { reason })) => {
+                        anyhow::bail!("cannot look stream {n} up: {reason}")
+                    }
+                    (None, StreamRef::Name(n), None) => {
+                        anyhow::bail!("no stream named {n} (`weir stream list` shows them)")
+                    }
+                };
+            }
+            Err(Failure::Refused(e)) => return Err(e),
+            Err(Failure::Unreachable(e)) => why.push(format!("{addr}: {e}")),
+        }
+    }
+    match r {
+        StreamRef::Id(id) => {
+            tracing::warn!(
+                stream = id,
+                "the stream catalog could not be read ({}); taking the id as it is",
+                why.join("; ")
+            );
+            Ok(None)
+        }
+        StreamRef::Name(n) => anyhow::bail!("cannot look stream {n} up: no node answered ({})", why.join("; ")),
+    }
+}
+
+/// The id `r` names: an id as it is, a name looked up in the catalog.
+pub fn stream_id(t: &Target, r: &StreamRef, timeout: Duration) -> anyhow::Result<u64> {
+    match r {
+        StreamRef::Id(id) => Ok(*id),
+        StreamRef::Name(n) => Ok(catalog_entry(t, r, timeout)?.with_context(|| format!("no stream named {n}"))?.id.0),
     }
 }

@@ -27,9 +27,9 @@ use weir_engine::wire::msg::ResultRow;
 pub struct QueryArgs {
     #[command(flatten)]
     cluster: crate::client::ClusterArgs,
-    /// The stream (its id; default: the config's).
-    #[arg(long, value_name = "ID")]
-    stream: Option<u64>,
+    /// The stream: its name or id (default: the config's).
+    #[arg(long, value_name = "NAME|ID", value_parser = crate::client::parse_stream_ref)]
+    stream: Option<crate::client::StreamRef>,
     /// Only this series key.
     #[arg(long)]
     key: Option<u64>,
@@ -69,10 +69,11 @@ fn start_time(ms: i64) -> String {
 /// Runs `weir query`.
 pub fn run(args: &QueryArgs) -> anyhow::Result<ExitCode> {
     let t = args.cluster.target()?;
-    let stream = match (args.stream, &t.file) {
+    let named = args.stream.as_ref().map(|r| crate::client::stream_id(&t, r, Duration::from_secs(3))).transpose()?;
+    let stream = match (named, &t.file) {
         (Some(s), _) => StreamId(s),
         (None, Some(f)) => StreamId(f.stream.id),
-        (None, None) => bail!("which stream? pass --stream ID or --config FILE"),
+        (None, None) => bail!("which stream? pass --stream NAME|ID or --config FILE"),
     };
     // The nodes that run tasks of the stream hold its results.
     let mut serving = Vec::new();
@@ -81,7 +82,7 @@ pub fn run(args: &QueryArgs) -> anyhow::Result<ExitCode> {
     let mut sinks_seen = std::collections::BTreeSet::new();
     let mut sinks = None;
     for &addr in &t.nodes {
-        match crate::client::status(&t, addr, Duration::from_secs(3))? {
+        match crate::client::status_of(&t, addr, Some(stream), Duration::from_secs(3))? {
             Ok(s) if s.tasks.iter().any(|k| k.stream == stream) => {
                 if let Some(i) = s.stream.as_ref().filter(|i| i.stream == stream) {
                     let first_sink = i.partitions + i.aggs;

@@ -15,11 +15,16 @@ use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats, StatusRsp, Task
 #[command(after_help = "Examples:\n  \
     weir status --config examples/three-node.toml            every node of the file\n  \
     weir status --node 127.0.0.1:7101 --config examples/three-node.toml --watch\n  \
+    weir status --config examples/one-node.toml --stream meters   one stream of the catalog\n  \
     WEIR_CLUSTER_SECRET=... weir status --node 10.0.0.5:7101 --cluster lab --json\n\n\
     Exit codes: 0 every node asked answered, 1 a node did not, 2 an error (a refused secret).")]
 pub struct StatusArgs {
     #[command(flatten)]
     cluster: crate::client::ClusterArgs,
+    /// Only this stream: its name or id (default: each node's first stream, with every
+    /// stream's tasks).
+    #[arg(long, value_name = "NAME|ID", value_parser = crate::client::parse_stream_ref)]
+    stream: Option<crate::client::StreamRef>,
     /// Print JSON (one object; the fields are documented in docs/cluster.md).
     #[arg(long)]
     json: bool,
@@ -90,6 +95,10 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
                 "addr": addr.to_string(), "node": r.node.0, "up": true, "uptime_ms": r.uptime_ms,
                 "incarnation": r.incarnation, "placement": r.incarnation >> 32,
                 "restarting": r.restarting, "idle": r.idle,
+                "stream": r.stream.as_ref().map(|i| json!({
+                    "id": i.stream.0, "name": i.name, "ingest": i.ingest, "partitions": i.partitions,
+                    "aggs": i.aggs, "sinks": i.sinks, "window_ms": i.window_ms, "slide_ms": i.slide_ms,
+                })),
                 "member": r.member.as_ref().map(|m| json!({
                     "leader": (m.leader.0 != 0).then_some(m.leader.0), "lease_left_ms": m.lease_left_ms,
                     "placement": m.placement, "elections": m.elections, "lease_losses": m.lease_losses,
@@ -260,6 +269,18 @@ fn in_sync_line(m: &weir_engine::wire::msg::MemberInfo) -> String {
 fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
     use std::fmt::Write;
     let mut out = String::new();
+    // The stream the answers are about, when they agree (with several streams a node answers
+    // for its lowest unless `--stream` names one).
+    let shown: Vec<_> = answers
+        .iter()
+        .filter_map(|(_, a)| match a {
+            Answer::Up(r) => r.stream.as_ref(),
+            Answer::Down(_) => None,
+        })
+        .collect();
+    if let Some(i) = shown.first().filter(|i| shown.iter().all(|o| o.stream == i.stream)) {
+        let _ = writeln!(out, "stream {} (id {})", i.name, i.stream.0);
+    }
     let _ = writeln!(out, "{:<6} {:<22} {:<6} since or why", "node", "addr", "state");
     for (addr, a) in answers {
         let _ = match a {
@@ -442,6 +463,10 @@ fn logs(out: &mut String, answers: &[(SocketAddr, Answer)]) {
 #[allow(clippy::print_stdout)]
 pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let t = args.cluster.target()?;
+    let stream = match &args.stream {
+        Some(r) => Some(weir_engine::wire::StreamId(crate::client::stream_id(&t, r, args.timeout)?)),
+        None => None,
+    };
     let mut log = match &args.status_log {
         Some(p) => Some(
             std::fs::OpenOptions::new()
@@ -457,7 +482,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
             .nodes
             .iter()
             .map(|a| {
-                crate::client::status(&t, *a, args.timeout)
+                crate::client::status_of(&t, *a, stream, args.timeout)
                     .map(|r| (*a, r.map_or_else(Answer::Down, |s| Answer::Up(Box::new(s)))))
             })
             .collect::<anyhow::Result<_>>()?;

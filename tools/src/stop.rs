@@ -30,9 +30,10 @@ use crate::client::{Failure, Target};
 pub struct StopArgs {
     #[command(flatten)]
     cluster: crate::client::ClusterArgs,
-    /// The stream (default: the one of `--config`, else 1).
-    #[arg(long)]
-    stream: Option<u64>,
+    /// The stream: its name or id (default: the one of `--config`, else 1). Each node asked
+    /// stops with every stream on it.
+    #[arg(long, value_name = "NAME|ID", value_parser = crate::client::parse_stream_ref)]
+    stream: Option<crate::client::StreamRef>,
     /// Stop only once one more checkpoint has committed.
     #[arg(long)]
     checkpoint: bool,
@@ -57,7 +58,7 @@ fn fail(f: Failure) -> anyhow::Error {
 /// The stream's coordinator among the target's nodes, and its newest committed checkpoint.
 fn coordinator(t: &Target, stream: StreamId) -> anyhow::Result<(SocketAddr, Option<CheckpointId>)> {
     for addr in &t.nodes {
-        let Ok(rsp) = crate::client::status(t, *addr, ASK)? else { continue };
+        let Ok(rsp) = crate::client::status_of(t, *addr, Some(stream), ASK)? else { continue };
         if rsp.streams.iter().any(|s| s.stream == stream) {
             let last = rsp
                 .checkpoints
@@ -88,7 +89,7 @@ fn final_checkpoint(t: &Target, stream: StreamId, limit: Duration) -> anyhow::Re
     let t0 = Instant::now();
     while t0.elapsed() < limit {
         std::thread::sleep(Duration::from_millis(100));
-        let Ok(s) = crate::client::status(t, coord, ASK)? else { continue };
+        let Ok(s) = crate::client::status_of(t, coord, Some(stream), ASK)? else { continue };
         let newer = |id: CheckpointId| before.is_none_or(|b| id > b);
         for c in s.checkpoints.iter().filter(|c| c.stream == stream && newer(c.checkpoint)) {
             match &c.outcome {
@@ -135,7 +136,8 @@ fn ask(t: &Target, addr: SocketAddr, stream: StreamId) -> anyhow::Result<Took> {
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 pub fn run(args: &StopArgs) -> anyhow::Result<ExitCode> {
     let t = args.cluster.target()?;
-    let stream = StreamId(args.stream.or(t.file.as_ref().map(|f| f.stream.id)).unwrap_or(1));
+    let named = args.stream.as_ref().map(|r| crate::client::stream_id(&t, r, ASK)).transpose()?;
+    let stream = StreamId(named.or(t.file.as_ref().map(|f| f.stream.id)).unwrap_or(1));
     let last = if args.checkpoint { Some(final_checkpoint(&t, stream, args.timeout)?) } else { None };
     let ids = t.node_ids();
     let mut nodes: Vec<Node> = t.nodes.iter().map(|a| Node::new(*a, ids.get(a).copied())).collect();

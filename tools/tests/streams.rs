@@ -53,9 +53,9 @@ fn meters(dir: &Path, id: u64) -> (PathBuf, StreamSpec) {
     (path, spec)
 }
 
-/// `weir query --stream ID --json`: the results of stream `id`, as the node serves them.
-fn query(config: &Path, id: u64) -> Vec<(u64, i64, u64, f64, f64, f64)> {
-    let out = weir().args(["query", "--json", "--stream", &id.to_string(), "--config"]).arg(config).output().unwrap();
+/// `weir query --stream NAME --json`: the results of stream `name`, as the nodes serve them.
+fn query(config: &Path, name: &str) -> Vec<(u64, i64, u64, f64, f64, f64)> {
+    let out = weir().args(["query", "--json", "--stream", name, "--config"]).arg(config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -126,7 +126,7 @@ fn a_stream_created_beside_the_files_runs_exactly_and_its_drop_leaves_the_other_
     assert!(want.len() > 1000, "{} results", want.len());
     let t0 = Instant::now();
     loop {
-        let mut got = query(&config, 2);
+        let mut got = query(&config, "meters");
         if got.len() == want.len() {
             got.sort_by_key(|r| (r.0, r.1));
             assert!(got == want, "the created stream's results differ from the reference");
@@ -136,6 +136,17 @@ fn a_stream_created_beside_the_files_runs_exactly_and_its_drop_leaves_the_other_
         std::thread::sleep(Duration::from_millis(300));
     }
     assert!(committed(dir.path(), 2).is_some(), "the created stream committed checkpoints of its own");
+    // The client commands take the stream's name: status shows that stream alone, and verify
+    // checks it against its own spec.
+    let out = weir().args(["status", "--json", "--stream", "meters", "--config"]).arg(&config).output().unwrap();
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shown = &status["nodes"][0];
+    assert_eq!(shown["stream"]["name"], "meters", "{status}");
+    assert!(shown["tasks"].as_array().unwrap().iter().all(|t| t["stream"] == 2), "{status}");
+    let out = weir().args(["verify", "--all", "--stream", "meters", "--config"]).arg(&config).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains(&format!("all {} window results match", want.len())), "{said}");
 
     // Dropped: answered once its tasks have stopped and its data here is gone; the file's
     // stream commits on.
@@ -234,7 +245,7 @@ fn a_stream_created_on_one_node_of_three_runs_on_every_node_and_its_drop_reaches
         .collect();
     let t0 = Instant::now();
     loop {
-        let mut got = query(&config, 2);
+        let mut got = query(&config, "meters");
         if got.len() == want.len() {
             got.sort_by_key(|r| (r.0, r.1));
             assert!(got == want, "the created stream's results differ from the reference");

@@ -152,7 +152,7 @@ roundtrip! {
         stream: StreamId(1), epoch: Epoch(0), task: TaskId(5), checkpoint: Some(CheckpointId(7)), basis: RestoreBasis::Consensus,
         version: Some(Version(70)), request: 12,
     };
-    roundtrip_status_req: StatusReq = StatusReq { request: 5 };
+    roundtrip_status_req: StatusReq = StatusReq { request: 5, stream: Some(StreamId(3)) };
     roundtrip_checkpoint_now_req: CheckpointNowReq = CheckpointNowReq { request: 6, stream: StreamId(2) };
     roundtrip_checkpoint_now_rsp: CheckpointNowRsp = CheckpointNowRsp {
         request: 6, node: NodeId(2), outcome: CheckpointNowOutcome::NotCoordinator { coordinator: NodeId(1) },

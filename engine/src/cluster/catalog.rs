@@ -120,16 +120,17 @@ pub fn forget(c: &Catalog, id: StreamId) -> Option<Catalog> {
     Some(next)
 }
 
-/// The catalog before any stream was created: ids start at 1.
+/// The catalog before any stream was created: ids start at 1; lineage 0 (none yet).
 pub fn empty() -> Catalog {
-    Catalog { next_id: 1, streams: Vec::new() }
+    Catalog { lineage: 0, next_id: 1, streams: Vec::new() }
 }
 
 /// The first catalog of a cluster whose config file names a stream (`name`, `id`, `spec`): that
-/// stream, running. Only for a catalog never written (revision 0): once written, a dropped
-/// file stream stays dropped.
-pub fn seed(name: &str, id: StreamId, spec: &str, now_ms: u64) -> Result<Catalog, CatalogError> {
-    let (mut c, _) = create(&Catalog { next_id: id.0, streams: Vec::new() }, name, spec, now_ms)?;
+/// stream, running, in a catalog of lineage `lineage` (random, not 0). Only for a catalog never
+/// written (revision 0): once written, a dropped file stream stays dropped.
+pub fn seed(lineage: u64, name: &str, id: StreamId, spec: &str, now_ms: u64) -> Result<Catalog, CatalogError> {
+    let first = Catalog { lineage, next_id: id.0, streams: Vec::new() };
+    let (mut c, _) = create(&first, name, spec, now_ms)?;
     c.next_id = c.next_id.max(1);
     Ok(c)
 }

@@ -110,9 +110,13 @@ fn the_file_catalog_survives_a_restart_and_refuses_damage() {
 
 #[test]
 fn the_config_files_stream_seeds_a_catalog_with_its_own_id() {
-    let c = seed("bench", StreamId(7), SPEC, 3).unwrap();
+    let c = seed(5, "bench", StreamId(7), SPEC, 3).unwrap();
     assert_eq!((c.next_id, c.streams[0].id, c.streams[0].name.as_str()), (8, StreamId(7), "bench"));
-    let c = seed("zero", StreamId(0), SPEC, 3).unwrap();
-    assert_eq!(c.next_id, 1);
-    assert!(seed("../x", StreamId(1), SPEC, 3).is_err());
+    let c = seed(5, "zero", StreamId(0), SPEC, 3).unwrap();
+    assert_eq!((c.next_id, c.lineage), (1, 5));
+    assert!(seed(5, "../x", StreamId(1), SPEC, 3).is_err());
+    // Every change keeps the lineage.
+    let (c, _) = create(&c, "b", SPEC, 4).unwrap();
+    let (c, _) = drop_stream(&c, "b", 5).unwrap();
+    assert_eq!(forget(&c, StreamId(1)).unwrap().lineage, 5);
 }

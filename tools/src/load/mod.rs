@@ -38,9 +38,9 @@ use driver::{Acked, Counters, Driver, Report};
 pub struct LoadArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
-    /// The ingest-log stream (its id; default: the config's ingest stream).
-    #[arg(long, value_name = "ID")]
-    stream: Option<u64>,
+    /// The ingest-log stream: its name or id (default: the config's ingest stream).
+    #[arg(long, value_name = "NAME|ID", value_parser = crate::client::parse_stream_ref)]
+    stream: Option<crate::client::StreamRef>,
     /// The stream's partitions (default: the config's).
     #[arg(long)]
     partitions: Option<u32>,
@@ -168,7 +168,7 @@ pub(crate) fn owners_now(
     let mut owner = vec![None; partitions as usize];
     let mut why = Vec::new();
     for &addr in &t.nodes {
-        match crate::client::status(t, addr, Duration::from_secs(3))? {
+        match crate::client::status_of(t, addr, Some(stream), Duration::from_secs(3))? {
             Ok(s) => {
                 for task in s.tasks.iter().filter(|k| k.stream == stream && k.task.0 < partitions) {
                     owner[task.task.0 as usize] = Some(addr);
@@ -188,16 +188,28 @@ pub(crate) fn owners_now(
 pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
     let target = args.cluster.target()?;
     let ingest = target.file.as_ref().and_then(|f| f.streams().into_iter().find(|s| s.is_ingest()));
-    let stream = match (args.stream, &ingest) {
-        (Some(s), _) => StreamId(s),
-        (None, Some(s)) => StreamId(s.id),
-        (None, None) => bail!("which stream? pass --stream ID (the config has no ingest-log stream)"),
+    // A stream the command names: its catalog entry, when a node keeps one (an error for a
+    // name no catalog lists).
+    let entry = match &args.stream {
+        Some(r) => crate::client::catalog_entry(&target, r, Duration::from_secs(3))?,
+        None => None,
+    };
+    let stream = match (&args.stream, &entry, &ingest) {
+        (_, Some(e), _) => e.id,
+        (Some(r), None, _) => StreamId(crate::client::stream_id(&target, r, Duration::from_secs(3))?),
+        (None, None, Some(s)) => StreamId(s.id),
+        (None, None, None) => bail!("which stream? pass --stream NAME|ID (the config has no ingest-log stream)"),
     };
     let file_stream = target.file.as_ref().and_then(|f| f.streams().into_iter().find(|s| s.id == stream.0));
-    let partitions = match (args.partitions, &file_stream) {
-        (Some(p), _) => p,
-        (None, Some(s)) => s.partitions,
-        (None, None) => bail!("how many partitions? pass --partitions N (stream {} is not in a --config)", stream.0),
+    // A created stream's spec is the catalog's.
+    let created = entry.filter(|e| !e.spec.is_empty()).and_then(|e| crate::config::parse_stream_doc(&e.spec).ok());
+    let partitions = match (args.partitions, &file_stream, &created) {
+        (Some(p), _, _) => p,
+        (None, Some(s), _) => s.partitions,
+        (None, None, Some(s)) => s.partitions,
+        (None, None, None) => {
+            bail!("how many partitions? pass --partitions N (stream {} is not in a --config)", stream.0)
+        }
     };
     if partitions == 0 {
         bail!("--partitions must be at least 1");

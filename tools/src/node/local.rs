@@ -4,8 +4,9 @@
 //! Invariants: nothing is removed but the data of a stream a catalog at or above the
 //! high-water mark says is dropped, or no longer lists though its id is below the next to
 //! assign. The high-water mark (`<data_dir>/catalog-next`, the largest next id any catalog
-//! read here had) only grows: a catalog below it was lost or reset, and the node acts on
-//! nothing it says (it would re-assign ids whose data, checkpoints and placement still exist).
+//! read here had, with the catalog's lineage) only grows: a catalog below it, or of another
+//! lineage, was lost or reset, and the node acts on nothing it says (it would re-assign ids
+//! whose data, checkpoints and placement still exist, and drop streams it does not list).
 
 use std::path::{Path, PathBuf};
 
@@ -72,25 +73,36 @@ pub fn remove_unlisted(root: &Path, c: &Catalog, running: &[&StreamEntry]) {
     }
 }
 
-/// The catalog's high-water mark on a node.
+/// The catalog a node has seen: its lineage and the largest next id it had.
 pub struct HighWater {
     path: PathBuf,
+    /// 0: no catalog seen here yet.
+    lineage: u64,
     next: u64,
 }
 
 impl HighWater {
-    /// The mark of the node whose data directory is `root` (1 when none was kept: no catalog
-    /// was read here).
+    /// The mark of the node whose data directory is `root` (none: no catalog was read here).
     pub fn open(root: &Path) -> anyhow::Result<HighWater> {
         let path = root.join("catalog-next");
-        let next = match std::fs::read_to_string(&path) {
+        let bad = |t: &str| anyhow::anyhow!("{} holds {t:?}, not a lineage and a stream id", path.display());
+        let (lineage, next) = match std::fs::read_to_string(&path) {
             Ok(t) => {
-                t.trim().parse().map_err(|_| anyhow::anyhow!("{} holds {:?}, not a stream id", path.display(), t))?
+                let mut w = t.split_whitespace().map(str::parse::<u64>);
+                match (w.next(), w.next(), w.next()) {
+                    (Some(Ok(l)), Some(Ok(n)), None) => (l, n),
+                    _ => return Err(bad(&t)),
+                }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (0, 1),
             Err(e) => return Err(anyhow::anyhow!("reading {}: {e}", path.display())),
         };
-        Ok(HighWater { path, next })
+        Ok(HighWater { path, lineage, next })
+    }
+
+    /// Whether this node has seen a catalog.
+    pub fn seen(&self) -> bool {
+        self.lineage != 0
     }
 
     /// The next id the catalog must at least have.
@@ -98,28 +110,42 @@ impl HighWater {
         self.next
     }
 
-    /// Takes `c` in: `Err` (why) when it is below the mark; raises the mark to it otherwise.
-    pub fn take(&mut self, c: &Catalog) -> Result<(), String> {
-        if c.next_id < self.next {
+    /// Why `c` is not the catalog this node has seen (another lineage, or one that went back),
+    /// if it is not.
+    pub fn check(&self, c: &Catalog) -> Result<(), String> {
+        let after = "it was lost and written anew, or reset";
+        let what = "this node acts on nothing it says until it is restored (or catalog-next and streams/ are \
+                    removed from the data directory, to start over)";
+        if self.lineage != 0 && c.lineage != self.lineage {
             return Err(format!(
-                "the stream catalog went back (its next id is {}, this node has seen {}): it was lost or reset; \
-                 this node acts on nothing it says until it is restored (or {} is removed)",
-                c.next_id,
-                self.next,
-                self.path.display()
+                "the stream catalog is not the one this node has seen (lineage {:x}, not {:x}): {after}; {what}",
+                c.lineage, self.lineage
             ));
         }
-        if c.next_id > self.next {
+        if c.next_id < self.next {
+            return Err(format!(
+                "the stream catalog went back (its next id is {}, this node has seen {}): {after}; {what}",
+                c.next_id, self.next
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes `c` in: `Err` (why) when it is not the catalog seen here ([`HighWater::check`]);
+    /// raises the mark to it otherwise.
+    pub fn take(&mut self, c: &Catalog) -> Result<(), String> {
+        self.check(c)?;
+        if c.next_id > self.next || c.lineage != self.lineage {
             let tmp = self.path.with_extension("tmp");
             let write = || -> std::io::Result<()> {
                 use std::io::Write;
                 let mut f = std::fs::File::create(&tmp)?;
-                writeln!(f, "{}", c.next_id)?;
+                writeln!(f, "{} {}", c.lineage, c.next_id)?;
                 f.sync_all()?;
                 std::fs::rename(&tmp, &self.path)
             };
             write().map_err(|e| format!("writing {}: {e}", self.path.display()))?;
-            self.next = c.next_id;
+            (self.lineage, self.next) = (c.lineage, c.next_id);
         }
         Ok(())
     }
@@ -141,17 +167,27 @@ mod tests {
         }
     }
 
+    fn catalog(lineage: u64, next_id: u64, streams: Vec<StreamEntry>) -> Catalog {
+        Catalog { lineage, next_id, streams }
+    }
+
     #[test]
-    fn a_catalog_that_went_back_is_refused_and_the_mark_survives_a_restart() {
+    fn a_catalog_that_went_back_or_of_another_lineage_is_refused_and_the_mark_survives_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let mut mark = HighWater::open(dir.path()).unwrap();
-        assert_eq!(mark.next(), 1);
-        mark.take(&Catalog { next_id: 5, streams: vec![] }).unwrap();
+        assert!(!mark.seen() && mark.next() == 1);
+        mark.take(&catalog(7, 5, vec![])).unwrap();
         let mut again = HighWater::open(dir.path()).unwrap();
-        assert_eq!(again.next(), 5);
-        let e = again.take(&Catalog { next_id: 2, streams: vec![entry(1, "")] }).unwrap_err();
+        assert!(again.seen() && again.next() == 5);
+        let e = again.take(&catalog(7, 2, vec![entry(1, "")])).unwrap_err();
         assert!(e.contains("went back"), "{e}");
-        again.take(&Catalog { next_id: 5, streams: vec![] }).unwrap();
+        // A catalog written anew that has caught up is still another one.
+        let e = again.take(&catalog(8, 9, vec![])).unwrap_err();
+        assert!(e.contains("not the one this node has seen"), "{e}");
+        again.take(&catalog(7, 6, vec![])).unwrap();
+        assert_eq!(HighWater::open(dir.path()).unwrap().next(), 6);
+        std::fs::write(dir.path().join("catalog-next"), "6\n").unwrap();
+        assert!(HighWater::open(dir.path()).is_err(), "a damaged mark is an error, not a fresh start");
     }
 
     #[test]
@@ -165,14 +201,14 @@ mod tests {
         std::fs::write(root.join("incarnation"), "4\n").unwrap();
         std::fs::write(root.join("process"), "4\n").unwrap();
         // 2 is listed, 3 runs here still, 4 is gone from the catalog, 9 is past its next id.
-        let c = Catalog { next_id: 8, streams: vec![entry(1, ""), entry(2, "x")] };
+        let c = catalog(7, 8, vec![entry(1, ""), entry(2, "x")]);
         remove_unlisted(root, &c, &[&entry(3, "x")]);
         let mut left: Vec<u64> = local_ids(root).into_iter().map(|i| i.0).collect();
         left.sort();
         assert_eq!(left, [2, 3, 9]);
         assert!(root.join("tasks").exists(), "the file's stream is listed: its data stays");
         // The file's stream dropped: the root's stream data goes, the node's stays.
-        let c = Catalog { next_id: 8, streams: vec![entry(2, "x")] };
+        let c = catalog(7, 8, vec![entry(2, "x")]);
         remove_unlisted(root, &c, &[&entry(1, "")]);
         assert!(root.join("tasks").exists(), "its supervisor still runs: its data stays");
         remove_unlisted(root, &c, &[]);

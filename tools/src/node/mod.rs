@@ -26,8 +26,8 @@ use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 use weir_engine::cluster::catalog::{CatalogStore, FileCatalog};
-use weir_engine::runtime::Node;
-use weir_engine::wire::NodeId;
+use weir_engine::runtime::{Node, Standing, StandingPhase};
+use weir_engine::wire::{NodeId, StreamId};
 
 use crate::config::{ClusterFile, NodeEntry};
 use stream::NodeParts;
@@ -105,7 +105,20 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
     // process's, so peers drop what they still held of those.
     let mut transport = base.transport.take().context("a node has a transport")?;
     transport.incarnation = crate::failover::next_process(&base.data_dir)?;
-    let node = Arc::new(Node::start(transport).with_context(|| format!("starting node {}", me.id))?);
+    // Until the catalog is read, the node says it is starting the file's stream (the stream it
+    // runs unless the catalog dropped it).
+    let starting = Standing {
+        phase: StandingPhase::Starting,
+        incarnation: crate::failover::last(&base.data_dir)?,
+        restarts: Vec::new(),
+        info: crate::settings::spec_of(&file.stream)?.info(),
+        member: control.member_status(),
+        stop: base.stop_requested.clone(),
+        since: std::time::Instant::now(),
+    };
+    let node = Node::start_standing(transport, StreamId(file.stream.id), starting)
+        .with_context(|| format!("starting node {}", me.id))?;
+    let node = Arc::new(node);
     let calls = node.serve_catalog();
     let parts =
         Arc::new(NodeParts { file, me, node, base, exit_when_done: args.exit_when_done, board, control, prober });

@@ -41,8 +41,12 @@ impl Streams {
                     CatalogChange::Create { name, spec } => self.create(&name, &spec),
                     CatalogChange::Drop { name } => {
                         let now = now_ms();
-                        catalog::change(self.store.as_ref(), |c| catalog::drop_stream(c, &name, now).map(Some))
-                            .map(|d| d.map(|(c, e)| (c, e, false)))
+                        let mark = &self.mark;
+                        catalog::change(self.store.as_ref(), |c| {
+                            seen(mark, c)?;
+                            catalog::drop_stream(c, &name, now).map(Some)
+                        })
+                        .map(|d| d.map(|(c, e)| (c, e, false)))
                     }
                 };
                 match done {
@@ -74,9 +78,12 @@ impl Streams {
             created_ms: 0,
         };
         self.parts.file.stream_of(&probe).and_then(|s| crate::settings::spec_of(&s)).map_err(invalid)?;
-        let now = now_ms();
-        catalog::change(self.store.as_ref(), |c| catalog::create(c, name, spec, now).map(Some))
-            .map(|d| d.map(|(c, e)| (c, e, true)))
+        let (now, mark) = (now_ms(), &self.mark);
+        catalog::change(self.store.as_ref(), |c| {
+            seen(mark, c)?;
+            catalog::create(c, name, spec, now).map(Some)
+        })
+        .map(|d| d.map(|(c, e)| (c, e, true)))
     }
 
     /// Answers every change still waiting as retryable, for `why`.
@@ -138,6 +145,12 @@ impl Streams {
         }
         self.pending = still;
     }
+}
+
+/// A change lands only on the catalog this node has seen (one lost or reset since is refused:
+/// retryable once it is restored).
+fn seen(mark: &super::HighWater, c: &Catalog) -> Result<(), CatalogError> {
+    mark.check(c).map_err(|reason| CatalogError::Unavailable { reason })
 }
 
 fn refusal(request: u64, node: weir_engine::wire::NodeId, e: &CatalogError) -> CatalogRsp {

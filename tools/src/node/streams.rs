@@ -114,11 +114,17 @@ impl Streams {
             if stop.load(Ordering::Relaxed) {
                 return Ok(false);
             }
+            if let Some(why) = self.parts.node.replaced() {
+                anyhow::bail!("node {}: a newer process of this node runs ({why}): this one stops", self.parts.me.id);
+            }
+            if let Some(fatal) = self.parts.control.fatal() {
+                anyhow::bail!("{fatal}");
+            }
             let read = self.store.read().and_then(|(c, rev)| {
                 if rev != 0 {
                     return Ok(Some(c));
                 }
-                if self.mark.next() > 1 || !held.is_empty() {
+                if self.mark.seen() || !held.is_empty() {
                     return Err(CatalogError::Invalid {
                         reason: format!(
                             "it is gone, but this node has seen one (its next stream id was {}) and holds data of \
@@ -129,12 +135,19 @@ impl Streams {
                         ),
                     });
                 }
-                let seeded = catalog::seed(&name, id, "", now_ms())?;
+                let seeded = catalog::seed(lineage()?, &name, id, "", now_ms())?;
                 Ok(self.store.write(0, &seeded)?.then_some(seeded))
             });
             match read {
                 Ok(Some(c)) => {
                     self.take(c);
+                    if let Some(why) = &self.refused {
+                        anyhow::bail!("{why}");
+                    }
+                    // The node said it starts the file's stream: not so when the catalog dropped it.
+                    if !self.catalog.streams.iter().any(|e| e.id == id && e.state == StreamState::Running) {
+                        self.parts.node.stand(id, None);
+                    }
                     return Ok(true);
                 }
                 Ok(None) => {} // another node seeded it first: read again
@@ -147,8 +160,9 @@ impl Streams {
         }
     }
 
-    /// Takes catalog `c` in and makes what runs here match it, unless it is below the
-    /// high-water mark (then nothing changes here).
+    /// Takes catalog `c` in and makes what runs here match it, unless it is not the catalog
+    /// this node has seen (`local::HighWater`; then nothing changes here, and changes are
+    /// refused).
     fn take(&mut self, c: Catalog) {
         match self.mark.take(&c) {
             Ok(()) => {
@@ -195,6 +209,14 @@ impl Streams {
             let done = self.parts.exit_when_done && !self.ended.is_empty();
             if self.runs.is_empty() && (self.stopping || done || self.failure.is_some()) {
                 self.answer_all("the node stops");
+                let node = self.parts.node.id();
+                for call in self.calls.try_iter() {
+                    let (CatalogCall::Read { from, request, .. } | CatalogCall::Change { from, request, .. }) = call;
+                    let reason = format!("node {node} is stopping");
+                    let refused = Some(weir_engine::wire::msg::CatalogRefusal::Unavailable { reason });
+                    let rsp = weir_engine::wire::msg::CatalogRsp { request, node, streams: Vec::new(), refused };
+                    self.parts.node.answer(from, &rsp);
+                }
                 return match self.failure.take() {
                     Some((_, e)) => Err(e),
                     None => Ok(ExitCode::SUCCESS),
@@ -305,7 +327,9 @@ impl Streams {
                 Err(e) => {
                     let msg = format!("{e:#}");
                     tracing::error!(stream = %r.entry.name, error = %msg, "the stream stopped on this node");
-                    if !self.failure.as_ref().is_some_and(|(s, _)| s.is_none()) {
+                    // The node's exit code only when no other stream runs here (a stream's
+                    // failure leaves the others running).
+                    if self.runs.is_empty() && !self.failure.as_ref().is_some_and(|(s, _)| s.is_none()) {
                         self.failure = Some((Some(id), e));
                     }
                     Err(msg)
@@ -359,6 +383,13 @@ impl Streams {
             self.failure = None;
         }
     }
+}
+
+/// A new catalog's lineage: random, not 0.
+fn lineage() -> Result<u64, CatalogError> {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).map_err(|e| CatalogError::Unavailable { reason: format!("drawing a lineage: {e}") })?;
+    Ok(u64::from_le_bytes(b).max(1))
 }
 
 pub(super) fn now_ms() -> u64 {

@@ -57,9 +57,9 @@ pub struct VerifyArgs {
     /// for an ingest-log stream, `--node` (each node that runs it) with `--stream`.
     #[command(flatten)]
     cluster: crate::client::ClusterArgs,
-    /// The stream (its id; default: the config's; another is an error).
-    #[arg(long, value_name = "ID")]
-    stream: Option<u64>,
+    /// The stream: its name or id (default: the config's).
+    #[arg(long, value_name = "NAME|ID", value_parser = crate::client::parse_stream_ref)]
+    stream: Option<crate::client::StreamRef>,
     /// Mismatches printed at most.
     #[arg(long, default_value_t = 10)]
     show: usize,
@@ -101,8 +101,23 @@ const ASK: Duration = Duration::from_secs(10);
 pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     weir_engine::lower_priority();
     let t = args.cluster.target()?;
-    let spec = match (&t.file, args.stream) {
-        (Some(file), s) => {
+    // A stream of the catalog: its spec is the catalog's (the file's, for the file's stream).
+    let entry = match &args.stream {
+        Some(r) => crate::client::catalog_entry(&t, r, ASK)?,
+        None => None,
+    };
+    let id = match &args.stream {
+        Some(r) => Some(crate::client::stream_id(&t, r, ASK)?),
+        None => None,
+    };
+    let spec = match (&t.file, id, entry) {
+        (Some(file), _, Some(e)) => crate::settings::spec_of(&file.stream_of(&e)?)?,
+        (None, _, Some(e)) if !e.spec.is_empty() => {
+            let mut s = crate::config::parse_stream_doc(&e.spec)?;
+            (s.id, s.name) = (e.id.0, Some(e.name.clone()));
+            crate::settings::spec_of(&s)?
+        }
+        (Some(file), s, None) => {
             let spec = crate::settings::stream_spec(file)?;
             if let Some(s) = s.filter(|s| *s != spec.id.0) {
                 bail!(
@@ -112,8 +127,8 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
             }
             spec
         }
-        (None, Some(s)) => spec_from_nodes(&t, StreamId(s))?,
-        (None, None) => bail!("which stream? pass --stream ID (and --node ADDR), or --config FILE"),
+        (None, Some(s), _) => spec_from_nodes(&t, StreamId(s))?,
+        (None, None, _) => bail!("which stream? pass --stream NAME|ID (and --node ADDR), or --config FILE"),
     };
     let stream = spec.id;
     let bounded = matches!(&spec.source, weir_engine::spec::SourceKind::Generator { limit: Some(_), .. });
@@ -125,7 +140,7 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     let mut sources: BTreeMap<u32, SocketAddr> = BTreeMap::new();
     let (mut down, mut serving) = (Vec::new(), Vec::new());
     for addr in &t.nodes {
-        let rsp = match crate::client::status(&t, *addr, ASK)? {
+        let rsp = match crate::client::status_of(&t, *addr, Some(stream), ASK)? {
             Ok(rsp) => rsp,
             Err(why) => {
                 down.push(format!("{addr} is down: {why}"));
@@ -171,10 +186,14 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
         let owners: Vec<SocketAddr> = sources.into_values().collect();
         return ingested(args, &t, &serving, &owners, &spec);
     }
-    let Some(file) = &t.file else {
-        bail!("stream {} is a generator stream: its generator's parameters are in its --config FILE", stream.0)
-    };
     if !running.is_empty() || !bounded {
+        // What the last commit closed: read from the remote store the config names.
+        let Some(file) = &t.file else {
+            bail!(
+                "stream {} runs on: verifying up to its last commit reads the remote store of its --config FILE",
+                stream.0
+            )
+        };
         return committed(args, &t, &serving, file, &spec);
     }
     let SourceKind::Generator { spec: g, limit: Some(limit), .. } = &spec.source else { unreachable!("bounded") };
@@ -258,7 +277,7 @@ fn report(
 fn spec_from_nodes(t: &Target, stream: StreamId) -> anyhow::Result<weir_engine::spec::StreamSpec> {
     let mut why = Vec::new();
     for addr in &t.nodes {
-        match crate::client::status(t, *addr, ASK)? {
+        match crate::client::status_of(t, *addr, Some(stream), ASK)? {
             Ok(rsp) => match rsp.stream.filter(|i| i.stream == stream) {
                 Some(i) => {
                     let mut spec = weir_engine::spec::StreamSpec::generator(stream, i.partitions, i.aggs, i.sinks);

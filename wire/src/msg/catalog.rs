@@ -59,6 +59,10 @@ archived! {
 archived! {
     /// The stream catalog as the control plane stores it.
     pub struct Catalog {
+        /// Which catalog this is: drawn at random as a cluster's catalog is first written, and
+        /// kept by every change (a node refuses a catalog of another lineage than it has seen:
+        /// one that was lost and written anew).
+        pub lineage: u64,
         /// The id the next stream created takes.
         pub next_id: u64,
         /// The streams, by id.
@@ -284,6 +288,7 @@ mod tests {
     #[test]
     fn a_catalog_roundtrips_through_its_stored_form() {
         let c = Catalog {
+            lineage: 9,
             next_id: 4,
             streams: vec![
                 entry(1, "bench"),
@@ -295,7 +300,7 @@ mod tests {
 
     #[test]
     fn damaged_or_foreign_bytes_are_refused() {
-        let c = Catalog { next_id: 2, streams: vec![entry(1, "bench")] };
+        let c = Catalog { lineage: 9, next_id: 2, streams: vec![entry(1, "bench")] };
         let mut bytes = c.encode();
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
@@ -312,18 +317,22 @@ mod tests {
     #[test]
     fn a_catalog_breaking_an_invariant_is_refused() {
         let bad = |c: Catalog| Catalog::decode(&c.encode());
-        let dup = Catalog { next_id: 5, streams: vec![entry(1, "a"), entry(2, "a")] };
+        let dup = Catalog { lineage: 9, next_id: 5, streams: vec![entry(1, "a"), entry(2, "a")] };
         assert!(matches!(bad(dup), Err(CatalogDecodeError::Invalid(CatalogCheckError::Repeated { .. }))));
-        let order = Catalog { next_id: 5, streams: vec![entry(2, "a"), entry(1, "b")] };
+        let order = Catalog { lineage: 9, next_id: 5, streams: vec![entry(2, "a"), entry(1, "b")] };
         assert!(matches!(bad(order), Err(CatalogDecodeError::Invalid(CatalogCheckError::Repeated { .. }))));
-        let ahead = Catalog { next_id: 2, streams: vec![entry(2, "a")] };
+        let ahead = Catalog { lineage: 9, next_id: 2, streams: vec![entry(2, "a")] };
         assert!(matches!(bad(ahead), Err(CatalogDecodeError::Invalid(CatalogCheckError::Unassigned { .. }))));
-        let name = Catalog { next_id: 2, streams: vec![entry(1, "../x")] };
+        let name = Catalog { lineage: 9, next_id: 2, streams: vec![entry(1, "../x")] };
         assert!(matches!(bad(name), Err(CatalogDecodeError::Invalid(CatalogCheckError::Name { .. }))));
-        let long =
-            Catalog { next_id: 2, streams: vec![StreamEntry { spec: "x".repeat(MAX_SPEC_TEXT + 1), ..entry(1, "a") }] };
+        let long = Catalog {
+            lineage: 9,
+            next_id: 2,
+            streams: vec![StreamEntry { spec: "x".repeat(MAX_SPEC_TEXT + 1), ..entry(1, "a") }],
+        };
         assert!(matches!(bad(long), Err(CatalogDecodeError::Invalid(CatalogCheckError::SpecText { .. }))));
         let many = Catalog {
+            lineage: 9,
             next_id: 100,
             streams: (1..=MAX_STREAMS as u64 + 1).map(|i| entry(i, &format!("s{i}"))).collect(),
         };

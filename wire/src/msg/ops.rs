@@ -3,10 +3,13 @@
 use super::*;
 
 archived! {
-    /// Client → node: report your status.
+    /// Client → node: report your status, of `stream` (`None`: the node's stream of the lowest
+    /// id, with every stream's tasks and health).
     pub struct StatusReq {
         /// Echoed in the response.
         pub request: u64,
+        /// The stream asked about.
+        pub stream: Option<StreamId>,
     }
 }
 

@@ -229,23 +229,29 @@ impl Routing {
         self.streams.get(&stream).is_some_and(|s| s.shared.tenure.as_ref().is_none_or(|t| t.holds()))
     }
 
-    /// A status request: the first attached stream's status, with every attached stream's tasks
-    /// and health; when none is attached, what the node says of the first stream it stands by
-    /// for, or an idle node's.
-    pub(super) fn on_status(&mut self, from: NodeId, request: u64) {
-        let mut streams = self.streams.values();
-        let standing = self.standings.lock().unwrap_or_else(|e| e.into_inner()).values().next().cloned();
-        let rsp = match streams.next() {
-            Some(first) => {
-                let mut rsp = first.status.response(request);
-                for s in streams {
-                    let more = s.status.response(request);
-                    rsp.tasks.extend(more.tasks);
-                    rsp.streams.extend(more.streams);
+    /// A status request: the status of the stream `wanted` (attached, or what the node says of
+    /// it between runs, or an idle node's); without one, the first attached stream's, with every
+    /// attached stream's tasks and health, and when none is attached what the node says of the
+    /// first stream it stands by for.
+    pub(super) fn on_status(&mut self, from: NodeId, request: u64, wanted: Option<StreamId>) {
+        let standings = self.standings.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        // The stream asked about, else the lowest this node runs (with every stream's tasks),
+        // else the lowest it stands for.
+        let lowest = self.streams.keys().next().or(standings.keys().next()).copied();
+        let stream = wanted.or(lowest);
+        let rsp = match stream.and_then(|s| self.streams.get(&s)) {
+            Some(one) => {
+                let mut rsp = one.status.response(request);
+                if wanted.is_none() {
+                    for s in self.streams.values().filter(|s| Some(s.status.stream) != stream) {
+                        let more = s.status.response(request);
+                        rsp.tasks.extend(more.tasks);
+                        rsp.streams.extend(more.streams);
+                    }
                 }
                 rsp
             }
-            None if let Some(s) = standing => {
+            None if let Some(s) = stream.and_then(|s| standings.get(&s)) => {
                 let links = self.links.lock().unwrap_or_else(|e| e.into_inner()).all();
                 s.status(request, self.node, links)
             }

@@ -437,7 +437,7 @@ impl Routing {
             }
             Kind::StatusReq => {
                 let Ok(req) = frame.to_owned::<weir_wire::msg::StatusReq>() else { return };
-                self.on_status(node, req.request);
+                self.on_status(node, req.request, req.stream);
             }
             Kind::CatalogReq | Kind::CatalogChangeReq => self.on_catalog(node, &frame),
             other => match super::protocol_wire::decode(&frame) {
