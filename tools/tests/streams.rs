@@ -74,6 +74,28 @@ fn query(config: &Path, name: &str) -> Vec<(u64, i64, u64, f64, f64, f64)> {
         .collect()
 }
 
+/// Waits until the nodes serve every result of bounded stream `spec` (`meters`), and checks
+/// they are the reference's; returns them.
+fn results_match(config: &Path, spec: &StreamSpec) -> Vec<(u64, i64, u64, f64, f64, f64)> {
+    let want: Vec<(u64, i64, u64, f64, f64, f64)> = weir_engine::reference::bounded_results(spec)
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.key, r.start, r.count, r.sum, r.min, r.max))
+        .collect();
+    assert!(want.len() > 1000, "{} results", want.len());
+    let t0 = Instant::now();
+    loop {
+        let mut got = query(config, "meters");
+        if got.len() == want.len() {
+            got.sort_by_key(|r| (r.0, r.1));
+            assert!(got == want, "the created stream's results differ from the reference");
+            return want;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the created stream did not finish: {} results", got.len());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
 /// The newest commit of `stream` in the store under `dir`.
 fn committed(dir: &Path, stream: u64) -> Option<CheckpointId> {
     let store = weir_engine::backup::LocalDirStore::new(dir.join("remote"));
@@ -118,23 +140,7 @@ fn a_stream_created_beside_the_files_runs_exactly_and_its_drop_leaves_the_other_
     line_with(&rx, "stream=meters", Duration::from_secs(10));
     let meters_dir = dir.path().join("data/node-1/streams/2");
     assert!(meters_dir.join("tasks").is_dir(), "a created stream keeps its data under streams/<id>");
-    let want: Vec<(u64, i64, u64, f64, f64, f64)> = weir_engine::reference::bounded_results(&spec)
-        .unwrap()
-        .into_iter()
-        .map(|r| (r.key, r.start, r.count, r.sum, r.min, r.max))
-        .collect();
-    assert!(want.len() > 1000, "{} results", want.len());
-    let t0 = Instant::now();
-    loop {
-        let mut got = query(&config, "meters");
-        if got.len() == want.len() {
-            got.sort_by_key(|r| (r.0, r.1));
-            assert!(got == want, "the created stream's results differ from the reference");
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(60), "the created stream did not finish: {} results", got.len());
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    let want = results_match(&config, &spec);
     assert!(committed(dir.path(), 2).is_some(), "the created stream committed checkpoints of its own");
     // The client commands take the stream's name: status shows that stream alone, and verify
     // checks it against its own spec.
@@ -238,22 +244,7 @@ fn a_stream_created_on_one_node_of_three_runs_on_every_node_and_its_drop_reaches
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let want: Vec<(u64, i64, u64, f64, f64, f64)> = weir_engine::reference::bounded_results(&spec)
-        .unwrap()
-        .into_iter()
-        .map(|r| (r.key, r.start, r.count, r.sum, r.min, r.max))
-        .collect();
-    let t0 = Instant::now();
-    loop {
-        let mut got = query(&config, "meters");
-        if got.len() == want.len() {
-            got.sort_by_key(|r| (r.0, r.1));
-            assert!(got == want, "the created stream's results differ from the reference");
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(60), "the created stream did not finish: {} results", got.len());
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    results_match(&config, &spec);
 
     // Dropped through node 3: its data goes on every node; the file's stream commits on.
     let (code, out, err) = stream(&config, &["drop", "meters", "--node", &addr(3)]);

@@ -112,33 +112,21 @@ impl Streams {
             } else {
                 !self.runs.contains_key(&p.stream) && entry.is_none()
             };
-            if let Some(Err(why)) = self.ended.get(&p.stream).filter(|_| p.start) {
-                let reason = format!("the stream was created but cannot run on node {node}: {why}");
-                let rsp = CatalogRsp {
-                    request: p.request,
-                    node,
-                    streams: entry.cloned().into_iter().collect(),
-                    refused: Some(CatalogRefusal::Invalid { reason }),
-                };
-                self.parts.node.answer(p.from, &rsp);
-            } else if done {
-                let rsp = CatalogRsp {
-                    request: p.request,
-                    node,
-                    streams: entry.cloned().into_iter().collect(),
-                    refused: None,
-                };
-                self.parts.node.answer(p.from, &rsp);
-            } else if Instant::now() >= p.until {
-                let what = if p.start { "start" } else { "stop" };
-                let reason = format!("the stream did not {what} on node {node} within {}s", TAKE_EFFECT.as_secs());
-                let rsp = CatalogRsp {
-                    request: p.request,
-                    node,
-                    streams: entry.cloned().into_iter().collect(),
-                    refused: Some(CatalogRefusal::Unavailable { reason }),
-                };
-                self.parts.node.answer(p.from, &rsp);
+            let refused = match self.ended.get(&p.stream).filter(|_| p.start) {
+                Some(Err(why)) => Some(Some(CatalogRefusal::Invalid {
+                    reason: format!("the stream was created but cannot run on node {node}: {why}"),
+                })),
+                _ if done => Some(None),
+                _ if Instant::now() >= p.until => {
+                    let what = if p.start { "start" } else { "stop" };
+                    let reason = format!("the stream did not {what} on node {node} within {}s", TAKE_EFFECT.as_secs());
+                    Some(Some(CatalogRefusal::Unavailable { reason }))
+                }
+                _ => None,
+            };
+            if let Some(refused) = refused {
+                let streams = entry.cloned().into_iter().collect();
+                self.parts.node.answer(p.from, &CatalogRsp { request: p.request, node, streams, refused });
             } else {
                 still.push(p);
             }
