@@ -195,10 +195,14 @@ impl Streams {
                 self.failure.get_or_insert((None, anyhow::anyhow!("{fatal}")));
             }
             let replaced = self.failure.as_ref().is_some_and(|(s, _)| s.is_none());
-            if !self.stopping
-                && (stop.load(Ordering::Relaxed) || self.parts.base.stop_requested.load(Ordering::Acquire) || replaced)
-            {
+            // `weir stop` reaches every supervisor itself (their engines and standings share its
+            // flag, and each says why it stopped); a signal or a newer process is told here.
+            let signal = stop.load(Ordering::Relaxed) || replaced;
+            let asked = self.parts.base.stop_requested.load(Ordering::Acquire);
+            if !self.stopping && (signal || asked) {
                 self.stopping = true;
+            }
+            if signal {
                 for r in self.runs.values() {
                     r.stop.store(true, Ordering::Relaxed);
                 }
