@@ -123,10 +123,11 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
     let Some(rsp) = rsp else { return Ok(ExitCode::from(1)) };
     let code = match &rsp.refused {
         None => ExitCode::SUCCESS,
-        Some(CatalogRefusal::Invalid { reason }) => bail!("node {} refused: {reason}", rsp.node),
+        Some(CatalogRefusal::Invalid { reason }) => bail!("node {} refused: {reason}", rsp.node.0),
         Some(CatalogRefusal::Unavailable { reason }) => {
             let mut err = std::io::stderr();
-            let _ = writeln!(err, "node {}: {reason} (retryable; `weir stream list` shows what took effect)", rsp.node);
+            let _ =
+                writeln!(err, "node {}: {reason} (retryable; `weir stream list` shows what took effect)", rsp.node.0);
             ExitCode::from(1)
         }
     };
@@ -142,8 +143,8 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
                     let did = if matches!(args.op, Op::Create { .. }) { "created and running" } else { "dropped" };
                     writeln!(out, "stream {} (id {}) {did}", s.name, s.id.0)?;
                 }
-                if rsp.streams.is_empty() && matches!(args.op, Op::Drop { .. }) {
-                    writeln!(out, "stream dropped")?;
+                if let (true, Op::Drop { name, .. }) = (rsp.streams.is_empty(), &args.op) {
+                    writeln!(out, "stream {name} dropped")?;
                 }
             }
             _ => table(&mut out, &rsp.streams)?,

@@ -249,15 +249,17 @@ impl Streams {
         for e in &entries {
             let running = e.state == StreamState::Running;
             match self.runs.get(&e.id) {
-                Some(r) if !running => r.stop.store(true, Ordering::Relaxed),
+                Some(r) if !running && !r.stop.swap(true, Ordering::Relaxed) => {
+                    tracing::info!(stream = %e.name, id = e.id.0, "the stream is dropped: stopping it on this node");
+                }
                 Some(_) => {}
                 None if running && !self.stopping && !self.ended.contains_key(&e.id) => self.start(e),
                 None => {}
             }
         }
         for (id, r) in &self.runs {
-            if !entries.iter().any(|e| e.id == *id) {
-                r.stop.store(true, Ordering::Relaxed);
+            if !entries.iter().any(|e| e.id == *id) && !r.stop.swap(true, Ordering::Relaxed) {
+                tracing::info!(stream = %r.entry.name, id = id.0, "the catalog no longer lists the stream: stopping it on this node");
             }
         }
         self.sweep();
