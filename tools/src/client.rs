@@ -163,7 +163,8 @@ pub fn connected(t: &Target, addr: SocketAddr, timeout: Duration) -> Result<Bloc
     connect(t, addr, timeout).map_err(|e| failure(addr, e))
 }
 
-fn failure(addr: SocketAddr, e: ClientError) -> Failure {
+/// What `e` from `addr` means: a refusal of this client (fatal), or no answer.
+pub fn failure(addr: SocketAddr, e: ClientError) -> Failure {
     match &e {
         ClientError::Closed {
             code: code @ (CloseCode::AuthFailed | CloseCode::Forbidden | CloseCode::ClusterMismatch),
@@ -253,6 +254,17 @@ pub fn catalog_entry(t: &Target, r: &StreamRef, timeout: Duration) -> anyhow::Re
             Ok(None)
         }
         StreamRef::Name(n) => anyhow::bail!("cannot look stream {n} up: no node answered ({})", why.join("; ")),
+    }
+}
+
+/// The id `r` names and its catalog entry, from one lookup (`None`: an id the catalog does
+/// not list, or no node keeps a catalog).
+pub fn resolve(t: &Target, r: &StreamRef, timeout: Duration) -> anyhow::Result<(u64, Option<StreamEntry>)> {
+    let entry = catalog_entry(t, r, timeout)?;
+    match (r, entry) {
+        (_, Some(e)) => Ok((e.id.0, Some(e))),
+        (StreamRef::Id(id), None) => Ok((*id, None)),
+        (StreamRef::Name(n), None) => anyhow::bail!("no stream named {n}"),
     }
 }
 

@@ -65,15 +65,21 @@ fn read(p: &Path) -> anyhow::Result<u64> {
 
 /// Replaces `p` (in `data_dir`) with `n`, atomically and durably.
 fn write(data_dir: &Path, p: &Path, n: u64) -> anyhow::Result<()> {
-    std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    replace(data_dir, p, &format!("{n}\n"))
+}
+
+/// Replaces `p` (in `dir`) with `text`, atomically and durably: a crash leaves the old text or
+/// the new.
+pub fn replace(dir: &Path, p: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let tmp = p.with_extension("tmp");
     let write = || -> std::io::Result<()> {
         use std::io::Write;
         let mut f = std::fs::File::create(&tmp)?;
-        writeln!(f, "{n}")?;
+        f.write_all(text.as_bytes())?;
         f.sync_all()?;
         std::fs::rename(&tmp, p)?;
-        std::fs::File::open(data_dir)?.sync_all()
+        std::fs::File::open(dir)?.sync_all()
     };
     write().with_context(|| format!("writing {}", p.display()))
 }

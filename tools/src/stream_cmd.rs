@@ -14,9 +14,6 @@ use weir_engine::wire::msg::{
     StreamEntry, StreamState, valid_stream_name,
 };
 
-use weir_engine::wire::msg::CloseCode;
-use weir_engine::wire::transport::client::ClientError;
-
 use crate::client::{Failure, Target};
 
 /// Options of `weir stream`.
@@ -166,15 +163,14 @@ fn ask<Q: Message>(t: &Target, req: &Q, timeout: Duration) -> anyhow::Result<Opt
                 continue;
             }
         };
-        let answer = c.send(req).and_then(|()| c.recv());
+        // Sent: a refusal is the client's; anything else leaves the change's fate unknown.
+        let answer = c.send(req).and_then(|()| c.recv()).map_err(|e| crate::client::failure(*addr, e));
         return match answer {
             Ok(f) => {
                 Ok(Some(f.to_owned::<CatalogRsp>().with_context(|| format!("{addr} answered, not with a catalog"))?))
             }
-            Err(ClientError::Closed { code, message, .. }) if code == CloseCode::Forbidden => {
-                bail!("{addr} refused this request: {message} ({})", crate::client::refusal_hint(&code))
-            }
-            Err(e) => {
+            Err(Failure::Refused(e)) => Err(e),
+            Err(Failure::Unreachable(e)) => {
                 let mut err = std::io::stderr();
                 let _ = writeln!(err, "{addr}: no answer ({e}); `weir stream list` shows whether it took effect");
                 Ok(None)

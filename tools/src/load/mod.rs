@@ -190,15 +190,14 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<ExitCode> {
     let ingest = target.file.as_ref().and_then(|f| f.streams().into_iter().find(|s| s.is_ingest()));
     // A stream the command names: its catalog entry, when a node keeps one (an error for a
     // name no catalog lists).
-    let entry = match &args.stream {
-        Some(r) => crate::client::catalog_entry(&target, r, Duration::from_secs(3))?,
-        None => None,
+    let (named, entry) = match &args.stream {
+        Some(r) => crate::client::resolve(&target, r, Duration::from_secs(3)).map(|(id, e)| (Some(id), e))?,
+        None => (None, None),
     };
-    let stream = match (&args.stream, &entry, &ingest) {
-        (_, Some(e), _) => e.id,
-        (Some(r), None, _) => StreamId(crate::client::stream_id(&target, r, Duration::from_secs(3))?),
-        (None, None, Some(s)) => StreamId(s.id),
-        (None, None, None) => bail!("which stream? pass --stream NAME|ID (the config has no ingest-log stream)"),
+    let stream = match (named, &ingest) {
+        (Some(id), _) => StreamId(id),
+        (None, Some(s)) => StreamId(s.id),
+        (None, None) => bail!("which stream? pass --stream NAME|ID (the config has no ingest-log stream)"),
     };
     let file_stream = target.file.as_ref().and_then(|f| f.streams().into_iter().find(|s| s.id == stream.0));
     // A created stream's spec is the catalog's.

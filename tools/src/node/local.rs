@@ -136,15 +136,9 @@ impl HighWater {
     pub fn take(&mut self, c: &Catalog) -> Result<(), String> {
         self.check(c)?;
         if c.next_id > self.next || c.lineage != self.lineage {
-            let tmp = self.path.with_extension("tmp");
-            let write = || -> std::io::Result<()> {
-                use std::io::Write;
-                let mut f = std::fs::File::create(&tmp)?;
-                writeln!(f, "{} {}", c.lineage, c.next_id)?;
-                f.sync_all()?;
-                std::fs::rename(&tmp, &self.path)
-            };
-            write().map_err(|e| format!("writing {}: {e}", self.path.display()))?;
+            let dir = self.path.parent().unwrap_or(Path::new("."));
+            crate::failover::replace(dir, &self.path, &format!("{} {}\n", c.lineage, c.next_id))
+                .map_err(|e| format!("{e:#}"))?;
             (self.lineage, self.next) = (c.lineage, c.next_id);
         }
         Ok(())

@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use weir_engine::cluster::catalog::{self, CatalogError};
 use weir_engine::runtime::{CatalogCall, StandingPhase};
-use weir_engine::wire::StreamId;
 use weir_engine::wire::msg::{Catalog, CatalogChange, CatalogRefusal, CatalogRsp, StreamEntry, StreamState};
+use weir_engine::wire::{NodeId, StreamId};
 
 use super::{Pending, Streams, TAKE_EFFECT, now_ms};
 
@@ -24,7 +24,7 @@ impl Streams {
                         });
                         CatalogRsp { request, node, streams, refused }
                     }
-                    Err(e) => refusal(request, node, &e),
+                    Err(e) => return self.refuse(from, request, refusal(&e)),
                 };
                 self.parts.node.answer(from, &rsp);
             }
@@ -33,8 +33,7 @@ impl Streams {
                     Some(why) => why.clone(),
                     None => format!("node {node} is stopping"),
                 };
-                let refused = Some(CatalogRefusal::Unavailable { reason });
-                self.parts.node.answer(from, &CatalogRsp { request, node, streams: Vec::new(), refused });
+                self.refuse(from, request, CatalogRefusal::Unavailable { reason });
             }
             CatalogCall::Change { from, request, change } => {
                 let done = match change {
@@ -58,7 +57,7 @@ impl Streams {
                         self.answer_pending();
                     }
                     Ok(None) => {}
-                    Err(e) => self.parts.node.answer(from, &refusal(request, node, &e)),
+                    Err(e) => self.refuse(from, request, refusal(&e)),
                 }
             }
         }
@@ -86,13 +85,27 @@ impl Streams {
         .map(|d| d.map(|(c, e)| (c, e, true)))
     }
 
-    /// Answers every change still waiting as retryable, for `why`.
-    pub(super) fn answer_all(&mut self, why: &str) {
-        let node = self.parts.node.id();
-        for p in std::mem::take(&mut self.pending) {
-            let refused = Some(CatalogRefusal::Unavailable { reason: format!("{why} (node {node})") });
-            self.parts.node.answer(p.from, &CatalogRsp { request: p.request, node, streams: Vec::new(), refused });
+    /// Answers every change still waiting, and every call still queued, as retryable: the
+    /// node stops.
+    pub(super) fn answer_all(&mut self) {
+        let reason = format!("node {} is stopping", self.parts.node.id());
+        let waiting = std::mem::take(&mut self.pending).into_iter().map(|p| (p.from, p.request));
+        let queued: Vec<_> = self
+            .calls
+            .try_iter()
+            .map(|c| match c {
+                CatalogCall::Read { from, request, .. } | CatalogCall::Change { from, request, .. } => (from, request),
+            })
+            .collect();
+        for (from, request) in waiting.chain(queued) {
+            self.refuse(from, request, CatalogRefusal::Unavailable { reason: reason.clone() });
         }
+    }
+
+    /// Answers `request` of client `from` with a refusal.
+    fn refuse(&self, from: NodeId, request: u64, refused: CatalogRefusal) {
+        let node = self.parts.node.id();
+        self.parts.node.answer(from, &CatalogRsp { request, node, streams: Vec::new(), refused: Some(refused) });
     }
 
     /// Answers the changes that have taken effect here, or ran out of time.
@@ -141,9 +154,8 @@ fn seen(mark: &super::HighWater, c: &Catalog) -> Result<(), CatalogError> {
     mark.check(c).map_err(|reason| CatalogError::Unavailable { reason })
 }
 
-fn refusal(request: u64, node: weir_engine::wire::NodeId, e: &CatalogError) -> CatalogRsp {
+/// What a failed change or read says to the client: retryable or not, as the error is.
+fn refusal(e: &CatalogError) -> CatalogRefusal {
     let reason = e.to_string();
-    let refused =
-        if e.is_retryable() { CatalogRefusal::Unavailable { reason } } else { CatalogRefusal::Invalid { reason } };
-    CatalogRsp { request, node, streams: Vec::new(), refused: Some(refused) }
+    if e.is_retryable() { CatalogRefusal::Unavailable { reason } } else { CatalogRefusal::Invalid { reason } }
 }

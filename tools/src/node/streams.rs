@@ -212,15 +212,7 @@ impl Streams {
             // has; one whose streams were dropped stays a node.
             let done = self.parts.exit_when_done && !self.ended.is_empty();
             if self.runs.is_empty() && (self.stopping || done || self.failure.is_some()) {
-                self.answer_all("the node stops");
-                let node = self.parts.node.id();
-                for call in self.calls.try_iter() {
-                    let (CatalogCall::Read { from, request, .. } | CatalogCall::Change { from, request, .. }) = call;
-                    let reason = format!("node {node} is stopping");
-                    let refused = Some(weir_engine::wire::msg::CatalogRefusal::Unavailable { reason });
-                    let rsp = weir_engine::wire::msg::CatalogRsp { request, node, streams: Vec::new(), refused };
-                    self.parts.node.answer(from, &rsp);
-                }
+                self.answer_all();
                 return match self.failure.take() {
                     Some((_, e)) => Err(e),
                     None => Ok(ExitCode::SUCCESS),

@@ -102,13 +102,9 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     weir_engine::lower_priority();
     let t = args.cluster.target()?;
     // A stream of the catalog: its spec is the catalog's (the file's, for the file's stream).
-    let entry = match &args.stream {
-        Some(r) => crate::client::catalog_entry(&t, r, ASK)?,
-        None => None,
-    };
-    let id = match &args.stream {
-        Some(r) => Some(crate::client::stream_id(&t, r, ASK)?),
-        None => None,
+    let (id, entry) = match &args.stream {
+        Some(r) => crate::client::resolve(&t, r, ASK).map(|(id, e)| (Some(id), e))?,
+        None => (None, None),
     };
     let spec = match (&t.file, id, entry) {
         (Some(file), _, Some(e)) => crate::settings::spec_of(&file.stream_of(&e)?)?,

@@ -234,11 +234,13 @@ impl Routing {
     /// attached stream's tasks and health, and when none is attached what the node says of the
     /// first stream it stands by for.
     pub(super) fn on_status(&mut self, from: NodeId, request: u64, wanted: Option<StreamId>) {
-        let standings = self.standings.lock().unwrap_or_else(|e| e.into_inner()).clone();
         // The stream asked about, else the lowest this node runs (with every stream's tasks),
-        // else the lowest it stands for.
-        let lowest = self.streams.keys().next().or(standings.keys().next()).copied();
-        let stream = wanted.or(lowest);
+        // else the lowest it stands for; what the node says of it between runs, if it stands.
+        let (stream, standing) = {
+            let standings = self.standings.lock().unwrap_or_else(|e| e.into_inner());
+            let stream = wanted.or(self.streams.keys().next().or(standings.keys().next()).copied());
+            (stream, stream.and_then(|s| standings.get(&s).cloned()))
+        };
         let rsp = match stream.and_then(|s| self.streams.get(&s)) {
             Some(one) => {
                 let mut rsp = one.status.response(request);
@@ -251,7 +253,7 @@ impl Routing {
                 }
                 rsp
             }
-            None if let Some(s) = stream.and_then(|s| standings.get(&s)) => {
+            None if let Some(s) = standing => {
                 let links = self.links.lock().unwrap_or_else(|e| e.into_inner()).all();
                 s.status(request, self.node, links)
             }
