@@ -31,6 +31,8 @@ pub enum Phase {
     Running,
     Restarting,
     Idle,
+    /// The stream is paused: its partitions take appends, its tasks do not run.
+    Paused,
 }
 
 /// Ingest acknowledgements, told by the ingest writer.
@@ -151,7 +153,7 @@ impl Board {
     /// A snapshot of the running engine.
     pub fn update(&self, status: StatusRsp, stats: &EngineStats) {
         let mut s = self.lock();
-        s.phase = Some(Phase::Running);
+        s.phase = Some(if status.paused { Phase::Paused } else { Phase::Running });
         for c in &status.checkpoints {
             let done = !matches!(c.outcome, CheckpointOutcome::InProgress);
             if !done || !s.seen.insert(c.checkpoint.0) {
@@ -299,7 +301,13 @@ impl Board {
         r.register("last_committed_checkpoint", "The newest checkpoint a local task committed (-1: none)", latest);
         r.register("restarts", "Restarts of the stream on this node", counter(s.restarts));
         let phase = Family::<Labels, Gauge>::default();
-        for (p, name) in [(Phase::Running, "running"), (Phase::Restarting, "restarting"), (Phase::Idle, "idle")] {
+        let phases = [
+            (Phase::Running, "running"),
+            (Phase::Restarting, "restarting"),
+            (Phase::Idle, "idle"),
+            (Phase::Paused, "paused"),
+        ];
+        for (p, name) in phases {
             phase.get_or_create(&vec![("state".into(), name.into())]).set(i64::from(s.phase == Some(p)));
         }
         r.register("node_state", "What the node does (1 for its state)", phase);

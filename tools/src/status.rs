@@ -94,7 +94,7 @@ fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
             Answer::Up(r) => json!({
                 "addr": addr.to_string(), "node": r.node.0, "up": true, "uptime_ms": r.uptime_ms,
                 "incarnation": r.incarnation, "placement": r.incarnation >> 32,
-                "restarting": r.restarting, "idle": r.idle,
+                "restarting": r.restarting, "idle": r.idle, "paused": r.paused,
                 "stream": r.stream.as_ref().map(|i| json!({
                     "id": i.stream.0, "name": i.name, "ingest": i.ingest, "partitions": i.partitions,
                     "aggs": i.aggs, "sinks": i.sinks, "window_ms": i.window_ms, "slide_ms": i.slide_ms,
@@ -298,6 +298,15 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
                 r.incarnation >> 32,
                 restarts(r)
             ),
+            Answer::Up(r) if r.paused => writeln!(
+                out,
+                "{:<6} {:<22} {:<6} stream paused for {}: its partitions take appends, its tasks do not run{}",
+                r.node.0,
+                addr,
+                "up",
+                humantime::format_duration(Duration::from_secs(r.uptime_ms / 1000)),
+                restarts(r)
+            ),
             Answer::Up(r) => writeln!(
                 out,
                 "{:<6} {:<22} {:<6} for {}{}",
@@ -355,7 +364,8 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
         }
     }
     logs(&mut out, answers);
-    if !answers.iter().any(|(_, a)| matches!(a, Answer::Up(r) if !r.streams.is_empty())) {
+    // A paused stream has no coordinator: nothing to say then.
+    if !answers.iter().any(|(_, a)| matches!(a, Answer::Up(r) if !r.streams.is_empty() || r.paused)) {
         let _ = writeln!(
             out,
             "\nno node asked coordinates a stream: if the coordinator (on the lowest node running tasks) is down, the stream waits \

@@ -72,6 +72,12 @@ fn coordinator(t: &Target, stream: StreamId) -> anyhow::Result<(SocketAddr, Opti
     bail!("none of {:?} coordinates stream {}: name its coordinator with --node (or use --config)", t.nodes, stream.0)
 }
 
+/// Whether the catalog pauses `stream` (`weir stream pause`).
+fn paused(t: &Target, stream: StreamId) -> anyhow::Result<bool> {
+    let entry = crate::client::catalog_entry(t, &crate::client::StreamRef::Id(stream.0), ASK)?;
+    Ok(entry.is_some_and(|e| matches!(e.state, weir_engine::wire::msg::StreamState::Paused { .. })))
+}
+
 /// Starts a checkpoint on the coordinator and waits for it to commit; returns it.
 #[allow(clippy::print_stdout)]
 fn final_checkpoint(t: &Target, stream: StreamId, limit: Duration) -> anyhow::Result<CheckpointId> {
@@ -138,7 +144,15 @@ pub fn run(args: &StopArgs) -> anyhow::Result<ExitCode> {
     let t = args.cluster.target()?;
     let named = args.stream.as_ref().map(|r| crate::client::stream_id(&t, r, ASK)).transpose()?;
     let stream = StreamId(named.or(t.file.as_ref().map(|f| f.stream.id)).unwrap_or(1));
-    let last = if args.checkpoint { Some(final_checkpoint(&t, stream, args.timeout)?) } else { None };
+    let last = match args.checkpoint {
+        // A paused stream computes nothing: its pause took the final checkpoint.
+        true if paused(&t, stream)? => {
+            println!("stream {} is paused: nothing to checkpoint, it stops at its last commit", stream.0);
+            None
+        }
+        true => Some(final_checkpoint(&t, stream, args.timeout)?),
+        false => None,
+    };
     let ids = t.node_ids();
     let mut nodes: Vec<Node> = t.nodes.iter().map(|a| Node::new(*a, ids.get(a).copied())).collect();
     let mut told: Vec<u32> = Vec::new();

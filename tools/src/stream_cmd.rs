@@ -1,7 +1,8 @@
 //! `weir stream`: the cluster's stream catalog: create a stream from a stream file, list the
-//! streams, show one, drop one. A node of the target answers (the first that does); a change is
-//! answered once it has taken effect on that node (a created stream runs there, a dropped one
-//! has stopped and its data there is gone). Reading takes the `read` role, changing `admin`.
+//! streams, show one, pause, resume or drop one. A node of the target answers (the first that
+//! does); a change is answered once it has taken effect on that node (a created stream runs
+//! there, a paused one runs without its tasks, a dropped one has stopped and its data there is
+//! gone). Reading takes the `read` role, changing `admin`.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -22,6 +23,8 @@ use crate::client::{Failure, Target};
     weir stream create --config examples/one-node.toml --file examples/stream-meters.toml\n  \
     weir stream list --config examples/one-node.toml\n  \
     weir stream show meters --config examples/one-node.toml --json\n  \
+    weir stream pause meters --config examples/one-node.toml\n  \
+    weir stream resume meters --config examples/one-node.toml\n  \
     weir stream drop meters --config examples/one-node.toml\n\n\
     Exit codes: 0 done, 1 not done in time (retryable: list the streams before trying again), \
     2 an error (a refused request, an unreachable cluster).")]
@@ -68,6 +71,21 @@ enum Op {
         #[command(flatten)]
         common: Common,
     },
+    /// Pauses a stream: one more checkpoint, then its tasks stop and free their workers; its
+    /// partitions still take appends (they wait in the log).
+    Pause {
+        /// The stream's name.
+        name: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Resumes a paused stream from where it paused.
+    Resume {
+        /// The stream's name.
+        name: String,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Drops a stream: its tasks stop and its data goes on every node.
     Drop {
         /// The stream's name.
@@ -80,9 +98,12 @@ enum Op {
 impl Op {
     fn common(&self) -> &Common {
         match self {
-            Op::Create { common, .. } | Op::List { common } | Op::Show { common, .. } | Op::Drop { common, .. } => {
-                common
-            }
+            Op::Create { common, .. }
+            | Op::List { common }
+            | Op::Show { common, .. }
+            | Op::Pause { common, .. }
+            | Op::Resume { common, .. }
+            | Op::Drop { common, .. } => common,
         }
     }
 }
@@ -116,6 +137,14 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
             let change = CatalogChange::Drop { name: name.clone() };
             ask(&t, &CatalogChangeReq { request: 1, change }, timeout)?
         }
+        Op::Pause { name, .. } => {
+            let change = CatalogChange::Pause { name: name.clone() };
+            ask(&t, &CatalogChangeReq { request: 1, change }, timeout)?
+        }
+        Op::Resume { name, .. } => {
+            let change = CatalogChange::Resume { name: name.clone() };
+            ask(&t, &CatalogChangeReq { request: 1, change }, timeout)?
+        }
     };
     let Some(rsp) = rsp else { return Ok(ExitCode::from(1)) };
     let code = match &rsp.refused {
@@ -135,9 +164,14 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
     } else {
         match &args.op {
             Op::Show { .. } => rsp.streams.iter().try_for_each(|s| show(&mut out, s))?,
-            Op::Create { .. } | Op::Drop { .. } if rsp.refused.is_none() => {
+            Op::Create { .. } | Op::Drop { .. } | Op::Pause { .. } | Op::Resume { .. } if rsp.refused.is_none() => {
                 for s in &rsp.streams {
-                    let did = if matches!(args.op, Op::Create { .. }) { "created and running" } else { "dropped" };
+                    let did = match args.op {
+                        Op::Create { .. } => "created and running",
+                        Op::Pause { .. } => "paused (its partitions still take appends)",
+                        Op::Resume { .. } => "resumed",
+                        _ => "dropped",
+                    };
                     writeln!(out, "stream {} (id {}) {did}", s.name, s.id.0)?;
                 }
                 if let (true, Op::Drop { name, .. }) = (rsp.streams.is_empty(), &args.op) {
@@ -184,6 +218,7 @@ fn state(s: &StreamState) -> &'static str {
     match s {
         StreamState::Running => "running",
         StreamState::Dropping { .. } => "dropping",
+        StreamState::Paused { .. } => "paused",
     }
 }
 
@@ -219,8 +254,14 @@ fn table(out: &mut impl Write, streams: &[StreamEntry]) -> std::io::Result<()> {
 fn show(out: &mut impl Write, s: &StreamEntry) -> std::io::Result<()> {
     writeln!(out, "stream {} (id {}): {}", s.name, s.id.0, state(&s.state))?;
     writeln!(out, "  created {}", humantime::format_rfc3339_seconds(at(s.created_ms)))?;
-    if let StreamState::Dropping { since_ms } = s.state {
-        writeln!(out, "  dropping since {}", humantime::format_rfc3339_seconds(at(since_ms)))?;
+    match s.state {
+        StreamState::Dropping { since_ms } => {
+            writeln!(out, "  dropping since {}", humantime::format_rfc3339_seconds(at(since_ms)))?
+        }
+        StreamState::Paused { since_ms } => {
+            writeln!(out, "  paused since {}", humantime::format_rfc3339_seconds(at(since_ms)))?
+        }
+        StreamState::Running => {}
     }
     writeln!(out, "  {}", shape(s))?;
     if !s.spec.is_empty() {
@@ -237,15 +278,17 @@ fn at(ms: u64) -> std::time::SystemTime {
 }
 
 fn entry_json(s: &StreamEntry) -> Value {
-    let since = match s.state {
-        StreamState::Dropping { since_ms } => Some(since_ms),
-        StreamState::Running => None,
+    let (dropping, paused) = match s.state {
+        StreamState::Dropping { since_ms } => (Some(since_ms), None),
+        StreamState::Paused { since_ms } => (None, Some(since_ms)),
+        StreamState::Running => (None, None),
     };
     json!({
         "name": s.name,
         "id": s.id.0,
         "state": state(&s.state),
-        "dropping_since_ms": since,
+        "dropping_since_ms": dropping,
+        "paused_since_ms": paused,
         "created_ms": s.created_ms,
         "from_cluster_file": s.spec.is_empty(),
         "spec": s.spec,

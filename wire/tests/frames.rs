@@ -176,6 +176,16 @@ roundtrip! {
     roundtrip_catalog_change_req: CatalogChangeReq = CatalogChangeReq {
         request: 12, change: CatalogChange::Create { name: "meters".into(), spec: "partitions = 4\n".into() },
     };
+    roundtrip_catalog_pause_req: CatalogChangeReq = CatalogChangeReq { request: 13, change: CatalogChange::Pause { name: "meters".into() } };
+    roundtrip_catalog_resume_req: CatalogChangeReq = CatalogChangeReq { request: 14, change: CatalogChange::Resume { name: "meters".into() } };
+    roundtrip_catalog_paused_rsp: CatalogRsp = CatalogRsp {
+        request: 13, node: NodeId(1),
+        streams: vec![StreamEntry {
+            id: StreamId(3), name: "meters".into(), state: StreamState::Paused { since_ms: 98 },
+            spec: String::new(), created_ms: 5,
+        }],
+        refused: None,
+    };
     roundtrip_catalog_rsp: CatalogRsp = CatalogRsp {
         request: 12, node: NodeId(2),
         streams: vec![StreamEntry {
@@ -214,6 +224,7 @@ roundtrip! {
         peers: vec![PeerLink { node: NodeId(2), up: false, since_ms: 17, reason: "reset".into() }],
         restarting: true,
         idle: true,
+        paused: true,
         member: Some(MemberInfo {
             leader: NodeId(2), lease_left_ms: 2_400, placement: 3, elections: 1, lease_losses: 2, fenced_writes: 1,
             error: "keep-alive failed".into(), withheld: true, unreachable: vec![NodeId(1), NodeId(3)],

@@ -1,7 +1,7 @@
 //! The stream catalog's changes and where it is kept: the streams a cluster runs, each with its
 //! name, id, spec and state ([`weir_wire::msg::Catalog`]).
 //!
-//! The changes are pure ([`create`], [`drop_stream`], [`forget`]); a [`CatalogStore`] keeps the
+//! The changes are pure ([`create`], [`drop_stream`], [`set_paused`], [`forget`]); a [`CatalogStore`] keeps the
 //! catalog, on the control store ([`ControlCatalog`]: one key, each write compared with the
 //! revision it was read at, so concurrent changes from several nodes are linearized and none
 //! is lost) or, for a node alone, in a file of its data directory ([`FileCatalog`]).
@@ -70,6 +70,7 @@ pub fn create(c: &Catalog, name: &str, spec: &str, now_ms: u64) -> Result<(Catal
     if let Some(s) = c.streams.iter().find(|s| s.name == name) {
         let how = match s.state {
             StreamState::Running => "runs",
+            StreamState::Paused { .. } => "is paused",
             StreamState::Dropping { .. } => {
                 "is being dropped; create it again once `weir stream list` no longer shows it"
             }
@@ -95,17 +96,39 @@ pub fn create(c: &Catalog, name: &str, spec: &str, now_ms: u64) -> Result<(Catal
     Ok((next, entry))
 }
 
+/// The entry of stream `name` in `c`.
+fn named<'a>(c: &'a mut Catalog, name: &str) -> Result<&'a mut StreamEntry, CatalogError> {
+    c.streams
+        .iter_mut()
+        .find(|s| s.name == name)
+        .ok_or_else(|| invalid(format!("no stream named {name} (`weir stream list` shows them)")))
+}
+
 /// `c` with stream `name` dropping since `now_ms`; dropping one already dropping changes
 /// nothing (the first drop's time stays).
 pub fn drop_stream(c: &Catalog, name: &str, now_ms: u64) -> Result<(Catalog, StreamEntry), CatalogError> {
     let mut next = c.clone();
-    let s = next
-        .streams
-        .iter_mut()
-        .find(|s| s.name == name)
-        .ok_or_else(|| invalid(format!("no stream named {name} (`weir stream list` shows them)")))?;
-    if s.state == StreamState::Running {
+    let s = named(&mut next, name)?;
+    if s.state.is_kept() {
         s.state = StreamState::Dropping { since_ms: now_ms };
+    }
+    let entry = s.clone();
+    Ok((next, entry))
+}
+
+/// `c` with stream `name` paused since `now_ms` (`pause`) or running again; pausing a paused
+/// stream, or resuming a running one, changes nothing. A dropping stream can do neither.
+pub fn set_paused(c: &Catalog, name: &str, pause: bool, now_ms: u64) -> Result<(Catalog, StreamEntry), CatalogError> {
+    let mut next = c.clone();
+    let s = named(&mut next, name)?;
+    match (s.state, pause) {
+        (StreamState::Dropping { .. }, _) => {
+            let what = if pause { "pause" } else { "resume" };
+            return Err(invalid(format!("stream {name} is being dropped: it cannot {what}")));
+        }
+        (StreamState::Running, true) => s.state = StreamState::Paused { since_ms: now_ms },
+        (StreamState::Paused { .. }, false) => s.state = StreamState::Running,
+        _ => {}
     }
     let entry = s.clone();
     Ok((next, entry))

@@ -41,6 +41,28 @@ fn a_dropped_name_created_again_is_a_new_stream() {
 }
 
 #[test]
+fn pause_and_resume_keep_the_stream_and_a_dropping_stream_can_do_neither() {
+    let c = created(&empty(), "a");
+    let (c, paused) = set_paused(&c, "a", true, 20).unwrap();
+    assert_eq!(paused.state, StreamState::Paused { since_ms: 20 });
+    // Pausing again keeps the first time; the name stays taken while paused.
+    assert_eq!(set_paused(&c, "a", true, 30).unwrap().1.state, StreamState::Paused { since_ms: 20 });
+    assert!(create(&c, "a", SPEC, 31).unwrap_err().to_string().contains("is paused"));
+    let (c, resumed) = set_paused(&c, "a", false, 40).unwrap();
+    assert_eq!((resumed.state, resumed.id), (StreamState::Running, StreamId(1)));
+    assert_eq!(set_paused(&c, "a", false, 41).unwrap().0, c, "resuming a running stream changes nothing");
+    // A paused stream can be dropped; a dropping one neither pauses nor resumes.
+    let (c, _) = set_paused(&c, "a", true, 50).unwrap();
+    let (c, dropped) = drop_stream(&c, "a", 60).unwrap();
+    assert_eq!(dropped.state, StreamState::Dropping { since_ms: 60 });
+    for pause in [true, false] {
+        let e = set_paused(&c, "a", pause, 70).unwrap_err();
+        assert!(!e.is_retryable() && e.to_string().contains("being dropped"), "{e}");
+    }
+    assert!(set_paused(&c, "zz", true, 1).unwrap_err().to_string().contains("no stream named zz"));
+}
+
+#[test]
 fn a_full_catalog_refuses_another_stream() {
     let mut c = empty();
     for i in 0..MAX_STREAMS {

@@ -119,6 +119,13 @@ pub enum RunEnd {
         /// Why, as the control store's side says.
         why: String,
     },
+    /// The catalog paused or resumed the stream: the run of the other kind starts at once (at
+    /// least at `newer`, a peer's run that switched first). No failure: the strategy does not
+    /// count it.
+    Switched {
+        /// The later run a peer was seen in, when there was one.
+        newer: Option<u64>,
+    },
 }
 
 /// What the node does after a run.
@@ -133,6 +140,11 @@ pub enum Next {
     Restart {
         /// The strategy's delay (none when a peer already runs a newer incarnation).
         delay: Duration,
+        /// The incarnation of the next start.
+        incarnation: u64,
+    },
+    /// Start the next run now, at `incarnation` (the stream was paused or resumed).
+    Continue {
         /// The incarnation of the next start.
         incarnation: u64,
     },
@@ -233,7 +245,9 @@ impl Supervisor {
     /// (it was answered "stopping", so it stops whatever else ended the run).
     pub fn ended(&mut self, end: RunEnd, stop_requested: bool, now_ms: u64) -> Next {
         let (why, newer) = match end {
-            RunEnd::Failed { .. } | RunEnd::Fenced { .. } if stop_requested => return Next::Exit("weir stop"),
+            RunEnd::Failed { .. } | RunEnd::Fenced { .. } | RunEnd::Switched { .. } if stop_requested => {
+                return Next::Exit("weir stop");
+            }
             RunEnd::Signal => return Next::Exit("signal"),
             RunEnd::StopRequested => return Next::Exit("weir stop"),
             RunEnd::Done => return Next::Exit("stream ended"),
@@ -248,6 +262,11 @@ impl Supervisor {
                 };
                 self.remember(r);
                 return Next::AwaitLease;
+            }
+            RunEnd::Switched { newer } => {
+                self.seen = self.seen.max(newer);
+                self.incarnation = next_incarnation(self.incarnation, self.seen);
+                return Next::Continue { incarnation: self.incarnation };
             }
             RunEnd::Failed { why, newer } => (why, newer),
         };

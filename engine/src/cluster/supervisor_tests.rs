@@ -116,8 +116,28 @@ fn a_lost_lease_waits_for_one_at_a_newer_incarnation_without_counting_as_a_failu
 }
 
 #[test]
+fn a_pause_or_resume_starts_the_next_run_at_once_at_a_newer_incarnation_without_counting_as_a_failure() {
+    let mut s = Supervisor::new(fixed(1), 0);
+    s.start(0);
+    assert_eq!(s.ended(RunEnd::Switched { newer: None }, false, 1_000), Next::Continue { incarnation: 2 });
+    // A peer switched first: the next run joins its run.
+    assert_eq!(s.ended(RunEnd::Switched { newer: Some(9) }, false, 2_000), Next::Continue { incarnation: 9 });
+    assert_eq!(s.ended(RunEnd::Switched { newer: Some(3) }, false, 3_000), Next::Continue { incarnation: 10 });
+    assert!(s.restarts().is_empty(), "no failure is listed");
+    assert!(
+        matches!(s.ended(failed("then a failure"), false, 9_000), Next::Restart { incarnation: 11, .. }),
+        "the strategy's one restart is left"
+    );
+}
+
+#[test]
 fn a_stop_asked_for_stops_the_node_whatever_else_ended_the_run() {
-    for end in [failed("lost"), RunEnd::Fenced { why: "lease".into() }, RunEnd::StopRequested] {
+    for end in [
+        failed("lost"),
+        RunEnd::Fenced { why: "lease".into() },
+        RunEnd::StopRequested,
+        RunEnd::Switched { newer: None },
+    ] {
         let mut s = Supervisor::new(fixed(3), 0);
         assert_eq!(s.ended(end, true, 0), Next::Exit("weir stop"));
         assert!(s.restarts().is_empty());

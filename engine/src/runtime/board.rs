@@ -40,12 +40,23 @@ pub(crate) struct TaskBoard {
     made: std::time::Instant,
     /// Its input has ended and it has emitted everything (a bounded stream): reported stopped.
     finished: std::sync::atomic::AtomicBool,
+    /// A task of a paused run (it does not run): reported paused.
+    paused: bool,
 }
 
 impl TaskBoard {
     /// A task's board before it starts: with checkpoints `Uninit` (shown as waiting while it
     /// restores) until its machine publishes; without them, `Ready` from the start.
     pub(crate) fn new(task: TaskId, checkpoints: bool) -> Arc<Self> {
+        Self::of(task, checkpoints, false)
+    }
+
+    /// The board of a task of a paused run: reported paused, nothing published.
+    pub(crate) fn paused(task: TaskId) -> Arc<Self> {
+        Self::of(task, false, true)
+    }
+
+    fn of(task: TaskId, checkpoints: bool, paused: bool) -> Arc<Self> {
         Arc::new(Self {
             task,
             published: AtomicCell::new(Published {
@@ -64,6 +75,7 @@ impl TaskBoard {
             replay_span: AtomicCell::new((0, 0)),
             made: std::time::Instant::now(),
             finished: Default::default(),
+            paused,
         })
     }
 
@@ -130,6 +142,7 @@ impl TaskBoard {
     pub(crate) fn read(&self, stream: StreamId) -> TaskStatus {
         let p = self.published.load();
         let (state, active) = match p.state {
+            _ if self.paused => (WireState::Paused, None),
             _ if self.finished.load(Ordering::Acquire) => (WireState::Stopped, None),
             TaskState::Uninit => (WireState::Uninit, None),
             TaskState::Ready => (WireState::Ready, None),

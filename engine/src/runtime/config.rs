@@ -85,6 +85,10 @@ pub struct EngineConfig {
     /// the node's flag, shared by its engines, so that a request that came while a run ended
     /// or failed to start is still honoured.
     pub stop_requested: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// A paused run: the node's share of the stream without its tasks (no worker, no
+    /// checkpoint). Its ingest partitions still take, replicate and acknowledge appends, its
+    /// results stay readable, and the next run goes on from the last commit.
+    pub paused: bool,
 }
 
 impl EngineConfig {
@@ -121,6 +125,7 @@ impl EngineConfig {
             commits: None,
             in_sync: None,
             stop_requested: Default::default(),
+            paused: false,
         }
     }
 }

@@ -20,6 +20,7 @@ mod checkpointing;
 mod config;
 mod control;
 mod error;
+mod lifecycle;
 mod log_feed;
 mod log_floors;
 mod node;
@@ -147,8 +148,11 @@ impl Engine {
         if local.is_empty() {
             return Err(EngineError::Config(format!("no task of stream {} is placed on node {me}", spec.id)));
         }
-        let boards: HashMap<TaskId, Arc<board::TaskBoard>> =
-            local.iter().map(|t| (t.id, board::TaskBoard::new(t.id, cfg.checkpoint.is_some()))).collect();
+        let board_of = |t: TaskId| match cfg.paused {
+            true => board::TaskBoard::paused(t),
+            false => board::TaskBoard::new(t, cfg.checkpoint.is_some()),
+        };
+        let boards: HashMap<TaskId, Arc<board::TaskBoard>> = local.iter().map(|t| (t.id, board_of(t.id))).collect();
         // A node always has its transport running: besides remote channels it serves clients
         // (`weir load` ingest, status). Its heartbeats carry the local tasks' checkpoint summary.
         if node.is_none() && plan.needs_net() {
@@ -249,7 +253,8 @@ impl Engine {
             control_rx.insert(t.id, rx);
         }
         let peers = Arc::new(controls.clone());
-        let hub = cfg.checkpoint.as_ref().map(|_| checkpointing::Hub::new(spec, placement, me));
+        // A paused run takes no checkpoint: its tasks do not run.
+        let hub = cfg.checkpoint.as_ref().filter(|_| !cfg.paused).map(|_| checkpointing::Hub::new(spec, placement, me));
         let coord_inbox = hub.as_ref().and_then(checkpointing::Hub::coordinator_inbox);
         let trigger = hub
             .as_ref()
@@ -272,6 +277,7 @@ impl Engine {
             incarnation: epoch.0,
             restarts: cfg.restarts.clone(),
             failover: cfg.failover,
+            paused: cfg.paused,
             links: std::sync::Mutex::new(cfg.links.iter().map(|l| (l.node, l.clone())).collect()),
             member: cfg.member_status.clone(),
             logs: ingest
@@ -291,10 +297,29 @@ impl Engine {
                 proto: (peers.clone(), coord_inbox),
                 status: status.clone(),
             };
+            // A paused run's tasks are in its heartbeats too (nothing published): they tell its
+            // peers of the run, so that a run of theirs with tasks ends and pauses as well.
             n.node.attach(run, side, local.iter().map(|t| boards[&t.id].clone()).collect())?;
             n.attached = true;
         }
         let ingest_acks = ingest.as_ref().and(ingest_acks);
+        if cfg.paused {
+            tracing::info!(node = %me, stream = %spec.id, "stream paused: its partitions take appends, its tasks do not run");
+            return Ok(Engine {
+                shared,
+                stats,
+                results,
+                workers: Vec::new(),
+                node,
+                log_floors,
+                ingest,
+                ingest_acks,
+                controls: HashMap::new(),
+                coordinator: None,
+                status,
+                worker_tids: Arc::from([]),
+            });
+        }
         // Locating the restore point reads (and, without local files, downloads) every local
         // task's snapshot: after the router, so status is served meanwhile.
         let ckpt = match (&cfg.checkpoint, hub) {
@@ -415,63 +440,6 @@ impl Engine {
             status,
             worker_tids,
         })
-    }
-
-    /// Asks every task to stop.
-    pub fn stop(&self) {
-        self.shared.stop.store(true, Ordering::Release);
-        for u in &self.shared.unparkers {
-            u.unpark();
-        }
-    }
-
-    /// Waits until every local task has finished (or the engine was stopped), then shuts the
-    /// router and transport down.
-    pub fn wait(mut self) -> Result<(), EngineError> {
-        let mut first_err = None;
-        for (worker, w) in self.workers.drain(..).enumerate() {
-            match w.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    self.shared.fail(e.to_string());
-                    first_err.get_or_insert(EngineError::Task(e));
-                }
-                Err(_) => {
-                    self.shared.fail(format!("worker {worker} panicked"));
-                    first_err.get_or_insert(EngineError::WorkerPanicked { worker });
-                }
-            }
-        }
-        if let Some(c) = self.coordinator.take() {
-            // The workers are gone, so the job queue is closed: uploads in flight finish.
-            c.stop();
-        }
-        if let Some(n) = self.node.as_mut() {
-            n.release();
-        }
-        drop(self.log_floors.take());
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        match self.shared.failure.get() {
-            Some(why) => Err(EngineError::Failed(why.clone())),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        self.stop();
-        for w in self.workers.drain(..) {
-            let _ = w.join();
-        }
-        if let Some(c) = self.coordinator.take() {
-            c.stop();
-        }
-        if let Some(n) = self.node.as_mut() {
-            n.release();
-        }
     }
 }
 

@@ -77,7 +77,18 @@ impl Engine {
 
     /// Whether every local task has finished (a bounded stream ended, or the engine stopped).
     pub fn is_finished(&self) -> bool {
-        self.workers.iter().all(|w| w.is_finished())
+        !self.status.paused && self.workers.iter().all(|w| w.is_finished())
+    }
+
+    /// Whether this is a paused run ([`super::EngineConfig::paused`]): no task runs until the
+    /// next run.
+    pub fn is_paused(&self) -> bool {
+        self.status.paused
+    }
+
+    /// Whether the stream's checkpoint coordinator runs on this node (in this run).
+    pub fn coordinates(&self) -> bool {
+        self.status.coordinates
     }
 
     /// What the engine restored when it started (engines with checkpoints): the checkpoint, and

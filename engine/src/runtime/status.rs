@@ -48,6 +48,8 @@ pub(crate) struct StatusBoard {
     pub(crate) restarts: Vec<weir_wire::msg::RestartInfo>,
     /// Fail when a peer of the stream vanishes (`EngineConfig::failover`).
     pub(crate) failover: bool,
+    /// A paused run (no tasks).
+    pub(crate) paused: bool,
     /// The links to `peers` (written by the router).
     pub(crate) links: Mutex<BTreeMap<NodeId, PeerLink>>,
     /// The node's membership in the control store.
@@ -180,6 +182,7 @@ impl StatusBoard {
             },
             restarting: false,
             idle: false,
+            paused: self.paused,
             stream: Some(self.info.clone()),
             member: self.member.as_ref().map(|m| m.member_info()),
             // A node keeps no log of a partition it is neither the source's nor the copy's node of

@@ -19,6 +19,7 @@
 mod local;
 mod stream;
 mod streams;
+mod wish;
 
 use std::process::ExitCode;
 use std::sync::Arc;

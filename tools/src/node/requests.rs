@@ -8,7 +8,8 @@ use weir_engine::runtime::{CatalogCall, StandingPhase};
 use weir_engine::wire::msg::{Catalog, CatalogChange, CatalogRefusal, CatalogRsp, StreamEntry, StreamState};
 use weir_engine::wire::{NodeId, StreamId};
 
-use super::{Pending, Streams, TAKE_EFFECT, now_ms};
+use super::{Effect, Pending, Streams, TAKE_EFFECT, now_ms};
+use crate::node::wish::Now;
 
 impl Streams {
     pub(super) fn on_call(&mut self, call: CatalogCall) {
@@ -40,20 +41,26 @@ impl Streams {
                     CatalogChange::Create { name, spec } => self.create(&name, &spec),
                     CatalogChange::Drop { name } => {
                         let now = now_ms();
-                        let mark = &self.mark;
-                        catalog::change(self.store.as_ref(), |c| {
-                            seen(mark, c)?;
-                            catalog::drop_stream(c, &name, now).map(Some)
-                        })
-                        .map(|d| d.map(|(c, e)| (c, e, false)))
+                        self.change(|c| catalog::drop_stream(c, &name, now))
+                            .map(|d| d.map(|(c, e)| (c, e, Effect::Gone)))
+                    }
+                    CatalogChange::Pause { .. } if self.parts.base.checkpoint.is_none() => Err(CatalogError::Invalid {
+                        reason: "the cluster takes no checkpoints ([checkpoint] in its file): a paused stream would \
+                                 lose its state"
+                            .into(),
+                    }),
+                    CatalogChange::Pause { ref name } | CatalogChange::Resume { ref name } => {
+                        let (now, pause) = (now_ms(), matches!(change, CatalogChange::Pause { .. }));
+                        self.change(|c| catalog::set_paused(c, name, pause, now))
+                            .map(|d| d.map(|(c, e)| (c, e, Effect::Paused(pause))))
                     }
                 };
                 match done {
-                    Ok(Some((c, entry, start))) => {
-                        tracing::info!(stream = %entry.name, id = entry.id.0, from = %from, create = start, "stream catalog changed");
+                    Ok(Some((c, entry, effect))) => {
+                        tracing::info!(stream = %entry.name, id = entry.id.0, from = %from, effect = ?effect, "stream catalog changed");
                         self.take(c);
                         let until = Instant::now() + TAKE_EFFECT;
-                        self.pending.push(Pending { from, request, stream: entry.id, start, until });
+                        self.pending.push(Pending { from, request, stream: entry.id, effect, until });
                         self.answer_pending();
                     }
                     Ok(None) => {}
@@ -63,8 +70,20 @@ impl Streams {
         }
     }
 
+    /// Makes change `f` to the catalog this node has seen.
+    fn change(
+        &self,
+        f: impl Fn(&Catalog) -> Result<(Catalog, StreamEntry), CatalogError>,
+    ) -> Result<Option<(Catalog, StreamEntry)>, CatalogError> {
+        let mark = &self.mark;
+        catalog::change(self.store.as_ref(), |c| {
+            seen(mark, c)?;
+            f(c).map(Some)
+        })
+    }
+
     /// Creates stream `name` from `spec` (checked as this node would run it).
-    fn create(&mut self, name: &str, spec: &str) -> Result<Option<(Catalog, StreamEntry, bool)>, CatalogError> {
+    fn create(&mut self, name: &str, spec: &str) -> Result<Option<(Catalog, StreamEntry, Effect)>, CatalogError> {
         let invalid = |e: anyhow::Error| CatalogError::Invalid { reason: format!("{e:#}") };
         // The request's name is the stream's, whatever the spec's `name` says.
         crate::config::parse_stream_doc(spec).map_err(invalid)?;
@@ -77,12 +96,8 @@ impl Streams {
             created_ms: 0,
         };
         self.parts.file.stream_of(&probe).and_then(|s| crate::settings::spec_of(&s)).map_err(invalid)?;
-        let (now, mark) = (now_ms(), &self.mark);
-        catalog::change(self.store.as_ref(), |c| {
-            seen(mark, c)?;
-            catalog::create(c, name, spec, now).map(Some)
-        })
-        .map(|d| d.map(|(c, e)| (c, e, true)))
+        let now = now_ms();
+        self.change(|c| catalog::create(c, name, spec, now)).map(|d| d.map(|(c, e)| (c, e, Effect::Start)))
     }
 
     /// Answers every change still waiting, and every call still queued, as retryable: the
@@ -114,24 +129,34 @@ impl Streams {
         let mut still = Vec::new();
         for p in std::mem::take(&mut self.pending) {
             let entry = self.catalog.streams.iter().find(|e| e.id == p.stream);
-            let done = if p.start {
-                // Running here, or waiting with no task here (the placement puts none on this
-                // node, or it is no member now): the stream's other nodes run it.
-                let waits = matches!(
-                    self.parts.node.standing_phase(p.stream),
-                    Some(StandingPhase::Idle | StandingPhase::Fenced)
-                );
-                self.parts.node.attached(p.stream) || waits || self.ended.contains_key(&p.stream)
-            } else {
-                !self.runs.contains_key(&p.stream) && entry.is_none()
+            // Waiting with no task here (the placement puts none on this node, or it is no
+            // member now): the stream's other nodes run it.
+            let waits =
+                matches!(self.parts.node.standing_phase(p.stream), Some(StandingPhase::Idle | StandingPhase::Fenced));
+            let done = match p.effect {
+                Effect::Start => self.parts.node.attached(p.stream) || waits || self.ended.contains_key(&p.stream),
+                Effect::Gone => !self.runs.contains_key(&p.stream) && entry.is_none(),
+                Effect::Paused(paused) => {
+                    let now = if paused { Now::Paused } else { Now::Running };
+                    let here = self.runs.get(&p.stream).map(|r| r.wish.now());
+                    here == Some(now) || (here.is_some() && waits) || self.ended.contains_key(&p.stream)
+                }
             };
-            let refused = match self.ended.get(&p.stream).filter(|_| p.start) {
+            let refused = match self.ended.get(&p.stream).filter(|_| p.effect != Effect::Gone) {
                 Some(Err(why)) => Some(Some(CatalogRefusal::Invalid {
-                    reason: format!("the stream was created but cannot run on node {node}: {why}"),
+                    reason: match p.effect {
+                        Effect::Start => format!("the stream was created but cannot run on node {node}: {why}"),
+                        _ => format!("the stream's catalog changed, but it no longer runs on node {node}: {why}"),
+                    },
                 })),
                 _ if done => Some(None),
                 _ if Instant::now() >= p.until => {
-                    let what = if p.start { "start" } else { "stop" };
+                    let what = match p.effect {
+                        Effect::Start => "start",
+                        Effect::Gone => "stop",
+                        Effect::Paused(true) => "pause",
+                        Effect::Paused(false) => "resume",
+                    };
                     let reason = format!("the stream did not {what} on node {node} within {}s", TAKE_EFFECT.as_secs());
                     Some(Some(CatalogRefusal::Unavailable { reason }))
                 }

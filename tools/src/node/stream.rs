@@ -16,6 +16,7 @@ use weir_engine::spec::{Placement, StreamSpec};
 use weir_engine::wire::msg::RestartInfo;
 use weir_engine::wire::{Epoch, NodeId};
 
+use super::wish::{Now, Switch, Wish};
 use crate::config::{ClusterFile, NodeEntry, StreamFile};
 
 /// What the streams of a node share: its config, network side, metrics and cluster control.
@@ -72,7 +73,15 @@ impl StreamRunner {
     /// Supervises the stream until `stop` (the node stops, or the stream is dropped) or `weir
     /// stop` (`Ok`), or until the restart strategy gives up on it or it cannot start (`Err`);
     /// `template`: what the node said of it as it started.
-    pub fn run(mut self, parts: &NodeParts, template: Standing, stop: &AtomicBool) -> anyhow::Result<ExitCode> {
+    /// `wish`: whether the catalog pauses it (a paused run: no tasks, its partitions still take
+    /// appends).
+    pub fn run(
+        mut self,
+        parts: &NodeParts,
+        template: Standing,
+        stop: &AtomicBool,
+        wish: &Wish,
+    ) -> anyhow::Result<ExitCode> {
         let NodeParts { file, me, node, exit_when_done, board, control, prober, .. } = parts;
         let board = board.as_deref().filter(|_| self.metrics);
         let (exit_when_done, prober) = (*exit_when_done, prober.as_ref());
@@ -133,6 +142,8 @@ impl StreamRunner {
                     cfg.epoch = Some(Epoch(incarnation));
                     cfg.tenure = tenure.flatten();
                     cfg.member_status = control.member_status();
+                    cfg.paused = wish.paused();
+                    let paused = cfg.paused;
                     cfg.commits = control.commit_book(spec, held, &read);
                     // A lag of zero: the copy is never written out, and appends always wait for it.
                     let lag = Some(self.stream.ingest.in_sync_lag).filter(|l| !l.is_zero()).unwrap_or(Duration::MAX);
@@ -144,6 +155,7 @@ impl StreamRunner {
                     match Engine::start_on(node, spec, &placement, cfg) {
                         Ok(engine) => {
                             ran = true;
+                            wish.set_now(if paused { Now::Paused } else { Now::Running });
                             log_start(spec, &placement, me, &engine, data_dir, incarnation);
                             let watch = control.watch(spec, &placement, read, file);
                             let how = Watching {
@@ -155,13 +167,17 @@ impl StreamRunner {
                                 board,
                                 reach: prober.map(|p| (p, file.restart.move_after)),
                                 node,
+                                wish,
                             };
-                            let ended = supervise(&engine, &how, watch);
+                            let mut switch = Switch::new(&engine, wish);
+                            let ended = supervise(&engine, &how, watch, &mut switch);
                             engine.stop();
                             if let Some(b) = board {
                                 b.engine_ended();
                             }
-                            (ended, engine.wait())
+                            let result = engine.wait();
+                            wish.set_now(Now::Nothing);
+                            (switch.ended(ended, wish), result)
                         }
                         // A restart that cannot start (the store unreachable, say) is one more failure
                         // for the strategy; the first start's errors are the config's or the machine's,
@@ -214,7 +230,8 @@ impl StreamRunner {
             // A stop that came while the run ended for another reason, or failed to start, still
             // stops the node: it was answered "stopping".
             let stop_asked = base.stop_requested.load(Ordering::Acquire);
-            let forced = stop_asked && matches!(ended, RunEnd::Failed { .. } | RunEnd::Fenced { .. });
+            let forced =
+                stop_asked && matches!(ended, RunEnd::Failed { .. } | RunEnd::Fenced { .. } | RunEnd::Switched { .. });
             if let (true, Err(e)) = (forced, &result) {
                 tracing::warn!(error = %e, "the stream failed as it was asked to stop");
             }
@@ -222,7 +239,20 @@ impl StreamRunner {
                 RunEnd::Failed { why, .. } | RunEnd::Fenced { why } => why.clone(),
                 _ => String::new(),
             };
+            // A run ended by a peer's switch failed for that reason alone.
+            let followed = matches!(ended, RunEnd::Switched { newer: Some(_) });
             match sup.ended(ended, stop_asked, now_ms()) {
+                Next::Continue { incarnation } => {
+                    if let (false, Err(e)) = (followed, result) {
+                        tracing::warn!(stream = %spec.name, error = %e, "the run ended with an error as it switched");
+                    }
+                    if stop.load(Ordering::Relaxed) {
+                        tracing::info!(stream = %spec.name, reason = "signal", "node stopped");
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    let what = if wish.paused() { "pausing" } else { "resuming" };
+                    tracing::info!(stream = %spec.name, incarnation, "{what} the stream on this node");
+                }
                 Next::Exit(reason) => {
                     if !forced {
                         result.with_context(|| format!("node {}", me.id))?;
@@ -358,14 +388,21 @@ struct Watching<'a> {
     /// gives up its membership (`restart.move_after`; with etcd).
     reach: Option<(&'a crate::probe::Prober, Duration)>,
     node: &'a Node,
+    /// Whether the catalog pauses the stream.
+    wish: &'a Wish,
 }
 
 /// Watches the engine until it should stop, and says why: also when the node no longer holds
 /// the membership it started under (it must run nothing then). On the node that decides,
 /// `watch` moves the tasks of a node lost for too long to the others (which restarts the
 /// stream).
-fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::placement::Watch<'_>>) -> RunEnd {
-    let Watching { stop, exit_when_done, stream, control, held, board, reach, node } = *how;
+fn supervise(
+    engine: &Engine,
+    how: &Watching<'_>,
+    mut watch: Option<crate::placement::Watch<'_>>,
+    switch: &mut Switch,
+) -> RunEnd {
+    let Watching { stop, exit_when_done, stream, control, held, board, reach, node, wish } = *how;
     let mut ended = false;
     let mut measured: Option<std::time::Instant> = None;
     let mut reached: Option<std::time::Instant> = None;
@@ -404,6 +441,9 @@ fn supervise(engine: &Engine, how: &Watching<'_>, mut watch: Option<crate::place
             }
             // A bounded stream's results stay readable (`weir verify`, `weir status`).
             tracing::info!(stream, "stream ended on this node; serving status and results until stopped");
+        }
+        if let Some(end) = switch.poll(engine, wish, stream) {
+            return end;
         }
         // Once the local tasks have ended there is nothing left to move for.
         if let Some(w) = watch.as_mut().filter(|_| !ended)
@@ -445,6 +485,7 @@ fn log_start(
         data_dir = %data_dir.display(),
         tasks = %local.join(","),
         incarnation,
+        paused = engine.is_paused(),
         "node started"
     );
 }

@@ -31,6 +31,7 @@ mod requests;
 
 use super::local::{self, HighWater};
 use super::stream::{NodeParts, StreamRunner};
+use super::wish::Wish;
 
 /// How long a change may take to take effect on the node asked before it answers retryable.
 pub const TAKE_EFFECT: Duration = Duration::from_secs(30);
@@ -42,6 +43,7 @@ const READ_EVERY: Duration = Duration::from_millis(500);
 struct Run {
     entry: StreamEntry,
     stop: Arc<AtomicBool>,
+    wish: Arc<Wish>,
     thread: JoinHandle<anyhow::Result<ExitCode>>,
 }
 
@@ -50,9 +52,19 @@ struct Pending {
     from: weir_engine::wire::NodeId,
     request: u64,
     stream: StreamId,
-    /// `true`: until it has started here; `false`: until it has stopped and its data is gone.
-    start: bool,
+    effect: Effect,
     until: Instant,
+}
+
+/// What a change waits for on the node asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Effect {
+    /// The created stream has started here.
+    Start,
+    /// The dropped stream has stopped and its data here is gone.
+    Gone,
+    /// The stream runs paused (`true`) or with its tasks (`false`) here.
+    Paused(bool),
 }
 
 /// The node's streams: the catalog and the supervisors running here.
@@ -145,7 +157,7 @@ impl Streams {
                         anyhow::bail!("{why}");
                     }
                     // The node said it starts the file's stream: not so when the catalog dropped it.
-                    if !self.catalog.streams.iter().any(|e| e.id == id && e.state == StreamState::Running) {
+                    if !self.catalog.streams.iter().any(|e| e.id == id && e.state.is_kept()) {
                         self.parts.node.stand(id, None);
                     }
                     return Ok(true);
@@ -218,10 +230,20 @@ impl Streams {
                     None => Ok(ExitCode::SUCCESS),
                 };
             }
-            if read.elapsed() >= READ_EVERY && !self.stopping {
+            // A supervisor whose run a peer's later run ended asks for a read at once: a pause or
+            // resume elsewhere may be why.
+            // Every request is taken: one read, begun after them, answers them all.
+            let asked: Vec<StreamId> =
+                self.runs.iter().filter(|(_, r)| r.wish.wants_read()).map(|(id, _)| *id).collect();
+            if (!asked.is_empty() || read.elapsed() >= READ_EVERY) && !self.stopping {
                 read = Instant::now();
                 match self.store.read() {
-                    Ok((c, _)) => self.take(c),
+                    Ok((c, _)) => {
+                        self.take(c);
+                        if self.refused.is_none() {
+                            asked.iter().filter_map(|id| self.runs.get(id)).for_each(|r| r.wish.read());
+                        }
+                    }
                     Err(e) => tracing::warn!(error = %e, "cannot read the stream catalog; what runs stays as it is"),
                 }
             }
@@ -239,10 +261,17 @@ impl Streams {
     fn reconcile(&mut self) {
         let entries = self.catalog.streams.clone();
         for e in &entries {
-            let running = e.state == StreamState::Running;
+            let running = e.state.is_kept();
             match self.runs.get(&e.id) {
                 Some(r) if !running && !r.stop.swap(true, Ordering::Relaxed) => {
                     tracing::info!(stream = %e.name, id = e.id.0, "the stream is dropped: stopping it on this node");
+                }
+                Some(r) if running => {
+                    let paused = matches!(e.state, StreamState::Paused { .. });
+                    if r.wish.set_paused(paused) {
+                        let what = if paused { "paused" } else { "resumed" };
+                        tracing::info!(stream = %e.name, id = e.id.0, "the stream is {what}");
+                    }
                 }
                 Some(_) => {}
                 None if running && !self.stopping && !self.ended.contains_key(&e.id) => self.start(e),
@@ -292,14 +321,15 @@ impl Streams {
         };
         parts.node.stand(entry.id, Some(template.clone()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (p, s) = (parts.clone(), stop.clone());
+        let wish = Arc::new(Wish::new(matches!(entry.state, StreamState::Paused { .. })));
+        let (p, s, w) = (parts.clone(), stop.clone(), wish.clone());
         let thread = std::thread::Builder::new()
             .name(format!("stream-{}", entry.id.0))
-            .spawn(move || runner.run(&p, template, &s));
+            .spawn(move || runner.run(&p, template, &s, &w));
         match thread {
             Ok(thread) => {
                 tracing::info!(stream = %entry.name, id = entry.id.0, "stream supervisor started");
-                self.runs.insert(entry.id, Run { entry: entry.clone(), stop, thread });
+                self.runs.insert(entry.id, Run { entry: entry.clone(), stop, wish, thread });
             }
             Err(e) => {
                 parts.node.stand(entry.id, None);
@@ -315,7 +345,7 @@ impl Streams {
         for id in done {
             let Some(r) = self.runs.remove(&id) else { continue };
             let ended = r.thread.join().unwrap_or_else(|_| Err(anyhow::anyhow!("its supervisor panicked")));
-            let dropped = !self.catalog.streams.iter().any(|e| e.id == id && e.state == StreamState::Running);
+            let dropped = !self.catalog.streams.iter().any(|e| e.id == id && e.state.is_kept());
             let ended = match ended {
                 Ok(_) => Ok(()),
                 Err(e) if dropped => {
@@ -376,7 +406,7 @@ impl Streams {
         local::remove_unlisted(&root, &self.catalog, &running);
         // A failure of a stream dropped since is no reason to exit 2.
         if let Some((Some(id), _)) = &self.failure
-            && !self.catalog.streams.iter().any(|e| e.id == *id && e.state == StreamState::Running)
+            && !self.catalog.streams.iter().any(|e| e.id == *id && e.state.is_kept())
         {
             self.failure = None;
         }

@@ -37,6 +37,19 @@ archived! {
             /// When the drop was asked for.
             since_ms: u64,
         },
+        /// Paused at `since_ms` (ms since the epoch): its tasks stop after one more checkpoint
+        /// and free their workers; its partitions still take appends, which wait in the log.
+        Paused {
+            /// When the pause was asked for.
+            since_ms: u64,
+        },
+    }
+}
+
+impl StreamState {
+    /// Whether the stream stays (running or paused), not dropped.
+    pub fn is_kept(&self) -> bool {
+        !matches!(self, StreamState::Dropping { .. })
     }
 }
 
@@ -138,6 +151,16 @@ archived! {
         },
         /// Drops the stream of this name.
         Drop {
+            /// Its name.
+            name: String,
+        },
+        /// Pauses the running stream of this name (its state and offsets kept).
+        Pause {
+            /// Its name.
+            name: String,
+        },
+        /// Resumes the paused stream of this name from where it paused.
+        Resume {
             /// Its name.
             name: String,
         },
@@ -249,7 +272,9 @@ pub(super) fn check_catalog_change(m: &ArchivedCatalogChangeReq) -> Result<(), C
             bounded("stream name", name.len(), MAX_STREAM_NAME)?;
             bounded("stream spec", spec.len(), MAX_SPEC_TEXT)
         }
-        ArchivedCatalogChange::Drop { name } => bounded("stream name", name.len(), MAX_STREAM_NAME),
+        ArchivedCatalogChange::Drop { name }
+        | ArchivedCatalogChange::Pause { name }
+        | ArchivedCatalogChange::Resume { name } => bounded("stream name", name.len(), MAX_STREAM_NAME),
     }
 }
 
@@ -289,10 +314,11 @@ mod tests {
     fn a_catalog_roundtrips_through_its_stored_form() {
         let c = Catalog {
             lineage: 9,
-            next_id: 4,
+            next_id: 6,
             streams: vec![
                 entry(1, "bench"),
                 StreamEntry { state: StreamState::Dropping { since_ms: 9 }, ..entry(3, "b") },
+                StreamEntry { state: StreamState::Paused { since_ms: 11 }, ..entry(5, "c") },
             ],
         };
         assert_eq!(Catalog::decode(&c.encode()), Ok(c));
@@ -355,8 +381,14 @@ mod tests {
         assert!(check(enc.encode(&create("a".into(), "x".repeat(MAX_SPEC_TEXT))).unwrap()).is_ok());
         assert!(check(enc.encode(&create("a".into(), "x".repeat(MAX_SPEC_TEXT + 1))).unwrap()).is_err());
         assert!(check(enc.encode(&create(long.clone(), "x".into())).unwrap()).is_err());
-        let drop = CatalogChangeReq { request: 1, change: CatalogChange::Drop { name: long } };
+        let drop = CatalogChangeReq { request: 1, change: CatalogChange::Drop { name: long.clone() } };
         assert!(check(enc.encode(&drop).unwrap()).is_err());
+        let pause = CatalogChangeReq { request: 1, change: CatalogChange::Pause { name: long.clone() } };
+        assert!(check(enc.encode(&pause).unwrap()).is_err());
+        let resume = CatalogChangeReq { request: 1, change: CatalogChange::Resume { name: long } };
+        assert!(check(enc.encode(&resume).unwrap()).is_err());
+        let ok = CatalogChangeReq { request: 1, change: CatalogChange::Pause { name: "a".into() } };
+        assert!(check(enc.encode(&ok).unwrap()).is_ok());
     }
 
     #[test]

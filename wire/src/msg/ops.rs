@@ -167,6 +167,9 @@ archived! {
         /// The node runs no task of the stream: the cluster moved its tasks to the other nodes
         /// while it was away (placement version `incarnation >> 32`).
         pub idle: bool,
+        /// The stream is paused (`weir stream pause`): its tasks stopped after a checkpoint; its
+        /// partitions still take appends, which wait in the log.
+        pub paused: bool,
         /// The stream the node runs (or waits to run again), so that a client needs no config
         /// file to read its results (`weir verify` of an ingest-log stream).
         pub stream: Option<StreamInfo>,

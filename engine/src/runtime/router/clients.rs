@@ -269,6 +269,7 @@ impl Routing {
                 peers: Vec::new(),
                 restarting: false,
                 idle: true,
+                paused: false,
                 stream: None,
                 member: None,
                 logs: Vec::new(),

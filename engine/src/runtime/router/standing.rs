@@ -98,6 +98,7 @@ impl Standing {
             peers,
             restarting: !idle,
             idle,
+            paused: false,
             stream: Some(self.info.clone()),
             member: self.member.as_ref().map(|m| m.member_info()),
         }

@@ -1,0 +1,124 @@
+//! `weir stream pause` and `resume` of an ingest stream under a load: three real `weir node`
+//! processes on the test etcd, fed by `weir load`.
+
+mod util;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use util::load::{assert_acknowledged, expected, load, summary_of, verify_ingest, wait_for_results};
+use util::{Nodes, adjusted, example, line_in_any, scrape, set, start, weir};
+
+fn stream(config: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = weir().arg("stream").args(args).arg("--config").arg(config).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code(), text)
+}
+
+fn status(config: &Path) -> Value {
+    let out = weir().args(["status", "--json", "--config"]).arg(config).output().unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// Node `n`'s address.
+fn addr(config: &Path, n: usize) -> String {
+    let file: toml::Table = toml::from_str(&std::fs::read_to_string(config).unwrap()).unwrap();
+    file["nodes"][n - 1]["addr"].as_str().unwrap().to_string()
+}
+
+/// The `weir query` results readable now.
+fn results(config: &Path) -> usize {
+    let out = weir().args(["query", "--csv", "--config"]).arg(config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().count().saturating_sub(1)
+}
+
+/// Rows node `n` acknowledged into its ingest logs (its metrics).
+fn acked(config: &Path, n: u64) -> f64 {
+    let text = scrape(config, n);
+    text.lines()
+        .filter(|l| l.starts_with("weir_ingest_rows_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The worker threads of process `pid`.
+fn workers(pid: u32) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.starts_with("weir-worker"))
+        .count()
+}
+
+#[test]
+fn a_stream_paused_for_ten_seconds_under_load_takes_every_append_and_resumes_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        adjusted(example("load-three-node.toml"), dir.path(), |t| set(t, &["checkpoint", "interval"], "200ms"));
+    let logs: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
+    let nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1], &[])).collect());
+    let log_refs: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
+    line_in_any(&log_refs, "checkpoint committed", Duration::from_secs(60));
+
+    // 1,500,000 events at 50,000 a second: about 30 s, outlasting the pause by far.
+    let args = ["--events", "1500k", "--rate", "50k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "60s"];
+    let loading = load(&config, &args);
+    std::thread::sleep(Duration::from_secs(3));
+    // Asked of node 2, which does not coordinate the stream's checkpoints (node 1 does).
+    let (code, text) = stream(&config, &["pause", "ingest", "--node", &addr(&config, 2)]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("stream ingest (id 2) paused"), "{text}");
+
+    // Every node pauses: no worker runs, results stand still, appends are still acknowledged.
+    let t0 = Instant::now();
+    loop {
+        let s = status(&config);
+        let nodes_paused = s["nodes"].as_array().map_or(0, |n| n.iter().filter(|n| n["paused"] == true).count());
+        if nodes_paused == 3 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "not every node paused: {s:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let paused_at = Instant::now();
+    let (rows, acks) = (results(&config), [1, 2, 3].map(|n| acked(&config, n)));
+    for (i, c) in nodes.0.iter().enumerate() {
+        assert_eq!(workers(c.id()), 0, "node {}: a paused stream frees its workers", i + 1);
+    }
+    std::thread::sleep(Duration::from_secs(10).saturating_sub(paused_at.elapsed()));
+    assert_eq!(results(&config), rows, "a paused stream writes no result");
+    for (i, before) in acks.iter().enumerate() {
+        let after = acked(&config, i as u64 + 1);
+        assert!(after > *before, "node {}: no append acknowledged while paused ({before} then {after})", i + 1);
+    }
+    let (code, text) = stream(&config, &["list"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("ingest") && l.contains("paused")), "{text}");
+
+    let (code, text) = stream(&config, &["resume", "ingest", "--node", &addr(&config, 3)]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("stream ingest (id 2) resumed"), "{text}");
+    let (code, s, err) = summary_of(loading, Duration::from_secs(90));
+    assert_eq!(code, Some(0), "{s:#} {err}");
+    assert_acknowledged(&s, 3, 500_000);
+    // Every acknowledged event is in the results once, the paused ones included.
+    wait_for_results(&config, expected(&s, 3, 500_000).len(), &logs[0]);
+    let (code, text) = verify_ingest(&config);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("(per partition: 500000, 500000, 500000), from 3 nodes"), "{text}");
+    // A pause is no failure: no node lists a restart (but for a lease etcd let lapse).
+    let s = status(&config);
+    for n in s["nodes"].as_array().unwrap() {
+        let failures = n["restarts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| !r["reason"].as_str().is_some_and(|w| w.starts_with("lost its lease")));
+        assert_eq!(failures.count(), 0, "{n:#}");
+        assert_eq!(n["paused"], false, "{n:#}");
+    }
+    let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
