@@ -220,10 +220,13 @@ pub fn catalog_entry(t: &Target, r: &StreamRef, timeout: Duration) -> anyhow::Re
         match request(t, *addr, &CatalogReq { request: 1, name: String::new() }, timeout) {
             Ok(f) => {
                 let rsp = f.to_owned::<CatalogRsp>().with_context(|| format!("{addr} answered, not with a catalog"))?;
-                let found = rsp.streams.into_iter().find(|e| match r {
+                let named = |e: &StreamEntry| match r {
                     StreamRef::Id(id) => e.id.0 == *id,
                     StreamRef::Name(n) => e.name == *n,
-                });
+                };
+                // A name dropped and created again: the stream kept, not the one dropping.
+                let kept = rsp.streams.iter().position(|e| named(e) && e.state.is_kept());
+                let found = kept.or_else(|| rsp.streams.iter().position(named)).map(|i| rsp.streams[i].clone());
                 return match (found, r, rsp.refused) {
                     (Some(e), _, _) => Ok(Some(e)),
                     // Unavailable here (etcd, a node stopping): another node may answer.

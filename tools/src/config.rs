@@ -56,6 +56,10 @@ pub struct ClusterFile {
     /// Memory for window state per node, e.g. `"512M"`; beyond it state spills to RocksDB.
     #[serde(default, deserialize_with = "de_size")]
     pub state_budget: Option<u64>,
+    /// How long a dropped stream's checkpoints in the remote store and keys in etcd stay after
+    /// the drop (the uploads its nodes had in flight end first), e.g. `"1m"`.
+    #[serde(default = "default_drop_grace", deserialize_with = "de_duration")]
+    pub drop_grace: Duration,
     /// The members.
     pub nodes: Vec<NodeEntry>,
     /// The stream every node runs its share of.
@@ -373,6 +377,9 @@ fn default_data_dir() -> PathBuf {
 }
 fn default_workers() -> usize {
     2
+}
+fn default_drop_grace() -> Duration {
+    Duration::from_secs(60)
 }
 fn default_true() -> bool {
     true

@@ -248,6 +248,18 @@ impl Control {
         self.agent.as_ref().is_some_and(|a| a.withholding())
     }
 
+    /// Deletes every key of the dropped stream `stream` from etcd: how many there were (none
+    /// without etcd).
+    pub fn remove_stream_keys(
+        &self,
+        stream: weir_engine::wire::StreamId,
+    ) -> Result<usize, weir_engine::cluster::catalog::CatalogError> {
+        match &self.etcd {
+            Some((store, keys)) => weir_engine::cluster::catalog::remove_stream_keys(store.as_ref(), keys, stream),
+            None => Ok(0),
+        }
+    }
+
     /// The stream catalog in etcd (`None` without etcd: a node alone keeps its own).
     pub fn catalog(&self) -> Option<weir_engine::cluster::catalog::ControlCatalog> {
         self.etcd.as_ref().map(|(store, keys)| weir_engine::cluster::catalog::ControlCatalog::new(store.clone(), keys))

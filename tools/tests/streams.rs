@@ -117,6 +117,8 @@ fn a_stream_created_beside_the_files_runs_exactly_and_its_drop_leaves_the_other_
     let config = adjusted(example("one-node.toml"), dir.path(), |t| {
         set(t, &["checkpoint", "interval"], "200ms");
         set(t, &["stream", "generator", "rate"], 200_000);
+        // A dropped stream leaves the catalog as soon as its data is gone.
+        t.insert("drop_grace".into(), "0s".into());
     });
     let mut node = Nodes(vec![spawn_piped(&config)]);
     let rx = lines_of(&mut node.0[0]);
@@ -213,6 +215,7 @@ fn a_stream_created_on_one_node_of_three_runs_on_every_node_and_its_drop_reaches
     let config = adjusted(example("three-node.toml"), dir.path(), |t| {
         set(t, &["checkpoint", "interval"], "200ms");
         set(t, &["stream", "generator", "rate"], 100_000);
+        t.insert("drop_grace".into(), "4s".into());
     });
     let logs: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
     let _nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1], &[])).collect());
@@ -246,7 +249,20 @@ fn a_stream_created_on_one_node_of_three_runs_on_every_node_and_its_drop_reaches
     }
     results_match(&config, &spec);
 
-    // Dropped through node 3: its data goes on every node; the file's stream commits on.
+    // Its checkpoints in the store and its keys in etcd.
+    let store = weir_engine::backup::LocalDirStore::new(dir.path().join("remote"));
+    let objects = || weir_engine::backup::Store::list(&store, "2/").unwrap().len();
+    let etcd = weir_engine::control::EtcdControl::connect(&[etcd_endpoint()], Duration::from_secs(5)).unwrap();
+    let cluster = file["cluster"].as_str().unwrap();
+    let keys_of = |s: u64| {
+        let prefix = weir_engine::cluster::Keys::new(cluster).stream_prefix(StreamId(s));
+        weir_engine::control::ControlStore::list(&etcd, &prefix, 100).unwrap().len()
+    };
+    assert!(objects() > 0 && keys_of(2) > 0, "the created stream checkpoints with its own keys");
+
+    // Dropped through node 3: its data goes on every node at once, its checkpoints and keys
+    // after the grace period; the file's stream commits on.
+    let dropped = Instant::now();
     let (code, out, err) = stream(&config, &["drop", "meters", "--node", &addr(3)]);
     assert_eq!(code, Some(0), "{out}{err}");
     let t0 = Instant::now();
@@ -256,6 +272,19 @@ fn a_stream_created_on_one_node_of_three_runs_on_every_node_and_its_drop_reaches
     }
     let (code, out, _) = stream(&config, &["list", "--node", &addr(1)]);
     assert_eq!(code, Some(0));
-    assert!(out.contains("bench") && !out.contains("meters"), "{out}");
+    let grace = dropped.elapsed() < Duration::from_secs(3);
+    if grace {
+        assert!(out.lines().any(|l| l.starts_with("meters") && l.contains("dropping")), "{out}");
+        assert!(objects() > 0, "the checkpoints stay for the grace period");
+    }
+    while stream(&config, &["list", "--node", &addr(1)]).1.contains("meters") {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the dropped stream stayed in the catalog");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // (The drop's time is the node's wall clock, in ms.)
+    assert!(dropped.elapsed() >= Duration::from_millis(3_990), "the entry went before the grace period was over");
+    assert_eq!(objects(), 0, "the dropped stream's checkpoints are gone from the store");
+    assert_eq!(keys_of(2), 0, "the dropped stream's keys are gone from etcd");
+    assert!(keys_of(1) > 0, "the file's stream keeps its keys");
     commits_after(dir.path(), 1, committed(dir.path(), 1), Duration::from_secs(20));
 }

@@ -31,6 +31,7 @@ pub mod floor;
 mod index;
 pub mod inspect;
 mod local;
+pub mod purge;
 pub mod retention;
 mod rsync;
 mod s3;

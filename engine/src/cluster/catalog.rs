@@ -67,14 +67,9 @@ pub fn create(c: &Catalog, name: &str, spec: &str, now_ms: u64) -> Result<(Catal
             "{name:?} is not a stream name: 1 to 64 letters, digits, '-' or '_', starting with a letter"
         )));
     }
-    if let Some(s) = c.streams.iter().find(|s| s.name == name) {
-        let how = match s.state {
-            StreamState::Running => "runs",
-            StreamState::Paused { .. } => "is paused",
-            StreamState::Dropping { .. } => {
-                "is being dropped; create it again once `weir stream list` no longer shows it"
-            }
-        };
+    // A dropping stream's name is free: the new stream has another id.
+    if let Some(s) = c.streams.iter().find(|s| s.name == name && s.state.is_kept()) {
+        let how = if s.state == StreamState::Running { "runs" } else { "is paused" };
         return Err(invalid(format!("a stream named {name} (id {}) already exists: it {how}", s.id)));
     }
     if c.streams.len() >= MAX_STREAMS {
@@ -96,12 +91,26 @@ pub fn create(c: &Catalog, name: &str, spec: &str, now_ms: u64) -> Result<(Catal
     Ok((next, entry))
 }
 
-/// The entry of stream `name` in `c`.
+/// The entry of stream `name` in `c`: the one kept, else the newest dropping.
 fn named<'a>(c: &'a mut Catalog, name: &str) -> Result<&'a mut StreamEntry, CatalogError> {
+    let at = c.streams.iter().position(|s| s.name == name && s.state.is_kept());
+    let at = at.or_else(|| c.streams.iter().rposition(|s| s.name == name));
+    match at {
+        Some(i) => Ok(&mut c.streams[i]),
+        None => Err(invalid(format!("no stream named {name} (`weir stream list` shows them)"))),
+    }
+}
+
+/// The dropping streams of `c` whose grace period (`grace_ms` from the drop) is over at
+/// `now_ms`: their store objects and control keys may go, then their entries.
+pub fn past_grace(c: &Catalog, now_ms: u64, grace_ms: u64) -> Vec<StreamId> {
     c.streams
-        .iter_mut()
-        .find(|s| s.name == name)
-        .ok_or_else(|| invalid(format!("no stream named {name} (`weir stream list` shows them)")))
+        .iter()
+        .filter(
+            |s| matches!(s.state, StreamState::Dropping { since_ms } if since_ms.saturating_add(grace_ms) <= now_ms),
+        )
+        .map(|s| s.id)
+        .collect()
 }
 
 /// `c` with stream `name` dropping since `now_ms`; dropping one already dropping changes
@@ -156,6 +165,31 @@ pub fn seed(lineage: u64, name: &str, id: StreamId, spec: &str, now_ms: u64) -> 
     let (mut c, _) = create(&first, name, spec, now_ms)?;
     c.next_id = c.next_id.max(1);
     Ok(c)
+}
+
+/// Keys of the control store a list takes at most (each answer bounded; the removal lists again
+/// until none is left).
+const KEYS_PER_LIST: usize = 1_000;
+
+/// Deletes every key of the dropped stream `stream` from the control store (its placement,
+/// in-sync sets, checkpoint ids and commit point): how many there were. Safe to call again
+/// after an error, or from several nodes at once.
+pub fn remove_stream_keys(
+    store: &dyn ControlStore,
+    keys: &crate::cluster::Keys,
+    stream: StreamId,
+) -> Result<usize, CatalogError> {
+    let prefix = keys.stream_prefix(stream);
+    let mut removed = 0;
+    loop {
+        let listed = store.list(&prefix, KEYS_PER_LIST)?;
+        if listed.is_empty() {
+            return Ok(removed);
+        }
+        removed += listed.len();
+        let ops: Vec<Op> = listed.into_iter().map(|(k, _)| Op::Delete(k)).collect();
+        store.txn(&[], &ops)?;
+    }
 }
 
 /// Where the catalog is kept.

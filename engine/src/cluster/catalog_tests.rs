@@ -29,15 +29,30 @@ fn a_dropped_name_created_again_is_a_new_stream() {
     let c = created(&empty(), "a");
     let (c, dropped) = drop_stream(&c, "a", 20).unwrap();
     assert_eq!(dropped.state, StreamState::Dropping { since_ms: 20 });
-    // Dropping again keeps the first time; the name stays taken until the data is gone.
+    // Dropping again keeps the first time.
     assert_eq!(drop_stream(&c, "a", 30).unwrap().1.state, StreamState::Dropping { since_ms: 20 });
-    assert!(create(&c, "a", SPEC, 31).unwrap_err().to_string().contains("being dropped"));
-    let c = forget(&c, StreamId(1)).expect("a dropping stream is forgotten");
-    assert!(forget(&c, StreamId(1)).is_none(), "forgetting twice changes nothing");
+    // The name is free at once: the new stream has another id, beside the old one's entry.
     let (c, again) = create(&c, "a", SPEC, 40).unwrap();
     assert_eq!(again.id, StreamId(2), "ids are never reused");
-    assert!(forget(&c, StreamId(2)).is_none(), "a running stream is not forgotten");
+    assert!(create(&c, "a", SPEC, 41).unwrap_err().to_string().contains("already exists"));
+    assert_eq!(Catalog::decode(&c.encode()).unwrap(), c, "both entries are a valid catalog");
+    // A change by name reaches the kept one.
+    let (c, paused) = set_paused(&c, "a", true, 50).unwrap();
+    assert_eq!((paused.id, paused.state), (StreamId(2), StreamState::Paused { since_ms: 50 }));
+    let c = forget(&c, StreamId(1)).expect("a dropping stream is forgotten");
+    assert!(forget(&c, StreamId(1)).is_none(), "forgetting twice changes nothing");
+    assert!(forget(&c, StreamId(2)).is_none(), "a kept stream is not forgotten");
     assert!(drop_stream(&c, "zz", 1).unwrap_err().to_string().contains("no stream named zz"));
+}
+
+#[test]
+fn a_dropped_stream_is_past_its_grace_once_the_period_from_its_drop_is_over() {
+    let c = created(&created(&empty(), "a"), "b");
+    let (c, _) = drop_stream(&c, "a", 1_000).unwrap();
+    assert!(past_grace(&c, 60_999, 60_000).is_empty());
+    assert_eq!(past_grace(&c, 61_000, 60_000), [StreamId(1)]);
+    assert_eq!(past_grace(&c, 1_000, 0), [StreamId(1)], "no grace: at once");
+    assert_eq!(past_grace(&c, u64::MAX, u64::MAX), [StreamId(1)], "no overflow");
 }
 
 #[test]
@@ -141,4 +156,20 @@ fn the_config_files_stream_seeds_a_catalog_with_its_own_id() {
     let (c, _) = create(&c, "b", SPEC, 4).unwrap();
     let (c, _) = drop_stream(&c, "b", 5).unwrap();
     assert_eq!(forget(&c, StreamId(1)).unwrap().lineage, 5);
+}
+
+#[test]
+fn a_dropped_streams_control_keys_go_and_no_other_streams() {
+    let store = MemControl::new();
+    let keys = Keys::new("c");
+    let put = |k: String| Op::Put { key: k, value: b"x".to_vec(), lease: None };
+    let ops: Vec<Op> = (0..3)
+        .map(|p| put(keys.in_sync(StreamId(2), p)))
+        .chain([put(keys.placement(StreamId(2))), put(keys.placement(StreamId(20))), put(keys.catalog())])
+        .collect();
+    store.txn(&[], &ops).unwrap();
+    assert_eq!(remove_stream_keys(&store, &keys, StreamId(2)).unwrap(), 4);
+    let left: Vec<String> = store.list("/weir/c/", 100).unwrap().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(left, [keys.catalog(), keys.placement(StreamId(20))]);
+    assert_eq!(remove_stream_keys(&store, &keys, StreamId(2)).unwrap(), 0);
 }

@@ -108,6 +108,11 @@ impl Keys {
         format!("{}{}", self.members(), node.0)
     }
 
+    /// The prefix of every key of stream `stream` (placement, in-sync sets, checkpoint ids).
+    pub fn stream_prefix(&self, stream: StreamId) -> String {
+        format!("{}streams/{}/", self.prefix, stream.0)
+    }
+
     /// Stream `stream`'s placement: the newest version's record.
     pub fn placement(&self, stream: StreamId) -> String {
         format!("{}streams/{}/placement", self.prefix, stream.0)

@@ -135,7 +135,10 @@ impl Streams {
                 matches!(self.parts.node.standing_phase(p.stream), Some(StandingPhase::Idle | StandingPhase::Fenced));
             let done = match p.effect {
                 Effect::Start => self.parts.node.attached(p.stream) || waits || self.ended.contains_key(&p.stream),
-                Effect::Gone => !self.runs.contains_key(&p.stream) && entry.is_none(),
+                // Its data here is gone (its entry waits out the grace period).
+                Effect::Gone => {
+                    !self.runs.contains_key(&p.stream) && (entry.is_none() || self.cleared.contains(&p.stream))
+                }
                 Effect::Paused(paused) => {
                     let now = if paused { Now::Paused } else { Now::Running };
                     let here = self.runs.get(&p.stream).map(|r| r.wish.now());

@@ -88,6 +88,11 @@ pub(super) struct Streams {
     failure: Option<(Option<StreamId>, anyhow::Error)>,
     /// The node stops: no change is taken, no stream started.
     stopping: bool,
+    /// Dropped streams whose local data is gone here (their entries wait out the grace period).
+    cleared: std::collections::BTreeSet<StreamId>,
+    /// Dropped streams whose store objects or control keys could not be removed, and when to
+    /// try again.
+    purge_after: BTreeMap<StreamId, Instant>,
 }
 
 impl Streams {
@@ -109,6 +114,8 @@ impl Streams {
             refused: None,
             failure: None,
             stopping: false,
+            cleared: Default::default(),
+            purge_after: BTreeMap::new(),
         })
     }
 
@@ -374,15 +381,25 @@ impl Streams {
         }
     }
 
-    /// Removes the local data of dropped streams whose supervisor has ended, then their
-    /// entries (what other nodes hold of them, they remove as they see the entry gone).
+    /// Removes the local data of dropped streams whose supervisor has ended (every node its
+    /// own, as it sees the drop); once a drop's grace period is over, the stream's objects in
+    /// the remote store and keys in etcd (whichever node comes first; again is harmless), then
+    /// its entry.
     fn sweep(&mut self) {
         let root = self.parts.base.data_dir.clone();
+        let due = catalog::past_grace(&self.catalog, now_ms(), self.parts.file.drop_grace.as_millis() as u64);
         let mut gone = Vec::new();
         for e in &self.catalog.streams {
             if matches!(e.state, StreamState::Dropping { .. }) && !self.runs.contains_key(&e.id) {
                 match local::remove_stream_data(&root, e) {
-                    Ok(()) => gone.push(e.id),
+                    Ok(()) => {
+                        if self.cleared.insert(e.id) {
+                            tracing::info!(stream = %e.name, id = e.id.0, "the dropped stream's data on this node is gone");
+                        }
+                        if due.contains(&e.id) {
+                            gone.push(e.id);
+                        }
+                    }
                     Err(err) => {
                         tracing::warn!(stream = %e.name, error = %err, "cannot remove the dropped stream's data")
                     }
@@ -390,6 +407,9 @@ impl Streams {
             }
         }
         for id in gone {
+            if self.purge_after.get(&id).is_some_and(|at| Instant::now() < *at) || !self.purge(id) {
+                continue;
+            }
             match catalog::change(self.store.as_ref(), |c| Ok(catalog::forget(c, id).map(|c| (c, ())))) {
                 Ok(Some((c, ()))) => {
                     tracing::info!(stream = id.0, "dropped stream removed from the catalog");
@@ -409,6 +429,38 @@ impl Streams {
             && !self.catalog.streams.iter().any(|e| e.id == *id && e.state.is_kept())
         {
             self.failure = None;
+        }
+    }
+}
+
+impl Streams {
+    /// Removes dropped stream `id`'s objects from the remote store and its keys from etcd:
+    /// whether both are gone (else it is tried again in a while).
+    fn purge(&mut self, id: StreamId) -> bool {
+        let objects = match &self.parts.base.checkpoint {
+            Some(ck) => {
+                weir_engine::backup::purge::remove_stream(ck.open_store().as_ref(), id).map_err(|e| e.to_string())
+            }
+            None => Ok(0),
+        };
+        let keys = self.parts.control.remove_stream_keys(id).map_err(|e| e.to_string());
+        match (objects, keys) {
+            (Ok(objects), Ok(keys)) => {
+                tracing::info!(
+                    stream = id.0,
+                    objects,
+                    keys,
+                    "the dropped stream's checkpoints and control keys are gone"
+                );
+                self.purge_after.remove(&id);
+                true
+            }
+            (objects, keys) => {
+                let why = [objects.err(), keys.err()].into_iter().flatten().collect::<Vec<_>>().join("; ");
+                tracing::warn!(stream = id.0, error = %why, "cannot remove the dropped stream's checkpoints yet; trying again in 10s");
+                self.purge_after.insert(id, Instant::now() + Duration::from_secs(10));
+                false
+            }
         }
     }
 }

@@ -3,8 +3,8 @@
 //! read, [`CatalogChangeReq`] for admins; both answered by [`CatalogRsp`]).
 //!
 //! Every catalog read from a store or a socket is checked before use: names, spec texts and the
-//! number of streams are bounded ([`MAX_STREAMS`], [`MAX_SPEC_TEXT`]), names are unique, ids are
-//! unique and below `next_id`.
+//! number of streams are bounded ([`MAX_STREAMS`], [`MAX_SPEC_TEXT`]), the names of the streams
+//! kept (not dropping) are unique, ids are unique and below `next_id`.
 
 use super::*;
 
@@ -95,7 +95,7 @@ pub enum CatalogCheckError {
     /// A spec text past [`MAX_SPEC_TEXT`].
     #[error("stream {name}: spec of {len} bytes (at most {MAX_SPEC_TEXT})")]
     SpecText { name: String, len: usize },
-    /// Two streams of one name or id, or ids not in order.
+    /// Two streams of one id, or two kept (not dropping) of one name, or ids not in order.
     #[error("stream {name}: its id {id} or name repeats, or ids are out of order")]
     Repeated { name: String, id: u64 },
     /// An id at or above the next id to assign.
@@ -118,7 +118,10 @@ pub fn check_catalog(c: &ArchivedCatalog) -> Result<(), CatalogCheckError> {
         if s.spec.len() > MAX_SPEC_TEXT {
             return Err(CatalogCheckError::SpecText { name: name.into(), len: s.spec.len() });
         }
-        if last.is_some_and(|l| l >= id) || c.streams.iter().take(i).any(|o| o.name.as_str() == name) {
+        // A dropped name may be created again while the old stream's entry waits out its grace.
+        let kept = |s: &ArchivedStreamEntry| !matches!(s.state, ArchivedStreamState::Dropping { .. });
+        let taken = kept(s) && c.streams.iter().take(i).any(|o| o.name.as_str() == name && kept(o));
+        if last.is_some_and(|l| l >= id) || taken {
             return Err(CatalogCheckError::Repeated { name: name.into(), id });
         }
         if id >= next {
@@ -345,6 +348,13 @@ mod tests {
         let bad = |c: Catalog| Catalog::decode(&c.encode());
         let dup = Catalog { lineage: 9, next_id: 5, streams: vec![entry(1, "a"), entry(2, "a")] };
         assert!(matches!(bad(dup), Err(CatalogDecodeError::Invalid(CatalogCheckError::Repeated { .. }))));
+        // One dropping, one kept: a dropped name created again.
+        let again = Catalog {
+            lineage: 9,
+            next_id: 5,
+            streams: vec![StreamEntry { state: StreamState::Dropping { since_ms: 1 }, ..entry(1, "a") }, entry(2, "a")],
+        };
+        assert!(bad(again).is_ok());
         let order = Catalog { lineage: 9, next_id: 5, streams: vec![entry(2, "a"), entry(1, "b")] };
         assert!(matches!(bad(order), Err(CatalogDecodeError::Invalid(CatalogCheckError::Repeated { .. }))));
         let ahead = Catalog { lineage: 9, next_id: 2, streams: vec![entry(2, "a")] };

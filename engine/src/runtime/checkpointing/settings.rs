@@ -81,7 +81,7 @@ impl CheckpointSettings {
     }
 
     /// The remote store.
-    pub(crate) fn open_store(&self) -> Arc<dyn Store> {
+    pub fn open_store(&self) -> Arc<dyn Store> {
         let store: Arc<dyn Store> = match &self.remote {
             Remote::Dir(d) => Arc::new(LocalDirStore::new(d)),
             Remote::Store(s) => s.clone(),
