@@ -113,7 +113,7 @@ fn ingest_logs_stay_bounded_on_both_copies_and_a_node_killed_mid_load_restores_f
     let t0 = Instant::now();
     let metrics = loop {
         let m = scrape(&config, 1);
-        if m.lines().any(|l| l.starts_with("weir_ingest_copy_behind_versions{partition=\"0\"} 0")) {
+        if m.lines().any(|l| l.starts_with("weir_ingest_copy_behind_versions{stream=\"2\",partition=\"0\"} 0")) {
             break m;
         }
         assert!(t0.elapsed() < Duration::from_secs(5), "copy of partition 0 behind:\n{}\n{status:#}", ingest(&m));

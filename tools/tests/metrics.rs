@@ -65,7 +65,7 @@ fn prometheus_scrapes_a_node_and_answers_a_query_for_its_ingest_rows() {
         let (status, body) = get(&metrics, "/metrics").unwrap();
         assert_eq!(status, "HTTP/1.1 200 OK");
         let read = sample(&body, "weir_task_rows_in_total").unwrap_or(0.0);
-        let committed = body.contains(r#"weir_checkpoints_total{outcome="committed"}"#)
+        let committed = body.contains(r#"weir_checkpoints_total{stream="2",outcome="committed"}"#)
             && sample(&body, "weir_checkpoint_duration_seconds_count").unwrap_or(0.0) > 0.0;
         if read >= 100_000.0 && committed {
             break body;
@@ -75,7 +75,10 @@ fn prometheus_scrapes_a_node_and_answers_a_query_for_its_ingest_rows() {
     };
     assert_eq!(sample(&text, "weir_ingest_rows_total"), Some(100_000.0), "{text}");
     assert!(sample(&text, "weir_ingest_ack_latency_seconds_count").unwrap() >= 100.0, "{text}");
-    assert_eq!(sample(&text, r#"weir_node_state{state="running"}"#), Some(1.0), "{text}");
+    // Every stream's metrics carry its id; its name is in weir_stream_info.
+    assert_eq!(sample(&text, r#"weir_node_state{stream="2",state="running"}"#), Some(1.0), "{text}");
+    assert_eq!(sample(&text, r#"weir_stream_info{stream="2",name="ingest"}"#), Some(1.0), "{text}");
+    assert_eq!(sample(&text, r#"weir_ingest_rows_total{stream="2"}"#), Some(100_000.0), "{text}");
     // Every agg's watermark passed the load's rows (the end-of-load marker closed its windows).
     let ts_start =
         (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as f64) - 60_000.0;

@@ -101,18 +101,6 @@ fn named<'a>(c: &'a mut Catalog, name: &str) -> Result<&'a mut StreamEntry, Cata
     }
 }
 
-/// The dropping streams of `c` whose grace period (`grace_ms` from the drop) is over at
-/// `now_ms`: their store objects and control keys may go, then their entries.
-pub fn past_grace(c: &Catalog, now_ms: u64, grace_ms: u64) -> Vec<StreamId> {
-    c.streams
-        .iter()
-        .filter(
-            |s| matches!(s.state, StreamState::Dropping { since_ms } if since_ms.saturating_add(grace_ms) <= now_ms),
-        )
-        .map(|s| s.id)
-        .collect()
-}
-
 /// `c` with stream `name` dropping since `now_ms`; dropping one already dropping changes
 /// nothing (the first drop's time stays).
 pub fn drop_stream(c: &Catalog, name: &str, now_ms: u64) -> Result<(Catalog, StreamEntry), CatalogError> {
@@ -168,8 +156,9 @@ pub fn seed(lineage: u64, name: &str, id: StreamId, spec: &str, now_ms: u64) -> 
 }
 
 /// Keys of the control store a list takes at most (each answer bounded; the removal lists again
-/// until none is left).
-const KEYS_PER_LIST: usize = 1_000;
+/// until none is left), and so deletes in one transaction: below etcd's default limit of 128
+/// operations per transaction.
+const KEYS_PER_LIST: usize = 100;
 
 /// Deletes every key of the dropped stream `stream` from the control store (its placement,
 /// in-sync sets, checkpoint ids and commit point): how many there were. Safe to call again

@@ -17,6 +17,7 @@
 //! others running. Every log line names the node.
 
 mod local;
+mod purge;
 mod stream;
 mod streams;
 mod wish;
@@ -78,7 +79,6 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<ExitCode> {
         Some(addr) => {
             let board = crate::metrics::Board::new(me.id);
             crate::metrics_http::serve(addr, board.clone())?;
-            base.ingest_observer = Some(board.ingest());
             Some(board)
         }
         None => None,

@@ -41,8 +41,8 @@ pub(super) struct StreamRunner {
     /// The stream's own engine config (its data directory).
     base: EngineConfig,
     sup: Supervisor,
-    /// Whether its runs feed the node's metrics (one stream's do: the cluster file's).
-    metrics: bool,
+    /// Where its runs' metrics go (the node's metrics, labelled with the stream).
+    metrics: Option<crate::metrics::StreamMetrics>,
 }
 
 impl StreamRunner {
@@ -53,12 +53,13 @@ impl StreamRunner {
         let mut base = base.clone();
         base.transport = None;
         let sup = Supervisor::new(crate::failover::policy(&file.restart), crate::failover::last(&base.data_dir)?);
-        Ok(StreamRunner { stream: stream.clone(), spec, file_placement, base, sup, metrics: false })
+        Ok(StreamRunner { stream: stream.clone(), spec, file_placement, base, sup, metrics: None })
     }
 
-    /// Its runs feed the node's metrics.
-    pub fn with_metrics(self) -> Self {
-        StreamRunner { metrics: true, ..self }
+    /// Its runs feed `metrics` (and its ingest writer does).
+    pub fn with_metrics(mut self, metrics: crate::metrics::StreamMetrics) -> Self {
+        self.base.ingest_observer = Some(metrics.ingest());
+        StreamRunner { metrics: Some(metrics), ..self }
     }
 
     pub fn spec(&self) -> &StreamSpec {
@@ -82,8 +83,9 @@ impl StreamRunner {
         stop: &AtomicBool,
         wish: &Wish,
     ) -> anyhow::Result<ExitCode> {
-        let NodeParts { file, me, node, exit_when_done, board, control, prober, .. } = parts;
-        let board = board.as_deref().filter(|_| self.metrics);
+        let NodeParts { file, me, node, exit_when_done, control, prober, .. } = parts;
+        let metrics = self.metrics.take();
+        let board = metrics.as_ref();
         let (exit_when_done, prober) = (*exit_when_done, prober.as_ref());
         let (spec, base, sup) = (&self.spec, &self.base, &mut self.sup);
         let data_dir = &base.data_dir;
@@ -383,7 +385,7 @@ struct Watching<'a> {
     control: &'a crate::placement::Control,
     /// The membership the run started under.
     held: crate::placement::Membership,
-    board: Option<&'a crate::metrics::Board>,
+    board: Option<&'a crate::metrics::StreamMetrics>,
     /// The probes of the other nodes, and how long they may be unreachable before the node
     /// gives up its membership (`restart.move_after`; with etcd).
     reach: Option<(&'a crate::probe::Prober, Duration)>,

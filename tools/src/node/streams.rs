@@ -30,6 +30,7 @@ use weir_engine::wire::msg::{Catalog, StreamEntry, StreamState};
 mod requests;
 
 use super::local::{self, HighWater};
+use super::purge::Purges;
 use super::stream::{NodeParts, StreamRunner};
 use super::wish::Wish;
 
@@ -90,9 +91,8 @@ pub(super) struct Streams {
     stopping: bool,
     /// Dropped streams whose local data is gone here (their entries wait out the grace period).
     cleared: std::collections::BTreeSet<StreamId>,
-    /// Dropped streams whose store objects or control keys could not be removed, and when to
-    /// try again.
-    purge_after: BTreeMap<StreamId, Instant>,
+    /// The removal of dropped streams' checkpoints and control keys.
+    purges: Purges,
 }
 
 impl Streams {
@@ -101,6 +101,7 @@ impl Streams {
         store: Box<dyn CatalogStore>,
         calls: Receiver<CatalogCall>,
     ) -> anyhow::Result<Self> {
+        let purging = parts.clone();
         let mark = HighWater::open(&parts.base.data_dir)?;
         Ok(Streams {
             parts,
@@ -115,7 +116,7 @@ impl Streams {
             failure: None,
             stopping: false,
             cleared: Default::default(),
-            purge_after: BTreeMap::new(),
+            purges: Purges::new(purging),
         })
     }
 
@@ -303,8 +304,11 @@ impl Streams {
             base.data_dir = local::stream_dir(&parts.base.data_dir, entry);
             crate::settings::apply_stream(&mut base, &stream);
             let runner = StreamRunner::new(&stream, &parts.file, &base)?;
-            // The node's metrics are the cluster file's stream's.
-            Ok(if entry.spec.is_empty() { runner.with_metrics() } else { runner })
+            // Each stream's metrics are labelled with its id.
+            Ok(match &parts.board {
+                Some(b) => runner.with_metrics(b.stream(entry.id.0, &entry.name)),
+                None => runner,
+            })
         });
         let runner = match runner {
             Ok(r) => r,
@@ -372,6 +376,13 @@ impl Streams {
             };
             if dropped {
                 self.parts.node.stand(id, None);
+                if let Some(b) = &self.parts.board {
+                    b.forget(id.0);
+                }
+                // Purged already while this run still wound down: what it uploaded since goes too.
+                if !self.catalog.streams.iter().any(|e| e.id == id) && self.refused.is_none() {
+                    self.purges.start(id);
+                }
             }
             self.ended.insert(id, ended);
             reaped = true;
@@ -386,33 +397,35 @@ impl Streams {
     /// the remote store and keys in etcd (whichever node comes first; again is harmless), then
     /// its entry.
     fn sweep(&mut self) {
-        let root = self.parts.base.data_dir.clone();
-        let due = catalog::past_grace(&self.catalog, now_ms(), self.parts.file.drop_grace.as_millis() as u64);
-        let mut gone = Vec::new();
+        let (root, now) = (self.parts.base.data_dir.clone(), now_ms());
         for e in &self.catalog.streams {
-            if matches!(e.state, StreamState::Dropping { .. }) && !self.runs.contains_key(&e.id) {
-                match local::remove_stream_data(&root, e) {
-                    Ok(()) => {
-                        if self.cleared.insert(e.id) {
-                            tracing::info!(stream = %e.name, id = e.id.0, "the dropped stream's data on this node is gone");
-                        }
-                        if due.contains(&e.id) {
-                            gone.push(e.id);
-                        }
-                    }
-                    Err(err) => {
-                        tracing::warn!(stream = %e.name, error = %err, "cannot remove the dropped stream's data")
-                    }
-                }
-            }
-        }
-        for id in gone {
-            if self.purge_after.get(&id).is_some_and(|at| Instant::now() < *at) || !self.purge(id) {
+            let StreamState::Dropping { since_ms } = e.state else { continue };
+            if self.runs.contains_key(&e.id) {
                 continue;
             }
-            match catalog::change(self.store.as_ref(), |c| Ok(catalog::forget(c, id).map(|c| (c, ())))) {
+            match local::remove_stream_data(&root, e) {
+                Ok(()) => {
+                    if self.cleared.insert(e.id) {
+                        tracing::info!(stream = %e.name, id = e.id.0, "the dropped stream's data on this node is gone");
+                    }
+                    // Not on a catalog this node refuses (a lost one written anew may reuse ids).
+                    if self.refused.is_none() && self.purges.due(e.id, since_ms, now) {
+                        self.purges.start(e.id);
+                    }
+                }
+                Err(err) => tracing::warn!(stream = %e.name, error = %err, "cannot remove the dropped stream's data"),
+            }
+        }
+        for id in self.purges.done() {
+            let mark = &self.mark;
+            let forgot = catalog::change(self.store.as_ref(), |c| {
+                mark.check(c).map_err(|reason| CatalogError::Unavailable { reason })?;
+                Ok(catalog::forget(c, id).map(|c| (c, ())))
+            });
+            match forgot {
                 Ok(Some((c, ()))) => {
                     tracing::info!(stream = id.0, "dropped stream removed from the catalog");
+                    self.purges.forget(id);
                     self.catalog = c;
                 }
                 Ok(None) => {}
@@ -429,38 +442,6 @@ impl Streams {
             && !self.catalog.streams.iter().any(|e| e.id == *id && e.state.is_kept())
         {
             self.failure = None;
-        }
-    }
-}
-
-impl Streams {
-    /// Removes dropped stream `id`'s objects from the remote store and its keys from etcd:
-    /// whether both are gone (else it is tried again in a while).
-    fn purge(&mut self, id: StreamId) -> bool {
-        let objects = match &self.parts.base.checkpoint {
-            Some(ck) => {
-                weir_engine::backup::purge::remove_stream(ck.open_store().as_ref(), id).map_err(|e| e.to_string())
-            }
-            None => Ok(0),
-        };
-        let keys = self.parts.control.remove_stream_keys(id).map_err(|e| e.to_string());
-        match (objects, keys) {
-            (Ok(objects), Ok(keys)) => {
-                tracing::info!(
-                    stream = id.0,
-                    objects,
-                    keys,
-                    "the dropped stream's checkpoints and control keys are gone"
-                );
-                self.purge_after.remove(&id);
-                true
-            }
-            (objects, keys) => {
-                let why = [objects.err(), keys.err()].into_iter().flatten().collect::<Vec<_>>().join("; ");
-                tracing::warn!(stream = id.0, error = %why, "cannot remove the dropped stream's checkpoints yet; trying again in 10s");
-                self.purge_after.insert(id, Instant::now() + Duration::from_secs(10));
-                false
-            }
         }
     }
 }
