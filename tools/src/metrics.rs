@@ -30,6 +30,8 @@ pub enum Phase {
     Idle,
     /// The stream is paused: its partitions take appends, its tasks do not run.
     Paused,
+    /// The stream's supervisor has ended here (its restart strategy gave up, or it ended).
+    Stopped,
 }
 
 /// A histogram family built with the node's buckets.
@@ -163,8 +165,14 @@ impl Board {
         StreamMetrics { board: self.clone(), stream }
     }
 
+    /// Keeps the metrics of the streams `kept` only (the others were dropped).
+    pub fn retain(&self, kept: &BTreeSet<u64>) {
+        let gone: Vec<u64> = self.lock().keys().copied().filter(|id| !kept.contains(id)).collect();
+        gone.into_iter().for_each(|id| self.forget(id));
+    }
+
     /// Stream `stream` is gone from the node (dropped): its metrics go.
-    pub fn forget(&self, stream: u64) {
+    fn forget(&self, stream: u64) {
         self.lock().remove(&stream);
         let labels = stream_labels(stream);
         for f in [&self.ingest_rows, &self.ingest_appends, &self.ingest_duplicates] {

@@ -36,8 +36,13 @@ const STATS: [(&str, &str); 6] = [
     ),
 ];
 
-const PHASES: [(Phase, &str); 4] =
-    [(Phase::Running, "running"), (Phase::Restarting, "restarting"), (Phase::Idle, "idle"), (Phase::Paused, "paused")];
+const PHASES: [(Phase, &str); 5] = [
+    (Phase::Running, "running"),
+    (Phase::Restarting, "restarting"),
+    (Phase::Idle, "idle"),
+    (Phase::Paused, "paused"),
+    (Phase::Stopped, "stopped"),
+];
 
 impl Board {
     /// The metrics in the OpenMetrics text format.

@@ -248,16 +248,9 @@ impl Control {
         self.agent.as_ref().is_some_and(|a| a.withholding())
     }
 
-    /// Deletes every key of the dropped stream `stream` from etcd: how many there were (none
-    /// without etcd).
-    pub fn remove_stream_keys(
-        &self,
-        stream: weir_engine::wire::StreamId,
-    ) -> Result<usize, weir_engine::cluster::catalog::CatalogError> {
-        match &self.etcd {
-            Some((store, keys)) => weir_engine::cluster::catalog::remove_stream_keys(store.as_ref(), keys, stream),
-            None => Ok(0),
-        }
+    /// The control store and the cluster's keys in it (`None` without etcd).
+    pub fn store_and_keys(&self) -> Option<(Arc<dyn ControlStore>, Keys)> {
+        self.etcd.clone()
     }
 
     /// The stream catalog in etcd (`None` without etcd: a node alone keeps its own).

@@ -122,3 +122,65 @@ fn a_stream_paused_for_ten_seconds_under_load_takes_every_append_and_resumes_exa
     let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Whether every node of `config` that answers runs its stream paused.
+fn all_paused(config: &Path, want: bool) -> bool {
+    let s = status(config);
+    s["nodes"].as_array().is_some_and(|n| !n.is_empty() && n.iter().all(|n| n["paused"] == want))
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "{what} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn pauses_resumed_at_once_a_stop_and_a_restart_while_paused_lose_nothing_and_count_no_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = util::load::load_one_node(dir.path());
+    let log = dir.path().join("node.log");
+    let mut node = Nodes(vec![start(&config, 1, &log, &[])]);
+    util::line_in(&log, "checkpoint committed", Duration::from_secs(60));
+    let args = ["--events", "600k", "--rate", "60k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "60s"];
+    let loading = load(&config, &args);
+    std::thread::sleep(Duration::from_secs(1));
+    // Paused and resumed at once, three times: each answered once in effect.
+    for _ in 0..3 {
+        let (code, text) = stream(&config, &["pause", "ingest"]);
+        assert_eq!(code, Some(0), "{text}");
+        let (code, text) = stream(&config, &["resume", "ingest"]);
+        assert_eq!(code, Some(0), "{text}");
+    }
+    let (code, s, err) = summary_of(loading, Duration::from_secs(90));
+    assert_eq!(code, Some(0), "{s:#} {err}");
+    assert_acknowledged(&s, 2, 300_000);
+    wait_for_results(&config, expected(&s, 2, 300_000).len(), &log);
+    let (code, text) = verify_ingest(&config);
+    assert_eq!(code, Some(0), "{text}");
+    let s = status(&config);
+    assert_eq!(s["nodes"][0]["restarts"].as_array().map(Vec::len), Some(0), "a switch is no failure: {s:#}");
+
+    // Stopped while paused (nothing to checkpoint), started again: it comes back paused, its
+    // results still readable; resumed, it goes on.
+    let (code, text) = stream(&config, &["pause", "ingest"]);
+    assert_eq!(code, Some(0), "{text}");
+    let out = weir().args(["stop", "--checkpoint", "--config"]).arg(&config).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("is paused: nothing to checkpoint"), "{said}");
+    assert!(util::exit_within(&mut node.0[0], Duration::from_secs(30), "the node after weir stop").success());
+    let _again = Nodes(vec![start(&config, 1, &dir.path().join("again.log"), &[])]);
+    wait_until("the node comes back paused", Duration::from_secs(30), || all_paused(&config, true));
+    let (code, text) = verify_ingest(&config);
+    assert_eq!(code, Some(0), "a paused stream's results stay readable: {text}");
+    let (code, text) = stream(&config, &["resume", "ingest"]);
+    assert_eq!(code, Some(0), "{text}");
+    wait_until("the node runs the stream again", Duration::from_secs(30), || all_paused(&config, false));
+    let (code, text) = verify_ingest(&config);
+    assert_eq!(code, Some(0), "{text}");
+    let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -1,59 +1,82 @@
 //! The removal of dropped streams' checkpoints (every object under `<id>/` in the remote store)
 //! and control keys (`/weir/<cluster>/streams/<id>/` in etcd) once a drop's grace period is
-//! over ([`Purges`], asked by `Streams::sweep`), each on a thread of its own, so that a slow
+//! over ([`Purges`], driven by `Streams::sweep`), each on a thread of its own, so that a slow
 //! store never holds up the catalog loop.
 //!
 //! Invariants: a purge starts only once the grace period is over both on the wall clock of the
 //! node that took the drop (`since_ms`) and on this node's monotonic clock since it first saw
 //! the drop (a skewed clock does not shorten it); at most one purge per stream runs here; a
-//! purge that failed is tried again after [`RETRY`]. Several nodes purging at once is harmless:
-//! a delete of what is gone is no error.
+//! failed one is tried again after [`RETRY`], a done one is not done again. A purge thread holds
+//! only the store and etcd handles, never the node. Several nodes purging at once is harmless: a
+//! delete of what is gone is no error.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use weir_engine::cluster::Keys;
+use weir_engine::control::ControlStore;
+use weir_engine::runtime::CheckpointSettings;
 use weir_engine::wire::StreamId;
-
-use super::stream::NodeParts;
 
 /// How long a failed purge waits before it is tried again.
 const RETRY: Duration = Duration::from_secs(10);
 
 type Outcome = Result<(usize, usize), String>;
 
+/// What a purge removes from: the remote store (none without checkpoints) and etcd (none
+/// without it).
+#[derive(Clone)]
+pub(super) struct Targets {
+    pub checkpoint: Option<CheckpointSettings>,
+    pub etcd: Option<(Arc<dyn ControlStore>, Keys)>,
+}
+
 /// The purges of a node.
 pub(super) struct Purges {
-    parts: Arc<NodeParts>,
+    targets: Targets,
+    grace: Duration,
     /// When this node first saw each drop.
     seen: BTreeMap<StreamId, Instant>,
     running: BTreeMap<StreamId, JoinHandle<Outcome>>,
     retry_at: BTreeMap<StreamId, Instant>,
+    /// Purged: their entries may go.
+    purged: BTreeSet<StreamId>,
+    /// Streams no longer in the catalog whose run wound down here after their purge: purged
+    /// again (what the run uploaded meanwhile) until that is done.
+    orphans: BTreeSet<StreamId>,
 }
 
 impl Purges {
-    pub fn new(parts: Arc<NodeParts>) -> Self {
-        Purges { parts, seen: BTreeMap::new(), running: BTreeMap::new(), retry_at: BTreeMap::new() }
+    pub fn new(targets: Targets, grace: Duration) -> Self {
+        Purges {
+            targets,
+            grace,
+            seen: BTreeMap::new(),
+            running: BTreeMap::new(),
+            retry_at: BTreeMap::new(),
+            purged: BTreeSet::new(),
+            orphans: BTreeSet::new(),
+        }
     }
 
     /// Whether the grace period of the drop of `id` (taken at `since_ms`, another node's wall
     /// clock maybe) is over: on that clock and on this node's since it first saw the drop.
     pub fn due(&mut self, id: StreamId, since_ms: u64, now_ms: u64) -> bool {
-        let grace = self.parts.file.drop_grace;
         let first = *self.seen.entry(id).or_insert_with(Instant::now);
-        since_ms.saturating_add(grace.as_millis() as u64) <= now_ms && first.elapsed() >= grace
+        since_ms.saturating_add(self.grace.as_millis() as u64) <= now_ms && first.elapsed() >= self.grace
     }
 
-    /// Starts removing `id`'s checkpoints and keys, unless a purge of it runs or waits to be
-    /// tried again.
+    /// Starts removing `id`'s checkpoints and keys, unless that is done, under way or waits to
+    /// be tried again.
     pub fn start(&mut self, id: StreamId) {
-        if self.running.contains_key(&id) || self.retry_at.get(&id).is_some_and(|at| Instant::now() < *at) {
+        let waits = self.retry_at.get(&id).is_some_and(|at| Instant::now() < *at);
+        if self.purged.contains(&id) || self.running.contains_key(&id) || waits {
             return;
         }
-        let parts = self.parts.clone();
-        let spawned = std::thread::Builder::new().name(format!("purge-{}", id.0)).spawn(move || purge(&parts, id));
-        match spawned {
+        let targets = self.targets.clone();
+        match std::thread::Builder::new().name(format!("purge-{}", id.0)).spawn(move || purge(&targets, id)) {
             Ok(h) => {
                 self.running.insert(id, h);
             }
@@ -64,11 +87,18 @@ impl Purges {
         }
     }
 
-    /// The streams whose purge has ended well since the last call (their entries may go); a
-    /// failed one waits [`RETRY`] before it may start again.
-    pub fn done(&mut self) -> Vec<StreamId> {
+    /// Purges `id` again: it has left the catalog, but a run of it wound down here after it was
+    /// purged.
+    pub fn again(&mut self, id: StreamId) {
+        self.purged.remove(&id);
+        self.orphans.insert(id);
+        self.start(id);
+    }
+
+    /// Collects the purges that ended (a failed one waits [`RETRY`]), retries the orphans', and
+    /// says which streams are purged: their entries may go.
+    pub fn purged(&mut self) -> Vec<StreamId> {
         let ended: Vec<StreamId> = self.running.iter().filter(|(_, h)| h.is_finished()).map(|(id, _)| *id).collect();
-        let mut ok = Vec::new();
         for id in ended {
             let Some(h) = self.running.remove(&id) else { continue };
             match h.join().unwrap_or_else(|_| Err("the purge panicked".into())) {
@@ -80,7 +110,8 @@ impl Purges {
                         "the dropped stream's checkpoints and control keys are gone"
                     );
                     self.retry_at.remove(&id);
-                    ok.push(id);
+                    self.orphans.remove(&id);
+                    self.purged.insert(id);
                 }
                 Err(why) => {
                     let after = humantime::format_duration(RETRY);
@@ -89,23 +120,35 @@ impl Purges {
                 }
             }
         }
-        ok
+        let orphans: Vec<StreamId> = self.orphans.iter().copied().collect();
+        orphans.into_iter().for_each(|id| self.start(id));
+        self.purged.iter().copied().filter(|id| !self.orphans.contains(id)).collect()
     }
 
-    /// `id` has left the catalog: nothing of it is kept here but a purge under way.
-    pub fn forget(&mut self, id: StreamId) {
-        self.seen.remove(&id);
-        self.retry_at.remove(&id);
+    /// Keeps only what concerns the streams `listed` (the catalog's), the orphans and the
+    /// purges under way.
+    pub fn retain(&mut self, listed: &BTreeSet<StreamId>) {
+        let keep = |id: &StreamId| listed.contains(id) || self.orphans.contains(id) || self.running.contains_key(id);
+        let keep: BTreeSet<StreamId> =
+            self.seen.keys().chain(self.retry_at.keys()).chain(self.purged.iter()).copied().filter(keep).collect();
+        self.seen.retain(|id, _| keep.contains(id));
+        self.retry_at.retain(|id, _| keep.contains(id));
+        self.purged.retain(|id| keep.contains(id));
     }
 }
 
 /// Removes `id`'s objects from the remote store and its keys from etcd: how many of each.
-fn purge(parts: &NodeParts, id: StreamId) -> Outcome {
-    let objects = match &parts.base.checkpoint {
+fn purge(t: &Targets, id: StreamId) -> Outcome {
+    let objects = match &t.checkpoint {
         Some(ck) => weir_engine::backup::purge::remove_stream(ck.open_store().as_ref(), id).map_err(|e| e.to_string()),
         None => Ok(0),
     };
-    let keys = parts.control.remove_stream_keys(id).map_err(|e| e.to_string());
+    let keys = match &t.etcd {
+        Some((store, keys)) => {
+            weir_engine::cluster::catalog::remove_stream_keys(store.as_ref(), keys, id).map_err(|e| e.to_string())
+        }
+        None => Ok(0),
+    };
     match (objects, keys) {
         (Ok(objects), Ok(keys)) => Ok((objects, keys)),
         (objects, keys) => Err([objects.err(), keys.err()].into_iter().flatten().collect::<Vec<_>>().join("; ")),

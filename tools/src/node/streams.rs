@@ -30,7 +30,7 @@ use weir_engine::wire::msg::{Catalog, StreamEntry, StreamState};
 mod requests;
 
 use super::local::{self, HighWater};
-use super::purge::Purges;
+use super::purge::{Purges, Targets};
 use super::stream::{NodeParts, StreamRunner};
 use super::wish::Wish;
 
@@ -101,7 +101,8 @@ impl Streams {
         store: Box<dyn CatalogStore>,
         calls: Receiver<CatalogCall>,
     ) -> anyhow::Result<Self> {
-        let purging = parts.clone();
+        let purging = Targets { checkpoint: parts.base.checkpoint.clone(), etcd: parts.control.store_and_keys() };
+        let drop_grace = parts.file.drop_grace;
         let mark = HighWater::open(&parts.base.data_dir)?;
         Ok(Streams {
             parts,
@@ -116,7 +117,7 @@ impl Streams {
             failure: None,
             stopping: false,
             cleared: Default::default(),
-            purges: Purges::new(purging),
+            purges: Purges::new(purging, drop_grace),
         })
     }
 
@@ -376,13 +377,12 @@ impl Streams {
             };
             if dropped {
                 self.parts.node.stand(id, None);
-                if let Some(b) = &self.parts.board {
-                    b.forget(id.0);
-                }
                 // Purged already while this run still wound down: what it uploaded since goes too.
                 if !self.catalog.streams.iter().any(|e| e.id == id) && self.refused.is_none() {
-                    self.purges.start(id);
+                    self.purges.again(id);
                 }
+            } else if let Some(b) = &self.parts.board {
+                b.stream(id.0, &r.entry.name).set_phase(crate::metrics::Phase::Stopped);
             }
             self.ended.insert(id, ended);
             reaped = true;
@@ -408,15 +408,16 @@ impl Streams {
                     if self.cleared.insert(e.id) {
                         tracing::info!(stream = %e.name, id = e.id.0, "the dropped stream's data on this node is gone");
                     }
-                    // Not on a catalog this node refuses (a lost one written anew may reuse ids).
-                    if self.refused.is_none() && self.purges.due(e.id, since_ms, now) {
+                    // Not on a catalog this node refuses (a lost one written anew may reuse ids),
+                    // nor as the node stops.
+                    if self.refused.is_none() && !self.stopping && self.purges.due(e.id, since_ms, now) {
                         self.purges.start(e.id);
                     }
                 }
                 Err(err) => tracing::warn!(stream = %e.name, error = %err, "cannot remove the dropped stream's data"),
             }
         }
-        for id in self.purges.done() {
+        for id in self.purges.purged() {
             let mark = &self.mark;
             let forgot = catalog::change(self.store.as_ref(), |c| {
                 mark.check(c).map_err(|reason| CatalogError::Unavailable { reason })?;
@@ -425,7 +426,6 @@ impl Streams {
             match forgot {
                 Ok(Some((c, ()))) => {
                     tracing::info!(stream = id.0, "dropped stream removed from the catalog");
-                    self.purges.forget(id);
                     self.catalog = c;
                 }
                 Ok(None) => {}
@@ -433,6 +433,19 @@ impl Streams {
                     tracing::warn!(stream = id.0, error = %e, "cannot remove the dropped stream from the catalog")
                 }
             }
+        }
+        // What this node keeps of streams gone from the catalog goes: purge state, metrics.
+        let listed: std::collections::BTreeSet<StreamId> = self.catalog.streams.iter().map(|e| e.id).collect();
+        self.purges.retain(&listed);
+        if let Some(b) = &self.parts.board {
+            let kept: std::collections::BTreeSet<u64> = self
+                .catalog
+                .streams
+                .iter()
+                .filter(|e| e.state.is_kept() || self.runs.contains_key(&e.id))
+                .map(|e| e.id.0)
+                .collect();
+            b.retain(&kept);
         }
         // Streams another node removed from the catalog, or removed before this node started.
         let running: Vec<&StreamEntry> = self.runs.values().map(|r| &r.entry).collect();
