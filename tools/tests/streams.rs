@@ -315,3 +315,65 @@ fn a_stream_created_on_one_node_of_three_runs_on_every_node_and_its_drop_reaches
     assert!(keys_of(1) > 0, "the file's stream keeps its keys");
     commits_after(dir.path(), 1, committed(dir.path(), 1), Duration::from_secs(20));
 }
+
+#[test]
+fn a_generator_stream_dropped_while_a_load_feeds_the_ingest_stream_leaves_it_exact_and_unstopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = adjusted(example("load-three-node.toml"), dir.path(), |t| {
+        set(t, &["checkpoint", "interval"], "200ms");
+        t.insert("drop_grace".into(), "3s".into());
+    });
+    let logs: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
+    let _nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1], &[])).collect());
+    let log_refs: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
+    line_in_any(&log_refs, "checkpoint committed", Duration::from_secs(60));
+    // An unbounded generator stream beside the file's ingest stream (id 2): it takes id 3.
+    let generator = dir.path().join("gen.toml");
+    std::fs::write(
+        &generator,
+        "[stream]\nname = \"gen\"\npartitions = 3\naggs = 3\nsinks = 3\nwindow = \"1s\"\n\
+         [stream.generator]\nkeys = 1000\nrows_per_ms = 10\nrate = 100000\n",
+    )
+    .unwrap();
+    let (code, out, err) = stream(&config, &["create", "--file", generator.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("stream gen (id 3) created and running"), "{out}");
+    commits_after(dir.path(), 3, None, Duration::from_secs(30));
+
+    // The load runs 10 s; the generator stream is dropped 3 s in.
+    let args = ["--events", "450k", "--rate", "45k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "60s"];
+    let loading = util::load::load(&config, &args);
+    std::thread::sleep(Duration::from_secs(3));
+    let (code, out, err) = stream(&config, &["drop", "gen"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let data = |n: u32| dir.path().join(format!("data/node-{n}/streams/3"));
+    let store = weir_engine::backup::LocalDirStore::new(dir.path().join("remote"));
+    let objects = |prefix: &str| weir_engine::backup::Store::list(&store, prefix).unwrap().len();
+    let t0 = Instant::now();
+    while (1..=3).any(|n| data(n).exists()) || objects("3/") > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the dropped stream's data or checkpoints stayed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The ingest stream never stopped: every event acknowledged once, exact results, and no
+    // node restarted it.
+    let (code, s, err) = util::load::summary_of(loading, Duration::from_secs(90));
+    assert_eq!(code, Some(0), "{s:#} {err}");
+    util::load::assert_acknowledged(&s, 3, 150_000);
+    util::load::wait_for_results(&config, util::load::expected(&s, 3, 150_000).len(), &logs[0]);
+    let (code, text) = util::load::verify_ingest(&config);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("(per partition: 150000, 150000, 150000), from 3 nodes"), "{text}");
+    assert!(objects("2/") > 0, "the ingest stream keeps its checkpoints");
+    let out = weir().args(["status", "--json", "--stream", "2", "--config"]).arg(&config).output().unwrap();
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for n in status["nodes"].as_array().unwrap() {
+        let failures = n["restarts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| !r["reason"].as_str().is_some_and(|w| w.starts_with("lost its lease")));
+        assert_eq!(failures.count(), 0, "the drop restarted the other stream: {n:#}");
+    }
+    commits_after(dir.path(), 2, committed(dir.path(), 2), Duration::from_secs(20));
+}
