@@ -83,6 +83,14 @@ fn a_stream_paused_for_ten_seconds_under_load_takes_every_append_and_resumes_exa
         std::thread::sleep(Duration::from_millis(100));
     }
     let paused_at = Instant::now();
+    // Each paused task says so, and names the commit it restores when the stream resumes.
+    let s = status(&config);
+    for n in s["nodes"].as_array().unwrap() {
+        for t in n["tasks"].as_array().unwrap() {
+            assert_eq!(t["state"], "paused", "{n:#}");
+            assert!(t["latest_committed"].as_u64().is_some(), "{n:#}");
+        }
+    }
     let (rows, acks) = (results(&config), [1, 2, 3].map(|n| acked(&config, n)));
     for (i, c) in nodes.0.iter().enumerate() {
         assert_eq!(workers(c.id()), 0, "node {}: a paused stream frees its workers", i + 1);

@@ -51,9 +51,12 @@ impl TaskBoard {
         Self::of(task, checkpoints, false)
     }
 
-    /// The board of a task of a paused run: reported paused, nothing published.
-    pub(crate) fn paused(task: TaskId) -> Arc<Self> {
-        Self::of(task, false, true)
+    /// The board of a task of a paused run: reported paused, with the stream's last commit
+    /// (what it restores when the stream resumes).
+    pub(crate) fn paused(task: TaskId, latest: Option<CheckpointId>) -> Arc<Self> {
+        let b = Self::of(task, false, true);
+        b.published.store(Published { latest, ..b.published.load() });
+        b
     }
 
     fn of(task: TaskId, checkpoints: bool, paused: bool) -> Arc<Self> {

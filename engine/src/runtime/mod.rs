@@ -148,8 +148,9 @@ impl Engine {
         if local.is_empty() {
             return Err(EngineError::Config(format!("no task of stream {} is placed on node {me}", spec.id)));
         }
+        let paused_at = if cfg.paused { checkpointing::last_commit(spec, &cfg) } else { None };
         let board_of = |t: TaskId| match cfg.paused {
-            true => board::TaskBoard::paused(t),
+            true => board::TaskBoard::paused(t, paused_at),
             false => board::TaskBoard::new(t, cfg.checkpoint.is_some()),
         };
         let boards: HashMap<TaskId, Arc<board::TaskBoard>> = local.iter().map(|t| (t.id, board_of(t.id))).collect();

@@ -408,3 +408,18 @@ impl Running {
         self.uploaders.join();
     }
 }
+
+/// The stream's last commit, for a paused run's status (its tasks restore it when the stream
+/// resumes); `None` without checkpoints, without a commit, or when the store does not answer.
+pub(crate) fn last_commit(spec: &crate::spec::StreamSpec, cfg: &super::EngineConfig) -> Option<weir_wire::CheckpointId> {
+    let settings = cfg.checkpoint.as_ref()?;
+    let book: Arc<dyn CommitBook> = cfg.commits.clone().unwrap_or_else(|| Arc::new(StoreCommits::new(spec.id)));
+    match book.last(settings.open_store().as_ref()) {
+        Ok(last) => last.map(|r| r.id),
+        Err(e) => {
+            tracing::warn!(stream = %spec.id, error = %e, "the paused stream's last commit is unknown");
+            None
+        }
+    }
+}
+
