@@ -21,6 +21,7 @@ mod results;
 mod run;
 mod settings;
 mod status;
+mod status_streams;
 mod stop;
 mod stream_cmd;
 mod verify;

@@ -498,8 +498,21 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
             .collect::<anyhow::Result<_>>()?;
         let all_up = answers.iter().all(|(_, a)| matches!(a, Answer::Up(_)));
         let ids: Ids = t.node_ids();
-        let text =
-            if args.json { serde_json::to_string_pretty(&to_json(&answers, &ids))? } else { to_text(&answers, &ids) };
+        // Several streams, none named: each stream's line first.
+        let overview = match stream {
+            None => crate::status_streams::overview(&t, args.timeout)?,
+            Some(_) => None,
+        };
+        let text = if args.json {
+            let mut v = to_json(&answers, &ids);
+            if let Some(rows) = &overview {
+                v["streams"] = crate::status_streams::json(rows, &ids);
+            }
+            serde_json::to_string_pretty(&v)?
+        } else {
+            let first = overview.as_deref().map(|rows| crate::status_streams::text(rows, &ids) + "\n");
+            first.unwrap_or_default() + &to_text(&answers, &ids)
+        };
         if let Some(f) = &mut log {
             let mut line = to_json(&answers, &ids);
             line["at_ms"] = serde_json::json!(now_ms());

@@ -155,6 +155,20 @@ fn a_stream_created_beside_the_files_runs_exactly_and_its_drop_leaves_the_other_
     let said = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
     assert!(said.contains(&format!("all {} window results match", want.len())), "{said}");
+    // Without --stream, status opens with a line per stream of the catalog.
+    let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lines: Vec<(String, String, String)> = status["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].to_string(), s["state"].to_string(), s["nodes"][0]["doing"].to_string()))
+        .collect();
+    let line = |n: &str| (format!("\"{n}\""), "\"running\"".to_string(), "\"runs\"".to_string());
+    assert_eq!(lines, [line("bench"), line("meters")], "{status:#}");
+    let out = weir().args(["status", "--config"]).arg(&config).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().any(|l| l.starts_with("meters") && l.contains("node 1 runs e")), "{text}");
     // Each stream has metrics of its own, labelled with its id.
     let metrics = scrape(&config, 1);
     for (id, name) in [(1, "bench"), (2, "meters")] {

@@ -411,7 +411,10 @@ impl Running {
 
 /// The stream's last commit, for a paused run's status (its tasks restore it when the stream
 /// resumes); `None` without checkpoints, without a commit, or when the store does not answer.
-pub(crate) fn last_commit(spec: &crate::spec::StreamSpec, cfg: &super::EngineConfig) -> Option<weir_wire::CheckpointId> {
+pub(crate) fn last_commit(
+    spec: &crate::spec::StreamSpec,
+    cfg: &super::EngineConfig,
+) -> Option<weir_wire::CheckpointId> {
     let settings = cfg.checkpoint.as_ref()?;
     let book: Arc<dyn CommitBook> = cfg.commits.clone().unwrap_or_else(|| Arc::new(StoreCommits::new(spec.id)));
     match book.last(settings.open_store().as_ref()) {
@@ -422,4 +425,3 @@ pub(crate) fn last_commit(spec: &crate::spec::StreamSpec, cfg: &super::EngineCon
         }
     }
 }
-
