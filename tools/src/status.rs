@@ -7,8 +7,11 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use serde_json::{Value, json};
 use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats, StatusRsp, TaskState};
+
+#[path = "status_json.rs"]
+mod json_out;
+use json_out::to_json;
 
 /// Options of `weir status`.
 #[derive(clap::Args, Debug)]
@@ -85,80 +88,6 @@ fn outcome(o: &CheckpointOutcome) -> String {
 /// The slowest task's background part (state write, local checkpoint, upload), µs.
 fn upload_us(c: &CheckpointStats) -> u64 {
     c.tasks.iter().map(|t| t.stats.upload_us).max().unwrap_or(0)
-}
-
-fn to_json(answers: &[(SocketAddr, Answer)], ids: &Ids) -> Value {
-    let nodes: Vec<Value> = answers
-        .iter()
-        .map(|(addr, a)| match a {
-            Answer::Up(r) => json!({
-                "addr": addr.to_string(), "node": r.node.0, "up": true, "uptime_ms": r.uptime_ms,
-                "incarnation": r.incarnation, "placement": r.incarnation >> 32,
-                "restarting": r.restarting, "idle": r.idle, "paused": r.paused,
-                "stream": r.stream.as_ref().map(|i| json!({
-                    "id": i.stream.0, "name": i.name, "ingest": i.ingest, "partitions": i.partitions,
-                    "aggs": i.aggs, "sinks": i.sinks, "window_ms": i.window_ms, "slide_ms": i.slide_ms,
-                })),
-                "member": r.member.as_ref().map(|m| json!({
-                    "leader": (m.leader.0 != 0).then_some(m.leader.0), "lease_left_ms": m.lease_left_ms,
-                    "placement": m.placement, "elections": m.elections, "lease_losses": m.lease_losses,
-                    "fenced_writes": m.fenced_writes, "error": (!m.error.is_empty()).then_some(&m.error),
-                    "withheld": m.withheld, "unreachable": m.unreachable.iter().map(|n| n.0).collect::<Vec<_>>(),
-                    "in_sync": m.in_sync.iter().map(|e| json!({
-                        "partition": e.partition, "primary": e.primary.0, "follower": e.follower.0, "in": e.in_sync,
-                    })).collect::<Vec<_>>(),
-                    "in_sync_age_ms": (!m.in_sync.is_empty()).then_some(m.in_sync_age_ms),
-                })),
-                "peers": r.peers.iter().map(|p| json!({
-                    "node": p.node.0, "up": p.up, "since_ms": p.since_ms, "reason": p.reason,
-                })).collect::<Vec<_>>(),
-                "restarts": r.restarts.iter().map(|x| json!({
-                    "at_ms": x.at_ms, "incarnation": x.incarnation, "reason": x.reason,
-                })).collect::<Vec<_>>(),
-                "tasks": r.tasks.iter().map(|t| json!({
-                    "stream": t.stream.0, "task": t.task.0, "state": state(&t.state),
-                    "rows_in": t.rows_in, "rows_out": t.rows_out,
-                    "watermark_ms": t.watermark_ms, "queued": t.queued,
-                    "latest_committed": t.latest.map(|c| c.0), "active": t.active.map(|c| c.0),
-                    "last_failed": t.failed.map(|c| c.0),
-                    "replay": (t.replay_rows > 0).then(|| json!({
-                        "rows": t.replay_rows, "replayed": t.replayed, "ms": t.replay_ms,
-                    })),
-                })).collect::<Vec<_>>(),
-                "streams": r.streams.iter().map(|s| json!({
-                    "stream": s.stream.0, "healthy": s.healthy, "consecutive_failures": s.consecutive_failures,
-                    "committed": s.committed, "failed": s.failed, "not_started": s.not_started, "interval_ms": s.interval_ms,
-                    "cause": (!s.cause.is_empty()).then_some(&s.cause),
-                })).collect::<Vec<_>>(),
-                "logs": r.logs.iter().map(|l| json!({
-                    "partition": l.partition, "source": l.source, "first": l.first.0, "end": l.end.0,
-                    "readable": l.readable.0, "bytes": l.bytes,
-                    "follower": (l.follower.0 != 0).then_some(l.follower.0),
-                    "in_sync": match (l.source && l.follower.0 != 0, l.in_sync) {
-                        (true, 1) => Some("in"),
-                        (true, 2) => Some("unknown"),
-                        (true, 3) => Some("out"),
-                        (true, 4) => Some("alone"),
-                        _ => None,
-                    },
-                })).collect::<Vec<_>>(),
-                "checkpoints": r.checkpoints.iter().map(|c| json!({
-                    "stream": c.stream.0, "checkpoint": c.checkpoint.0, "started_at_ms": c.started_at_ms,
-                    "duration_us": c.duration_us, "max_align_us": c.max_align_us,
-                    "max_snapshot_us": c.max_snapshot_us, "max_upload_us": upload_us(c),
-                    "upload_bytes": c.upload_bytes, "outcome": outcome(&c.outcome),
-                })).collect::<Vec<_>>(),
-            }),
-            Answer::Down(why) => {
-                let lost = ids.get(addr).and_then(|id| lost_since(answers, *id));
-                json!({
-                    "addr": addr.to_string(), "node": ids.get(addr), "up": false, "error": why,
-                    "down_since_ms": lost.as_ref().map(|l| l.0), "down_reason": lost.map(|l| l.2),
-                })
-            }
-        })
-        .collect();
-    json!({ "nodes": nodes })
 }
 
 fn ms(us: u64) -> String {
@@ -534,66 +463,5 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
 }
 
 #[cfg(test)]
-mod tests {
-    use weir_engine::wire::msg::{TaskState, TaskStatus};
-    use weir_engine::wire::{StreamId, TaskId};
-
-    fn replaying(rows: u64, replayed: u64, ms: u64) -> TaskStatus {
-        TaskStatus {
-            stream: StreamId(1),
-            task: TaskId(2),
-            state: TaskState::Ready,
-            latest: None,
-            active: None,
-            failed: None,
-            rows_in: 0,
-            rows_out: 0,
-            watermark_ms: None,
-            queued: 0,
-            replay_rows: rows,
-            replayed,
-            replay_ms: ms,
-        }
-    }
-
-    #[test]
-    fn the_in_sync_sets_say_which_copy_is_out_and_a_stale_read_says_so() {
-        use weir_engine::wire::NodeId;
-        use weir_engine::wire::msg::{InSyncEntry, MemberInfo};
-        let entry = |partition, primary, follower, in_sync| InSyncEntry {
-            partition,
-            primary: NodeId(primary),
-            follower: NodeId(follower),
-            in_sync,
-        };
-        let mut m = MemberInfo {
-            leader: NodeId(1),
-            lease_left_ms: 2_000,
-            placement: 1,
-            elections: 1,
-            lease_losses: 0,
-            fenced_writes: 0,
-            error: String::new(),
-            withheld: false,
-            unreachable: Vec::new(),
-            in_sync: vec![entry(0, 1, 2, true), entry(1, 2, 3, false)],
-            in_sync_age_ms: 900,
-        };
-        assert_eq!(super::in_sync_line(&m), "in-sync sets (source node+copy node): p0 1+2, p1 2 (copy on 3 out)");
-        m.in_sync_age_ms = 12_300;
-        assert!(
-            super::in_sync_line(&m).ends_with("(read 12s ago: etcd has not answered since)"),
-            "{}",
-            super::in_sync_line(&m)
-        );
-    }
-
-    #[test]
-    fn a_replay_says_how_far_it_is_and_the_time_left_at_its_pace() {
-        assert_eq!(
-            super::replay_progress(&replaying(4_000_000, 1_000_000, 2_000)),
-            "1000000 of 4000000 rows (25 %) in 2s, about 6s left"
-        );
-        assert_eq!(super::replay_progress(&replaying(10, 0, 0)), "0 of 10 rows (0 %) in 0s, time left unknown yet");
-    }
-}
+#[path = "status_tests.rs"]
+mod tests;
