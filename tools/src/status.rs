@@ -229,7 +229,7 @@ fn to_text(answers: &[(SocketAddr, Answer)], ids: &Ids) -> String {
             ),
             Answer::Up(r) if r.paused => writeln!(
                 out,
-                "{:<6} {:<22} {:<6} stream paused for {}: its partitions take appends, its tasks do not run{}",
+                "{:<6} {:<22} {:<6} stream paused (this paused run up for {}): its tasks do not run{}",
                 r.node.0,
                 addr,
                 "up",
@@ -435,7 +435,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
         let text = if args.json {
             let mut v = to_json(&answers, &ids);
             if let Some(rows) = &overview {
-                v["streams"] = crate::status_streams::json(rows, &ids);
+                v["catalog"] = crate::status_streams::json(rows, &ids);
             }
             serde_json::to_string_pretty(&v)?
         } else {

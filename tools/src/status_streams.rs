@@ -25,13 +25,14 @@ pub struct Row {
 /// nodes' own answers say it all then).
 pub fn overview(t: &Target, timeout: Duration) -> anyhow::Result<Option<Vec<Row>>> {
     let Some(streams) = catalog(t, timeout) else { return Ok(None) };
-    if streams.len() < 2 {
+    if streams.iter().filter(|e| e.state.is_kept()).count() < 2 {
         return Ok(None);
     }
     let mut rows = Vec::new();
     for entry in streams {
+        // A dropping stream runs nowhere: its nodes are not asked.
         let mut nodes = Vec::new();
-        for addr in &t.nodes {
+        for addr in t.nodes.iter().filter(|_| entry.state.is_kept()) {
             nodes.push((*addr, crate::client::status_of(t, *addr, Some(entry.id), timeout)?));
         }
         rows.push(Row { entry, nodes });
@@ -97,13 +98,14 @@ pub fn text(rows: &[Row], ids: &Ids) -> String {
             })
             .collect();
         let last = last_commit(row).map_or("-".to_string(), |c| format!("chk-{c}"));
+        let nodes = if nodes.is_empty() { "-".to_string() } else { nodes.join(", ") };
         let (name, id) = (&row.entry.name, row.entry.id.0);
-        let _ = writeln!(out, "{name:<20} {id:>5}  {:<9} {last:<12} {}", state(&row.entry.state), nodes.join(", "));
+        let _ = writeln!(out, "{name:<20} {id:>5}  {:<9} {last:<12} {nodes}", state(&row.entry.state));
     }
     out
 }
 
-/// The overview as JSON (`streams` of `weir status --json`).
+/// The overview as JSON (`catalog` of `weir status --json`).
 pub fn json(rows: &[Row], ids: &Ids) -> Value {
     let streams: Vec<Value> = rows
         .iter()

@@ -1,6 +1,7 @@
 //! `weir stop`: stops a stream on every node of its cluster; with `--checkpoint`, after one
 //! final committed checkpoint (Flink's stop-with-savepoint), so that the nodes, started again
-//! (an upgrade, say), resume from it.
+//! (an upgrade, say), resume from it; a paused stream computes nothing and stops at once, at its
+//! last commit.
 //!
 //! Every node of the target is asked (a node asked sends the request on to the stream's other
 //! nodes too, which is what `--node` relies on); each `weir node` process then stops its tasks
@@ -34,7 +35,8 @@ pub struct StopArgs {
     /// stops with every stream on it.
     #[arg(long, value_name = "NAME|ID", value_parser = crate::client::parse_stream_ref)]
     stream: Option<crate::client::StreamRef>,
-    /// Stop only once one more checkpoint has committed.
+    /// Stop only once one more checkpoint has committed (a paused stream stops at once, at its
+    /// last commit).
     #[arg(long)]
     checkpoint: bool,
     /// How long the final checkpoint may take, e.g. `2m`.
@@ -145,7 +147,8 @@ pub fn run(args: &StopArgs) -> anyhow::Result<ExitCode> {
     let named = args.stream.as_ref().map(|r| crate::client::stream_id(&t, r, ASK)).transpose()?;
     let stream = StreamId(named.or(t.file.as_ref().map(|f| f.stream.id)).unwrap_or(1));
     let last = match args.checkpoint {
-        // A paused stream computes nothing: its pause took the final checkpoint.
+        // A paused stream computes nothing: it stops at its last commit (its pause's, unless
+        // that one timed out).
         true if paused(&t, stream)? => {
             println!("stream {} is paused: nothing to checkpoint, it stops at its last commit", stream.0);
             None

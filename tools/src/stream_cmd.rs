@@ -71,8 +71,8 @@ enum Op {
         #[command(flatten)]
         common: Common,
     },
-    /// Pauses a stream: one more checkpoint, then its tasks stop and free their workers; its
-    /// partitions still take appends (they wait in the log).
+    /// Pauses a stream: one more checkpoint, then its tasks stop and free their workers; an
+    /// ingest stream's partitions still take appends (they wait in the log).
     Pause {
         /// The stream's name.
         name: String,
@@ -86,7 +86,8 @@ enum Op {
         #[command(flatten)]
         common: Common,
     },
-    /// Drops a stream: its tasks stop and its data goes on every node.
+    /// Drops a stream: its tasks stop and its local data goes on every node; its checkpoints
+    /// in the store and keys in etcd after `drop_grace`.
     Drop {
         /// The stream's name.
         name: String,
@@ -168,7 +169,7 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
                 for s in &rsp.streams {
                     let did = match args.op {
                         Op::Create { .. } => "created and running",
-                        Op::Pause { .. } => "paused (its partitions still take appends)",
+                        Op::Pause { .. } => "paused",
                         Op::Resume { .. } => "resumed",
                         _ => "dropped",
                     };

@@ -158,7 +158,7 @@ fn a_stream_created_beside_the_files_runs_exactly_and_its_drop_leaves_the_other_
     // Without --stream, status opens with a line per stream of the catalog.
     let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
     let status: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let lines: Vec<(String, String, String)> = status["streams"]
+    let lines: Vec<(String, String, String)> = status["catalog"]
         .as_array()
         .unwrap()
         .iter()
@@ -325,7 +325,10 @@ fn a_stream_created_on_one_node_of_three_runs_on_every_node_and_its_drop_reaches
         assert!(t0.elapsed() < Duration::from_secs(40), "the dropped stream's checkpoints stay in the store");
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(keys_of(2), 0, "the dropped stream's keys are gone from etcd");
+    while keys_of(2) > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(40), "the dropped stream's keys stay in etcd");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(keys_of(1) > 0, "the file's stream keeps its keys");
     commits_after(dir.path(), 1, committed(dir.path(), 1), Duration::from_secs(20));
 }
@@ -346,7 +349,7 @@ fn a_generator_stream_dropped_while_a_load_feeds_the_ingest_stream_leaves_it_exa
     std::fs::write(
         &generator,
         "[stream]\nname = \"gen\"\npartitions = 3\naggs = 3\nsinks = 3\nwindow = \"1s\"\n\
-         [stream.generator]\nkeys = 1000\nrows_per_ms = 10\nrate = 100000\n",
+         [stream.generator]\nkeys = 1000\nrows_per_ms = 10\nrate = 20000\n",
     )
     .unwrap();
     let (code, out, err) = stream(&config, &["create", "--file", generator.to_str().unwrap()]);

@@ -8,7 +8,7 @@ use weir_wire::StreamId;
 use super::{Store, StoreError};
 
 /// The prefix of every object of `stream` in the store.
-pub fn stream_prefix(stream: StreamId) -> String {
+fn stream_prefix(stream: StreamId) -> String {
     format!("{}/", stream.0)
 }
 

@@ -61,9 +61,10 @@ impl Purges {
         }
     }
 
-    /// Whether the grace period of the drop of `id` (taken at `since_ms`, another node's wall
-    /// clock maybe) is over: on that clock and on this node's since it first saw the drop.
-    pub fn due(&mut self, id: StreamId, since_ms: u64, now_ms: u64) -> bool {
+    /// Notes the drop of `id` (taken at `since_ms`, another node's wall clock maybe) as seen
+    /// now, if it was not, and says whether its grace period is over: on that clock and on this
+    /// node's since it first saw the drop.
+    pub fn seen_and_due(&mut self, id: StreamId, since_ms: u64, now_ms: u64) -> bool {
         let first = *self.seen.entry(id).or_insert_with(Instant::now);
         since_ms.saturating_add(self.grace.as_millis() as u64) <= now_ms && first.elapsed() >= self.grace
     }
@@ -97,7 +98,7 @@ impl Purges {
 
     /// Collects the purges that ended (a failed one waits [`RETRY`]), retries the orphans', and
     /// says which streams are purged: their entries may go.
-    pub fn purged(&mut self) -> Vec<StreamId> {
+    pub fn poll(&mut self) -> Vec<StreamId> {
         let ended: Vec<StreamId> = self.running.iter().filter(|(_, h)| h.is_finished()).map(|(id, _)| *id).collect();
         for id in ended {
             let Some(h) = self.running.remove(&id) else { continue };

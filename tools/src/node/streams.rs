@@ -4,7 +4,9 @@
 //! The catalog is etcd's in a cluster (one key every node reads) and a file of the data
 //! directory for a node alone; a cluster file's `[stream]` seeds it the first time. The node
 //! reads it every half second and makes what runs here match it: a stream created anywhere
-//! starts here, a dropped one stops, its local data goes, and it leaves the catalog. Clients'
+//! starts here, a paused or resumed one switches its run (`wish.rs`), a dropped one stops and
+//! its local data goes; after the drop's grace period its checkpoints and keys go (`purge.rs`)
+//! and it leaves the catalog. Clients'
 //! catalog requests come from the node's router ([`CatalogCall`]); a change is answered once it
 //! has taken effect here, or as retryable after [`TAKE_EFFECT`].
 //!
@@ -410,14 +412,14 @@ impl Streams {
                     }
                     // Not on a catalog this node refuses (a lost one written anew may reuse ids),
                     // nor as the node stops.
-                    if self.refused.is_none() && !self.stopping && self.purges.due(e.id, since_ms, now) {
+                    if self.refused.is_none() && !self.stopping && self.purges.seen_and_due(e.id, since_ms, now) {
                         self.purges.start(e.id);
                     }
                 }
                 Err(err) => tracing::warn!(stream = %e.name, error = %err, "cannot remove the dropped stream's data"),
             }
         }
-        for id in self.purges.purged() {
+        for id in self.purges.poll() {
             let mark = &self.mark;
             let forgot = catalog::change(self.store.as_ref(), |c| {
                 mark.check(c).map_err(|reason| CatalogError::Unavailable { reason })?;
