@@ -406,6 +406,13 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<ExitCode> {
         Some(r) => Some(weir_engine::wire::StreamId(crate::client::stream_id(&t, r, args.timeout)?)),
         None => None,
     };
+    // An id the catalog does not list names no stream (a catalog no node answers with says
+    // nothing: the nodes' answers say why).
+    if let Some(id) = stream
+        && crate::status_streams::catalog(&t, args.timeout).is_some_and(|c| !c.iter().any(|e| e.id == id))
+    {
+        anyhow::bail!("no stream {} in the catalog (`weir stream list` shows them)", id.0);
+    }
     let mut log = match &args.status_log {
         Some(p) => Some(
             std::fs::OpenOptions::new()

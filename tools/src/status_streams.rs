@@ -41,7 +41,7 @@ pub fn overview(t: &Target, timeout: Duration) -> anyhow::Result<Option<Vec<Row>
 }
 
 /// The catalog, from the first node that answers with it.
-fn catalog(t: &Target, timeout: Duration) -> Option<Vec<StreamEntry>> {
+pub fn catalog(t: &Target, timeout: Duration) -> Option<Vec<StreamEntry>> {
     for addr in &t.nodes {
         let Ok(f) = crate::client::request(t, *addr, &CatalogReq { request: 1, name: String::new() }, timeout) else {
             continue;

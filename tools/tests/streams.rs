@@ -155,6 +155,11 @@ fn a_stream_created_beside_the_files_runs_exactly_and_its_drop_leaves_the_other_
     let said = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
     assert!(said.contains(&format!("all {} window results match", want.len())), "{said}");
+    // An id the catalog does not list is refused.
+    let out = weir().args(["status", "--stream", "9", "--config"]).arg(&config).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no stream 9 in the catalog"), "{err}");
     // Without --stream, status opens with a line per stream of the catalog.
     let out = weir().args(["status", "--json", "--config"]).arg(&config).output().unwrap();
     let status: Value = serde_json::from_slice(&out.stdout).unwrap();
