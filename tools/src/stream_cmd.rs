@@ -134,16 +134,13 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
         }
         Op::List { .. } => ask(&t, &CatalogReq { request: 1, name: String::new() }, timeout)?,
         Op::Show { name, .. } => ask(&t, &CatalogReq { request: 1, name: name.clone() }, timeout)?,
-        Op::Drop { name, .. } => {
-            let change = CatalogChange::Drop { name: name.clone() };
-            ask(&t, &CatalogChangeReq { request: 1, change }, timeout)?
-        }
-        Op::Pause { name, .. } => {
-            let change = CatalogChange::Pause { name: name.clone() };
-            ask(&t, &CatalogChangeReq { request: 1, change }, timeout)?
-        }
-        Op::Resume { name, .. } => {
-            let change = CatalogChange::Resume { name: name.clone() };
+        Op::Drop { name, .. } | Op::Pause { name, .. } | Op::Resume { name, .. } => {
+            let name = name.clone();
+            let change = match &args.op {
+                Op::Pause { .. } => CatalogChange::Pause { name },
+                Op::Resume { .. } => CatalogChange::Resume { name },
+                _ => CatalogChange::Drop { name },
+            };
             ask(&t, &CatalogChangeReq { request: 1, change }, timeout)?
         }
     };

@@ -119,12 +119,7 @@ fn a_stream_paused_for_ten_seconds_under_load_takes_every_append_and_resumes_exa
     // A pause is no failure: no node lists a restart (but for a lease etcd let lapse).
     let s = status(&config);
     for n in s["nodes"].as_array().unwrap() {
-        let failures = n["restarts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| !r["reason"].as_str().is_some_and(|w| w.starts_with("lost its lease")));
-        assert_eq!(failures.count(), 0, "{n:#}");
+        assert_eq!(util::failures(n), 0, "{n:#}");
         assert_eq!(n["paused"], false, "{n:#}");
     }
     let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();

@@ -304,3 +304,10 @@ pub fn scrape(config: &Path, node: u64) -> String {
     c.read_to_string(&mut body).unwrap();
     body
 }
+
+/// The restarts a node of `weir status --json` lists for failures: all but those of a lease
+/// etcd let lapse (a busy machine's, not the stream's).
+pub fn failures(node: &serde_json::Value) -> usize {
+    let restarts = node["restarts"].as_array().map_or(&[][..], Vec::as_slice);
+    restarts.iter().filter(|r| !r["reason"].as_str().is_some_and(|w| w.starts_with("lost its lease"))).count()
+}
