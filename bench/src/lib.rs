@@ -46,6 +46,7 @@ pub fn trigger(seq: u64) -> CheckpointTrigger {
         from: TaskId(1),
         to: TaskId(2),
         seq: Seq(seq),
+        savepoint: false,
     }
 }
 

@@ -132,6 +132,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
             from: TaskId(1),
             to: TaskId(2),
             seq: Seq(i),
+            savepoint: false,
         };
         let t = Instant::now();
         tx.send_timeout(NodeId(2), enc.encode(&trig)?, WAIT).map_err(|e| anyhow::anyhow!("ping: {e}"))?;

@@ -209,7 +209,7 @@ roundtrip! {
         checkpoints: vec![CheckpointStats {
             stream: StreamId(1), checkpoint: CheckpointId(3), started_at_ms: 1, duration_us: 12_000,
             outcome: CheckpointOutcome::Committed, upload_bytes: 4096, max_align_us: 100, max_snapshot_us: 900,
-            tasks: vec![TaskCheckpointEntry { task: TaskId(1), stats: util::stats() }],
+            tasks: vec![TaskCheckpointEntry { task: TaskId(1), stats: util::stats() }], savepoint: true,
         }],
         streams: vec![StreamHealth {
             stream: StreamId(1), healthy: false, consecutive_failures: 4, committed: 10, failed: 6,

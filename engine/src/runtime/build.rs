@@ -73,6 +73,7 @@ pub(super) fn task(t: &TaskDesc, p: &Parts<'_>, inp: Inputs, out: Outputs) -> Ta
                 stats: p.stats.clone(),
                 board: p.board.clone(),
                 queued_trigger: None,
+                savepoint: None,
                 replay: Default::default(),
             }))
         }
@@ -94,6 +95,7 @@ pub(super) fn task(t: &TaskDesc, p: &Parts<'_>, inp: Inputs, out: Outputs) -> Ta
                 p.cfg.checkpoint.as_ref().and_then(|c| c.recovery_budget),
             ),
             cuts: unaligned::Cuts::new(t.upstreams.len()),
+            savepoint: None,
             align: alignment::Alignment::new(t.upstreams.len(), alignment::drift_for(p.spec.window.slide_ms)),
         })),
         TaskKind::Sink { .. } => Task::Sink(Box::new(SinkTask {

@@ -102,7 +102,14 @@ impl Engine {
     /// waits for the one in flight and the minimum pause. Clients send `CheckpointNowReq` to any
     /// node instead.
     pub fn trigger_checkpoint(&self) -> Result<(), EngineError> {
-        Ok(self.status.trigger.fire(self.status.stream)?)
+        Ok(self.status.trigger.fire(self.status.stream, false)?)
+    }
+
+    /// As [`Self::trigger_checkpoint`], for a savepoint: every task writes all its state, so it
+    /// restores with other parallelism. Every checkpoint is one until one commits (an agg that
+    /// is replaying its windows' rows fails it, and the next is asked for again).
+    pub fn take_savepoint(&self) -> Result<(), EngineError> {
+        Ok(self.status.trigger.fire(self.status.stream, true)?)
     }
 
     /// Statistics of finished checkpoints (engines with checkpoints).

@@ -113,6 +113,8 @@ pub(crate) struct SourceTask {
     pub(crate) board: Arc<TaskBoard>,
     /// A checkpoint trigger queued behind the data already emitted.
     pub(crate) queued_trigger: Option<CheckpointId>,
+    /// The savepoint being taken, from its request to its barrier's forwarding.
+    pub(crate) savepoint: Option<CheckpointId>,
     /// Offsets at recent checkpoints, and a restore's replay.
     pub(crate) replay: super::replay::SourceReplay,
 }
@@ -244,6 +246,8 @@ pub(crate) struct AggTask {
     pub(crate) replay: super::replay::AggReplay,
     /// Inputs taken on past their barrier while the agg waits for its last one.
     pub(crate) cuts: super::unaligned::Cuts,
+    /// The savepoint whose barrier came (its snapshot writes every window).
+    pub(crate) savepoint: Option<CheckpointId>,
     /// Upstreams held back for running ahead in event time.
     pub(crate) align: super::alignment::Alignment,
 }
@@ -352,7 +356,12 @@ impl AggTask {
                     break;
                 }
                 Msg::Results(_) => tracing::error!("agg received window results; ignored"),
-                Msg::Trigger { id, trans } => {
+                Msg::Trigger { id, trans, savepoint } => {
+                    // Every barrier of a checkpoint says whether it is a savepoint: the first
+                    // to come tells (one injected after a retrieve-trigger never comes first).
+                    if savepoint {
+                        self.savepoint = Some(id);
+                    }
                     // Stop here: the checkpoint machine decides (close this input, or snapshot)
                     // before anything after the barrier is taken.
                     signal = Some(Signal::Barrier { from: self.inp.source_of(i), id, trans });
@@ -447,7 +456,7 @@ impl SinkTask {
             }
             let Some((i, m)) = self.inp.next_msg() else { break };
             worked = true;
-            if let Msg::Trigger { id, trans } = m {
+            if let Msg::Trigger { id, trans, .. } = m {
                 signal = Some(Signal::Barrier { from: self.inp.source_of(i), id, trans });
                 break;
             }
@@ -491,6 +500,15 @@ impl Task {
             Task::Agg(a) => Some(&mut a.inp),
             Task::Sink(s) => Some(&mut s.inp),
             Task::Source(_) => None,
+        }
+    }
+
+    /// The savepoint the task is taking (sources and aggs).
+    pub(crate) fn savepoint(&self) -> Option<CheckpointId> {
+        match self {
+            Task::Source(s) => s.savepoint,
+            Task::Agg(a) => a.savepoint,
+            Task::Sink(_) => None,
         }
     }
 

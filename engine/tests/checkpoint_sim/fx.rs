@@ -56,7 +56,7 @@ impl TaskPort for SimPort<'_> {
         w.release(self.t, None);
     }
 
-    fn queue_source_trigger(&mut self, id: CheckpointId) {
+    fn queue_source_trigger(&mut self, id: CheckpointId, _savepoint: bool) {
         self.w.borrow_mut().queued_trigger[self.t] = Some(id);
     }
 

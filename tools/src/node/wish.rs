@@ -3,7 +3,7 @@
 //! stream's supervisor (`stream.rs`, which switches its run to match and says what it runs).
 //!
 //! A run switches as [`Switch`] decides. A pause is taken by the node that coordinates the
-//! stream's checkpoints: it takes one more checkpoint, then ends its run and starts a paused one
+//! stream's checkpoints: it takes a savepoint, then ends its run and starts a paused one
 //! at a newer epoch, which ends the other nodes' runs (a peer in a later run); they read the
 //! catalog again before they start their next, so they start paused too. A node that sees the
 //! pause and no coordinator switch within [`PAUSE_ALONE`] pauses on its own (its tasks restore
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use weir_engine::cluster::RunEnd;
 use weir_engine::runtime::Engine;
 use weir_engine::wire::CheckpointId;
-use weir_engine::wire::msg::CheckpointOutcome;
+use weir_engine::wire::msg::{CheckpointOutcome, CheckpointStats};
 
 /// How long a node that does not coordinate the stream waits for the coordinator's pause
 /// before it pauses on its own.
@@ -159,7 +159,7 @@ impl Switch {
         match self.checkpoint {
             None => {
                 let before = committed(engine);
-                if let Err(e) = engine.trigger_checkpoint() {
+                if let Err(e) = engine.take_savepoint() {
                     tracing::warn!(stream, error = %e, "pausing without a final checkpoint: it could not start");
                     return switch;
                 }
@@ -167,8 +167,8 @@ impl Switch {
                 None
             }
             Some((until, before)) => {
-                if let Some(c) = committed(engine).filter(|c| Some(*c) > before) {
-                    tracing::info!(stream, checkpoint = c.0, "the final checkpoint before the pause committed");
+                if let Some(c) = savepoint(engine).filter(|c| Some(*c) > before) {
+                    tracing::info!(stream, checkpoint = c.0, "the savepoint before the pause committed");
                     return switch;
                 }
                 if Instant::now() >= until {
@@ -208,7 +208,17 @@ fn classify(ended: RunEnd, run_paused: bool, wish_paused: bool, changed: bool) -
 
 /// The newest checkpoint the coordinator's node has seen commit.
 fn committed(engine: &Engine) -> Option<CheckpointId> {
-    engine.status().checkpoints.iter().filter(|c| c.outcome == CheckpointOutcome::Committed).map(|c| c.checkpoint).max()
+    newest(engine, |_| true)
+}
+
+/// The newest savepoint the coordinator's node has seen commit.
+fn savepoint(engine: &Engine) -> Option<CheckpointId> {
+    newest(engine, |c| c.savepoint)
+}
+
+fn newest(engine: &Engine, f: impl Fn(&CheckpointStats) -> bool) -> Option<CheckpointId> {
+    let status = engine.status();
+    status.checkpoints.iter().filter(|c| c.outcome == CheckpointOutcome::Committed && f(c)).map(|c| c.checkpoint).max()
 }
 
 #[cfg(test)]

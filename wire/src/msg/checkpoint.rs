@@ -9,6 +9,9 @@ archived! {
         Periodic,
         /// An operator asked for it.
         Manual,
+        /// A savepoint: every task writes all its state and none names rows to replay, so it
+        /// restores with other parallelism (`weir stream rescale`, a pause's final checkpoint).
+        Savepoint,
     }
 }
 
@@ -106,6 +109,8 @@ archived! {
         pub to: TaskId,
         /// Its sequence number on the channel.
         pub seq: Seq,
+        /// Whether the checkpoint is a savepoint ([`TriggerKind::Savepoint`]).
+        pub savepoint: bool,
     }
 }
 

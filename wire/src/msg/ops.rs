@@ -110,6 +110,9 @@ archived! {
         pub max_snapshot_us: u64,
         /// Per task, as reported (empty while in progress or when the checkpoint failed early).
         pub tasks: Vec<TaskCheckpointEntry>,
+        /// Whether it is a savepoint (every task wrote all its state: it restores with other
+        /// parallelism).
+        pub savepoint: bool,
     }
 }
 

@@ -35,6 +35,7 @@ pub fn trigger() -> CheckpointTrigger {
         from: TaskId(2),
         to: TaskId(3),
         seq: Seq(1000),
+        savepoint: true,
     }
 }
 

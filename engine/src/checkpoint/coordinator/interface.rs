@@ -145,8 +145,12 @@ pub enum CoordInput {
         /// Now (ms).
         now: u64,
     },
-    /// An operator asks for a checkpoint now.
-    Trigger,
+    /// An operator asks for a checkpoint now; a `savepoint` is asked for again at each
+    /// checkpoint until one commits.
+    Trigger {
+        /// Whether it must be a savepoint (`TriggerKind::Savepoint`).
+        savepoint: bool,
+    },
     /// The id record asked for by `PersistIds` is durable.
     IdsPersisted(IdRecord),
     /// Writing the id record failed (or did not answer): no checkpoint starts on it.
@@ -310,6 +314,8 @@ pub enum CoordAction {
         duration_ms: u64,
         /// `Ok` if committed, else why it failed.
         outcome: Result<(), crate::checkpoint::CheckpointFailure>,
+        /// Whether it was a savepoint.
+        savepoint: bool,
         /// The statistics of every task that reported, in task order.
         tasks: Vec<(TaskId, TaskCheckpointStats)>,
     },

@@ -37,6 +37,7 @@ struct Flight {
     id: CheckpointId,
     trans: TransId,
     started: u64,
+    savepoint: bool,
     reports: BTreeMap<TaskId, Report>,
     /// The record being written, once every report is in, and since when.
     committing: Option<CommitRecord>,
@@ -51,6 +52,7 @@ impl Flight {
             started_at: self.started,
             duration_ms: now - self.started,
             outcome,
+            savepoint: self.savepoint,
             tasks: self.reports.into_iter().map(|(t, r)| (t, r.stats)).collect(),
         }
     }
@@ -116,6 +118,8 @@ pub struct Coordinator {
     last_end: Option<u64>,
     earliest_first: u64,
     manual: bool,
+    /// A savepoint is asked for: every checkpoint is one until one commits.
+    savepoint: bool,
     last_commit: Option<CommitRecord>,
     consecutive_failures: u32,
     healthy: bool,
@@ -147,6 +151,7 @@ impl Coordinator {
             last_end: None,
             earliest_first: 0,
             manual: false,
+            savepoint: false,
             last_commit: None,
             consecutive_failures: 0,
             healthy: true,
@@ -184,8 +189,9 @@ impl Coordinator {
                 self.cannot_restore(task, id, restorable, reason, request)
             }
             CoordInput::Tick { now } => self.tick(now),
-            CoordInput::Trigger => {
+            CoordInput::Trigger { savepoint } => {
                 self.manual = true;
+                self.savepoint |= savepoint;
                 self.tick(self.now)
             }
             CoordInput::Report { task, report } => self.report(task, report),
@@ -344,14 +350,26 @@ impl Coordinator {
 
     fn start(&mut self, now: u64) -> Vec<CoordAction> {
         debug_assert!(self.ids_reserved());
-        let kind = if std::mem::take(&mut self.manual) { TriggerKind::Manual } else { TriggerKind::Periodic };
+        let kind = match (std::mem::take(&mut self.manual), self.savepoint) {
+            (_, true) => TriggerKind::Savepoint,
+            (true, false) => TriggerKind::Manual,
+            (false, false) => TriggerKind::Periodic,
+        };
+        let savepoint = self.savepoint;
         let id = self.next_id;
         let trans = self.next_trans;
         self.next_id = id.next();
         self.next_trans = TransId(trans.0 + 1);
         self.last_start = Some(now);
-        self.flight =
-            Some(Flight { id, trans, started: now, reports: BTreeMap::new(), committing: None, committing_since: 0 });
+        self.flight = Some(Flight {
+            id,
+            trans,
+            started: now,
+            savepoint,
+            reports: BTreeMap::new(),
+            committing: None,
+            committing_since: 0,
+        });
         let mut out = Vec::new();
         if let Some(n) = self.down.first() {
             out.extend(self.fail(CheckpointFailure::NodeDown { node: *n }));
@@ -460,6 +478,7 @@ impl Coordinator {
         let Some(mut f) = self.flight.take_if(|f| f.id == id && f.committing.is_some()) else { return Vec::new() };
         let record = f.committing.take().expect("checked above");
         let (trans, ts, versions) = (f.trans, record.ts, record.versions.clone());
+        self.savepoint &= !f.savepoint;
         self.last_commit = Some(record);
         self.last_end = Some(self.now);
         let mut out: Vec<CoordAction> = self

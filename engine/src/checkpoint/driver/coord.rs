@@ -126,10 +126,11 @@ impl CoordDriver {
                 tracing::error!(stream = %stream, %reason, "the stream halts");
                 fx.halt(reason);
             }
-            CoordAction::Finished { id, started_at, outcome, tasks, .. } => {
+            CoordAction::Finished { id, started_at, outcome, tasks, savepoint, .. } => {
                 // Not started: it failed before asking any source (a node was down).
                 let duration_us = self.started.remove(&id).map_or(0, |t0| fx.mono_us().saturating_sub(t0));
-                let c = checkpoint_stats(stream, id, started_at, duration_us, &outcome, tasks);
+                let mut c = checkpoint_stats(stream, id, started_at, duration_us, &outcome, tasks);
+                c.savepoint = savepoint;
                 log_finished(&c);
                 fx.finished(c);
             }
@@ -164,6 +165,7 @@ fn checkpoint_stats(
         max_align_us: tasks.iter().map(|(_, s)| s.align_us).max().unwrap_or(0),
         max_snapshot_us: tasks.iter().map(|(_, s)| s.snapshot_us).max().unwrap_or(0),
         tasks: tasks.into_iter().map(|(task, stats)| TaskCheckpointEntry { task, stats }).collect(),
+        savepoint: false,
     }
 }
 

@@ -94,7 +94,7 @@ pub trait TaskPort {
     fn reopen_all_inputs(&mut self);
     /// A source: put the trigger of `id` behind the data already emitted; the task's poll
     /// returns [`Signal::ReachedTrigger`] when it gets there.
-    fn queue_source_trigger(&mut self, id: CheckpointId);
+    fn queue_source_trigger(&mut self, id: CheckpointId, savepoint: bool);
     /// Copies the operator state for checkpoint `id` (the synchronous part of a snapshot).
     fn capture(&mut self, id: CheckpointId) -> Result<Self::Captured, CheckpointError>;
     /// Puts the barrier on every output; returns each downstream with the barrier's sequence
@@ -390,7 +390,7 @@ impl<C> TaskDriver<C> {
         for a in actions {
             match a {
                 TaskAction::Discarded(why) => tracing::debug!(task = %me, ?why, "discarded"),
-                TaskAction::QueueSourceTrigger { id, .. } => port.queue_source_trigger(id),
+                TaskAction::QueueSourceTrigger { id, savepoint, .. } => port.queue_source_trigger(id, savepoint),
                 TaskAction::CloseInput(i) => {
                     let TaskState::Checkpointing(id) = self.machine.state() else { continue };
                     if port.close_input(i, id) == Hold::Closed {

@@ -52,7 +52,7 @@ impl TaskPort for Port {
     }
     fn reopen_input(&mut self, _i: usize) {}
     fn reopen_all_inputs(&mut self) {}
-    fn queue_source_trigger(&mut self, id: CheckpointId) {
+    fn queue_source_trigger(&mut self, id: CheckpointId, _savepoint: bool) {
         self.0.queued.borrow_mut().push(id);
     }
     fn capture(&mut self, _id: CheckpointId) -> Result<u64, CheckpointError> {

@@ -266,6 +266,8 @@ pub enum TaskAction {
         id: CheckpointId,
         /// Transaction.
         trans: TransId,
+        /// A savepoint (every task writes all its state).
+        savepoint: bool,
     },
     /// Hold back the input of upstream `i`.
     CloseInput(usize),

@@ -18,7 +18,7 @@ mod interface;
 mod retrieve;
 
 pub use interface::*;
-use weir_wire::msg::TaskCheckpointStats;
+use weir_wire::msg::{TaskCheckpointStats, TriggerKind};
 use weir_wire::{CheckpointId, Seq, TaskId, TransId, Version};
 
 use super::{CheckpointError, TaskFailure};
@@ -222,7 +222,9 @@ impl TaskMachine {
                 vec![TaskAction::SendSourceRsp { id, trans, answer: SourceAnswer::NotRestored }]
             }
             _ if self.state == TaskState::Uninit => Vec::new(),
-            TaskInput::SourceReq { id, trans, expire_at, .. } => self.source_req(id, trans, expire_at),
+            TaskInput::SourceReq { id, trans, expire_at, kind } => {
+                self.source_req(id, trans, matches!(kind, TriggerKind::Savepoint), expire_at)
+            }
             TaskInput::SourceReachedTrigger { id, offset } => match &mut self.active {
                 Some(a) if a.id == id && a.source_req && !a.snapshot_taken() => {
                     a.offset = offset;
@@ -285,7 +287,7 @@ impl TaskMachine {
         }
     }
 
-    fn source_req(&mut self, id: CheckpointId, trans: TransId, expire_at: u64) -> Vec<TaskAction> {
+    fn source_req(&mut self, id: CheckpointId, trans: TransId, savepoint: bool, expire_at: u64) -> Vec<TaskAction> {
         let answer = |answer| vec![TaskAction::SendSourceRsp { id, trans, answer }];
         if self.setup.role != Role::Source {
             return answer(SourceAnswer::NotSource);
@@ -315,7 +317,7 @@ impl TaskMachine {
             return out;
         }
         self.begin(id, trans, true);
-        out.push(TaskAction::QueueSourceTrigger { id, trans });
+        out.push(TaskAction::QueueSourceTrigger { id, trans, savepoint });
         out
     }
 

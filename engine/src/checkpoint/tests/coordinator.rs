@@ -38,10 +38,10 @@ pub(super) fn tick(c: &mut Coordinator, now: u64) -> Vec<CoordAction> {
 }
 
 fn trigger(c: &mut Coordinator) -> Vec<CoordAction> {
-    step(c, CoordInput::Trigger)
+    step(c, CoordInput::Trigger { savepoint: false })
 }
 
-fn started() -> Coordinator {
+pub(super) fn started() -> Coordinator {
     let mut c = Coordinator::new(coord_cfg());
     c.handle(CoordInput::Start { now: 0, ids: IdRecord::default(), last_commit: None });
     for t in [1, 10, 20] {
@@ -50,7 +50,7 @@ fn started() -> Coordinator {
     c
 }
 
-fn ok_report(id: CheckpointId, trans: TransId, v: u64) -> Report {
+pub(super) fn ok_report(id: CheckpointId, trans: TransId, v: u64) -> Report {
     Report { id, trans, outcome: Ok(Version(v)), manifest_crc: 1, stats: Default::default() }
 }
 

@@ -76,7 +76,7 @@ fn a_damaged_restore_point_takes_the_whole_stream_back_to_the_newest_commit_ever
     let want: Vec<_> = TASKS.iter().map(|(t, _)| (TaskId(*t), Some(CheckpointId(5)), RestoreBasis::Fallback)).collect();
     assert_eq!(got, want);
     // The next checkpoint takes an id above the fallback record's.
-    let out = step(&mut c, CoordInput::Trigger);
+    let out = step(&mut c, CoordInput::Trigger { savepoint: false });
     let first = out.iter().find_map(|a| if let CoordAction::SendSourceReq { id, .. } = a { Some(*id) } else { None });
     assert!(first.is_some_and(|id| id > record.id), "{out:?}");
 }
@@ -254,7 +254,7 @@ fn a_damaged_checkpoint_heard_of_while_the_consensus_is_recorded_is_never_taken_
     // Task 1 then says it cannot restore its checkpoint 9 (the id record was behind).
     let _ = c.handle(cannot_input(1, 9, &[5]));
     let _ = step(&mut c, CoordInput::CommitDurable { id: record.id });
-    let out = step(&mut c, CoordInput::Trigger);
+    let out = step(&mut c, CoordInput::Trigger { savepoint: false });
     let first = out.iter().find_map(|a| if let CoordAction::SendSourceReq { id, .. } = a { Some(*id) } else { None });
     assert!(first.is_some_and(|id| id > CheckpointId(9)), "{out:?}");
 }

@@ -3,6 +3,7 @@
 
 mod coordinator;
 mod fallback;
+mod savepoint;
 mod task;
 
 use weir_wire::msg::TriggerKind::Periodic;

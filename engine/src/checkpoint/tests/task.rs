@@ -14,7 +14,7 @@ fn source_request_to_a_non_source_is_refused() {
 fn source_enters_checkpointing_and_queues_the_trigger_behind_its_data() {
     let mut m = source();
     let out = m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
-    assert_eq!(out, vec![TaskAction::QueueSourceTrigger { id: C1, trans: T1 }]);
+    assert_eq!(out, vec![TaskAction::QueueSourceTrigger { id: C1, trans: T1, savepoint: false }]);
     assert_eq!(m.state(), TaskState::Checkpointing(C1));
     assert_eq!(m.started, 1);
     let out = m.handle(TaskInput::SourceReachedTrigger { id: C1, offset: Version(4096) });
@@ -497,7 +497,13 @@ fn source_request_for_a_newer_id_ends_the_abandoned_checkpoint() {
     let mut m = source();
     m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
     let out = m.handle(TaskInput::SourceReq { id: C2, trans: TransId(2), kind: Periodic, expire_at: 100 });
-    assert_eq!(out, vec![TaskAction::ReopenAllInputs, TaskAction::QueueSourceTrigger { id: C2, trans: TransId(2) }]);
+    assert_eq!(
+        out,
+        vec![
+            TaskAction::ReopenAllInputs,
+            TaskAction::QueueSourceTrigger { id: C2, trans: TransId(2), savepoint: false }
+        ]
+    );
     assert_eq!(m.state(), TaskState::Checkpointing(C2));
 }
 
@@ -576,7 +582,7 @@ fn a_source_request_at_its_expiry_time_is_still_taken() {
     let mut m = source();
     m.handle(TaskInput::Tick { now: 100 });
     let out = m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });
-    assert_eq!(out, vec![TaskAction::QueueSourceTrigger { id: C1, trans: T1 }]);
+    assert_eq!(out, vec![TaskAction::QueueSourceTrigger { id: C1, trans: T1, savepoint: false }]);
     let mut m = source();
     m.handle(TaskInput::Tick { now: 101 });
     let out = m.handle(TaskInput::SourceReq { id: C1, trans: T1, kind: Periodic, expire_at: 100 });

@@ -101,6 +101,8 @@ pub enum Msg {
         id: weir_wire::CheckpointId,
         /// Transaction.
         trans: weir_wire::TransId,
+        /// A savepoint: every task writes all its state (`TriggerKind::Savepoint`).
+        savepoint: bool,
     },
 }
 
@@ -314,9 +316,16 @@ fn encode(
             enc.encode(&w)
         }
         Msg::End => enc.encode(&EndOfStream { stream, epoch, from, to, seq }),
-        Msg::Trigger { id, trans } => {
-            enc.encode(&weir_wire::msg::CheckpointTrigger { stream, epoch, checkpoint: id, trans, from, to, seq })
-        }
+        Msg::Trigger { id, trans, savepoint } => enc.encode(&weir_wire::msg::CheckpointTrigger {
+            stream,
+            epoch,
+            checkpoint: id,
+            trans,
+            from,
+            to,
+            seq,
+            savepoint,
+        }),
     };
     Ok(r?)
 }

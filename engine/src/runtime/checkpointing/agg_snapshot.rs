@@ -9,6 +9,9 @@
 //!   is written (and the spill store goes with the snapshot).
 //! - During a replay every window is written (those being rebuilt as they stand), and the point
 //!   resumes the replay: a restore of it replays only what was still owed.
+//! - A savepoint names no window: every one is written and the manifest holds no replay point,
+//!   so any number of aggs can restore it (each takes the keys it owns). One asked for during a
+//!   replay fails (the coordinator asks again).
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -43,12 +46,19 @@ pub(crate) enum AggSnapshotError {
     /// The spill store refused the operator.
     #[error("the spill store: {0}")]
     Spill(String),
+    /// A savepoint was asked for while the agg replays its windows' rows (retryable: the next
+    /// one after the replay succeeds).
+    #[error("a savepoint cannot be taken while the agg replays its windows' rows ({left} still to come)")]
+    SavepointDuringReplay { left: u64 },
 }
 
 /// Whether `id`'s inputs may be taken on past their barriers (the snapshot then names every
 /// window and is taken at the cuts: `runtime/unaligned.rs`).
 pub(crate) fn cuts_allowed(a: &AggTask, id: CheckpointId) -> bool {
-    !a.agg.any_written() && !a.agg.any_late() && a.replay.cuts_allowed(id.0, a.agg.replay_from().unwrap_or(id.0))
+    a.savepoint != Some(id)
+        && !a.agg.any_written()
+        && !a.agg.any_late()
+        && a.replay.cuts_allowed(id.0, a.agg.replay_from().unwrap_or(id.0))
 }
 
 /// What a snapshot writes: the replay point its manifest carries (`None`: a full snapshot).
@@ -58,18 +68,22 @@ pub(crate) struct Choice {
 }
 
 /// Chooses which windows checkpoint `id` writes and records its replay point in `replay`:
-/// during a replay every window (the point resumes it); with replay snapshots off every window
-/// (no point); else the windows born before `cutoff(least)` (at least `least`, the budget's
+/// during a replay every window (the point resumes it); with replay snapshots off, or for a
+/// `savepoint`, every window (no point; a savepoint during a replay is refused); else the windows born before `cutoff(least)` (at least `least`, the budget's
 /// cutoff) and those a row came late for, and with a `spill` store every window once one is.
 pub(crate) fn choose(
     agg: &mut WindowAgg,
     replay: &mut AggReplay,
     id: u64,
     spill: bool,
+    savepoint: bool,
     cutoff: impl FnOnce(u64) -> u64,
 ) -> Result<Choice, AggSnapshotError> {
     let replaying = replay.replaying();
-    let full = !replay.enabled && !replaying;
+    if savepoint && replaying {
+        return Err(AggSnapshotError::SavepointDuringReplay { left: replay.left() });
+    }
+    let full = (!replay.enabled || savepoint) && !replaying;
     let least = replay.cutoff(id);
     if full || replaying {
         agg.write_all();
@@ -97,7 +111,8 @@ pub(crate) fn capture(
     chain: &Arc<Mutex<WindowChain>>,
 ) -> Result<Captured, AggSnapshotError> {
     a.replay.observe(Instant::now());
-    let choice = choose(&mut a.agg, &mut a.replay, id.0, a.spill.is_some(), |least| least)?;
+    let savepoint = a.savepoint == Some(id);
+    let choice = choose(&mut a.agg, &mut a.replay, id.0, a.spill.is_some(), savepoint, |least| least)?;
     // The spill store is held until the uploader has its checkpoint: what it holds then is
     // what was spilled before this barrier (none goes with a snapshot that names windows).
     let spill = if a.agg.any_written() { a.spill.as_ref().map(|db| db.hold()) } else { None };
@@ -174,4 +189,41 @@ pub(crate) fn open_spill(a: &mut AggTask, db: Arc<SpillDb>) -> Result<(), AggSna
         .map_err(|e| AggSnapshotError::Spill(e.to_string()))?;
     a.spill = Some(db);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::window::WindowSpec;
+
+    /// An agg of one upstream holding windows [0, 1000), [1000, 2000) and [2000, 3000).
+    fn holding() -> (WindowAgg, AggReplay) {
+        let mut agg = WindowAgg::new(WindowSpec::tumbling(1000), 0, 1);
+        let mut replay = AggReplay::new(true, 1, None);
+        replay.take(0, 3);
+        for (t, k) in [(10, 1), (1500, 2), (2500, 3)] {
+            agg.add(t, k, 1.0);
+        }
+        (agg, replay)
+    }
+
+    #[test]
+    fn a_savepoint_writes_every_window_and_names_none() {
+        let (mut agg, mut replay) = holding();
+        let c = choose(&mut agg, &mut replay, 1, false, false, |least| least).unwrap();
+        assert!(c.point.is_some_and(|p| p.written.is_empty()), "a replay checkpoint names the windows");
+        let c = choose(&mut agg, &mut replay, 2, false, true, |least| least).unwrap();
+        assert_eq!(c.point, None, "a savepoint restores without a replay");
+        assert_eq!(agg.written_windows().len(), 3);
+    }
+
+    #[test]
+    fn a_savepoint_during_a_replay_is_refused() {
+        let (mut agg, mut replay) = holding();
+        let point = ReplayPoint { from: CheckpointId(2), taken: vec![(10, 20)], ..Default::default() };
+        replay.restore_replay(5, &point).unwrap();
+        let refused = choose(&mut agg, &mut replay, 6, false, true, |least| least);
+        assert!(matches!(refused, Err(AggSnapshotError::SavepointDuringReplay { left: 10 })), "{refused:?}");
+        assert!(choose(&mut agg, &mut replay, 6, false, false, |least| least).is_ok(), "a checkpoint resumes it");
+    }
 }

@@ -363,16 +363,16 @@ impl ManualTrigger {
     }
 
     /// Asks the coordinator to start a checkpoint of `stream` now (it waits for the one in
-    /// flight and the minimum pause).
-    pub(crate) fn fire(&self, stream: StreamId) -> Result<(), CheckpointError> {
+    /// flight and the minimum pause); a `savepoint` is asked for until one commits.
+    pub(crate) fn fire(&self, stream: StreamId, savepoint: bool) -> Result<(), CheckpointError> {
         if stream != self.stream {
             let reason = format!("does not run on node {}", self.node);
             return Err(CheckpointError::Unavailable { stream, reason });
         }
         match (&self.inbox, self.coordinator) {
             (_, None) => Err(CheckpointError::Unavailable { stream, reason: "runs without checkpoints".into() }),
-            (Some(inbox), _) if inbox.send(CoordInput::Trigger).is_ok() => {
-                tracing::info!(stream = %stream, "checkpoint requested");
+            (Some(inbox), _) if inbox.send(CoordInput::Trigger { savepoint }).is_ok() => {
+                tracing::info!(stream = %stream, savepoint, "checkpoint requested");
                 Ok(())
             }
             (Some(_), _) => Err(CheckpointError::Unavailable { stream, reason: "the coordinator has stopped".into() }),
@@ -382,7 +382,7 @@ impl ManualTrigger {
 
     /// The answer to a client's `CheckpointNowReq`.
     pub(crate) fn answer(&self, stream: StreamId) -> CheckpointNowOutcome {
-        match self.fire(stream) {
+        match self.fire(stream, false) {
             Ok(()) => CheckpointNowOutcome::Accepted,
             Err(CheckpointError::NotCoordinator { coordinator, .. }) => {
                 CheckpointNowOutcome::NotCoordinator { coordinator }

@@ -86,9 +86,10 @@ impl TaskPort for EnginePort<'_> {
         }
     }
 
-    fn queue_source_trigger(&mut self, id: CheckpointId) {
+    fn queue_source_trigger(&mut self, id: CheckpointId, savepoint: bool) {
         if let Task::Source(s) = self.task {
             s.queued_trigger = Some(id);
+            s.savepoint = savepoint.then_some(id);
         }
     }
 
@@ -112,10 +113,11 @@ impl TaskPort for EnginePort<'_> {
     }
 
     fn forward_trigger(&mut self, id: CheckpointId, trans: TransId) -> Result<Vec<(TaskId, Seq)>, CheckpointError> {
+        let savepoint = self.task.savepoint() == Some(id);
         let Some(out) = self.task.outputs() else { return Ok(Vec::new()) };
         let mut sent = Vec::with_capacity(out.len());
         for i in 0..out.len() {
-            let seq = out.push(i, crate::runtime::Msg::Trigger { id, trans });
+            let seq = out.push(i, crate::runtime::Msg::Trigger { id, trans, savepoint });
             sent.push((out.target(i), seq));
         }
         out.flush().map_err(|e| CheckpointError::Snapshot { task: self.ctx.task, id, reason: e.to_string() })?;

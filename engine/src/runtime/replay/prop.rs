@@ -110,7 +110,7 @@ impl Run<'_> {
     /// its upload failed.
     fn checkpoint(&mut self, id: u64, rng: &mut Rng, storage: &mut Storage) -> Option<Snapshot> {
         let pick = |least: u64| least + rng.below(id + 1 - least);
-        let choice = choose(&mut self.agg, &mut self.replay, id, false, pick).expect("a choice");
+        let choice = choose(&mut self.agg, &mut self.replay, id, false, false, pick).expect("a choice");
         let point = choice.point.expect("replay snapshots");
         let mut frozen = self.agg.snapshot_state();
         let windows = frozen.windows.iter().map(|w| w.0).collect();

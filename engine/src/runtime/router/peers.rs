@@ -183,7 +183,7 @@ impl Routing {
             },
             Kind::EndOfStream => Msg::End,
             Kind::CheckpointTrigger => match frame.access::<weir_wire::msg::CheckpointTrigger>() {
-                Ok(t) => Msg::Trigger { id: t.checkpoint.get(), trans: t.trans.get() },
+                Ok(t) => Msg::Trigger { id: t.checkpoint.get(), trans: t.trans.get(), savepoint: t.savepoint },
                 Err(_) => return,
             },
             _ => return,
