@@ -1,7 +1,9 @@
 //! What a stream is: its typed specification, the task graph derived from it, and the placement
 //! of tasks on nodes.
 //!
-//! Task ids are dense and fixed by the spec: sources `0..P`, aggs `P..P+A`, sinks `P+A..P+A+S`.
+//! Task ids are fixed by the spec: sources `0..P`, aggs `B..B+A`, sinks `B+A..B+A+S`, where `B`
+//! ([`StreamSpec::first_agg_task`]) is `P` until a rescale moves it past every id the stream
+//! used: a task id is never reused, so no file of an old task can pass for a new one's.
 //! Every source feeds every agg and every agg feeds every sink, by key hash (shuffle); with one
 //! downstream the dispatch is fixed.
 
@@ -67,6 +69,8 @@ pub struct StreamSpec {
     pub aggregates: Vec<Aggregate>,
     /// Sink tasks.
     pub sink_parallelism: u32,
+    /// The id of the first agg task (`None`: right after the sources).
+    pub first_agg_task: Option<u32>,
 }
 
 impl StreamSpec {
@@ -79,6 +83,7 @@ impl StreamSpec {
             partitions: self.partitions,
             aggs: self.agg_parallelism,
             sinks: self.sink_parallelism,
+            first_agg_task: self.agg_base(),
             window_ms: self.window.size_ms,
             slide_ms: self.window.slide_ms,
             watermark_delay_ms: self.watermark_delay_ms,
@@ -98,7 +103,13 @@ impl StreamSpec {
             watermark_delay_ms: 0,
             aggregates: vec![Aggregate::Count, Aggregate::Sum, Aggregate::Min, Aggregate::Max, Aggregate::Avg],
             sink_parallelism: sinks,
+            first_agg_task: None,
         }
+    }
+
+    /// The id of the first agg task.
+    pub fn agg_base(&self) -> u32 {
+        self.first_agg_task.unwrap_or(self.partitions)
     }
 
     /// Checks the spec; the error names the field.
@@ -106,6 +117,11 @@ impl StreamSpec {
         let (partitions, aggs, sinks) = (self.partitions, self.agg_parallelism, self.sink_parallelism);
         if partitions == 0 || aggs == 0 || sinks == 0 {
             return Err(SpecError::Parallelism { partitions, aggs, sinks });
+        }
+        if let Some(first) = self.first_agg_task
+            && (first < partitions || u64::from(first) + u64::from(aggs) + u64::from(sinks) > u64::from(u32::MAX))
+        {
+            return Err(SpecError::FirstAggTask { first, partitions });
         }
         if self.batch_rows == 0 || self.batch_rows > 1 << 20 {
             return Err(SpecError::BatchRows(self.batch_rows));
@@ -127,7 +143,8 @@ impl StreamSpec {
     pub fn topology(&self) -> Topology {
         let (p, a, s) = (self.partitions, self.agg_parallelism, self.sink_parallelism);
         let ids = |from: u32, n: u32| (from..from + n).map(TaskId).collect::<Vec<_>>();
-        let (sources, aggs, sinks) = (ids(0, p), ids(p, a), ids(p + a, s));
+        let b = self.agg_base();
+        let (sources, aggs, sinks) = (ids(0, p), ids(b, a), ids(b + a, s));
         let mut tasks = Vec::new();
         for (i, t) in sources.iter().enumerate() {
             let kind = TaskKind::Source { partition: i as u32 };
@@ -225,7 +242,7 @@ pub struct Topology {
 impl Topology {
     /// The task with id `t`.
     pub fn task(&self, t: TaskId) -> Option<&TaskDesc> {
-        self.tasks.get(t.0 as usize).filter(|d| d.id == t)
+        self.tasks.binary_search_by_key(&t, |d| d.id).ok().map(|i| &self.tasks[i])
     }
 
     /// The source task of `partition`.
@@ -385,6 +402,23 @@ mod tests {
         assert_eq!(p.node_of(TaskId(1)), NodeId(2));
         assert_eq!(p.node_of(TaskId(3)), NodeId(1));
         assert_eq!(p.node_of(TaskId(4)), NodeId(2));
+    }
+
+    #[test]
+    fn a_rescaled_stream_numbers_its_aggs_and_sinks_past_every_id_it_used() {
+        let mut spec = StreamSpec::generator(StreamId(1), 3, 2, 1);
+        spec.first_agg_task = Some(6);
+        spec.validate().unwrap();
+        let t = spec.topology();
+        let ids: Vec<u32> = t.tasks.iter().map(|d| d.id.0).collect();
+        assert_eq!(ids, vec![0, 1, 2, 6, 7, 8]);
+        assert_eq!(t.task(TaskId(0)).unwrap().downstreams, vec![TaskId(6), TaskId(7)]);
+        assert_eq!(t.task(TaskId(8)).unwrap().kind, TaskKind::Sink { index: 0 });
+        assert_eq!(t.task(TaskId(8)).unwrap().upstreams, vec![TaskId(6), TaskId(7)]);
+        assert!(t.task(TaskId(3)).is_none() && t.task(TaskId(9)).is_none());
+        assert_eq!(spec.info().first_agg_task, 6);
+        spec.first_agg_task = Some(2);
+        assert_eq!(spec.validate(), Err(SpecError::FirstAggTask { first: 2, partitions: 3 }));
     }
 
     #[test]

@@ -16,6 +16,16 @@ pub enum SpecError {
         /// Sinks.
         sinks: u32,
     },
+    /// A first agg task id among the sources' (or with no room for the ids after it).
+    #[error(
+        "first_agg_task must be at least partitions ({partitions}), with room for the aggs' and sinks' ids (got {first})"
+    )]
+    FirstAggTask {
+        /// The first agg's id.
+        first: u32,
+        /// Source partitions.
+        partitions: u32,
+    },
     /// Rows per batch out of range.
     #[error("batch_rows must be between 1 and 1048576 (got {0})")]
     BatchRows(usize),

@@ -113,6 +113,9 @@ pub struct StreamFile {
     /// Sink tasks.
     #[serde(default = "default_one")]
     pub sinks: u32,
+    /// The id of the first agg task (sinks follow the aggs). Set by `weir stream rescale`,
+    /// which gives the new tasks ids the stream never used; unset, right after the sources.
+    pub first_agg_task: Option<u32>,
     /// `"spread"` (every level round robin over the nodes) or a table of task id to node id.
     #[serde(default)]
     pub placement: PlacementFile,

@@ -85,7 +85,7 @@ pub fn run(args: &QueryArgs) -> anyhow::Result<ExitCode> {
         match crate::client::status_of(&t, addr, Some(stream), Duration::from_secs(3))? {
             Ok(s) if s.tasks.iter().any(|k| k.stream == stream) => {
                 if let Some(i) = s.stream.as_ref().filter(|i| i.stream == stream) {
-                    let first_sink = i.partitions + i.aggs;
+                    let first_sink = i.first_agg_task + i.aggs;
                     sinks = Some(i.sinks);
                     sinks_seen.extend(
                         s.tasks.iter().filter(|k| k.stream == stream && k.task.0 >= first_sink).map(|k| k.task),

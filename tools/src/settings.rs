@@ -23,6 +23,7 @@ pub fn stream_spec(file: &ClusterFile) -> anyhow::Result<StreamSpec> {
 /// The stream a `[stream]` table describes.
 pub fn spec_of(s: &StreamFile) -> anyhow::Result<StreamSpec> {
     let mut spec = StreamSpec::generator(StreamId(s.id), s.partitions, s.aggs, s.sinks);
+    spec.first_agg_task = s.first_agg_task;
     if let Some(name) = &s.name {
         spec.name = name.clone();
     }

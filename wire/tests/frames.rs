@@ -218,7 +218,7 @@ roundtrip! {
         incarnation: 3,
         restarts: vec![RestartInfo { at_ms: 17, incarnation: 3, reason: "node 2 lost".into() }],
         stream: Some(StreamInfo {
-            stream: StreamId(2), name: "ingest".into(), ingest: true, partitions: 3, aggs: 3, sinks: 3,
+            stream: StreamId(2), name: "ingest".into(), ingest: true, partitions: 3, aggs: 3, sinks: 3, first_agg_task: 3,
             window_ms: 1000, slide_ms: 1000, watermark_delay_ms: 0,
         }),
         peers: vec![PeerLink { node: NodeId(2), up: false, since_ms: 17, reason: "reset".into() }],

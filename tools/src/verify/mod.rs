@@ -278,6 +278,7 @@ fn spec_from_nodes(t: &Target, stream: StreamId) -> anyhow::Result<weir_engine::
                 Some(i) => {
                     let mut spec = weir_engine::spec::StreamSpec::generator(stream, i.partitions, i.aggs, i.sinks);
                     spec.name = i.name;
+                    spec.first_agg_task = Some(i.first_agg_task);
                     spec.window = weir_engine::operator::window::WindowSpec::hopping(i.window_ms, i.slide_ms);
                     spec.watermark_delay_ms = i.watermark_delay_ms;
                     if !i.ingest {

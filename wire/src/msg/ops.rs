@@ -271,6 +271,9 @@ archived! {
         pub aggs: u32,
         /// Sink tasks.
         pub sinks: u32,
+        /// The id of the first agg task (aggs are `first_agg_task..+aggs`, sinks follow them;
+        /// `partitions` until a rescale, which never reuses an id).
+        pub first_agg_task: u32,
         /// Window size (ms).
         pub window_ms: i64,
         /// Window slide (ms; the size for tumbling windows).
