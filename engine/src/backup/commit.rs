@@ -12,7 +12,7 @@
 use weir_wire::{CheckpointId, StreamId, TaskId, TransId, Version};
 
 use super::{Store, StoreError, seal, unseal};
-use crate::checkpoint::{CommitRecord, IdRecord, RecordKind};
+use crate::checkpoint::{CommitRecord, IdRecord, RecordKind, Shape};
 
 /// Key of the commit record of `id`.
 pub fn commit_key(stream: StreamId, id: CheckpointId) -> String {
@@ -39,6 +39,8 @@ pub fn encode_commit(r: &CommitRecord) -> String {
     // names a consensus's checkpoint apart from the record's id (format 2's consensus record
     // took the checkpoint's own id).
     let format = match r.kind {
+        // Format 5 names the stream's aggs and sinks, and a savepoint.
+        RecordKind::Commit(_) if r.shape.is_some() || r.savepoint => 5,
         RecordKind::Commit(_) | RecordKind::Fresh => 2,
         RecordKind::Consensus(to) if to == r.id => 2,
         RecordKind::Fallback(_) => 3,
@@ -50,6 +52,12 @@ pub fn encode_commit(r: &CommitRecord) -> String {
     }
     for (t, c) in &r.manifests {
         s.push_str(&format!("manifest {} {c:08x}\n", t.0));
+    }
+    if let Some(shape) = &r.shape {
+        s.push_str(&format!("shape {} {} {}\n", shape.first_agg.0, shape.aggs, shape.sinks));
+    }
+    if r.savepoint {
+        s.push_str("savepoint\n");
     }
     seal(s)
 }
@@ -66,6 +74,7 @@ pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError
         Some("weir-commit 2") => 2,
         Some("weir-commit 3") => 3,
         Some("weir-commit 4") => 4,
+        Some("weir-commit 5") => 5,
         _ => return Err(bad("not a commit record")),
     };
     let (mut id, mut kind, mut ts) = (None, None, None);
@@ -94,6 +103,11 @@ pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError
             "version" => {
                 r.versions.insert(TaskId(n(1)? as u32), Version(n(2)?));
             }
+            "shape" if format >= 5 => {
+                let shape = Shape { first_agg: TaskId(n(1)? as u32), aggs: n(2)? as u32, sinks: n(3)? as u32 };
+                r.shape = Some(shape);
+            }
+            "savepoint" if format >= 5 => r.savepoint = true,
             "manifest" => {
                 let crc = p.get(2).and_then(|c| u32::from_str_radix(c, 16).ok()).ok_or_else(|| bad("bad crc"))?;
                 r.manifests.insert(TaskId(n(1)? as u32), crc);
@@ -258,6 +272,8 @@ mod tests {
             versions: Default::default(),
             manifests: Default::default(),
             ts: 0,
+            shape: None,
+            savepoint: false,
         }
     }
 
@@ -269,9 +285,23 @@ mod tests {
             versions: [(TaskId(0), Version(4096)), (TaskId(1), Version(77))].into_iter().collect(),
             manifests: [(TaskId(0), 0xdead_beef), (TaskId(2), 7)].into_iter().collect(),
             ts: 1_700_000_000_000,
+            shape: None,
+            savepoint: false,
         };
         let text = encode_commit(&r);
+        assert!(text.starts_with("weir-commit 2\n"), "what an older Weir reads stays in its format");
         assert_eq!(decode_commit("k", text.as_bytes()).unwrap(), r);
+        let shaped = CommitRecord {
+            shape: Some(Shape { first_agg: TaskId(9), aggs: 5, sinks: 2 }),
+            savepoint: true,
+            ..r.clone()
+        };
+        let text5 = encode_commit(&shaped);
+        assert!(text5.starts_with("weir-commit 5\n"), "{text5}");
+        assert_eq!(decode_commit("k", text5.as_bytes()).unwrap(), shaped);
+        let shape = shaped.shape.unwrap();
+        assert_eq!(shape.agg_tasks().collect::<Vec<_>>(), (9..14).map(TaskId).collect::<Vec<_>>());
+        assert_eq!(shape.sink_tasks().collect::<Vec<_>>(), vec![TaskId(14), TaskId(15)]);
         let edited = text.replace("version 0 4096", "version 0 4097");
         assert!(matches!(decode_commit("k", edited.as_bytes()), Err(StoreError::Corrupt { .. })));
         assert!(decode_commit("k", &text.as_bytes()[..text.len() - 3]).is_err());

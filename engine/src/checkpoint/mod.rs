@@ -17,7 +17,7 @@ mod failure;
 pub mod task;
 
 pub use coordinator::{
-    CommitRecord, CoordAction, CoordInput, Coordinator, CoordinatorConfig, ID_BLOCK, IdRecord, RecordKind,
+    CommitRecord, CoordAction, CoordInput, Coordinator, CoordinatorConfig, ID_BLOCK, IdRecord, RecordKind, Shape,
 };
 pub use error::CheckpointError;
 pub use failure::{CheckpointFailure, TaskFailure};

@@ -27,6 +27,8 @@ fn rec(id: u64) -> CommitRecord {
         versions: Default::default(),
         manifests: Default::default(),
         ts: id,
+        shape: None,
+        savepoint: false,
     }
 }
 

@@ -89,25 +89,68 @@ pub struct CommitRecord {
     pub manifests: BTreeMap<TaskId, u32>,
     /// Commit time (ms).
     pub ts: u64,
+    /// The aggs and sinks the commit covers (`None` in a record that names no state, or one
+    /// written by an older Weir): a restore with other parallelism finds the old tasks by it.
+    pub shape: Option<Shape>,
+    /// Whether the checkpoint is a savepoint (every task wrote all its state).
+    pub savepoint: bool,
+}
+
+/// The aggs and sinks of a stream at a commit: aggs `first_agg..+aggs`, sinks after them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// The first agg's id.
+    pub first_agg: TaskId,
+    /// Aggs.
+    pub aggs: u32,
+    /// Sinks.
+    pub sinks: u32,
+}
+
+impl Shape {
+    /// The agg tasks.
+    pub fn agg_tasks(&self) -> impl Iterator<Item = TaskId> + use<> {
+        let b = self.first_agg.0;
+        (b..b + self.aggs).map(TaskId)
+    }
+
+    /// The sink tasks.
+    pub fn sink_tasks(&self) -> impl Iterator<Item = TaskId> + use<> {
+        let b = self.first_agg.0 + self.aggs;
+        (b..b + self.sinks).map(TaskId)
+    }
 }
 
 impl CommitRecord {
+    /// A record of no state (its kind set by the caller).
+    fn empty(id: CheckpointId, ts: u64) -> Self {
+        CommitRecord {
+            id,
+            kind: RecordKind::Fresh,
+            versions: BTreeMap::new(),
+            manifests: BTreeMap::new(),
+            ts,
+            shape: None,
+            savepoint: false,
+        }
+    }
+
     /// The record of the consensus's choice of checkpoint `to`, under id `id`, at `ts`: it names
     /// no offsets or manifest checksums (each task's manifest, checked by its own checksum, has
     /// them).
     pub fn consensus(id: CheckpointId, to: CheckpointId, ts: u64) -> Self {
-        CommitRecord { id, kind: RecordKind::Consensus(to), versions: BTreeMap::new(), manifests: BTreeMap::new(), ts }
+        CommitRecord { id, kind: RecordKind::Consensus(to), ..Self::empty(id, ts) }
     }
 
     /// The record of the consensus's choice to start from nothing, under id `id`, at `ts`.
     pub fn fresh(id: CheckpointId, ts: u64) -> Self {
-        CommitRecord { id, kind: RecordKind::Fresh, versions: BTreeMap::new(), manifests: BTreeMap::new(), ts }
+        CommitRecord { id, kind: RecordKind::Fresh, ..Self::empty(id, ts) }
     }
 
     /// The record of the stream's going back to checkpoint `to`, under id `id`, at `ts`: like a
     /// consensus record, it names no offsets or manifest checksums (each manifest has them).
     pub fn fallback(id: CheckpointId, to: CheckpointId, ts: u64) -> Self {
-        CommitRecord { id, kind: RecordKind::Fallback(to), versions: BTreeMap::new(), manifests: BTreeMap::new(), ts }
+        CommitRecord { id, kind: RecordKind::Fallback(to), ..Self::empty(id, ts) }
     }
 
     /// The checkpoint every task restores (none: every task starts from nothing).

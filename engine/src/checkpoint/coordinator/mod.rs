@@ -418,6 +418,8 @@ impl Coordinator {
         if f.reports.len() < self.cfg.tasks.len() {
             return Vec::new();
         }
+        let shape = self.shape();
+        let Some(f) = self.flight.as_mut() else { return Vec::new() };
         let sources: BTreeSet<TaskId> =
             self.cfg.tasks.iter().filter(|(_, _, r)| *r == Role::Source).map(|(t, _, _)| *t).collect();
         let record = CommitRecord {
@@ -431,10 +433,19 @@ impl Coordinator {
                 .collect(),
             manifests: f.reports.iter().map(|(t, r)| (*t, r.manifest_crc)).collect(),
             ts: self.now,
+            shape,
+            savepoint: f.savepoint,
         };
         f.committing = Some(record.clone());
         f.committing_since = self.now;
         vec![CoordAction::WriteCommit(record)]
+    }
+
+    /// The aggs and sinks of the stream (`None` without aggs: a stream of another shape).
+    fn shape(&self) -> Option<Shape> {
+        let of = |role: Role| self.cfg.tasks.iter().filter(move |(_, _, r)| *r == role).map(|(t, _, _)| *t);
+        let first_agg = of(Role::Agg).min()?;
+        Some(Shape { first_agg, aggs: of(Role::Agg).count() as u32, sinks: of(Role::Sink).count() as u32 })
     }
 
     /// A task still reports a checkpoint that ended here: its update or reset was lost (it

@@ -342,6 +342,8 @@ fn restart_restores_the_last_commit_and_never_reuses_an_id() {
         versions: [(TaskId(1), Version(900))].into_iter().collect(),
         manifests: Default::default(),
         ts: 1,
+        shape: None,
+        savepoint: false,
     };
     let ids = IdRecord { next_id: CheckpointId(5), next_trans: TransId(5) };
     // The tasks restore the record themselves; one that asks gets it, with its offset.

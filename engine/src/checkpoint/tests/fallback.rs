@@ -13,6 +13,8 @@ fn commit(id: u64) -> CommitRecord {
         versions: [(TaskId(1), Version(id * 100))].into_iter().collect(),
         manifests: Default::default(),
         ts: 1,
+        shape: None,
+        savepoint: false,
     }
 }
 
