@@ -225,6 +225,17 @@ pub fn write_commit(store: &dyn Store, stream: StreamId, record: &CommitRecord) 
     }
 }
 
+/// The commit record of checkpoint `id` (`None` when there is none: a point the tasks' consensus
+/// chose has no record of its own id).
+pub fn read_commit(store: &dyn Store, stream: StreamId, id: CheckpointId) -> Result<Option<CommitRecord>, StoreError> {
+    let key = commit_key(stream, id);
+    match store.get_at_most(&key, super::MAX_RECORD) {
+        Ok(bytes) => decode_commit(&key, &bytes).map(Some),
+        Err(StoreError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Encodes the id record.
 pub fn encode_ids(r: &IdRecord) -> String {
     seal(format!("weir-ids 1\nnext-id {}\nnext-trans {}\n", r.next_id.0, r.next_trans.0))

@@ -34,6 +34,7 @@ pub fn page_from_window(stream: weir_wire::StreamId, start: i64) -> Vec<u8> {
 }
 pub use spill_store::{RocksSpill, SpillDb, SpillSnapshot};
 pub use window_chain::{ChainFile, ChainWrite, MAX_FILES, MAX_READ_FACTOR, WindowChain, state_file_name};
+pub(crate) use window_state::scan_window_state;
 pub use window_state::{
     load_window_state, save_frozen_state, save_window_state, write_window_snapshot, write_window_snapshot_with,
 };

@@ -284,13 +284,13 @@ pub(crate) fn encode_state(copy: &FrozenState, since: Option<u32>, file: u64) ->
 }
 
 /// What a chain's last `n` record says.
-struct Meta {
-    progress: Vec<Option<i64>>,
-    late_rows: u64,
-    rows: u64,
+pub(crate) struct Meta {
+    pub(crate) progress: Vec<Option<i64>>,
+    pub(crate) late_rows: u64,
+    pub(crate) rows: u64,
     /// `None`: format 3 and older (every window in the file is open).
-    windows: Option<Vec<i64>>,
-    cursor: usize,
+    pub(crate) windows: Option<Vec<i64>>,
+    pub(crate) cursor: usize,
 }
 
 /// A little-endian reader over one record.
@@ -350,6 +350,37 @@ fn old_meta(store: &TaskStore, corrupt: &dyn Fn(String) -> StateError) -> Result
 /// into `agg`. Returns false (and leaves `agg` as it is) when the store holds no state yet.
 pub fn load_window_state(store: &TaskStore, agg: &mut WindowAgg) -> Result<bool, StateError> {
     let corrupt = |reason: String| StateError::Corrupt { path: store.path().to_path_buf(), reason };
+    let (mut windows, mut cursor) = (None, 0);
+    let cell = std::cell::RefCell::new(&mut *agg);
+    let found = scan_window_state(
+        store,
+        |meta, sizes| {
+            (windows, cursor) = (meta.windows.clone(), meta.cursor);
+            let mut agg = cell.borrow_mut();
+            agg.restore_begin(sizes, &meta.progress, meta.late_rows, meta.rows).map_err(|e| corrupt(e.to_string()))
+        },
+        |start, key, acc| cell.borrow_mut().restore_put(start, key, acc),
+    )?;
+    if !found {
+        return Ok(false);
+    }
+    agg.restore_end();
+    if let Some(windows) = &windows {
+        agg.reopen(windows, cursor);
+    }
+    Ok(true)
+}
+
+/// Reads the state of a chain of files: `begin` gets its last record and the entries expected
+/// per window and shard, then `entry` every entry still to emit (those of the oldest window's
+/// shards emitted already are dropped), in chain order (a later one of the same window and key
+/// replaces the earlier). Returns false, calling neither, when the store holds no state.
+pub(crate) fn scan_window_state(
+    store: &TaskStore,
+    begin: impl FnOnce(&Meta, Vec<(i64, Vec<usize>)>) -> Result<(), StateError>,
+    mut entry: impl FnMut(i64, u64, Acc),
+) -> Result<bool, StateError> {
+    let corrupt = |reason: String| StateError::Corrupt { path: store.path().to_path_buf(), reason };
     let mut last: Option<Vec<u8>> = None;
     store.scan_prefix(&[META_PREFIX], |k, v| {
         if k.len() != 9 {
@@ -388,7 +419,7 @@ pub fn load_window_state(store: &TaskStore, agg: &mut WindowAgg) -> Result<bool,
     }
     // Keys spread evenly over the shards (`order_of` mixes them); an eighth more for the spread.
     let sizes = per_window.into_iter().map(|(s, n)| (s, vec![n / SHARDS + n / SHARDS / 8 + 1; SHARDS])).collect();
-    agg.restore_begin(sizes, &meta.progress, meta.late_rows, meta.rows).map_err(|e| corrupt(e.to_string()))?;
+    begin(&meta, sizes)?;
     // Format 4's blocks first: in a chain that has both, they are the older files.
     for prefix in [FIXED_PREFIX, BLOCK_PREFIX] {
         store.scan_prefix(&[prefix], |k, v| {
@@ -398,18 +429,13 @@ pub fn load_window_state(store: &TaskStore, agg: &mut WindowAgg) -> Result<bool,
                 if acc.count == 0 {
                     return Err(BlockError::NoRow { key });
                 }
-                // Files in chain order: a later entry of the same key replaces the earlier.
                 if shard_of(key) >= emitted {
-                    agg.restore_put(start, key, acc);
+                    entry(start, key, acc);
                 }
                 Ok(())
             })
             .map_err(|e| corrupt(e.to_string()))
         })?;
-    }
-    agg.restore_end();
-    if let Some(windows) = &meta.windows {
-        agg.reopen(windows, meta.cursor);
     }
     Ok(true)
 }

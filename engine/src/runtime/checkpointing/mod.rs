@@ -20,6 +20,7 @@ pub(crate) mod agg_snapshot;
 pub(crate) mod coordinator;
 mod net;
 pub(crate) mod port;
+pub(crate) mod rescale;
 pub(crate) mod restore;
 mod settings;
 mod stats;
@@ -73,6 +74,15 @@ fn basis_of(r: &CommitRecord) -> RestoreBasis {
 fn start_token(t: TaskId) -> u64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     now ^ (u64::from(std::process::id()) << 32) ^ u64::from(t.0).rotate_left(48)
+}
+
+/// The aggs and sinks of `topo` (`None` without aggs).
+fn shape_of(topo: &Topology) -> Option<crate::checkpoint::Shape> {
+    let of = |f: fn(&TaskKind) -> bool| topo.tasks.iter().filter(move |t| f(&t.kind)).map(|t| t.id);
+    let first_agg = of(|k| matches!(k, TaskKind::Agg { .. })).min()?;
+    let aggs = of(|k| matches!(k, TaskKind::Agg { .. })).count() as u32;
+    let sinks = of(|k| matches!(k, TaskKind::Sink { .. })).count() as u32;
+    Some(crate::checkpoint::Shape { first_agg, aggs, sinks })
 }
 
 /// What the engine needs to give every task its checkpoint side and start the coordinator.
@@ -198,7 +208,28 @@ impl Setup {
         let Begin { ids, last } = begin;
         let local: Vec<TaskId> = topo.tasks.iter().map(|t| t.id).filter(|t| node_of[t] == cfg.node).collect();
         let node_point = match &last {
-            Some(r) => verify::check_node(store.as_ref(), spec.id, &cfg.data_dir, &local, r, book.as_ref())?,
+            // A commit of another shape restores as a rescale: only the tasks it names (the
+            // sources) have files of their own in it.
+            Some(r) => {
+                let named: Vec<TaskId> = match r.shape {
+                    Some(s) if Some(s) != shape_of(&topo) => {
+                        // The old aggs' and sinks' files here are no one's now (their snapshots
+                        // are in the store, which the new tasks read): a node's results are
+                        // its sinks' stores, and an old one would answer queries twice.
+                        for old in s.agg_tasks().chain(s.sink_tasks()).filter(|t| topo.task(*t).is_none()) {
+                            let dir = restore::task_dir(&cfg.data_dir, old);
+                            if let Err(e) = std::fs::remove_dir_all(&dir)
+                                && e.kind() != std::io::ErrorKind::NotFound
+                            {
+                                tracing::warn!(stream = %spec.id, task = %old, error = %e, "cannot remove an old task's files after a rescale");
+                            }
+                        }
+                        local.iter().copied().filter(|t| r.manifests.contains_key(t)).collect()
+                    }
+                    _ => local,
+                };
+                verify::check_node(store.as_ref(), spec.id, &cfg.data_dir, &named, r, book.as_ref())?
+            }
             None => NodePoint::Ready(Default::default()),
         };
         match &last {
@@ -311,6 +342,7 @@ impl Setup {
                     NodePoint::Ready(found) => found.get(&t.id).cloned().map(|(m, dir)| (m.id, m, dir)),
                     NodePoint::Damaged { .. } => None,
                 }),
+                shape: shape_of(&self.topo),
             },
         };
         if let NodePoint::Damaged { id, restorable, reason } = &self.node_point {

@@ -15,12 +15,13 @@ use weir_wire::{CheckpointId, NodeId, Seq, StreamId, TaskId, TransId, Version};
 
 use super::agg_snapshot;
 use super::net::ProtoNet;
+use super::rescale;
 use super::restore::{self, snapshot_dir};
 use super::stats::CheckpointLog;
 use crate::backup::uploader::{Captured, UploadJob};
 use crate::backup::{Store, UploadIndex};
 use crate::checkpoint::driver::{Clock, Hold, RestorePoint, Signal, TaskDriver, TaskEffects, TaskPort, UploadRequest};
-use crate::checkpoint::{CheckpointError, CoordInput, TaskInput};
+use crate::checkpoint::{CheckpointError, CoordInput, Shape, TaskInput};
 use crate::runtime::control::{Control, ControlHandle};
 use crate::runtime::replay::SourceReplay;
 use crate::runtime::task::{Feed, Task};
@@ -41,6 +42,8 @@ pub(crate) struct PortCtx {
     /// The files of the checkpoint the node checked before the start, verified already (taken by
     /// the restore of that checkpoint).
     pub(crate) located: std::cell::RefCell<Option<(CheckpointId, crate::backup::Manifest, PathBuf)>>,
+    /// The stream's aggs and sinks now: a checkpoint of another shape restores as a rescale.
+    pub(crate) shape: Option<Shape>,
 }
 
 /// A running task as the driver sees it.
@@ -173,6 +176,24 @@ impl TaskPort for EnginePort<'_> {
             return Ok(Version(0));
         };
         let pre = c.located.borrow_mut().take().filter(|(id, ..)| *id == p.id).map(|(_, m, dir)| (m, dir));
+        let rescale = match c.shape {
+            Some(now) => rescale::of(c, p, now)?.map(|r| (r, now)),
+            None => None,
+        };
+        if let Some((r, now)) = &rescale {
+            let fresh = match self.task {
+                Task::Agg(a) => Some(rescale::restore_agg(a, c, r, c.task.0 - now.first_agg.0, now.aggs)),
+                Task::Sink(s) => Some(rescale::restore_sink(s, c, r, c.task.0 - now.first_agg.0 - now.aggs)),
+                Task::Source(_) => None,
+            };
+            if let Some(done) = fresh {
+                done?;
+                // Its files are the old tasks' (under their keys): every file goes up again.
+                *c.index.lock().unwrap_or_else(|e| e.into_inner()) = UploadIndex::new();
+                c.chain.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                return Ok(Version(0));
+            }
+        }
         let restored = match self.task {
             Task::Source(_) => {
                 restore::restore_task(c.store.as_ref(), c.stream, c.task, &c.data, p, pre, |_, _| Ok(()))
@@ -219,7 +240,10 @@ impl TaskPort for EnginePort<'_> {
                 ..Default::default()
             };
             let mut from = Vec::with_capacity(s.out.len());
-            for j in 0..s.out.len() {
+            // Rescaled: the aggs restore a savepoint, which names nothing to replay.
+            let replays = if rescale.is_some() { 0 } else { s.out.len() };
+            from.resize(s.out.len() - replays, version.0);
+            for j in 0..replays {
                 let agg = s.out.target(j);
                 let m = crate::backup::fetch_manifest(c.store.as_ref(), c.stream, agg, p.id, None)
                     .map_err(|e| failed(format!("the manifest of downstream task {agg}: {e}")))?;
