@@ -25,7 +25,7 @@ mod validate;
 pub use access::{ClientEntry, Secret, TlsFile};
 pub use control::ControlFile;
 pub use load::load;
-pub use stream_doc::parse_stream_doc;
+pub use stream_doc::{parse_stream_doc, rescaled_doc};
 
 /// The file, as written.
 #[derive(Deserialize, Debug, Clone)]

@@ -297,7 +297,23 @@ impl Control {
         }
         let Some(r) = &read.record else { return Ok((read, file.clone())) };
         let topology = spec.topology();
-        let p = r.placement(&topology).map_err(|e| anyhow::anyhow!("stream {}: {e}", spec.id.0))?;
+        let p = match r.placement(&topology) {
+            Ok(p) => p,
+            // A record of the stream before a rescale: its sources stay where it put them (their
+            // partitions' logs are there), the new aggs and sinks go as the file places them.
+            Err(e) if r.tasks.keys().any(|t| topology.task(*t).is_none()) => {
+                tracing::info!(stream = spec.id.0, record = r.version, reason = %e, "a placement of the stream before its rescale: its sources stay, the rest is placed anew");
+                let mut p = file.clone();
+                for t in topology.tasks.iter().filter(|t| matches!(t.kind, weir_engine::spec::TaskKind::Source { .. }))
+                {
+                    if let Some(n) = r.tasks.get(&t.id) {
+                        p.assign(t.id, *n);
+                    }
+                }
+                p
+            }
+            Err(e) => anyhow::bail!("stream {}: {e}", spec.id.0),
+        };
         if let Some(n) = p.nodes(&topology).into_iter().find(|n| !self.nodes.contains(n)) {
             anyhow::bail!(
                 "stream {}: placement version {} puts tasks on node {}, which the config file does not list \

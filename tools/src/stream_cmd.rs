@@ -1,5 +1,5 @@
 //! `weir stream`: the cluster's stream catalog: create a stream from a stream file, list the
-//! streams, show one, pause, resume or drop one. A node of the target answers (the first that
+//! streams, show one, pause, resume, rescale or drop one. A node of the target answers (the first that
 //! does); a change is answered once it has taken effect on that node (a created stream runs
 //! there, a paused one runs without its tasks, a dropped one has stopped and its data there is
 //! gone). Reading takes the `read` role, changing `admin`.
@@ -25,6 +25,7 @@ use crate::client::{Failure, Target};
     weir stream show meters --config examples/one-node.toml --json\n  \
     weir stream pause meters --config examples/one-node.toml\n  \
     weir stream resume meters --config examples/one-node.toml\n  \
+    weir stream rescale meters --aggs 5 --config examples/one-node.toml\n  \
     weir stream drop meters --config examples/one-node.toml\n\n\
     Exit codes: 0 done, 1 not done in time (retryable: list the streams before trying again), \
     2 an error (a refused request, an unreachable cluster).")]
@@ -86,6 +87,21 @@ enum Op {
         #[command(flatten)]
         common: Common,
     },
+    /// Gives a stream other parallelism: pauses it (a savepoint), restarts it with the new
+    /// number of aggs (its window state redistributed by key), and resumes it; a paused stream
+    /// stays paused.
+    Rescale {
+        /// The stream's name.
+        name: String,
+        /// Agg tasks.
+        #[arg(long)]
+        aggs: u32,
+        /// Sink tasks (only as many as it has: a rescale of the sinks is not built).
+        #[arg(long)]
+        sinks: Option<u32>,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Drops a stream: its tasks stop and its local data goes on every node; its checkpoints
     /// in the store and keys in etcd after `drop_grace`.
     Drop {
@@ -104,6 +120,7 @@ impl Op {
             | Op::Show { common, .. }
             | Op::Pause { common, .. }
             | Op::Resume { common, .. }
+            | Op::Rescale { common, .. }
             | Op::Drop { common, .. } => common,
         }
     }
@@ -133,6 +150,7 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
             ask(&t, &CatalogChangeReq { request: 1, change }, timeout)?
         }
         Op::List { .. } => ask(&t, &CatalogReq { request: 1, name: String::new() }, timeout)?,
+        Op::Rescale { name, aggs, sinks, common } => rescale(&t, name, *aggs, sinks.unwrap_or(0), common)?,
         Op::Show { name, .. } => ask(&t, &CatalogReq { request: 1, name: name.clone() }, timeout)?,
         Op::Drop { name, .. } | Op::Pause { name, .. } | Op::Resume { name, .. } => {
             let name = name.clone();
@@ -162,12 +180,15 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
     } else {
         match &args.op {
             Op::Show { .. } => rsp.streams.iter().try_for_each(|s| show(&mut out, s))?,
-            Op::Create { .. } | Op::Drop { .. } | Op::Pause { .. } | Op::Resume { .. } if rsp.refused.is_none() => {
+            Op::Create { .. } | Op::Drop { .. } | Op::Pause { .. } | Op::Resume { .. } | Op::Rescale { .. }
+                if rsp.refused.is_none() =>
+            {
                 for s in &rsp.streams {
                     let did = match args.op {
                         Op::Create { .. } => "created and running",
                         Op::Pause { .. } => "paused",
                         Op::Resume { .. } => "resumed",
+                        Op::Rescale { .. } => &format!("{} at {}", state(&s.state), shape(s)),
                         _ => "dropped",
                     };
                     writeln!(out, "stream {} (id {}) {did}", s.name, s.id.0)?;
@@ -180,6 +201,54 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(code)
+}
+
+/// `weir stream rescale`: pause (unless paused), rescale, resume (unless it was paused), each
+/// step answered once it took effect; the last step's answer, or the refusal that stopped it
+/// (after a refused rescale, a stream this command paused is resumed).
+#[allow(clippy::print_stdout)]
+fn rescale(t: &Target, name: &str, aggs: u32, sinks: u32, common: &Common) -> anyhow::Result<Option<CatalogRsp>> {
+    let timeout = common.timeout;
+    let say = |line: String| {
+        if !common.json {
+            println!("{line}");
+        }
+    };
+    let Some(read) = ask(t, &CatalogReq { request: 1, name: name.into() }, timeout)? else { return Ok(None) };
+    let Some(entry) = read.streams.first().filter(|_| read.refused.is_none()) else { return Ok(Some(read)) };
+    let was_paused = matches!(entry.state, StreamState::Paused { .. });
+    let started = std::time::Instant::now();
+    let change = |change: CatalogChange| CatalogChangeReq { request: 1, change };
+    if !was_paused {
+        say(format!("pausing stream {name}: a savepoint, then its tasks stop"));
+        let Some(rsp) = ask(t, &change(CatalogChange::Pause { name: name.into() }), timeout)? else { return Ok(None) };
+        if rsp.refused.is_some() {
+            return Ok(Some(rsp));
+        }
+        say(format!("paused in {:.1}s", started.elapsed().as_secs_f64()));
+    }
+    let at = std::time::Instant::now();
+    let rescaled = ask(t, &change(CatalogChange::Rescale { name: name.into(), aggs, sinks }), timeout)?;
+    let Some(rsp) = rescaled else { return Ok(None) };
+    let refused = rsp.refused.is_some();
+    if !refused {
+        say(format!("rescaled to {aggs} aggs in {:.1}s", at.elapsed().as_secs_f64()));
+    }
+    if was_paused {
+        return Ok(Some(rsp));
+    }
+    let at = std::time::Instant::now();
+    let Some(resumed) = ask(t, &change(CatalogChange::Resume { name: name.into() }), timeout)? else {
+        return Ok(None);
+    };
+    if refused {
+        say(format!("the rescale was refused: stream {name} resumed as it was"));
+        return Ok(Some(rsp));
+    }
+    if resumed.refused.is_none() {
+        say(format!("resumed in {:.1}s ({:.1}s in all)", at.elapsed().as_secs_f64(), started.elapsed().as_secs_f64()));
+    }
+    Ok(Some(resumed))
 }
 
 /// Sends `req` to the first node of the target that can be reached: `Ok(None)` when it was

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use util::created::results_match;
 use util::*;
 use weir_engine::backup::commit::last_commit;
 use weir_engine::operator::generator::GeneratorSpec;
@@ -51,49 +52,6 @@ fn meters(dir: &Path, id: u64) -> (PathBuf, StreamSpec) {
         rate: Some(100_000),
     };
     (path, spec)
-}
-
-/// `weir query --stream NAME --json`: the results of stream `name`, as the nodes serve them.
-fn query(config: &Path, name: &str) -> Vec<(u64, i64, u64, f64, f64, f64)> {
-    let out = weir().args(["query", "--json", "--stream", name, "--config"]).arg(config).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap();
-            let f = |k: &str| v[k].as_f64().unwrap();
-            (
-                v["key"].as_u64().unwrap(),
-                v["start_ms"].as_i64().unwrap(),
-                v["count"].as_u64().unwrap(),
-                f("sum"),
-                f("min"),
-                f("max"),
-            )
-        })
-        .collect()
-}
-
-/// Waits until the nodes serve every result of bounded stream `spec` (`meters`), and checks
-/// they are the reference's; returns them.
-fn results_match(config: &Path, spec: &StreamSpec) -> Vec<(u64, i64, u64, f64, f64, f64)> {
-    let want: Vec<(u64, i64, u64, f64, f64, f64)> = weir_engine::reference::bounded_results(spec)
-        .unwrap()
-        .into_iter()
-        .map(|r| (r.key, r.start, r.count, r.sum, r.min, r.max))
-        .collect();
-    assert!(want.len() > 1000, "{} results", want.len());
-    let t0 = Instant::now();
-    loop {
-        let mut got = query(config, "meters");
-        if got.len() == want.len() {
-            got.sort_by_key(|r| (r.0, r.1));
-            assert!(got == want, "the created stream's results differ from the reference");
-            return want;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(60), "the created stream did not finish: {} results", got.len());
-        std::thread::sleep(Duration::from_millis(300));
-    }
 }
 
 /// The newest commit of `stream` in the store under `dir`.

@@ -178,6 +178,9 @@ roundtrip! {
     };
     roundtrip_catalog_pause_req: CatalogChangeReq = CatalogChangeReq { request: 13, change: CatalogChange::Pause { name: "meters".into() } };
     roundtrip_catalog_resume_req: CatalogChangeReq = CatalogChangeReq { request: 14, change: CatalogChange::Resume { name: "meters".into() } };
+    roundtrip_catalog_rescale_req: CatalogChangeReq = CatalogChangeReq {
+        request: 15, change: CatalogChange::Rescale { name: "meters".into(), aggs: 5, sinks: 0 },
+    };
     roundtrip_catalog_paused_rsp: CatalogRsp = CatalogRsp {
         request: 13, node: NodeId(1),
         streams: vec![StreamEntry {

@@ -131,6 +131,23 @@ pub fn set_paused(c: &Catalog, name: &str, pause: bool, now_ms: u64) -> Result<(
     Ok((next, entry))
 }
 
+/// `c` with the paused stream `name`'s spec text replaced by `spec` (a rescale: the stream
+/// resumes from its savepoint with the new spec's parallelism). A stream running or dropping
+/// cannot (a running one would restart at once, from a checkpoint that may be no savepoint).
+pub fn set_spec(c: &Catalog, name: &str, spec: &str) -> Result<(Catalog, StreamEntry), CatalogError> {
+    let mut next = c.clone();
+    let s = named(&mut next, name)?;
+    match s.state {
+        StreamState::Paused { .. } => s.spec = spec.to_string(),
+        StreamState::Running => {
+            return Err(invalid(format!("stream {name} runs: pause it first (`weir stream rescale` does)")));
+        }
+        StreamState::Dropping { .. } => return Err(invalid(format!("stream {name} is being dropped"))),
+    }
+    let entry = s.clone();
+    Ok((next, entry))
+}
+
 /// `c` without the dropping stream `id` (its nodes have removed its data); `None` when there
 /// is nothing to remove (it is gone already, or runs: a name created again has another id).
 pub fn forget(c: &Catalog, id: StreamId) -> Option<Catalog> {

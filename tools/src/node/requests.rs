@@ -49,6 +49,7 @@ impl Streams {
                                  lose its state"
                             .into(),
                     }),
+                    CatalogChange::Rescale { name, aggs, sinks } => self.rescale(&name, aggs, sinks),
                     CatalogChange::Pause { ref name } | CatalogChange::Resume { ref name } => {
                         let (now, pause) = (now_ms(), matches!(change, CatalogChange::Pause { .. }));
                         self.change(|c| catalog::set_paused(c, name, pause, now))
@@ -100,6 +101,71 @@ impl Streams {
         self.change(|c| catalog::create(c, name, spec, now)).map(|d| d.map(|(c, e)| (c, e, Effect::Start)))
     }
 
+    /// Gives the paused stream `name` `aggs` aggs and `sinks` sinks (0: as it has), once its last
+    /// commit is a savepoint (only one restores at other parallelism).
+    fn rescale(
+        &mut self,
+        name: &str,
+        aggs: u32,
+        sinks: u32,
+    ) -> Result<Option<(Catalog, StreamEntry, Effect)>, CatalogError> {
+        let invalid = |reason: String| CatalogError::Invalid { reason };
+        let entry = self.catalog.streams.iter().find(|e| e.name == name && e.state.is_kept()).cloned();
+        let entry = entry.ok_or_else(|| invalid(format!("no stream named {name} (`weir stream list` shows them)")))?;
+        if entry.spec.is_empty() {
+            return Err(invalid(format!(
+                "stream {name} is the cluster file's own ([stream] table): a rescale of it is not built; create                  streams with `weir stream create` to rescale them"
+            )));
+        }
+        let old = crate::config::parse_stream_doc(&entry.spec).map_err(|e| invalid(format!("{e:#}")))?;
+        if sinks != 0 && sinks != old.sinks {
+            return Err(invalid(format!("a rescale of the sinks is not built: --sinks stays {}", old.sinks)));
+        }
+        if !matches!(entry.state, StreamState::Paused { .. }) {
+            return Err(invalid(format!("stream {name} runs: pause it first (`weir stream rescale` does)")));
+        }
+        self.savepoint_last(&entry)?;
+        let text = crate::config::rescaled_doc(&entry.spec, aggs, sinks).map_err(|e| invalid(format!("{e:#}")))?;
+        let probe = StreamEntry { spec: text.clone(), ..entry };
+        self.parts
+            .file
+            .stream_of(&probe)
+            .and_then(|s| crate::settings::spec_of(&s))
+            .map_err(|e| invalid(format!("{e:#}")))?;
+        self.change(|c| catalog::set_spec(c, name, &text)).map(|d| d.map(|(c, e)| (c, e, Effect::Respec)))
+    }
+
+    /// Refuses unless stream `entry`'s last commit is a savepoint.
+    fn savepoint_last(&self, entry: &StreamEntry) -> Result<(), CatalogError> {
+        let Some(ck) = &self.parts.base.checkpoint else {
+            return Err(CatalogError::Invalid {
+                reason: "the cluster takes no checkpoints: nothing to rescale from".into(),
+            });
+        };
+        let book: std::sync::Arc<dyn weir_engine::backup::commit_point::CommitBook> =
+            match self.parts.control.store_and_keys() {
+                Some((store, keys)) => {
+                    std::sync::Arc::new(weir_engine::cluster::ControlCommits::reader(store, &keys, entry.id))
+                }
+                None => std::sync::Arc::new(weir_engine::backup::commit_point::StoreCommits::new(entry.id)),
+            };
+        let last = book.last(ck.open_store().as_ref()).map_err(|e| CatalogError::Unavailable {
+            reason: format!("reading stream {}'s last commit: {e}", entry.name),
+        })?;
+        match last {
+            Some(r) if r.savepoint => Ok(()),
+            Some(r) => Err(CatalogError::Invalid {
+                reason: format!(
+                    "stream {}'s last commit (chk-{}) is no savepoint (it paused without one): resume it and pause it                      again, which takes one",
+                    entry.name, r.id.0
+                ),
+            }),
+            None => Err(CatalogError::Invalid {
+                reason: format!("stream {} has no commit: resume it until one commits, then rescale", entry.name),
+            }),
+        }
+    }
+
     /// Answers every change still waiting, and every call still queued, as retryable: the
     /// node stops.
     pub(super) fn answer_all(&mut self) {
@@ -144,6 +210,10 @@ impl Streams {
                     let here = self.runs.get(&p.stream).map(|r| r.wish.now());
                     here == Some(now) || (here.is_some() && waits) || self.ended.contains_key(&p.stream)
                 }
+                Effect::Respec => {
+                    let here = self.runs.get(&p.stream);
+                    here.zip(entry).is_some_and(|(r, e)| r.entry.spec == e.spec) || self.ended.contains_key(&p.stream)
+                }
             };
             let refused = match self.ended.get(&p.stream).filter(|_| p.effect != Effect::Gone) {
                 Some(Err(why)) => Some(Some(CatalogRefusal::Invalid {
@@ -159,6 +229,7 @@ impl Streams {
                         Effect::Gone => "stop",
                         Effect::Paused(true) => "pause",
                         Effect::Paused(false) => "resume",
+                        Effect::Respec => "start again with its new parallelism",
                     };
                     let reason = format!("the stream did not {what} on node {node} within {}s", TAKE_EFFECT.as_secs());
                     Some(Some(CatalogRefusal::Unavailable { reason }))

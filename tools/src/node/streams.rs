@@ -68,6 +68,8 @@ enum Effect {
     Gone,
     /// The stream runs paused (`true`) or with its tasks (`false`) here.
     Paused(bool),
+    /// The stream's supervisor runs its new spec here (a rescale).
+    Respec,
 }
 
 /// The node's streams: the catalog and the supervisors running here.
@@ -93,6 +95,8 @@ pub(super) struct Streams {
     stopping: bool,
     /// Dropped streams whose local data is gone here (their entries wait out the grace period).
     cleared: std::collections::BTreeSet<StreamId>,
+    /// Streams whose supervisor stops for a new spec (a rescale): started again once ended.
+    respec: std::collections::BTreeSet<StreamId>,
     /// The removal of dropped streams' checkpoints and control keys.
     purges: Purges,
 }
@@ -119,6 +123,7 @@ impl Streams {
             failure: None,
             stopping: false,
             cleared: Default::default(),
+            respec: Default::default(),
             purges: Purges::new(purging, drop_grace),
         })
     }
@@ -277,6 +282,12 @@ impl Streams {
                 Some(r) if !running && !r.stop.swap(true, Ordering::Relaxed) => {
                     tracing::info!(stream = %e.name, id = e.id.0, "the stream is dropped: stopping it on this node");
                 }
+                Some(r) if running && r.entry.spec != e.spec => {
+                    if !r.stop.swap(true, Ordering::Relaxed) {
+                        tracing::info!(stream = %e.name, id = e.id.0, "the stream's spec changed (a rescale): starting it again on this node");
+                    }
+                    self.respec.insert(e.id);
+                }
                 Some(r) if running => {
                     let paused = matches!(e.state, StreamState::Paused { .. });
                     if r.wish.set_paused(paused) {
@@ -354,12 +365,19 @@ impl Streams {
 
     /// Collects the supervisors that have ended.
     fn reap(&mut self) {
-        let mut reaped = false;
+        let (mut reaped, mut restart) = (false, false);
         let done: Vec<StreamId> = self.runs.iter().filter(|(_, r)| r.thread.is_finished()).map(|(id, _)| *id).collect();
         for id in done {
             let Some(r) = self.runs.remove(&id) else { continue };
             let ended = r.thread.join().unwrap_or_else(|_| Err(anyhow::anyhow!("its supervisor panicked")));
             let dropped = !self.catalog.streams.iter().any(|e| e.id == id && e.state.is_kept());
+            if self.respec.remove(&id) && !dropped && !self.stopping {
+                if let Err(e) = ended {
+                    tracing::warn!(stream = %r.entry.name, error = %format!("{e:#}"), "the stream's old spec ended with an error");
+                }
+                restart = true;
+                continue;
+            }
             let ended = match ended {
                 Ok(_) => Ok(()),
                 Err(e) if dropped => {
@@ -388,6 +406,9 @@ impl Streams {
             }
             self.ended.insert(id, ended);
             reaped = true;
+        }
+        if restart {
+            self.reconcile();
         }
         if reaped {
             self.sweep();

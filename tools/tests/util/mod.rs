@@ -12,6 +12,7 @@ use weir_engine::operator::window::{WindowResult, WindowSpec};
 use weir_engine::spec::{SourceKind, StreamSpec};
 use weir_engine::wire::StreamId;
 
+pub mod created;
 pub mod etcd;
 pub mod load;
 pub mod netns;

@@ -167,6 +167,16 @@ archived! {
             /// Its name.
             name: String,
         },
+        /// Gives the paused stream of this name other parallelism: it resumes from its
+        /// savepoint with `aggs` aggs and `sinks` sinks (0: as it has).
+        Rescale {
+            /// Its name.
+            name: String,
+            /// Aggs (0: as it has).
+            aggs: u32,
+            /// Sinks (0: as it has).
+            sinks: u32,
+        },
     }
 }
 
@@ -277,7 +287,8 @@ pub(super) fn check_catalog_change(m: &ArchivedCatalogChangeReq) -> Result<(), C
         }
         ArchivedCatalogChange::Drop { name }
         | ArchivedCatalogChange::Pause { name }
-        | ArchivedCatalogChange::Resume { name } => bounded("stream name", name.len(), MAX_STREAM_NAME),
+        | ArchivedCatalogChange::Resume { name }
+        | ArchivedCatalogChange::Rescale { name, .. } => bounded("stream name", name.len(), MAX_STREAM_NAME),
     }
 }
 

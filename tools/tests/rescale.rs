@@ -1,0 +1,73 @@
+//! `weir stream rescale` of a running stream on a real `weir node`: from 2 aggs to 5 and back to
+//! 1 while its generator runs, its results those of a run that never rescaled.
+
+mod util;
+
+use std::path::Path;
+use std::time::Duration;
+
+use util::created::results_match;
+use util::*;
+use weir_engine::operator::generator::GeneratorSpec;
+use weir_engine::operator::window::WindowSpec;
+use weir_engine::spec::{SourceKind, StreamSpec};
+use weir_engine::wire::StreamId;
+
+/// `weir stream ARGS --config CONFIG`: exit code, and what it printed.
+fn stream(config: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = weir().arg("stream").args(args).arg("--config").arg(config).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code(), text)
+}
+
+#[test]
+fn a_running_stream_rescaled_from_two_aggs_to_five_and_back_to_one_gives_exact_results() {
+    let dir = tempfile::tempdir().unwrap();
+    // Replay snapshots, as `weir node` takes them: only the pause's savepoint writes every window.
+    let config = util::load::load_one_node_with(dir.path(), "replay");
+    let log = dir.path().join("node.log");
+    let _node = Nodes(vec![start(&config, 1, &log, &[])]);
+    line_in(&log, "checkpoint committed", Duration::from_secs(60));
+    // About 10 s of rows at 40,000 a second, hopping windows: several open per key at each
+    // savepoint.
+    let file = dir.path().join("meters.toml");
+    let text = "[stream]\nname = \"meters\"\npartitions = 2\naggs = 2\nsinks = 1\nwindow = \"2s\"\nslide = \"500ms\"\n\
+                [stream.generator]\nseed = 11\nkeys = 2000\nrows_per_ms = 20\nevents = 200000\nrate = 20000\n";
+    std::fs::write(&file, text).unwrap();
+    let (code, said) = stream(&config, &["create", "--file", file.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{said}");
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, said) = stream(&config, &["rescale", "meters", "--aggs", "5"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("rescaled to 5 aggs") && said.contains("running at generator 2p/5a/1s"), "{said}");
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, said) = stream(&config, &["rescale", "meters", "--aggs", "1"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("2p/1a/1s"), "{said}");
+    // A paused stream stays paused, and a sink rescale is refused with the reason.
+    let (code, said) = stream(&config, &["rescale", "meters", "--aggs", "2", "--sinks", "3"]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("a rescale of the sinks is not built"), "{said}");
+    let (code, said) = stream(&config, &["rescale", "ingest", "--aggs", "3"]);
+    assert_eq!(code, Some(2), "the cluster file's stream: {said}");
+    let mut spec = StreamSpec::generator(StreamId(2), 2, 2, 1);
+    spec.window = WindowSpec::hopping(2000, 500);
+    spec.source = SourceKind::Generator {
+        spec: GeneratorSpec { seed: 11, keys: 2000, rows_per_ms: 20, ..GeneratorSpec::default() },
+        limit: Some(200_000),
+        rate: Some(20_000),
+    };
+    let want = weir_engine::reference::bounded_results(&spec).unwrap().len();
+    let t0 = std::time::Instant::now();
+    while util::created::query(&config, "meters").len() != want {
+        if t0.elapsed() > Duration::from_secs(60) {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(60).collect();
+            panic!("the rescaled stream did not finish; the node's log ends:\n{}", tail.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    results_match(&config, &spec);
+    let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
