@@ -1,5 +1,6 @@
 //! `weir stream rescale` of a running stream on a real `weir node`: from 2 aggs to 5 and back to
-//! 1 while its generator runs, its results those of a run that never rescaled.
+//! 1 while its generator runs, or while `weir load` feeds it, its results those of a run that
+//! never rescaled.
 
 mod util;
 
@@ -68,6 +69,46 @@ fn a_running_stream_rescaled_from_two_aggs_to_five_and_back_to_one_gives_exact_r
         std::thread::sleep(Duration::from_millis(300));
     }
     results_match(&config, &spec);
+    let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn an_ingest_stream_rescaled_from_two_aggs_to_five_and_back_to_one_under_load_verifies() {
+    use util::load::{assert_acknowledged, expected, load, summary_of};
+    let dir = tempfile::tempdir().unwrap();
+    let config = util::load::load_one_node_with(dir.path(), "replay");
+    let log = dir.path().join("node.log");
+    let _node = Nodes(vec![start(&config, 1, &log, &[])]);
+    line_in(&log, "checkpoint committed", Duration::from_secs(60));
+    let file = dir.path().join("feed.toml");
+    let text = "[stream]\nname = \"feed\"\nsource = \"ingest\"\npartitions = 2\naggs = 2\nsinks = 1\nwindow = \"1s\"\n\
+                [stream.ingest]\ngroup_commit = \"10ms\"\n";
+    std::fs::write(&file, text).unwrap();
+    let (code, said) = stream(&config, &["create", "--file", file.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{said}");
+    let args = ["--stream", "feed", "--events", "400k", "--rate", "50k", "--rows-per-ms", "100", "--keys", "1000"];
+    let loading = load(&config, &[&args[..], &["--timeout", "60s"]].concat());
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, said) = stream(&config, &["rescale", "feed", "--aggs", "5"]);
+    assert_eq!(code, Some(0), "{said}");
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, said) = stream(&config, &["rescale", "feed", "--aggs", "1"]);
+    assert_eq!(code, Some(0), "{said}");
+    let (code, s, err) = summary_of(loading, Duration::from_secs(90));
+    assert_eq!(code, Some(0), "{s:#} {err}");
+    assert_acknowledged(&s, 2, 200_000);
+    // Every acknowledged event in the results once: as many results as the rows sent make, and
+    // `weir verify` finds each the rows' own.
+    let want = expected(&s, 2, 200_000).len();
+    let t0 = std::time::Instant::now();
+    while util::created::query(&config, "feed").len() != want {
+        assert!(t0.elapsed() < Duration::from_secs(60), "not every result within 60 s");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let out = weir().args(["verify", "--all", "--stream", "feed", "--config"]).arg(&config).output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{said}");
     let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
