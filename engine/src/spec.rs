@@ -46,6 +46,10 @@ pub enum Aggregate {
     Avg,
 }
 
+/// Tasks a stream has at most (sources, aggs and sinks together): a spec, a commit record or a
+/// catalog change that names more is refused before anything is sized by it.
+pub const MAX_TASKS: u32 = 4096;
+
 /// A stream's specification.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StreamSpec {
@@ -117,6 +121,9 @@ impl StreamSpec {
         let (partitions, aggs, sinks) = (self.partitions, self.agg_parallelism, self.sink_parallelism);
         if partitions == 0 || aggs == 0 || sinks == 0 {
             return Err(SpecError::Parallelism { partitions, aggs, sinks });
+        }
+        if u64::from(partitions) + u64::from(aggs) + u64::from(sinks) > u64::from(MAX_TASKS) {
+            return Err(SpecError::TooManyTasks { partitions, aggs, sinks });
         }
         if let Some(first) = self.first_agg_task
             && (first < partitions || u64::from(first) + u64::from(aggs) + u64::from(sinks) > u64::from(u32::MAX))
@@ -419,6 +426,9 @@ mod tests {
         assert_eq!(spec.info().first_agg_task, 6);
         spec.first_agg_task = Some(2);
         assert_eq!(spec.validate(), Err(SpecError::FirstAggTask { first: 2, partitions: 3 }));
+        spec.first_agg_task = None;
+        spec.agg_parallelism = MAX_TASKS;
+        assert_eq!(spec.validate(), Err(SpecError::TooManyTasks { partitions: 3, aggs: MAX_TASKS, sinks: 1 }));
     }
 
     #[test]

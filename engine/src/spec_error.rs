@@ -16,6 +16,16 @@ pub enum SpecError {
         /// Sinks.
         sinks: u32,
     },
+    /// More tasks than a stream may have.
+    #[error("partitions, aggs and sinks add up to more than {max} tasks (got {partitions}, {aggs} and {sinks})", max = crate::spec::MAX_TASKS)]
+    TooManyTasks {
+        /// Source partitions.
+        partitions: u32,
+        /// Aggs.
+        aggs: u32,
+        /// Sinks.
+        sinks: u32,
+    },
     /// A first agg task id among the sources' (or with no room for the ids after it).
     #[error(
         "first_agg_task must be at least partitions ({partitions}), with room for the aggs' and sinks' ids (got {first})"

@@ -215,10 +215,16 @@ fn rescale(t: &Target, name: &str, aggs: u32, sinks: u32, common: &Common) -> an
         }
     };
     let Some(read) = ask(t, &CatalogReq { request: 1, name: name.into() }, timeout)? else { return Ok(None) };
-    let Some(entry) = read.streams.first().filter(|_| read.refused.is_none()) else { return Ok(Some(read)) };
+    // The kept stream of the name (one dropped may wait out its grace period beside it).
+    let kept = read.streams.iter().find(|s| s.state.is_kept() && read.refused.is_none());
+    let Some(entry) = kept else { return Ok(Some(read)) };
     let was_paused = matches!(entry.state, StreamState::Paused { .. });
     let started = std::time::Instant::now();
     let change = |change: CatalogChange| CatalogChangeReq { request: 1, change };
+    let left_paused = || {
+        let mut err = std::io::stderr();
+        let _ = writeln!(err, "stream {name} is left paused: `weir stream resume {name}` resumes it");
+    };
     if !was_paused {
         say(format!("pausing stream {name}: a savepoint, then its tasks stop"));
         let Some(rsp) = ask(t, &change(CatalogChange::Pause { name: name.into() }), timeout)? else { return Ok(None) };
@@ -229,25 +235,36 @@ fn rescale(t: &Target, name: &str, aggs: u32, sinks: u32, common: &Common) -> an
     }
     let at = std::time::Instant::now();
     let rescaled = ask(t, &change(CatalogChange::Rescale { name: name.into(), aggs, sinks }), timeout)?;
-    let Some(rsp) = rescaled else { return Ok(None) };
-    let refused = rsp.refused.is_some();
-    if !refused {
-        say(format!("rescaled to {aggs} aggs in {:.1}s", at.elapsed().as_secs_f64()));
+    let Some(rsp) = rescaled else {
+        if !was_paused {
+            left_paused();
+        }
+        return Ok(None);
+    };
+    match &rsp.refused {
+        None => say(format!("rescaled to {aggs} aggs in {:.1}s", at.elapsed().as_secs_f64())),
+        // Possibly in the catalog already (not in effect in time): the resume goes on with
+        // whichever spec the catalog holds.
+        Some(CatalogRefusal::Unavailable { reason }) => say(format!("the rescale may not have taken effect: {reason}")),
+        Some(CatalogRefusal::Invalid { .. }) => {}
     }
     if was_paused {
         return Ok(Some(rsp));
     }
     let at = std::time::Instant::now();
     let Some(resumed) = ask(t, &change(CatalogChange::Resume { name: name.into() }), timeout)? else {
+        left_paused();
         return Ok(None);
     };
-    if refused {
-        say(format!("the rescale was refused: stream {name} resumed as it was"));
+    if resumed.refused.is_some() {
+        left_paused();
+        return Ok(Some(resumed));
+    }
+    if rsp.refused.is_some() {
+        say(format!("stream {name} resumed"));
         return Ok(Some(rsp));
     }
-    if resumed.refused.is_none() {
-        say(format!("resumed in {:.1}s ({:.1}s in all)", at.elapsed().as_secs_f64(), started.elapsed().as_secs_f64()));
-    }
+    say(format!("resumed in {:.1}s ({:.1}s in all)", at.elapsed().as_secs_f64(), started.elapsed().as_secs_f64()));
     Ok(Some(resumed))
 }
 

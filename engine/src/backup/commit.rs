@@ -104,7 +104,16 @@ pub fn decode_commit(key: &str, bytes: &[u8]) -> Result<CommitRecord, StoreError
                 r.versions.insert(TaskId(n(1)? as u32), Version(n(2)?));
             }
             "shape" if format >= 5 => {
-                let shape = Shape { first_agg: TaskId(n(1)? as u32), aggs: n(2)? as u32, sinks: n(3)? as u32 };
+                let m = |i: usize| n(i).and_then(|v| u32::try_from(v).map_err(|_| bad("bad number")));
+                let shape = Shape { first_agg: TaskId(m(1)?), aggs: m(2)?, sinks: m(3)? };
+                let (a, s) = (u64::from(shape.aggs), u64::from(shape.sinks));
+                if a == 0
+                    || s == 0
+                    || a + s > u64::from(crate::spec::MAX_TASKS)
+                    || u64::from(shape.first_agg.0) + a + s > u64::from(u32::MAX)
+                {
+                    return Err(bad("a shape out of range"));
+                }
                 r.shape = Some(shape);
             }
             "savepoint" if format >= 5 => r.savepoint = true,
@@ -313,6 +322,14 @@ mod tests {
         let shape = shaped.shape.unwrap();
         assert_eq!(shape.agg_tasks().collect::<Vec<_>>(), (9..14).map(TaskId).collect::<Vec<_>>());
         assert_eq!(shape.sink_tasks().collect::<Vec<_>>(), vec![TaskId(14), TaskId(15)]);
+        for bad in ["shape 9 0 2", "shape 9 5000 2", "shape 4294967295 5 2", "shape 9 99999999999 2"] {
+            let text = seal(format!("weir-commit 5\nid 12\ntrans 5\nts 1\n{bad}\nsavepoint\n"));
+            assert!(decode_commit("k", text.as_bytes()).is_err(), "{bad}");
+        }
+        // A commit that is no savepoint names no shape: an older Weir reads it.
+        assert!(
+            encode_commit(&CommitRecord { savepoint: false, shape: None, ..shaped }).starts_with("weir-commit 2\n")
+        );
         let edited = text.replace("version 0 4096", "version 0 4097");
         assert!(matches!(decode_commit("k", edited.as_bytes()), Err(StoreError::Corrupt { .. })));
         assert!(decode_commit("k", &text.as_bytes()[..text.len() - 3]).is_err());

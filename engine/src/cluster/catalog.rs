@@ -131,12 +131,18 @@ pub fn set_paused(c: &Catalog, name: &str, pause: bool, now_ms: u64) -> Result<(
     Ok((next, entry))
 }
 
-/// `c` with the paused stream `name`'s spec text replaced by `spec` (a rescale: the stream
+/// `c` with the paused stream `name`'s spec text `from` replaced by `spec` (a rescale: the stream
 /// resumes from its savepoint with the new spec's parallelism). A stream running or dropping
 /// cannot (a running one would restart at once, from a checkpoint that may be no savepoint).
-pub fn set_spec(c: &Catalog, name: &str, spec: &str) -> Result<(Catalog, StreamEntry), CatalogError> {
+pub fn set_spec(c: &Catalog, name: &str, from: &str, spec: &str) -> Result<(Catalog, StreamEntry), CatalogError> {
+    if spec.len() > weir_wire::msg::MAX_SPEC_TEXT {
+        return Err(invalid(format!("the new spec of {} bytes is longer than a catalog keeps", spec.len())));
+    }
     let mut next = c.clone();
     let s = named(&mut next, name)?;
+    if s.spec != from {
+        return Err(CatalogError::Unavailable { reason: format!("stream {name}'s spec changed meanwhile: try again") });
+    }
     match s.state {
         StreamState::Paused { .. } => s.spec = spec.to_string(),
         StreamState::Running => {

@@ -68,6 +68,21 @@ fn pause_and_resume_keep_the_stream_and_a_dropping_stream_can_do_neither() {
 }
 
 #[test]
+fn only_a_paused_streams_spec_is_replaced_and_only_the_one_it_was_computed_from() {
+    let c = created(&empty(), "a");
+    let spec = c.streams[0].spec.clone();
+    let err = set_spec(&c, "a", &spec, "aggs = 5").unwrap_err();
+    assert!(err.to_string().contains("pause it first"), "{err}");
+    let (c, _) = set_paused(&c, "a", true, 10).unwrap();
+    let stale = set_spec(&c, "a", "aggs = 1", "aggs = 5").unwrap_err();
+    assert!(stale.is_retryable(), "{stale}");
+    let long = "#".repeat(weir_wire::msg::MAX_SPEC_TEXT + 1);
+    assert!(set_spec(&c, "a", &spec, &long).is_err(), "a spec the catalog could not keep");
+    let (c, e) = set_spec(&c, "a", &spec, "aggs = 5").unwrap();
+    assert_eq!((e.spec.as_str(), c.streams[0].state), ("aggs = 5", StreamState::Paused { since_ms: 10 }));
+}
+
+#[test]
 fn a_full_catalog_refuses_another_stream() {
     let mut c = empty();
     for i in 0..MAX_STREAMS {

@@ -81,7 +81,9 @@ pub fn rescaled_doc(text: &str, aggs: u32, sinks: u32) -> anyhow::Result<String>
     table.insert("aggs".into(), i64::from(aggs).into());
     table.insert("sinks".into(), i64::from(sinks).into());
     table.insert("first_agg_task".into(), i64::from(first).into());
-    if let super::PlacementFile::Explicit(m) = &old.placement {
+    if let super::PlacementFile::Explicit(m) = &old.placement
+        && !m.is_empty()
+    {
         let mut nodes: Vec<u32> = m.values().copied().collect();
         nodes.sort_unstable();
         nodes.dedup();

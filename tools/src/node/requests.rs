@@ -121,21 +121,27 @@ impl Streams {
         if sinks != 0 && sinks != old.sinks {
             return Err(invalid(format!("a rescale of the sinks is not built: --sinks stays {}", old.sinks)));
         }
+        if self.parts.base.state_budget.is_some() {
+            let why = "the cluster spills window state (state_budget): a rescale of spilled state is not built";
+            return Err(invalid(why.into()));
+        }
         if !matches!(entry.state, StreamState::Paused { .. }) {
             return Err(invalid(format!("stream {name} runs: pause it first (`weir stream rescale` does)")));
         }
         self.savepoint_last(&entry)?;
         let text = crate::config::rescaled_doc(&entry.spec, aggs, sinks).map_err(|e| invalid(format!("{e:#}")))?;
-        let probe = StreamEntry { spec: text.clone(), ..entry };
+        let probe = StreamEntry { spec: text.clone(), ..entry.clone() };
         self.parts
             .file
             .stream_of(&probe)
             .and_then(|s| crate::settings::spec_of(&s))
             .map_err(|e| invalid(format!("{e:#}")))?;
-        self.change(|c| catalog::set_spec(c, name, &text)).map(|d| d.map(|(c, e)| (c, e, Effect::Respec)))
+        // Made on the spec the text was computed from: one changed meanwhile is tried again.
+        self.change(|c| catalog::set_spec(c, name, &entry.spec, &text)).map(|d| d.map(|(c, e)| (c, e, Effect::Respec)))
     }
 
-    /// Refuses unless stream `entry`'s last commit is a savepoint.
+    /// Refuses unless stream `entry`'s last commit is a savepoint whose aggs all wrote their
+    /// windows (none names rows to replay).
     fn savepoint_last(&self, entry: &StreamEntry) -> Result<(), CatalogError> {
         let Some(ck) = &self.parts.base.checkpoint else {
             return Err(CatalogError::Invalid {
@@ -149,20 +155,35 @@ impl Streams {
                 }
                 None => std::sync::Arc::new(weir_engine::backup::commit_point::StoreCommits::new(entry.id)),
             };
-        let last = book.last(ck.open_store().as_ref()).map_err(|e| CatalogError::Unavailable {
+        let store = ck.open_store();
+        let unavailable = |e: String| CatalogError::Unavailable {
             reason: format!("reading stream {}'s last commit: {e}", entry.name),
-        })?;
-        match last {
-            Some(r) if r.savepoint => Ok(()),
-            Some(r) => Err(CatalogError::Invalid {
-                reason: format!(
-                    "stream {}'s last commit (chk-{}) is no savepoint (it paused without one): resume it and pause it                      again, which takes one",
-                    entry.name, r.id.0
-                ),
-            }),
-            None => Err(CatalogError::Invalid {
-                reason: format!("stream {} has no commit: resume it until one commits, then rescale", entry.name),
-            }),
+        };
+        let invalid = |reason: String| CatalogError::Invalid { reason };
+        match book.last(store.as_ref()).map_err(|e| unavailable(e.to_string()))? {
+            Some(r) if r.savepoint => {
+                for t in r.shape.iter().flat_map(|s| s.agg_tasks()) {
+                    let crc = r.manifests.get(&t).copied();
+                    let m = weir_engine::backup::fetch_manifest(store.as_ref(), entry.id, t, r.id, crc)
+                        .map_err(|e| unavailable(format!("agg {t}'s manifest: {e}")))?;
+                    if m.replay.is_some() {
+                        let (id, name) = (r.id.0, &entry.name);
+                        return Err(invalid(format!(
+                            "savepoint chk-{id} of stream {name}: agg {t} names windows to replay"
+                        )));
+                    }
+                }
+                Ok(())
+            }
+            Some(r) => Err(invalid(format!(
+                "stream {}'s last commit (chk-{}) is no savepoint (it paused without one, as when an agg still replayed \
+                 after a restore or the savepoint took longer than 10 s): resume it and pause it again once it has \
+                 caught up",
+                entry.name, r.id.0
+            ))),
+            None => {
+                Err(invalid(format!("stream {} has no commit: resume it until one commits, then rescale", entry.name)))
+            }
         }
     }
 

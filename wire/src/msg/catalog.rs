@@ -14,6 +14,8 @@ pub const MAX_STREAMS: usize = 64;
 /// Longest stream spec text (bytes): a `[stream]` table, as TOML.
 pub const MAX_SPEC_TEXT: usize = 16 << 10;
 
+/// Most aggs or sinks a rescale asks for (a stream's own bound on its tasks is the engine's).
+pub const MAX_RESCALE: usize = 4096;
 /// Longest stream name (bytes).
 pub const MAX_STREAM_NAME: usize = 64;
 
@@ -287,8 +289,12 @@ pub(super) fn check_catalog_change(m: &ArchivedCatalogChangeReq) -> Result<(), C
         }
         ArchivedCatalogChange::Drop { name }
         | ArchivedCatalogChange::Pause { name }
-        | ArchivedCatalogChange::Resume { name }
-        | ArchivedCatalogChange::Rescale { name, .. } => bounded("stream name", name.len(), MAX_STREAM_NAME),
+        | ArchivedCatalogChange::Resume { name } => bounded("stream name", name.len(), MAX_STREAM_NAME),
+        ArchivedCatalogChange::Rescale { name, aggs, sinks } => {
+            bounded("stream name", name.len(), MAX_STREAM_NAME)?;
+            bounded("aggs", aggs.to_native() as usize, MAX_RESCALE)?;
+            bounded("sinks", sinks.to_native() as usize, MAX_RESCALE)
+        }
     }
 }
 

@@ -433,7 +433,9 @@ impl Coordinator {
                 .collect(),
             manifests: f.reports.iter().map(|(t, r)| (*t, r.manifest_crc)).collect(),
             ts: self.now,
-            shape,
+            // Only a savepoint restores at other parallelism: other commits stay in the format an
+            // older Weir reads.
+            shape: shape.filter(|_| f.savepoint),
             savepoint: f.savepoint,
         };
         f.committing = Some(record.clone());

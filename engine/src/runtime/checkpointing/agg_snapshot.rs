@@ -130,6 +130,11 @@ pub(crate) fn capture_at_cuts(
         a.cuts.release(&mut a.agg, None);
         return Err(AggSnapshotError::LateAtCuts);
     }
+    if a.savepoint == Some(id) {
+        // Cut before its barrier said it was a savepoint: it cannot name windows.
+        a.cuts.release(&mut a.agg, None);
+        return Err(AggSnapshotError::SavepointDuringReplay { left: a.replay.left() });
+    }
     let taken = a.cuts.taken_at_cuts(a.replay.taken());
     a.replay.observe_at(Instant::now(), taken.iter().sum());
     let from = a.agg.replay_from();

@@ -51,7 +51,9 @@ use crate::backup::Store;
 use crate::backup::commit_point::{Begin, CommitBook, StoreCommits};
 use crate::backup::uploader::UploaderPool;
 use crate::checkpoint::driver::TaskDriver;
-use crate::checkpoint::{CommitRecord, CoordInput, Coordinator, IdRecord, Role, TaskMachine, TaskSetup};
+use crate::checkpoint::{
+    CheckpointError, CommitRecord, CoordInput, Coordinator, IdRecord, Role, TaskMachine, TaskSetup,
+};
 use crate::spec::{Placement, StreamSpec, TaskDesc, TaskKind, Topology};
 
 fn role(k: &TaskKind) -> Role {
@@ -212,21 +214,27 @@ impl Setup {
             // sources) have files of their own in it.
             Some(r) => {
                 let named: Vec<TaskId> = match r.shape {
+                    // A savepoint of another shape: its old tasks' files go as the new ones
+                    // restore (`rescale.rs`).
                     Some(s) if Some(s) != shape_of(&topo) => {
-                        // The old aggs' and sinks' files here are no one's now (their snapshots
-                        // are in the store, which the new tasks read): a node's results are
-                        // its sinks' stores, and an old one would answer queries twice.
-                        for old in s.agg_tasks().chain(s.sink_tasks()).filter(|t| topo.task(*t).is_none()) {
-                            let dir = restore::task_dir(&cfg.data_dir, old);
-                            if let Err(e) = std::fs::remove_dir_all(&dir)
-                                && e.kind() != std::io::ErrorKind::NotFound
-                            {
-                                tracing::warn!(stream = %spec.id, task = %old, error = %e, "cannot remove an old task's files after a rescale");
-                            }
-                        }
                         local.iter().copied().filter(|t| r.manifests.contains_key(t)).collect()
                     }
-                    _ => local,
+                    _ => {
+                        let commit = matches!(r.kind, crate::checkpoint::RecordKind::Commit(_));
+                        if let Some(t) = local.iter().find(|t| commit && !r.manifests.contains_key(t)) {
+                            return Err(EngineError::Checkpoint(CheckpointError::Restore {
+                                task: *t,
+                                id: r.restore_point(),
+                                reason: format!(
+                                    "checkpoint {} was taken with other tasks (none is {t}) and is no savepoint: a \
+                                     stream restores at other parallelism from a savepoint only (`weir stream pause` \
+                                     takes one)",
+                                    r.id
+                                ),
+                            }));
+                        }
+                        local
+                    }
                 };
                 verify::check_node(store.as_ref(), spec.id, &cfg.data_dir, &named, r, book.as_ref())?
             }

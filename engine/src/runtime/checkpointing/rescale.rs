@@ -38,12 +38,52 @@ pub(crate) struct Rescale {
     pub(crate) old: Shape,
 }
 
-/// Whether restoring `point` is a rescale: its commit record names another shape than `now`.
+/// Whether restoring `point` is a rescale: its commit record is a savepoint's of another shape
+/// than `now`. One that cannot be (new ids among the old ones, another number of sinks) is
+/// refused, and the node's copies of the old aggs' and sinks' files go (no one's now: a node's
+/// results are its sinks' stores, and an old one would answer twice).
 pub(crate) fn of(c: &PortCtx, point: RestorePoint, now: Shape) -> Result<Option<Rescale>, CheckpointError> {
     let failed = |reason: String| CheckpointError::Restore { task: c.task, id: Some(point.id), reason };
     let record = crate::backup::commit::read_commit(c.store.as_ref(), c.stream, point.id)
         .map_err(|e| failed(format!("reading the commit record: {e}")))?;
-    Ok(record.and_then(|r| r.shape.filter(|s| *s != now).map(|old| Rescale { record: r, old })))
+    let Some(record) = record else { return Ok(None) };
+    if record.shape.is_none()
+        && matches!(record.kind, crate::checkpoint::RecordKind::Commit(_))
+        && !record.manifests.contains_key(&c.task)
+    {
+        return Err(failed(format!(
+            "checkpoint {} was taken with other tasks (none is {}) and is no savepoint: a stream restores at other \
+             parallelism from a savepoint only (`weir stream pause` takes one)",
+            point.id, c.task
+        )));
+    }
+    let Some(old) = record.shape.filter(|s| *s != now) else { return Ok(None) };
+    let ids = |s: Shape| s.agg_tasks().chain(s.sink_tasks()).collect::<std::collections::BTreeSet<_>>();
+    if !record.savepoint {
+        return Err(failed(format!("checkpoint {} is no savepoint: it cannot restore at other parallelism", point.id)));
+    }
+    if ids(old).intersection(&ids(now)).next().is_some() {
+        return Err(failed(format!(
+            "the stream's aggs and sinks now take task ids its checkpoint {} used (first_agg_task must be past {})",
+            point.id,
+            old.first_agg.0 + old.aggs + old.sinks - 1
+        )));
+    }
+    if old.sinks != now.sinks {
+        return Err(failed(format!(
+            "checkpoint {} has {} sinks, the stream {}: a rescale of the sinks is not built",
+            point.id, old.sinks, now.sinks
+        )));
+    }
+    for t in ids(old) {
+        let dir = task_dir(&c.data, t);
+        if let Err(e) = std::fs::remove_dir_all(&dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(task = %t, error = %e, "cannot remove an old task's files after a rescale");
+        }
+    }
+    Ok(Some(Rescale { record, old }))
 }
 
 /// The old parts (of `old_n`) that overlap new part `j` of `new_n` (one more at each end at
