@@ -21,22 +21,28 @@ fn stream(config: &Path, args: &[&str]) -> (Option<i32>, String) {
     (out.status.code(), text)
 }
 
-#[test]
-fn a_running_stream_rescaled_from_two_aggs_to_five_and_back_to_one_gives_exact_results() {
-    let dir = tempfile::tempdir().unwrap();
-    // Replay snapshots, as `weir node` takes them: only the pause's savepoint writes every window.
-    let config = util::load::load_one_node_with(dir.path(), "replay");
-    let log = dir.path().join("node.log");
-    let _node = Nodes(vec![start(&config, 1, &log, &[])]);
+/// One `weir node` taking replay snapshots (as it does by default: only a pause's savepoint
+/// writes every window), with stream `name` created from `text`: its config, log and process.
+fn node_with(dir: &Path, name: &str, text: &str) -> (std::path::PathBuf, std::path::PathBuf, Nodes) {
+    let config = util::load::load_one_node_with(dir, "replay");
+    let log = dir.join("node.log");
+    let node = Nodes(vec![start(&config, 1, &log, &[])]);
     line_in(&log, "checkpoint committed", Duration::from_secs(60));
-    // About 10 s of rows at 40,000 a second, hopping windows: several open per key at each
-    // savepoint.
-    let file = dir.path().join("meters.toml");
-    let text = "[stream]\nname = \"meters\"\npartitions = 2\naggs = 2\nsinks = 1\nwindow = \"2s\"\nslide = \"500ms\"\n\
-                [stream.generator]\nseed = 11\nkeys = 2000\nrows_per_ms = 20\nevents = 200000\nrate = 20000\n";
+    let file = dir.join(format!("{name}.toml"));
     std::fs::write(&file, text).unwrap();
     let (code, said) = stream(&config, &["create", "--file", file.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{said}");
+    (config, log, node)
+}
+
+#[test]
+fn a_running_stream_rescaled_from_two_aggs_to_five_and_back_to_one_gives_exact_results() {
+    let dir = tempfile::tempdir().unwrap();
+    // About 10 s of rows at 40,000 a second, hopping windows: several open per key at each
+    // savepoint.
+    let text = "[stream]\nname = \"meters\"\npartitions = 2\naggs = 2\nsinks = 1\nwindow = \"2s\"\nslide = \"500ms\"\n\
+                [stream.generator]\nseed = 11\nkeys = 2000\nrows_per_ms = 20\nevents = 200000\nrate = 20000\n";
+    let (config, log, _node) = node_with(dir.path(), "meters", text);
     std::thread::sleep(Duration::from_secs(2));
     let (code, said) = stream(&config, &["rescale", "meters", "--aggs", "5"]);
     assert_eq!(code, Some(0), "{said}");
@@ -77,16 +83,9 @@ fn a_running_stream_rescaled_from_two_aggs_to_five_and_back_to_one_gives_exact_r
 fn an_ingest_stream_rescaled_from_two_aggs_to_five_and_back_to_one_under_load_verifies() {
     use util::load::{assert_acknowledged, expected, load, summary_of};
     let dir = tempfile::tempdir().unwrap();
-    let config = util::load::load_one_node_with(dir.path(), "replay");
-    let log = dir.path().join("node.log");
-    let _node = Nodes(vec![start(&config, 1, &log, &[])]);
-    line_in(&log, "checkpoint committed", Duration::from_secs(60));
-    let file = dir.path().join("feed.toml");
     let text = "[stream]\nname = \"feed\"\nsource = \"ingest\"\npartitions = 2\naggs = 2\nsinks = 1\nwindow = \"1s\"\n\
                 [stream.ingest]\ngroup_commit = \"10ms\"\n";
-    std::fs::write(&file, text).unwrap();
-    let (code, said) = stream(&config, &["create", "--file", file.to_str().unwrap()]);
-    assert_eq!(code, Some(0), "{said}");
+    let (config, _log, _node) = node_with(dir.path(), "feed", text);
     let args = ["--stream", "feed", "--events", "400k", "--rate", "50k", "--rows-per-ms", "100", "--keys", "1000"];
     let loading = load(&config, &[&args[..], &["--timeout", "60s"]].concat());
     std::thread::sleep(Duration::from_secs(2));
