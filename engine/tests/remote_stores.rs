@@ -36,6 +36,8 @@ fn keeps_the_contract(store: &dyn Store, tmp: &std::path::Path) {
     assert_eq!(store.list("a/").unwrap(), vec!["a/b/one", "a/bc/two"]);
     assert_eq!(store.list("a/b").unwrap(), vec!["a/b/one", "a/bc/two"], "prefixes are strings, not folders");
     assert_eq!(store.list("a/b/").unwrap(), vec!["a/b/one"]);
+    assert_eq!(store.list("a/bc/t").unwrap(), vec!["a/bc/two"]);
+    assert_eq!(store.list("").unwrap(), vec!["a/b/one", "a/bc/two", "z/three"]);
     store.delete("a/b/one").unwrap();
     store.delete("a/b/one").unwrap(); // gone already: no error
     assert_eq!(store.list("a/").unwrap(), vec!["a/bc/two"]);
@@ -45,7 +47,17 @@ fn keeps_the_contract(store: &dyn Store, tmp: &std::path::Path) {
 #[test]
 fn the_local_directory_store_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();
-    keeps_the_contract(&weir_engine::backup::LocalDirStore::new(dir.path().join("store")), dir.path());
+    let root = dir.path().join("store");
+    let store = weir_engine::backup::LocalDirStore::new(&root);
+    keeps_the_contract(&store, dir.path());
+    // A folder a delete emptied goes (listings walk folders: kept, every checkpoint ever taken
+    // would slow them), its parents while they empty too, never the root; it comes back for a put.
+    assert!(!root.join("a/b").exists() && root.join("a/bc").is_dir());
+    store.delete("a/bc/two").unwrap();
+    store.delete("z/three").unwrap();
+    assert!(!root.join("a").exists() && !root.join("z").exists() && root.is_dir());
+    store.put("a/b/one", b"again").unwrap();
+    assert_eq!(store.list("a/").unwrap(), vec!["a/b/one"]);
 }
 
 #[test]

@@ -64,6 +64,19 @@ fn create_tmp(tmp: &Path) -> std::io::Result<fs::File> {
     o.open(tmp)
 }
 
+/// `create_tmp` in `dir`, made first: again while a delete removes the folder as it empties
+/// between the two (bounded: a folder removed that often is a fault, reported).
+fn create_in(dir: &Path, tmp: &Path) -> std::io::Result<fs::File> {
+    let mut tries = 0;
+    loop {
+        fs::create_dir_all(dir)?;
+        match create_tmp(tmp) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 8 => tries += 1,
+            r => return r,
+        }
+    }
+}
+
 /// Opens the object at `path` for reading: not through a link, not a FIFO or device (which could
 /// block a restore for ever), only a regular file.
 fn open_object(path: &Path) -> std::io::Result<fs::File> {
@@ -86,9 +99,8 @@ impl Store for LocalDirStore {
     fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
         let path = self.path(key)?;
         let dir = path.parent().expect("keys have a parent");
-        fs::create_dir_all(dir).map_err(unavailable("put", key))?;
         let tmp = tmp_path(&path);
-        let mut f = create_tmp(&tmp).map_err(unavailable("put", key))?;
+        let mut f = create_in(dir, &tmp).map_err(unavailable("put", key))?;
         f.write_all(bytes).map_err(unavailable("put", key))?;
         f.sync_all().map_err(unavailable("put", key))?;
         fs::rename(&tmp, &path).map_err(unavailable("put", key))?;
@@ -98,13 +110,12 @@ impl Store for LocalDirStore {
     fn put_file(&self, key: &str, src: &Path) -> Result<(), StoreError> {
         let path = self.path(key)?;
         let dir = path.parent().expect("keys have a parent");
-        fs::create_dir_all(dir).map_err(unavailable("put", key))?;
         let tmp = tmp_path(&path);
         // A copy, never a hard link: a backup that shares the node's bytes dies with them (one
         // damaged byte in a linked file damages the local snapshot and the backup at once).
         // The copy's writes skip the page cache where they can (`direct_io`): nothing reads a
         // stored file back soon, and fresh cache pages were most of an upload's cost.
-        let to = create_tmp(&tmp).map_err(unavailable("put", key))?;
+        let to = create_in(dir, &tmp).map_err(unavailable("put", key))?;
         crate::direct_io::copy(src, to, &tmp).map_err(unavailable("put", key))?;
         fs::rename(&tmp, &path).map_err(unavailable("put", key))?;
         sync_dir(dir).map_err(unavailable("put", key))
@@ -149,7 +160,13 @@ impl Store for LocalDirStore {
 
     fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         let mut out = Vec::new();
-        let mut stack = vec![self.root.clone()];
+        // The walk starts at the directory the prefix names: a store shared by many streams
+        // lists one stream's objects in time of their own, not of the whole store's.
+        let start = match prefix.rsplit_once('/') {
+            Some((dir, _)) if !dir.split('/').any(|p| p.is_empty() || p == "." || p == "..") => self.root.join(dir),
+            _ => self.root.clone(),
+        };
+        let mut stack = vec![start];
         while let Some(dir) = stack.pop() {
             let entries = match fs::read_dir(&dir) {
                 Ok(e) => e,
@@ -157,8 +174,10 @@ impl Store for LocalDirStore {
                 Err(e) => return Err(unavailable("list", prefix)(e)),
             };
             for entry in entries {
-                let path = entry.map_err(unavailable("list", prefix))?.path();
-                if path.is_dir() {
+                let entry = entry.map_err(unavailable("list", prefix))?;
+                let path = entry.path();
+                // The entry's own type: a link is listed, never followed into.
+                if entry.file_type().map_err(unavailable("list", prefix))?.is_dir() {
                     stack.push(path);
                 } else if let Ok(rel) = path.strip_prefix(&self.root) {
                     let key = rel.to_string_lossy().replace('\\', "/");
@@ -173,10 +192,23 @@ impl Store for LocalDirStore {
     }
 
     fn delete(&self, key: &str) -> Result<(), StoreError> {
-        match fs::remove_file(self.path(key)?) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(unavailable("delete", key)(e)),
+        let path = self.path(key)?;
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(unavailable("delete", key)(e)),
         }
+        // Folders left empty go too (every checkpoint has one per task): a listing walks
+        // folders, so a store that kept them would list slower with every checkpoint ever
+        // taken. A folder a writer is filling holds its temporary file and stays; a writer
+        // whose folder went between its creation and its file's makes it again (`create_in`).
+        let mut dir = path.parent();
+        while let Some(d) = dir.filter(|d| *d != self.root && d.starts_with(&self.root)) {
+            if fs::remove_dir(d).is_err() {
+                break; // not empty (or gone): its parents are not empty either
+            }
+            dir = d.parent();
+        }
+        Ok(())
     }
 }
