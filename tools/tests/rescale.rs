@@ -74,7 +74,7 @@ fn a_running_stream_rescaled_from_two_aggs_to_five_and_back_to_one_gives_exact_r
         }
         std::thread::sleep(Duration::from_millis(300));
     }
-    results_match(&config, &spec);
+    results_match(&config, "meters", &spec);
     let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

@@ -7,13 +7,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use util::created::results_match;
+use util::created::{commits_after, committed, results_match};
 use util::*;
-use weir_engine::backup::commit::last_commit;
 use weir_engine::operator::generator::GeneratorSpec;
 use weir_engine::operator::window::WindowSpec;
 use weir_engine::spec::{SourceKind, StreamSpec};
-use weir_engine::wire::{CheckpointId, StreamId};
+use weir_engine::wire::StreamId;
 
 /// `weir stream ARGS --config CONFIG`: exit code, stdout, stderr.
 fn stream(config: &Path, args: &[&str]) -> (Option<i32>, String, String) {
@@ -54,21 +53,6 @@ fn meters(dir: &Path, id: u64) -> (PathBuf, StreamSpec) {
     (path, spec)
 }
 
-/// The newest commit of `stream` in the store under `dir`.
-fn committed(dir: &Path, stream: u64) -> Option<CheckpointId> {
-    let store = weir_engine::backup::LocalDirStore::new(dir.join("remote"));
-    last_commit(&store, StreamId(stream)).unwrap().map(|r| r.id)
-}
-
-/// Waits until `stream` commits a checkpoint after `after`.
-fn commits_after(dir: &Path, stream: u64, after: Option<CheckpointId>, limit: Duration) {
-    let t0 = Instant::now();
-    while committed(dir, stream) <= after {
-        assert!(t0.elapsed() < limit, "stream {stream} committed nothing after {after:?} within {limit:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn a_stream_created_beside_the_files_runs_exactly_and_its_drop_leaves_the_other_committing() {
     let dir = tempfile::tempdir().unwrap();
@@ -100,7 +84,7 @@ fn a_stream_created_beside_the_files_runs_exactly_and_its_drop_leaves_the_other_
     line_with(&rx, "stream=meters", Duration::from_secs(10));
     let meters_dir = dir.path().join("data/node-1/streams/2");
     assert!(meters_dir.join("tasks").is_dir(), "a created stream keeps its data under streams/<id>");
-    let want = results_match(&config, &spec);
+    let want = results_match(&config, "meters", &spec);
     assert!(committed(dir.path(), 2).is_some(), "the created stream committed checkpoints of its own");
     // The client commands take the stream's name: status shows that stream alone, and verify
     // checks it against its own spec.
@@ -240,7 +224,7 @@ fn a_stream_created_on_one_node_of_three_runs_on_every_node_and_its_drop_reaches
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    results_match(&config, &spec);
+    results_match(&config, "meters", &spec);
 
     // Its checkpoints in the store and its keys in etcd.
     let store = weir_engine::backup::LocalDirStore::new(dir.path().join("remote"));

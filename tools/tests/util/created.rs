@@ -1,10 +1,12 @@
-//! A created stream's results as `weir query` serves them, against the reference.
+//! A created stream's results as `weir query` serves them, against the reference, and its commits.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use weir_engine::backup::commit::last_commit;
 use weir_engine::spec::StreamSpec;
+use weir_engine::wire::{CheckpointId, StreamId};
 
 use super::weir;
 
@@ -29,9 +31,9 @@ pub fn query(config: &Path, name: &str) -> Vec<(u64, i64, u64, f64, f64, f64)> {
         .collect()
 }
 
-/// Waits until the nodes serve every result of bounded stream `spec` (named `meters`), and
+/// Waits until the nodes serve every result of bounded stream `spec` (named `name`), and
 /// checks they are the reference's; returns them.
-pub fn results_match(config: &Path, spec: &StreamSpec) -> Vec<(u64, i64, u64, f64, f64, f64)> {
+pub fn results_match(config: &Path, name: &str, spec: &StreamSpec) -> Vec<(u64, i64, u64, f64, f64, f64)> {
     let want: Vec<(u64, i64, u64, f64, f64, f64)> = weir_engine::reference::bounded_results(spec)
         .unwrap()
         .into_iter()
@@ -40,13 +42,28 @@ pub fn results_match(config: &Path, spec: &StreamSpec) -> Vec<(u64, i64, u64, f6
     assert!(want.len() > 1000, "{} results", want.len());
     let t0 = Instant::now();
     loop {
-        let mut got = query(config, "meters");
+        let mut got = query(config, name);
         if got.len() == want.len() {
             got.sort_by_key(|r| (r.0, r.1));
-            assert!(got == want, "the created stream's results differ from the reference");
+            assert!(got == want, "stream {name}'s results differ from the reference");
             return want;
         }
-        assert!(t0.elapsed() < Duration::from_secs(60), "the created stream did not finish: {} results", got.len());
+        assert!(t0.elapsed() < Duration::from_secs(60), "stream {name} did not finish: {} results", got.len());
         std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// The newest commit of `stream` in the `file://` store of a test's directory `dir`.
+pub fn committed(dir: &Path, stream: u64) -> Option<CheckpointId> {
+    let store = weir_engine::backup::LocalDirStore::new(dir.join("remote"));
+    last_commit(&store, StreamId(stream)).unwrap().map(|r| r.id)
+}
+
+/// Waits until `stream` commits a checkpoint after `after`.
+pub fn commits_after(dir: &Path, stream: u64, after: Option<CheckpointId>, limit: Duration) {
+    let t0 = Instant::now();
+    while committed(dir, stream) <= after {
+        assert!(t0.elapsed() < limit, "stream {stream} committed nothing after {after:?} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
