@@ -149,8 +149,10 @@ pub(crate) fn run(
             // Let the engine's other threads (coordinator, uploaders, network) run now if they
             // are waiting for this core, instead of after the scheduler's time slice: a few
             // milliseconds each time, on every hop of a checkpoint. A no-op when none waits. Not
-            // while a checkpoint aligns: then the pipeline itself is what the checkpoint waits for.
-            if !engine_aligning {
+            // while a checkpoint aligns: then the pipeline itself is what the checkpoint waits
+            // for; not after a poll that found nothing to do, which held the core for
+            // microseconds (on a node of many idle streams those yields were most of their cost).
+            if !engine_aligning && matches!(p, Poll::Busy) {
                 std::thread::yield_now();
             }
             match p {
