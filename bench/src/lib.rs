@@ -7,6 +7,7 @@ pub mod backup;
 pub mod keys;
 pub mod recovery;
 pub mod restore;
+pub mod streams;
 pub mod timely_job;
 
 use std::io::{Read, Write};

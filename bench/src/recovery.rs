@@ -42,7 +42,7 @@ fn parse(line: &str, at: Duration) -> Option<Line> {
 }
 
 /// The `weir` binary: `WEIR_BIN`, else beside this executable.
-fn weir_bin() -> PathBuf {
+pub(crate) fn weir_bin() -> PathBuf {
     std::env::var_os("WEIR_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| std::env::current_exe().expect("this executable").with_file_name("weir"))

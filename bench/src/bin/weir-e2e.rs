@@ -10,6 +10,7 @@
 //! cargo run --release -p weir-bench --bin weir-e2e -- keys [seconds] [k1,k2,...] [rounds]
 //! cargo run --release -p weir-bench --bin weir-e2e -- agg [k1,k2,...]
 //! source scripts/services && cargo run --release -p weir-bench --bin weir-e2e -- restore [keys]
+//! cargo run --release -p weir-bench --bin weir-e2e -- streams [seconds]
 //! ```
 //!
 //! `pipeline`: generator → tumbling 1 s windows (count/sum/min/max/avg) → sink, 10,000 keys, one
@@ -34,6 +35,10 @@
 //!
 //! `restore`: restore times of one agg checkpoint of `keys` keys (default 4,000,000), from the
 //! node's snapshot, `file://` and S3 (`weir_bench::restore`).
+//!
+//! `streams`: one stream's throughput alone, beside nine idle ones and beside one at full
+//! speed on one `weir node`; create-to-first-commit, pause and resume times
+//! (`weir_bench::streams`).
 //!
 //! `backup`: the remote store's figures against the S3 server of `scripts/services`
 //! (`weir_bench::backup`).
@@ -530,9 +535,10 @@ fn main() {
                 &list(5, "5s,off"),
             )
         }
+        Some("streams") => weir_bench::streams::streams(num(2, 10)),
         _ => {
             eprintln!(
-                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] [tls] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] [rounds] [full|replay] | agg [k1,k2,...] | restore [keys] | recovery [seconds] [k1,k2,...] [w1,w2,...] [b1,b2,...]   (WEIR_LOG=weir_engine=debug: the engine's log on stderr)"
+                "usage: weir-e2e pipeline [seconds] [workers] | two-nodes [seconds] [tls] | ingest [seconds] | checkpoints [seconds] [runs] | jitter [seconds] | backup [seconds] [runs] | keys [seconds] [k1,k2,...] [rounds] [full|replay] | agg [k1,k2,...] | restore [keys] | recovery [seconds] [k1,k2,...] [w1,w2,...] [b1,b2,...] | streams [seconds]   (WEIR_LOG=weir_engine=debug: the engine's log on stderr)"
             );
             std::process::exit(2);
         }
