@@ -58,6 +58,14 @@ fn the_local_directory_store_keeps_the_contract() {
     assert!(!root.join("a").exists() && !root.join("z").exists() && root.is_dir());
     store.put("a/b/one", b"again").unwrap();
     assert_eq!(store.list("a/").unwrap(), vec!["a/b/one"]);
+    // An empty folder left behind goes as a listing walks past it; a linked folder is walked
+    // into, never taken for an object.
+    std::fs::create_dir_all(root.join("a/x/y")).unwrap();
+    std::fs::create_dir_all(dir.path().join("elsewhere")).unwrap();
+    std::fs::write(dir.path().join("elsewhere/f"), b"f").unwrap();
+    std::os::unix::fs::symlink(dir.path().join("elsewhere"), root.join("a/link")).unwrap();
+    assert_eq!(store.list("a/").unwrap(), vec!["a/b/one", "a/link/f"]);
+    assert!(!root.join("a/x/y").exists() && root.join("a/link").exists());
 }
 
 #[test]

@@ -111,3 +111,48 @@ fn an_ingest_stream_rescaled_from_two_aggs_to_five_and_back_to_one_under_load_ve
     let out = weir().args(["stop", "--config"]).arg(&config).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn an_ingest_stream_on_three_nodes_rescaled_from_two_aggs_to_five_and_back_to_one_under_load_verifies() {
+    use util::load::{assert_acknowledged, expected, load, summary_of};
+    let dir = tempfile::tempdir().unwrap();
+    let config = adjusted(example("load-three-node.toml"), dir.path(), |t| {
+        set(t, &["checkpoint", "interval"], "200ms");
+    });
+    let logs: Vec<std::path::PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
+    let _nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1], &[])).collect());
+    line_in(&logs[0], "checkpoint committed", Duration::from_secs(60));
+    let file: toml::Table = toml::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    let addr = |n: usize| file["nodes"][n - 1]["addr"].as_str().unwrap().to_string();
+    // A partition, a sink and (at first) an agg or none on each node.
+    let text = "[stream]\nname = \"feed\"\nsource = \"ingest\"\npartitions = 3\naggs = 2\nsinks = 3\nwindow = \"1s\"\n\
+                placement = \"spread\"\n[stream.ingest]\ngroup_commit = \"10ms\"\n";
+    let path = dir.path().join("feed.toml");
+    std::fs::write(&path, text).unwrap();
+    let (code, said) = stream(&config, &["create", "--file", path.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{said}");
+    let args = ["--stream", "feed", "--events", "600k", "--rate", "60k", "--rows-per-ms", "100", "--keys", "1000"];
+    let loading = load(&config, &[&args[..], &["--timeout", "60s"]].concat());
+    // Rescaled through node 2, then through node 3 (neither coordinates the stream).
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, said) = stream(&config, &["rescale", "feed", "--aggs", "5", "--node", &addr(2)]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("rescaled to 5 aggs") && said.contains("3p/5a/3s"), "{said}");
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, said) = stream(&config, &["rescale", "feed", "--aggs", "1", "--node", &addr(3)]);
+    assert_eq!(code, Some(0), "{said}");
+    let (code, s, err) = summary_of(loading, Duration::from_secs(90));
+    let logs_text = || logs.iter().map(|l| std::fs::read_to_string(l).unwrap_or_default()).collect::<Vec<_>>();
+    assert_eq!(code, Some(0), "{s:#} {err}\n{}", logs_text().join("\n"));
+    assert_acknowledged(&s, 3, 200_000);
+    let want = expected(&s, 3, 200_000).len();
+    let t0 = std::time::Instant::now();
+    while util::created::query(&config, "feed").len() != want {
+        assert!(t0.elapsed() < Duration::from_secs(60), "not every result within 60 s\n{}", logs_text().join("\n"));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let out = weir().args(["verify", "--all", "--stream", "feed", "--config"]).arg(&config).output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("from 3 nodes"), "{said}");
+}

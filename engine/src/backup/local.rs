@@ -69,12 +69,17 @@ fn create_tmp(tmp: &Path) -> std::io::Result<fs::File> {
 fn create_in(dir: &Path, tmp: &Path) -> std::io::Result<fs::File> {
     let mut tries = 0;
     loop {
-        fs::create_dir_all(dir)?;
-        match create_tmp(tmp) {
+        // Either step finds a folder gone that a delete emptied and removed meanwhile.
+        match fs::create_dir_all(dir).and_then(|()| create_tmp(tmp)) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 8 => tries += 1,
             r => return r,
         }
     }
+}
+
+/// Whether `e` says the thing is not there (any more): a walk skips it.
+fn gone(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory)
 }
 
 /// Opens the object at `path` for reading: not through a link, not a FIFO or device (which could
@@ -166,18 +171,26 @@ impl Store for LocalDirStore {
             Some((dir, _)) if !dir.split('/').any(|p| p.is_empty() || p == "." || p == "..") => self.root.join(dir),
             _ => self.root.clone(),
         };
-        let mut stack = vec![start];
+        let mut stack = vec![start.clone()];
         while let Some(dir) = stack.pop() {
             let entries = match fs::read_dir(&dir) {
                 Ok(e) => e,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) if gone(&e) => continue,
                 Err(e) => return Err(unavailable("list", prefix)(e)),
             };
+            let mut empty = true;
             for entry in entries {
+                empty = false;
                 let entry = entry.map_err(unavailable("list", prefix))?;
                 let path = entry.path();
-                // The entry's own type: a link is listed, never followed into.
-                if entry.file_type().map_err(unavailable("list", prefix))?.is_dir() {
+                let is_dir = match entry.file_type() {
+                    // A link to a folder is walked into, as a folder (never taken for an object).
+                    Ok(t) if t.is_symlink() => path.is_dir(),
+                    Ok(t) => t.is_dir(),
+                    Err(e) if gone(&e) => continue,
+                    Err(e) => return Err(unavailable("list", prefix)(e)),
+                };
+                if is_dir {
                     stack.push(path);
                 } else if let Ok(rel) = path.strip_prefix(&self.root) {
                     let key = rel.to_string_lossy().replace('\\', "/");
@@ -185,6 +198,12 @@ impl Store for LocalDirStore {
                         out.push(key);
                     }
                 }
+            }
+            // An empty folder a delete left (a crash between its two steps, or a store written
+            // before deletes removed them) goes as it is walked past; a writer making it again
+            // meanwhile retries (`create_in`).
+            if empty && dir != start {
+                let _ = fs::remove_dir(&dir);
             }
         }
         out.sort();

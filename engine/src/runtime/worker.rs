@@ -152,7 +152,9 @@ pub(crate) fn run(
             // while a checkpoint aligns: then the pipeline itself is what the checkpoint waits
             // for; not after a poll that found nothing to do, which held the core for
             // microseconds (on a node of many idle streams those yields were most of their cost).
-            if !engine_aligning && matches!(p, Poll::Busy) {
+            // A blocked task may have flushed part of its output and woken its consumer, which
+            // may wait for this core.
+            if !engine_aligning && matches!(p, Poll::Busy | Poll::Blocked) {
                 std::thread::yield_now();
             }
             match p {
