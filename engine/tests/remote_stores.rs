@@ -77,7 +77,21 @@ fn the_s3_store_keeps_the_contract() {
 #[test]
 fn the_rsync_store_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();
-    keeps_the_contract(&*services::rsync(&services::unique("contract")), dir.path());
+    let prefix = services::unique("contract");
+    let store = services::rsync(&prefix);
+    keeps_the_contract(&*store, dir.path());
+    // Folders the deletes emptied go on the daemon too, their parents while they empty, and
+    // a folder that still holds an object stays.
+    let module = std::path::Path::new(&std::env::var("WEIR_SERVICES_DIR").unwrap()).join("rsync/checkpoints");
+    let root = module.join(&prefix);
+    assert!(!root.join("a/b").exists() && root.join("a/bc").is_dir(), "{}", root.display());
+    store.put("c/d/e/one", b"1").unwrap();
+    store.put("c/d/two", b"2").unwrap();
+    store.delete_many(&["c/d/e/one".to_string()]).unwrap();
+    assert!(!root.join("c/d/e").exists() && root.join("c/d").is_dir());
+    store.delete_many(&["c/d/two".to_string(), "a/bc/two".to_string(), "z/three".to_string()]).unwrap();
+    assert!(!root.join("c").exists() && !root.join("a").exists() && !root.join("z").exists());
+    assert!(store.list("").unwrap().is_empty());
 }
 
 #[test]

@@ -8,6 +8,7 @@
 //! or `RSYNC_PASSWORD` (both reach rsync in its environment) or a password file, never from the
 //! command line.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -333,23 +334,79 @@ impl Store for RsyncStore {
     }
 
     fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.remote(key)?;
-        let (dir, name) = key.rsplit_once('/').unwrap_or(("", key));
-        // rsync deletes by syncing an empty folder over the key's folder, with a filter that
-        // lets exactly that one name through.
+        self.delete_many(&[key.to_string()])
+    }
+
+    /// One rsync per folder for its keys (at most [`NAMES_PER_CALL`] names a call), then the
+    /// folders the deletes emptied, level by level while a level removed any: a listing walks
+    /// folders, so a store that kept them would list slower with every checkpoint ever taken.
+    fn delete_many(&self, keys: &[String]) -> Result<(), StoreError> {
+        let mut by_dir: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for key in keys {
+            self.remote(key)?;
+            let (dir, name) = key.rsplit_once('/').unwrap_or(("", key));
+            by_dir.entry(dir).or_default().push(name);
+        }
+        for (dir, names) in &by_dir {
+            for chunk in names.chunks(NAMES_PER_CALL) {
+                self.sync_away(dir, chunk, false)?;
+            }
+        }
+        let mut level: BTreeSet<String> = by_dir.keys().filter(|d| !d.is_empty()).map(|d| d.to_string()).collect();
+        while !level.is_empty() {
+            let mut by_parent: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+            for d in &level {
+                let (parent, name) = d.rsplit_once('/').unwrap_or(("", d));
+                by_parent.entry(parent).or_default().push(name);
+            }
+            let mut removed = BTreeSet::new();
+            for (parent, names) in &by_parent {
+                for chunk in names.chunks(NAMES_PER_CALL) {
+                    if !self.sync_away(parent, chunk, true)?.is_empty() && !parent.is_empty() {
+                        removed.insert(parent.to_string());
+                    }
+                }
+            }
+            level = removed;
+        }
+        Ok(())
+    }
+}
+
+/// Names one rsync call deletes at most (each is an argument of its command line).
+const NAMES_PER_CALL: usize = 200;
+
+impl RsyncStore {
+    /// Deletes `names` in the store's folder `dir` (files, or with `folders` empty folders) by
+    /// syncing an empty folder over it with a filter that lets exactly those names through:
+    /// everything else, a folder's contents included, is excluded and so kept (a folder that
+    /// still holds anything stays). Returns the names rsync said it deleted.
+    fn sync_away(&self, dir: &str, names: &[&str], folders: bool) -> Result<Vec<String>, StoreError> {
+        let key = if dir.is_empty() { names[0].to_string() } else { format!("{dir}/{}", names[0]) };
         let empty = self.scratch_file("empty");
         std::fs::create_dir_all(&empty).map_err(|e| StoreError::Unavailable {
             op: "delete",
-            key: key.into(),
+            key: key.clone(),
             reason: format!("scratch: {e}"),
         })?;
         let src = format!("{}/", empty.display());
         let dst = if dir.is_empty() { format!("{}/", self.base) } else { format!("{}/", self.remote(dir)?) };
-        let include = format!("--include=/{name}");
-        let r = self.run("delete", key, &["-q", "-r", "--delete", &include, "--exclude=*", "--", &src, &dst]);
+        let slash = if folders { "/" } else { "" };
+        let includes: Vec<String> = names.iter().map(|n| format!("--include=/{n}{slash}")).collect();
+        let mut args = vec!["-r", "--delete", "-i"];
+        args.extend(includes.iter().map(String::as_str));
+        args.extend(["--exclude=*", "--", &src, &dst]);
+        let r = self.run("delete", &key, &args);
         let _ = std::fs::remove_dir(&empty);
         match r {
-            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+            // `*deleting   NAME` (a folder's NAME ends in `/`).
+            Ok(ran) => Ok(ran
+                .stdout
+                .lines()
+                .filter_map(|l| l.strip_prefix("*deleting"))
+                .map(|n| n.trim().trim_end_matches('/').to_string())
+                .collect()),
+            Err(StoreError::NotFound { .. }) => Ok(Vec::new()),
             Err(e) => Err(e),
         }
     }
