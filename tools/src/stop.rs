@@ -31,8 +31,9 @@ use crate::client::{Failure, Target};
 pub struct StopArgs {
     #[command(flatten)]
     cluster: crate::client::ClusterArgs,
-    /// The stream: its name or id (default: the one of `--config`, else 1). Each node asked
-    /// stops with every stream on it.
+    /// The stream: its name or id (default: the one of `--config`, else 1). A created stream
+    /// (`weir stream create`) stops alone, at a savepoint, as `weir stream stop` does; for the
+    /// cluster file's stream each node asked stops with every stream on it.
     #[arg(long, value_name = "NAME|ID", value_parser = crate::client::parse_stream_ref)]
     stream: Option<crate::client::StreamRef>,
     /// Stop only once one more checkpoint has committed (a paused stream stops at once, at its
@@ -144,6 +145,13 @@ fn ask(t: &Target, addr: SocketAddr, stream: StreamId) -> anyhow::Result<Took> {
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 pub fn run(args: &StopArgs) -> anyhow::Result<ExitCode> {
     let t = args.cluster.target()?;
+    // A created stream stops alone, at a savepoint; the cluster file's stops its nodes.
+    if let Some(r) = &args.stream
+        && let Some(entry) = crate::client::catalog_entry(&t, r, ASK)?
+        && !entry.spec.is_empty()
+    {
+        return crate::stream_cmd::stop_created(&t, &entry.name, args.timeout.max(Duration::from_secs(40)));
+    }
     let named = args.stream.as_ref().map(|r| crate::client::stream_id(&t, r, ASK)).transpose()?;
     let stream = StreamId(named.or(t.file.as_ref().map(|f| f.stream.id)).unwrap_or(1));
     let last = match args.checkpoint {

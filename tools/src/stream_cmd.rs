@@ -1,5 +1,5 @@
 //! `weir stream`: the cluster's stream catalog: create a stream from a stream file, list the
-//! streams, show one, pause, resume, rescale or drop one. A node of the target answers (the first that
+//! streams, show one, pause, resume, rescale, stop (at a savepoint) or drop one. A node of the target answers (the first that
 //! does); a change is answered once it has taken effect on that node (a created stream runs
 //! there, a paused one runs without its tasks, a dropped one has stopped and its data there is
 //! gone). Reading takes the `read` role, changing `admin`.
@@ -26,6 +26,7 @@ use crate::client::{Failure, Target};
     weir stream pause meters --config examples/one-node.toml\n  \
     weir stream resume meters --config examples/one-node.toml\n  \
     weir stream rescale meters --aggs 5 --config examples/one-node.toml\n  \
+    weir stream stop meters --config examples/one-node.toml\n  \
     weir stream drop meters --config examples/one-node.toml\n\n\
     Exit codes: 0 done, 1 not done in time (retryable: list the streams before trying again), \
     2 an error (a refused request, an unreachable cluster).")]
@@ -102,6 +103,15 @@ enum Op {
         #[command(flatten)]
         common: Common,
     },
+    /// Stops a stream at a savepoint (Flink's stop-with-savepoint): a pause whose last
+    /// checkpoint every agg wrote whole, so `resume` or `rescale` starts it again, at any
+    /// parallelism. Without one (an agg still replaying), resumes it and tries again, 3 times.
+    Stop {
+        /// The stream's name.
+        name: String,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Drops a stream: its tasks stop and its local data goes on every node; its checkpoints
     /// in the store and keys in etcd after `drop_grace`.
     Drop {
@@ -121,6 +131,7 @@ impl Op {
             | Op::Pause { common, .. }
             | Op::Resume { common, .. }
             | Op::Rescale { common, .. }
+            | Op::Stop { common, .. }
             | Op::Drop { common, .. } => common,
         }
     }
@@ -151,6 +162,7 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
         }
         Op::List { .. } => ask(&t, &CatalogReq { request: 1, name: String::new() }, timeout)?,
         Op::Rescale { name, aggs, sinks, common } => rescale(&t, name, *aggs, sinks.unwrap_or(0), common)?,
+        Op::Stop { name, common } => stop(&t, name, common.timeout, common.json)?,
         Op::Show { name, .. } => ask(&t, &CatalogReq { request: 1, name: name.clone() }, timeout)?,
         Op::Drop { name, .. } | Op::Pause { name, .. } | Op::Resume { name, .. } => {
             let name = name.clone();
@@ -162,8 +174,12 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
             ask(&t, &CatalogChangeReq { request: 1, change }, timeout)?
         }
     };
-    let Some(rsp) = rsp else { return Ok(ExitCode::from(1)) };
-    let code = match &rsp.refused {
+    outcome(&args.op, rsp)
+}
+
+/// The exit code of answer `rsp`: 0 done, 1 retryable (said on stderr), an error when refused.
+fn code_of(rsp: &CatalogRsp) -> anyhow::Result<ExitCode> {
+    Ok(match &rsp.refused {
         None => ExitCode::SUCCESS,
         Some(CatalogRefusal::Invalid { reason }) => bail!("node {} refused: {reason}", rsp.node.0),
         Some(CatalogRefusal::Unavailable { reason }) => {
@@ -172,28 +188,45 @@ pub fn run(args: &StreamArgs) -> anyhow::Result<ExitCode> {
                 writeln!(err, "node {}: {reason} (retryable; `weir stream list` shows what took effect)", rsp.node.0);
             ExitCode::from(1)
         }
-    };
+    })
+}
+
+/// Prints the answer `rsp` to `op` (none: not answered, exit 1); the exit code.
+fn outcome(op: &Op, rsp: Option<CatalogRsp>) -> anyhow::Result<ExitCode> {
+    let common = op.common();
+    let Some(rsp) = rsp else { return Ok(ExitCode::from(1)) };
+    let code = code_of(&rsp)?;
     let mut out = std::io::stdout().lock();
     if common.json {
         let streams: Vec<Value> = rsp.streams.iter().map(entry_json).collect();
         writeln!(out, "{}", json!({ "node": rsp.node.0, "streams": streams }))?;
     } else {
-        match &args.op {
+        match op {
             Op::Show { .. } => rsp.streams.iter().try_for_each(|s| show(&mut out, s))?,
-            Op::Create { .. } | Op::Drop { .. } | Op::Pause { .. } | Op::Resume { .. } | Op::Rescale { .. }
+            Op::Create { .. }
+            | Op::Drop { .. }
+            | Op::Pause { .. }
+            | Op::Resume { .. }
+            | Op::Rescale { .. }
+            | Op::Stop { .. }
                 if rsp.refused.is_none() =>
             {
                 for s in &rsp.streams {
-                    let did = match args.op {
+                    let did = match op {
                         Op::Create { .. } => "created and running",
                         Op::Pause { .. } => "paused",
+                        Op::Stop { .. } => &format!(
+                            "stopped at a savepoint: `weir stream resume {0}` or `weir stream rescale {0} --aggs N` \
+                             starts it again",
+                            s.name
+                        ),
                         Op::Resume { .. } => "resumed",
                         Op::Rescale { .. } => &format!("{} at {}", state(&s.state), shape(s)),
                         _ => "dropped",
                     };
                     writeln!(out, "stream {} (id {}) {did}", s.name, s.id.0)?;
                 }
-                if let (true, Op::Drop { name, .. }) = (rsp.streams.is_empty(), &args.op) {
+                if let (true, Op::Drop { name, .. }) = (rsp.streams.is_empty(), op) {
                     writeln!(out, "stream {name} dropped")?;
                 }
             }
@@ -267,6 +300,53 @@ fn rescale(t: &Target, name: &str, aggs: u32, sinks: u32, common: &Common) -> an
     say(format!("resumed in {:.1}s ({:.1}s in all)", at.elapsed().as_secs_f64(), started.elapsed().as_secs_f64()));
     Ok(Some(resumed))
 }
+
+/// `weir stream stop`: a stop (a pause answered once its savepoint is there); when the node
+/// says the pause has none, a resume and a stop again, at most 3 times in all.
+#[allow(clippy::print_stdout)]
+fn stop(t: &Target, name: &str, timeout: Duration, json: bool) -> anyhow::Result<Option<CatalogRsp>> {
+    let change = |change: CatalogChange| CatalogChangeReq { request: 1, change };
+    for attempt in 1..=3 {
+        let Some(rsp) = ask(t, &change(CatalogChange::Stop { name: name.into() }), timeout)? else {
+            return Ok(None);
+        };
+        let missed =
+            matches!(&rsp.refused, Some(CatalogRefusal::Invalid { reason }) if reason.starts_with(NO_SAVEPOINT));
+        if !missed || attempt == 3 {
+            return Ok(Some(rsp));
+        }
+        if !json {
+            println!("stream {name} paused without a savepoint: resuming it to take one");
+        }
+        let Some(resumed) = ask(t, &change(CatalogChange::Resume { name: name.into() }), timeout)? else {
+            return Ok(None);
+        };
+        if resumed.refused.is_some() {
+            return Ok(Some(resumed));
+        }
+        // An agg that restored a checkpoint with replay points takes no savepoint until its
+        // replay is over.
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    unreachable!("the third attempt returns")
+}
+
+/// `weir stop --stream NAME` of a created stream: `weir stream stop NAME`, its outcome printed.
+#[allow(clippy::print_stdout)]
+pub(crate) fn stop_created(t: &Target, name: &str, timeout: Duration) -> anyhow::Result<ExitCode> {
+    let Some(rsp) = stop(t, name, timeout, false)? else { return Ok(ExitCode::from(1)) };
+    let code = code_of(&rsp)?;
+    if rsp.refused.is_none() {
+        println!(
+            "stream {name} stopped at a savepoint (the nodes and their other streams go on): `weir stream resume {name}` or `weir stream rescale {name} --aggs N` starts it again"
+        );
+    }
+    Ok(code)
+}
+
+/// How a node's refusal of a stop begins when the pause took no savepoint
+/// (`tools/src/node/requests.rs`).
+pub(crate) const NO_SAVEPOINT: &str = "paused, but not at a savepoint";
 
 /// Sends `req` to the first node of the target that can be reached: `Ok(None)` when it was
 /// sent and no answer came (a change may have taken effect: retryable).

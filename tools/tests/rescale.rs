@@ -156,3 +156,38 @@ fn an_ingest_stream_on_three_nodes_rescaled_from_two_aggs_to_five_and_back_to_on
     assert!(out.status.success(), "{said}");
     assert!(said.contains("from 3 nodes"), "{said}");
 }
+
+#[test]
+fn a_created_stream_stopped_at_a_savepoint_restarts_at_other_parallelism_while_its_node_runs_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "[stream]\nname = \"meters\"\npartitions = 2\naggs = 2\nsinks = 1\nwindow = \"2s\"\nslide = \"500ms\"\n\
+                [stream.generator]\nseed = 12\nkeys = 2000\nrows_per_ms = 20\nevents = 200000\nrate = 20000\n";
+    let (config, _log, mut node) = node_with(dir.path(), "meters", text);
+    std::thread::sleep(Duration::from_secs(2));
+    // `weir stop --stream` of a created stream stops it alone, at a savepoint.
+    let out = weir().args(["stop", "--stream", "meters", "--config"]).arg(&config).output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("stream meters stopped at a savepoint"), "{said}");
+    assert!(node.0[0].try_wait().unwrap().is_none(), "the node went on running");
+    let (code, said) = stream(&config, &["list"]);
+    assert!(code == Some(0) && said.lines().any(|l| l.starts_with("meters") && l.contains("paused")), "{said}");
+    // Stopped already: at its savepoint still.
+    let (code, said) = stream(&config, &["stop", "meters"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("stopped at a savepoint"), "{said}");
+    // Started again at other parallelism: a rescale of a stopped stream leaves it stopped.
+    let (code, said) = stream(&config, &["rescale", "meters", "--aggs", "3"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("paused at generator 2p/3a/1s"), "{said}");
+    let (code, said) = stream(&config, &["resume", "meters"]);
+    assert_eq!(code, Some(0), "{said}");
+    let mut spec = StreamSpec::generator(StreamId(2), 2, 2, 1);
+    spec.window = WindowSpec::hopping(2000, 500);
+    spec.source = SourceKind::Generator {
+        spec: GeneratorSpec { seed: 12, keys: 2000, rows_per_ms: 20, ..GeneratorSpec::default() },
+        limit: Some(200_000),
+        rate: Some(20_000),
+    };
+    results_match(&config, "meters", &spec);
+}

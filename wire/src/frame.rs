@@ -32,7 +32,7 @@ use crate::msg::{AnyMessage, Check, Kind, Message};
 /// The four magic bytes that start every frame.
 pub const MAGIC: [u8; 4] = *b"WEIR";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u8 = 17;
+pub const PROTOCOL_VERSION: u8 = 18;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Default maximum payload size: 16 MiB.

@@ -181,6 +181,7 @@ roundtrip! {
     roundtrip_catalog_rescale_req: CatalogChangeReq = CatalogChangeReq {
         request: 15, change: CatalogChange::Rescale { name: "meters".into(), aggs: 5, sinks: 0 },
     };
+    roundtrip_catalog_stop_req: CatalogChangeReq = CatalogChangeReq { request: 16, change: CatalogChange::Stop { name: "meters".into() } };
     roundtrip_catalog_paused_rsp: CatalogRsp = CatalogRsp {
         request: 13, node: NodeId(1),
         streams: vec![StreamEntry {

@@ -44,17 +44,26 @@ impl Streams {
                         self.change(|c| catalog::drop_stream(c, &name, now))
                             .map(|d| d.map(|(c, e)| (c, e, Effect::Gone)))
                     }
-                    CatalogChange::Pause { .. } if self.parts.base.checkpoint.is_none() => Err(CatalogError::Invalid {
-                        reason: "the cluster takes no checkpoints ([checkpoint] in its file): a paused stream would \
+                    CatalogChange::Pause { .. } | CatalogChange::Stop { .. }
+                        if self.parts.base.checkpoint.is_none() =>
+                    {
+                        Err(CatalogError::Invalid {
+                            reason:
+                                "the cluster takes no checkpoints ([checkpoint] in its file): a paused stream would \
                                  lose its state"
-                            .into(),
-                    }),
+                                    .into(),
+                        })
+                    }
                     CatalogChange::Rescale { name, aggs, sinks } => self.rescale(&name, aggs, sinks),
                     CatalogChange::Pause { ref name } | CatalogChange::Resume { ref name } => {
                         let (now, pause) = (now_ms(), matches!(change, CatalogChange::Pause { .. }));
                         self.change(|c| catalog::set_paused(c, name, pause, now))
                             .map(|d| d.map(|(c, e)| (c, e, Effect::Paused(pause))))
                     }
+                    // A pause (none if paused already) whose answer waits for its savepoint.
+                    CatalogChange::Stop { ref name } => self
+                        .change(|c| catalog::set_paused(c, name, true, now_ms()))
+                        .map(|d| d.map(|(c, e)| (c, e, Effect::Stopped))),
                 };
                 match done {
                     Ok(Some((c, entry, effect))) => {
@@ -226,8 +235,8 @@ impl Streams {
                 Effect::Gone => {
                     !self.runs.contains_key(&p.stream) && (entry.is_none() || self.cleared.contains(&p.stream))
                 }
-                Effect::Paused(paused) => {
-                    let now = if paused { Now::Paused } else { Now::Running };
+                Effect::Paused(_) | Effect::Stopped => {
+                    let now = if matches!(p.effect, Effect::Paused(false)) { Now::Running } else { Now::Paused };
                     let here = self.runs.get(&p.stream).map(|r| r.wish.now());
                     here == Some(now) || (here.is_some() && waits) || self.ended.contains_key(&p.stream)
                 }
@@ -243,12 +252,23 @@ impl Streams {
                         _ => format!("the stream's catalog changed, but it no longer runs on node {node}: {why}"),
                     },
                 })),
+                // Stopped: paused here, at a savepoint (else paused without one: said, and left so).
+                _ if done && p.effect == Effect::Stopped => {
+                    let saved = entry.map_or(Ok(()), |e| self.savepoint_last(e));
+                    Some(saved.err().map(|e| {
+                        let reason = format!("{}: {e}", crate::stream_cmd::NO_SAVEPOINT);
+                        match e.is_retryable() {
+                            true => CatalogRefusal::Unavailable { reason },
+                            false => CatalogRefusal::Invalid { reason },
+                        }
+                    }))
+                }
                 _ if done => Some(None),
                 _ if Instant::now() >= p.until => {
                     let what = match p.effect {
                         Effect::Start => "start",
                         Effect::Gone => "stop",
-                        Effect::Paused(true) => "pause",
+                        Effect::Paused(true) | Effect::Stopped => "pause",
                         Effect::Paused(false) => "resume",
                         Effect::Respec => "start again with its new parallelism",
                     };

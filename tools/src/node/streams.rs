@@ -68,6 +68,8 @@ enum Effect {
     Gone,
     /// The stream runs paused (`true`) or with its tasks (`false`) here.
     Paused(bool),
+    /// The stream runs paused here, and its last commit is a savepoint (`weir stream stop`).
+    Stopped,
     /// The stream's supervisor runs its new spec here (a rescale).
     Respec,
 }

@@ -179,6 +179,13 @@ archived! {
             /// Sinks (0: as it has).
             sinks: u32,
         },
+        /// Stops the stream of this name at a savepoint (Flink's stop-with-savepoint): a pause
+        /// answered once in effect whose last commit is a savepoint, refused (the stream stays
+        /// paused) when it has none. A resume or a rescale starts it again.
+        Stop {
+            /// Its name.
+            name: String,
+        },
     }
 }
 
@@ -289,7 +296,8 @@ pub(super) fn check_catalog_change(m: &ArchivedCatalogChangeReq) -> Result<(), C
         }
         ArchivedCatalogChange::Drop { name }
         | ArchivedCatalogChange::Pause { name }
-        | ArchivedCatalogChange::Resume { name } => bounded("stream name", name.len(), MAX_STREAM_NAME),
+        | ArchivedCatalogChange::Resume { name }
+        | ArchivedCatalogChange::Stop { name } => bounded("stream name", name.len(), MAX_STREAM_NAME),
         ArchivedCatalogChange::Rescale { name, aggs, sinks } => {
             bounded("stream name", name.len(), MAX_STREAM_NAME)?;
             bounded("aggs", aggs.to_native() as usize, MAX_RESCALE)?;
@@ -412,8 +420,10 @@ mod tests {
         assert!(check(enc.encode(&drop).unwrap()).is_err());
         let pause = CatalogChangeReq { request: 1, change: CatalogChange::Pause { name: long.clone() } };
         assert!(check(enc.encode(&pause).unwrap()).is_err());
-        let resume = CatalogChangeReq { request: 1, change: CatalogChange::Resume { name: long } };
+        let resume = CatalogChangeReq { request: 1, change: CatalogChange::Resume { name: long.clone() } };
         assert!(check(enc.encode(&resume).unwrap()).is_err());
+        let stop = CatalogChangeReq { request: 1, change: CatalogChange::Stop { name: long } };
+        assert!(check(enc.encode(&stop).unwrap()).is_err());
         let ok = CatalogChangeReq { request: 1, change: CatalogChange::Pause { name: "a".into() } };
         assert!(check(enc.encode(&ok).unwrap()).is_ok());
     }
