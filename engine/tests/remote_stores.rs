@@ -92,6 +92,9 @@ fn the_rsync_store_keeps_the_contract() {
     store.delete_many(&["c/d/two".to_string(), "a/bc/two".to_string(), "z/three".to_string()]).unwrap();
     assert!(!root.join("c").exists() && !root.join("a").exists() && !root.join("z").exists());
     assert!(store.list("").unwrap().is_empty());
+    // Gone with its folders already (another node's purge, say): nothing to do, no error.
+    store.delete("c/d/e/one").unwrap();
+    assert!(!root.join("c").exists());
 }
 
 #[test]

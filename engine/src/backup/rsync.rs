@@ -8,7 +8,7 @@
 //! or `RSYNC_PASSWORD` (both reach rsync in its environment) or a password file, never from the
 //! command line.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -176,8 +176,21 @@ impl RsyncStore {
         let src = src
             .to_str()
             .ok_or_else(|| StoreError::Config { store: self.base.clone(), reason: "non-UTF-8 path".into() })?;
-        // `--mkpath`: the key's parent folders are made as needed.
-        self.run("put", key, &["-q", "--mkpath", "--chmod=F644", "--", src, &dst]).map(|_| ())
+        // `--mkpath`: the key's parent folders are made as needed. A delete may remove a folder
+        // it just made, as it empties, before its temporary file is there: made again.
+        let mut tries = 0;
+        loop {
+            match self.run("put", key, &["-q", "--mkpath", "--chmod=F644", "--", src, &dst]) {
+                Ok(_) => return Ok(()),
+                Err(StoreError::NotFound { .. }) if tries < 4 => tries += 1,
+                // A put never finds nothing: its folder went under it, again and again.
+                Err(StoreError::NotFound { key }) => {
+                    let reason = format!("{}: its folder was removed while written, 5 times", self.base);
+                    return Err(StoreError::Unavailable { op: "put", key, reason });
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
@@ -337,80 +350,48 @@ impl Store for RsyncStore {
         self.delete_many(&[key.to_string()])
     }
 
-    /// One rsync per folder for its keys (at most [`NAMES_PER_CALL`] names a call), then the
-    /// folders the deletes emptied, level by level while a level removed any: a listing walks
-    /// folders, so a store that kept them would list slower with every checkpoint ever taken.
+    /// One rsync over the store's base per [`KEYS_PER_CALL`] keys, with anchored rules for
+    /// each key and each of its folders: the keys go, then every folder of theirs left empty,
+    /// deepest first (a listing walks folders: a store that kept them would list slower with
+    /// every checkpoint ever taken). A folder that still holds anything (another object, a
+    /// put's temporary file) is excluded from the sync's view, so kept; a key already gone
+    /// costs nothing, whoever deleted it.
     fn delete_many(&self, keys: &[String]) -> Result<(), StoreError> {
-        let mut by_dir: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for key in keys {
-            self.remote(key)?;
-            let (dir, name) = key.rsplit_once('/').unwrap_or(("", key));
-            by_dir.entry(dir).or_default().push(name);
-        }
-        for (dir, names) in &by_dir {
-            for chunk in names.chunks(NAMES_PER_CALL) {
-                self.sync_away(dir, chunk, false)?;
-            }
-        }
-        let mut level: BTreeSet<String> = by_dir.keys().filter(|d| !d.is_empty()).map(|d| d.to_string()).collect();
-        while !level.is_empty() {
-            let mut by_parent: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-            for d in &level {
-                let (parent, name) = d.rsplit_once('/').unwrap_or(("", d));
-                by_parent.entry(parent).or_default().push(name);
-            }
-            let mut removed = BTreeSet::new();
-            for (parent, names) in &by_parent {
-                for chunk in names.chunks(NAMES_PER_CALL) {
-                    if !self.sync_away(parent, chunk, true)?.is_empty() && !parent.is_empty() {
-                        removed.insert(parent.to_string());
-                    }
+        for chunk in keys.chunks(KEYS_PER_CALL) {
+            let mut rules = BTreeSet::new();
+            for key in chunk {
+                self.remote(key)?;
+                let mut at = 0;
+                while let Some(i) = key[at..].find('/') {
+                    rules.insert(format!("--include=/{}/", &key[..at + i]));
+                    at += i + 1;
                 }
+                rules.insert(format!("--include=/{key}"));
             }
-            level = removed;
+            let empty = self.scratch_file("empty");
+            let first = chunk.first().map_or("", String::as_str);
+            std::fs::create_dir_all(&empty).map_err(|e| StoreError::Unavailable {
+                op: "delete",
+                key: first.into(),
+                reason: format!("scratch: {e}"),
+            })?;
+            let (src, dst) = (format!("{}/", empty.display()), format!("{}/", self.base));
+            let mut args = vec!["-q", "-r", "--delete"];
+            args.extend(rules.iter().map(String::as_str));
+            args.extend(["--exclude=*", "--", &src, &dst]);
+            let r = self.run("delete", first, &args);
+            let _ = std::fs::remove_dir(&empty);
+            match r {
+                Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
 }
 
-/// Names one rsync call deletes at most (each is an argument of its command line).
-const NAMES_PER_CALL: usize = 200;
-
-impl RsyncStore {
-    /// Deletes `names` in the store's folder `dir` (files, or with `folders` empty folders) by
-    /// syncing an empty folder over it with a filter that lets exactly those names through:
-    /// everything else, a folder's contents included, is excluded and so kept (a folder that
-    /// still holds anything stays). Returns the names rsync said it deleted.
-    fn sync_away(&self, dir: &str, names: &[&str], folders: bool) -> Result<Vec<String>, StoreError> {
-        let key = if dir.is_empty() { names[0].to_string() } else { format!("{dir}/{}", names[0]) };
-        let empty = self.scratch_file("empty");
-        std::fs::create_dir_all(&empty).map_err(|e| StoreError::Unavailable {
-            op: "delete",
-            key: key.clone(),
-            reason: format!("scratch: {e}"),
-        })?;
-        let src = format!("{}/", empty.display());
-        let dst = if dir.is_empty() { format!("{}/", self.base) } else { format!("{}/", self.remote(dir)?) };
-        let slash = if folders { "/" } else { "" };
-        let includes: Vec<String> = names.iter().map(|n| format!("--include=/{n}{slash}")).collect();
-        let mut args = vec!["-r", "--delete", "-i"];
-        args.extend(includes.iter().map(String::as_str));
-        args.extend(["--exclude=*", "--", &src, &dst]);
-        let r = self.run("delete", &key, &args);
-        let _ = std::fs::remove_dir(&empty);
-        match r {
-            // `*deleting   NAME` (a folder's NAME ends in `/`).
-            Ok(ran) => Ok(ran
-                .stdout
-                .lines()
-                .filter_map(|l| l.strip_prefix("*deleting"))
-                .map(|n| n.trim().trim_end_matches('/').to_string())
-                .collect()),
-            Err(StoreError::NotFound { .. }) => Ok(Vec::new()),
-            Err(e) => Err(e),
-        }
-    }
-}
+/// Keys one rsync call deletes at most (each with its folders' rules on its command line).
+const KEYS_PER_CALL: usize = 200;
 
 #[cfg(test)]
 mod tests {
