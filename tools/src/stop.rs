@@ -32,8 +32,10 @@ pub struct StopArgs {
     #[command(flatten)]
     cluster: crate::client::ClusterArgs,
     /// The stream: its name or id (default: the one of `--config`, else 1). A created stream
-    /// (`weir stream create`) stops alone, at a savepoint, as `weir stream stop` does; for the
-    /// cluster file's stream each node asked stops with every stream on it.
+    /// (`weir stream create`) stops alone, at a savepoint, as `weir stream stop` does (its
+    /// savepoint is implied, `--wait` does not apply, `--timeout` is the answer's, at least 40
+    /// s; exit 1: not answered in time); for the cluster file's stream each node asked stops
+    /// with every stream on it.
     #[arg(long, value_name = "NAME|ID", value_parser = crate::client::parse_stream_ref)]
     stream: Option<crate::client::StreamRef>,
     /// Stop only once one more checkpoint has committed (a paused stream stops at once, at its
@@ -145,12 +147,22 @@ fn ask(t: &Target, addr: SocketAddr, stream: StreamId) -> anyhow::Result<Took> {
 #[allow(clippy::print_stdout, clippy::print_stderr)]
 pub fn run(args: &StopArgs) -> anyhow::Result<ExitCode> {
     let t = args.cluster.target()?;
-    // A created stream stops alone, at a savepoint; the cluster file's stops its nodes.
-    if let Some(r) = &args.stream
-        && let Some(entry) = crate::client::catalog_entry(&t, r, ASK)?
-        && !entry.spec.is_empty()
-    {
-        return crate::stream_cmd::stop_created(&t, &entry.name, args.timeout.max(Duration::from_secs(40)));
+    // A created stream stops alone, at a savepoint; the cluster file's stops its nodes. A
+    // stream the catalog does not list (or no node could read it) stops nothing.
+    if let Some(r) = &args.stream {
+        match crate::client::catalog_entry(&t, r, ASK)? {
+            Some(e) if !e.spec.is_empty() => {
+                return crate::stream_cmd::stop_created(&t, &e.name, args.timeout.max(Duration::from_secs(40)));
+            }
+            Some(_) => {}
+            None => {
+                let named = match r {
+                    crate::client::StreamRef::Id(id) => id.to_string(),
+                    crate::client::StreamRef::Name(n) => n.clone(),
+                };
+                bail!("no node lists stream {named} in the cluster's catalog: nothing was stopped")
+            }
+        }
     }
     let named = args.stream.as_ref().map(|r| crate::client::stream_id(&t, r, ASK)).transpose()?;
     let stream = StreamId(named.or(t.file.as_ref().map(|f| f.stream.id)).unwrap_or(1));

@@ -318,10 +318,16 @@ fn stop(t: &Target, name: &str, timeout: Duration, json: bool) -> anyhow::Result
         if !json {
             println!("stream {name} paused without a savepoint: resuming it to take one");
         }
+        let left_running = || {
+            let mut err = std::io::stderr();
+            let _ = writeln!(err, "stream {name} may have been resumed by this command and left running");
+        };
         let Some(resumed) = ask(t, &change(CatalogChange::Resume { name: name.into() }), timeout)? else {
+            left_running();
             return Ok(None);
         };
         if resumed.refused.is_some() {
+            left_running();
             return Ok(Some(resumed));
         }
         // An agg that restored a checkpoint with replay points takes no savepoint until its

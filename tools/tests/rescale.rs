@@ -35,14 +35,32 @@ fn node_with(dir: &Path, name: &str, text: &str) -> (std::path::PathBuf, std::pa
     (config, log, node)
 }
 
+/// A stream file `meters` of about 10 s of rows at 40,000 a second (hopping windows: several
+/// open per key at each savepoint) from generator seed `seed`: its text, and the stream.
+fn meters_text(seed: u64) -> String {
+    format!(
+        "[stream]\nname = \"meters\"\npartitions = 2\naggs = 2\nsinks = 1\nwindow = \"2s\"\nslide = \"500ms\"\n\
+         [stream.generator]\nseed = {seed}\nkeys = 2000\nrows_per_ms = 20\nevents = 200000\nrate = 20000\n"
+    )
+}
+
+/// The stream of [`meters_text`] (aggs and sinks do not change its results).
+fn meters(seed: u64) -> StreamSpec {
+    let mut spec = StreamSpec::generator(StreamId(2), 2, 2, 1);
+    spec.window = WindowSpec::hopping(2000, 500);
+    spec.source = SourceKind::Generator {
+        spec: GeneratorSpec { seed, keys: 2000, rows_per_ms: 20, ..GeneratorSpec::default() },
+        limit: Some(200_000),
+        rate: Some(20_000),
+    };
+    spec
+}
+
 #[test]
 fn a_running_stream_rescaled_from_two_aggs_to_five_and_back_to_one_gives_exact_results() {
     let dir = tempfile::tempdir().unwrap();
-    // About 10 s of rows at 40,000 a second, hopping windows: several open per key at each
-    // savepoint.
-    let text = "[stream]\nname = \"meters\"\npartitions = 2\naggs = 2\nsinks = 1\nwindow = \"2s\"\nslide = \"500ms\"\n\
-                [stream.generator]\nseed = 11\nkeys = 2000\nrows_per_ms = 20\nevents = 200000\nrate = 20000\n";
-    let (config, log, _node) = node_with(dir.path(), "meters", text);
+    let text = meters_text(11);
+    let (config, log, _node) = node_with(dir.path(), "meters", &text);
     std::thread::sleep(Duration::from_secs(2));
     let (code, said) = stream(&config, &["rescale", "meters", "--aggs", "5"]);
     assert_eq!(code, Some(0), "{said}");
@@ -57,13 +75,7 @@ fn a_running_stream_rescaled_from_two_aggs_to_five_and_back_to_one_gives_exact_r
     assert!(said.contains("a rescale of the sinks is not built"), "{said}");
     let (code, said) = stream(&config, &["rescale", "ingest", "--aggs", "3"]);
     assert_eq!(code, Some(2), "the cluster file's stream: {said}");
-    let mut spec = StreamSpec::generator(StreamId(2), 2, 2, 1);
-    spec.window = WindowSpec::hopping(2000, 500);
-    spec.source = SourceKind::Generator {
-        spec: GeneratorSpec { seed: 11, keys: 2000, rows_per_ms: 20, ..GeneratorSpec::default() },
-        limit: Some(200_000),
-        rate: Some(20_000),
-    };
+    let spec = meters(11);
     let want = weir_engine::reference::bounded_results(&spec).unwrap().len();
     let t0 = std::time::Instant::now();
     while util::created::query(&config, "meters").len() != want {
@@ -155,14 +167,28 @@ fn an_ingest_stream_on_three_nodes_rescaled_from_two_aggs_to_five_and_back_to_on
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{said}");
     assert!(said.contains("from 3 nodes"), "{said}");
+
+    // A stream with no task on node 1, stopped through node 1: answered once its coordinator
+    // has committed the savepoint, which node 1 cannot see being taken.
+    let text = "[stream]\nname = \"tail\"\npartitions = 1\naggs = 1\nsinks = 1\nwindow = \"1s\"\n\
+                placement = { \"0\" = 2, \"1\" = 3, \"2\" = 2 }\n[stream.generator]\nkeys = 100\nrows_per_ms = 1\nrate = 1000\n";
+    let path = dir.path().join("tail.toml");
+    std::fs::write(&path, text).unwrap();
+    let (code, said) = stream(&config, &["create", "--file", path.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{said}");
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, said) = stream(&config, &["stop", "tail", "--node", &addr(1)]);
+    assert_eq!(code, Some(0), "{said}\n{}", logs_text().join("\n"));
+    assert!(said.contains("stream tail") && said.contains("stopped at a savepoint"), "{said}");
+    let (code, said) = stream(&config, &["rescale", "tail", "--aggs", "2", "--node", &addr(3)]);
+    assert_eq!(code, Some(0), "a stopped stream rescales: {said}");
 }
 
 #[test]
 fn a_created_stream_stopped_at_a_savepoint_restarts_at_other_parallelism_while_its_node_runs_on() {
     let dir = tempfile::tempdir().unwrap();
-    let text = "[stream]\nname = \"meters\"\npartitions = 2\naggs = 2\nsinks = 1\nwindow = \"2s\"\nslide = \"500ms\"\n\
-                [stream.generator]\nseed = 12\nkeys = 2000\nrows_per_ms = 20\nevents = 200000\nrate = 20000\n";
-    let (config, _log, mut node) = node_with(dir.path(), "meters", text);
+    let text = meters_text(12);
+    let (config, _log, mut node) = node_with(dir.path(), "meters", &text);
     std::thread::sleep(Duration::from_secs(2));
     // `weir stop --stream` of a created stream stops it alone, at a savepoint.
     let out = weir().args(["stop", "--stream", "meters", "--config"]).arg(&config).output().unwrap();
@@ -182,12 +208,6 @@ fn a_created_stream_stopped_at_a_savepoint_restarts_at_other_parallelism_while_i
     assert!(said.contains("paused at generator 2p/3a/1s"), "{said}");
     let (code, said) = stream(&config, &["resume", "meters"]);
     assert_eq!(code, Some(0), "{said}");
-    let mut spec = StreamSpec::generator(StreamId(2), 2, 2, 1);
-    spec.window = WindowSpec::hopping(2000, 500);
-    spec.source = SourceKind::Generator {
-        spec: GeneratorSpec { seed: 12, keys: 2000, rows_per_ms: 20, ..GeneratorSpec::default() },
-        limit: Some(200_000),
-        rate: Some(20_000),
-    };
+    let spec = meters(12);
     results_match(&config, "meters", &spec);
 }

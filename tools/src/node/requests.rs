@@ -1,7 +1,7 @@
 //! The node's answers to clients' catalog requests ([`CatalogCall`]): reads at once, changes
 //! once they have taken effect here ([`Streams`] runs them).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use weir_engine::cluster::catalog::{self, CatalogError};
 use weir_engine::runtime::{CatalogCall, StandingPhase};
@@ -9,7 +9,7 @@ use weir_engine::wire::msg::{Catalog, CatalogChange, CatalogRefusal, CatalogRsp,
 use weir_engine::wire::{NodeId, StreamId};
 
 use super::{Effect, Pending, Streams, TAKE_EFFECT, now_ms};
-use crate::node::wish::Now;
+use crate::node::wish::{FINAL_CHECKPOINT, Now};
 
 impl Streams {
     pub(super) fn on_call(&mut self, call: CatalogCall) {
@@ -235,6 +235,12 @@ impl Streams {
                 Effect::Gone => {
                     !self.runs.contains_key(&p.stream) && (entry.is_none() || self.cleared.contains(&p.stream))
                 }
+                // A node with no task of the stream cannot see its savepoint being taken: it
+                // answers a stop once the coordinator has committed one or given up.
+                Effect::Stopped if waits => {
+                    let settled = TAKE_EFFECT.saturating_sub(FINAL_CHECKPOINT + Duration::from_secs(2));
+                    Instant::now() + settled >= p.until || self.ended.contains_key(&p.stream)
+                }
                 Effect::Paused(_) | Effect::Stopped => {
                     let now = if matches!(p.effect, Effect::Paused(false)) { Now::Running } else { Now::Paused };
                     let here = self.runs.get(&p.stream).map(|r| r.wish.now());
@@ -254,7 +260,12 @@ impl Streams {
                 })),
                 // Stopped: paused here, at a savepoint (else paused without one: said, and left so).
                 _ if done && p.effect == Effect::Stopped => {
-                    let saved = entry.map_or(Ok(()), |e| self.savepoint_last(e));
+                    let saved = match entry {
+                        Some(e) if matches!(e.state, StreamState::Paused { .. }) => self.savepoint_last(e),
+                        _ => {
+                            Err(CatalogError::Invalid { reason: "it is no longer paused (resumed or dropped)".into() })
+                        }
+                    };
                     Some(saved.err().map(|e| {
                         let reason = format!("{}: {e}", crate::stream_cmd::NO_SAVEPOINT);
                         match e.is_retryable() {

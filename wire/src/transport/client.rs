@@ -13,7 +13,7 @@ use crate::frame::{
     EncodedFrame, Frame, FrameDecoder, FrameEncoder, FrameError, HANDSHAKE_MAX_FRAME, PROTOCOL_VERSION,
 };
 use crate::ids::NodeId;
-use crate::msg::{Auth, Challenge, Close, CloseCode, Hello, Kind, Message, Welcome};
+use crate::msg::{Auth, Challenge, Close, CloseCode, Heartbeat, Hello, Kind, Message, Welcome};
 use crate::role::{Role, valid_client_name};
 
 /// What a client proves in its handshake.
@@ -160,6 +160,8 @@ pub struct BlockingClient {
     stream: Io,
     addr: SocketAddr,
     peer: NodeId,
+    /// This client's id in its `Hello` (its heartbeats carry it).
+    me: NodeId,
     decoder: FrameDecoder,
     encoder: FrameEncoder,
     /// The role the node granted (its `Welcome`).
@@ -214,6 +216,7 @@ impl BlockingClient {
             stream: Io::new(stream, tls).map_err(io)?,
             addr,
             peer: NodeId(0),
+            me,
             decoder: FrameDecoder::new(HANDSHAKE_MAX_FRAME),
             encoder: FrameEncoder::new(),
             role: String::new(),
@@ -291,11 +294,20 @@ impl BlockingClient {
     }
 
     /// The next frame other than a heartbeat. A `Close` from the node becomes `ClientError::Closed`.
+    /// Each heartbeat of the node is answered with one: a node ends a connection silent past its
+    /// `dead_after`, and an answer may take longer than that to come (a stop waits for a
+    /// savepoint).
     pub fn recv(&mut self) -> Result<Frame, ClientError> {
         let addr = self.addr;
         loop {
             match self.decoder.next_frame().map_err(|source| ClientError::Frame { addr, source })? {
-                Some(f) if f.kind() == Kind::Heartbeat => continue,
+                Some(f) if f.kind() == Kind::Heartbeat => {
+                    let sent_at_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    self.send(&Heartbeat { node: self.me, sent_at_ms, tasks: Vec::new() })?;
+                    continue;
+                }
                 Some(f) if f.kind() == Kind::Close => {
                     let close = f.to_owned::<Close>().map_err(|source| ClientError::Frame { addr, source })?;
                     return Err(ClientError::Closed { addr, code: close.code, message: close.message });
