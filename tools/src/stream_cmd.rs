@@ -1,8 +1,9 @@
 //! `weir stream`: the cluster's stream catalog: create a stream from a stream file, list the
-//! streams, show one, pause, resume, rescale, stop (at a savepoint) or drop one. A node of the target answers (the first that
-//! does); a change is answered once it has taken effect on that node (a created stream runs
-//! there, a paused one runs without its tasks, a dropped one has stopped and its data there is
-//! gone). Reading takes the `read` role, changing `admin`.
+//! streams, show one, pause, resume, rescale, stop (at a savepoint) or drop one. A node of the
+//! target answers (the first that does); a change is answered once it has taken effect on that
+//! node (a created stream runs there, a paused one runs without its tasks, a stopped one too at
+//! a savepoint, a dropped one has stopped and its data there is gone). Reading takes the `read`
+//! role, changing `admin`.
 
 use std::io::Write;
 use std::process::ExitCode;
