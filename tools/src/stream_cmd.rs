@@ -255,9 +255,9 @@ fn rescale(t: &Target, name: &str, aggs: u32, sinks: u32, common: &Common) -> an
     let was_paused = matches!(entry.state, StreamState::Paused { .. });
     let started = std::time::Instant::now();
     let change = |change: CatalogChange| CatalogChangeReq { request: 1, change };
+    let paused_note = format!("stream {name} is left paused: `weir stream resume {name}` resumes it");
     let left_paused = || {
-        let mut err = std::io::stderr();
-        let _ = writeln!(err, "stream {name} is left paused: `weir stream resume {name}` resumes it");
+        let _ = writeln!(std::io::stderr(), "{paused_note}");
     };
     if !was_paused {
         say(format!("pausing stream {name}: a savepoint, then its tasks stop"));
@@ -286,12 +286,8 @@ fn rescale(t: &Target, name: &str, aggs: u32, sinks: u32, common: &Common) -> an
         return Ok(Some(rsp));
     }
     let at = std::time::Instant::now();
-    let Some(resumed) = ask(t, &change(CatalogChange::Resume { name: name.into() }), timeout)? else {
-        left_paused();
-        return Ok(None);
-    };
+    let Some(resumed) = resume(t, name, timeout, &paused_note)? else { return Ok(None) };
     if resumed.refused.is_some() {
-        left_paused();
         return Ok(Some(resumed));
     }
     if rsp.refused.is_some() {
@@ -306,36 +302,39 @@ fn rescale(t: &Target, name: &str, aggs: u32, sinks: u32, common: &Common) -> an
 /// says the pause has none, a resume and a stop again, at most 3 times in all.
 #[allow(clippy::print_stdout)]
 fn stop(t: &Target, name: &str, timeout: Duration, json: bool) -> anyhow::Result<Option<CatalogRsp>> {
-    let change = |change: CatalogChange| CatalogChangeReq { request: 1, change };
-    for attempt in 1..=3 {
-        let Some(rsp) = ask(t, &change(CatalogChange::Stop { name: name.into() }), timeout)? else {
-            return Ok(None);
-        };
+    let stop = CatalogChangeReq { request: 1, change: CatalogChange::Stop { name: name.into() } };
+    let running_note = format!("stream {name} may have been resumed by this command and left running");
+    let mut attempt = 1;
+    loop {
+        let Some(rsp) = ask(t, &stop, timeout)? else { return Ok(None) };
         let missed =
             matches!(&rsp.refused, Some(CatalogRefusal::Invalid { reason }) if reason.starts_with(NO_SAVEPOINT));
         if !missed || attempt == 3 {
             return Ok(Some(rsp));
         }
+        attempt += 1;
         if !json {
             println!("stream {name} paused without a savepoint: resuming it to take one");
         }
-        let left_running = || {
-            let mut err = std::io::stderr();
-            let _ = writeln!(err, "stream {name} may have been resumed by this command and left running");
-        };
-        let Some(resumed) = ask(t, &change(CatalogChange::Resume { name: name.into() }), timeout)? else {
-            left_running();
-            return Ok(None);
-        };
+        let Some(resumed) = resume(t, name, timeout, &running_note)? else { return Ok(None) };
         if resumed.refused.is_some() {
-            left_running();
             return Ok(Some(resumed));
         }
         // An agg that restored a checkpoint with replay points takes no savepoint until its
         // replay is over.
         std::thread::sleep(Duration::from_secs(3));
     }
-    unreachable!("the third attempt returns")
+}
+
+/// Resumes stream `name`; says `left` on stderr when the resume was not answered or was refused
+/// (what the command leaves the stream as).
+fn resume(t: &Target, name: &str, timeout: Duration, left: &str) -> anyhow::Result<Option<CatalogRsp>> {
+    let req = CatalogChangeReq { request: 1, change: CatalogChange::Resume { name: name.into() } };
+    let rsp = ask(t, &req, timeout)?;
+    if rsp.as_ref().is_none_or(|r| r.refused.is_some()) {
+        let _ = writeln!(std::io::stderr(), "{left}");
+    }
+    Ok(rsp)
 }
 
 /// `weir stop --stream NAME` of a created stream: `weir stream stop NAME`, its outcome printed.

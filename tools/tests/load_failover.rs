@@ -15,13 +15,7 @@ use util::*;
 #[test]
 fn with_two_copies_a_node_killed_for_good_mid_load_loses_no_acknowledged_row() {
     let dir = tempfile::tempdir().unwrap();
-    let config = adjusted(example("load-three-node.toml"), dir.path(), |t| {
-        set(t, &["checkpoint", "interval"], "200ms");
-        set(t, &["stream", "ingest", "replicas"], 2i64);
-        set(t, &["restart", "move_after"], "2s");
-    });
-    let logs: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
-    let mut nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1], &[])).collect());
+    let (config, logs, mut nodes) = two_copies_on_three_nodes(dir.path());
     let args = ["--events", "900k", "--rate", "150k", "--rows-per-ms", "100", "--keys", "1000", "--timeout", "60s"];
     let child = load(&config, &args);
     // Mid-load, after a first commit: node 3 (partition 2's source; the copy of partition 1's

@@ -50,13 +50,7 @@ fn logs_text(logs: &[PathBuf]) -> String {
 #[test]
 fn a_node_running_tasks_of_three_streams_killed_for_good_each_stream_moves_on_its_own_and_verifies() {
     let dir = tempfile::tempdir().unwrap();
-    let config = adjusted(example("load-three-node.toml"), dir.path(), |t| {
-        set(t, &["checkpoint", "interval"], "200ms");
-        set(t, &["stream", "ingest", "replicas"], 2i64);
-        set(t, &["restart", "move_after"], "2s");
-    });
-    let logs: Vec<PathBuf> = (1..=3).map(|n| dir.path().join(format!("node-{n}.log"))).collect();
-    let mut nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1], &[])).collect());
+    let (config, logs, mut nodes) = two_copies_on_three_nodes(dir.path());
     line_in(&logs[0], "checkpoint committed", Duration::from_secs(60));
     // Beside the file's ingest stream (id 2), two bounded generator streams of about 10 s, each
     // with a source, an agg and a sink on every node.

@@ -11,7 +11,7 @@ use weir_engine::operator::window::{WindowResult, WindowSpec};
 use weir_engine::spec::{SourceKind, StreamSpec};
 use weir_engine::wire::StreamId;
 
-use super::{adjusted, example, exit_within, set, weir};
+use super::{Nodes, adjusted, example, exit_within, set, start, weir};
 
 /// `examples/load-one-node.toml` under `dir`, checkpointing every 200 ms.
 pub fn load_one_node(dir: &Path) -> PathBuf {
@@ -107,6 +107,20 @@ pub fn assert_logs_hold_partition_once(data: &Path, s: &Value, p: u32, per_parti
     weir_engine::operator::generator::Generator::new(g, p).fill(0, per_partition as usize, &mut want);
     assert_eq!(got.len(), want.len(), "partition {p}: rows in the log");
     assert!(got == want, "partition {p}: the log's rows differ from those sent");
+}
+
+/// `load-three-node.toml` with two copies of each partition's log, checkpoints every 200 ms
+/// and a lost node's tasks moved after 2 s, its three nodes started: the config, their logs
+/// and processes.
+pub fn two_copies_on_three_nodes(dir: &Path) -> (PathBuf, Vec<PathBuf>, Nodes) {
+    let config = adjusted(example("load-three-node.toml"), dir, |t| {
+        set(t, &["checkpoint", "interval"], "200ms");
+        set(t, &["stream", "ingest", "replicas"], 2i64);
+        set(t, &["restart", "move_after"], "2s");
+    });
+    let logs: Vec<PathBuf> = (1..=3).map(|n| dir.join(format!("node-{n}.log"))).collect();
+    let nodes = Nodes((1..=3).map(|n| start(&config, n, &logs[n as usize - 1], &[])).collect());
+    (config, logs, nodes)
 }
 
 /// Waits until `weir query` finds `n` results (the node logs to `log`). Not the sink's counter:
